@@ -1,0 +1,3 @@
+from autoplan.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Load GPU, node and cluster profiles by built-in name, by path, or from a mapping.
+
+Every failure (missing file, malformed YAML, unknown key, wrong type, unknown profile
+name) raises :class:`InputError` with one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hwprofiles.errors import InputError
+from hwprofiles.schema import ClusterSpec, GpuProfile, NodeProfile
+
+ROOT = Path(__file__).resolve().parent
+GPU_DIR, NODE_DIR, CLUSTER_DIR = ROOT / "gpus", ROOT / "nodes", ROOT / "clusters"
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse one YAML (or JSON) file; a missing or malformed file is an InputError."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such file")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{p}:{where} malformed YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: cannot read: {e}") from None
+
+
+def validation_message(source: str, err: ValidationError) -> str:
+    """One line for the first pydantic error: source, dotted key, what was expected, what was given."""
+    first = err.errors()[0]
+    key = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    given = first.get("input")
+    shown = "" if first.get("type") in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else f" (got {given!r})"
+    more = f" [+{err.error_count() - 1} more]" if err.error_count() > 1 else ""
+    return f"{source}: key '{key}': {msg}{shown}{more}"
+
+
+def build(model: type[BaseModel], data: Any, source: str) -> Any:
+    """Validate ``data`` into ``model``; errors become a one-line InputError naming ``source``."""
+    if not isinstance(data, Mapping):
+        raise InputError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as e:
+        raise InputError(validation_message(source, e)) from None
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def _locate(ref: str, directory: Path, what: str) -> Path:
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
+        return p
+    cand = directory / f"{ref}.yaml"
+    if cand.is_file():
+        return cand
+    raise InputError(f"unknown {what} '{ref}' (built-in: {', '.join(_names(directory))}; or give a path)")
+
+
+@functools.lru_cache(maxsize=64)
+def load_gpu(ref: str) -> GpuProfile:
+    path = _locate(ref, GPU_DIR, "GPU profile")
+    return build(GpuProfile, read_yaml(path), str(path))
+
+
+def node_from_mapping(data: Any, source: str) -> NodeProfile:
+    node = build(NodeProfile, data, source)
+    if isinstance(node.gpu, str):
+        node = node.model_copy(update={"gpu": load_gpu(node.gpu)})
+    return node
+
+
+@functools.lru_cache(maxsize=64)
+def load_node(ref: str) -> NodeProfile:
+    path = _locate(ref, NODE_DIR, "node profile")
+    return node_from_mapping(read_yaml(path), str(path))
+
+
+def cluster_from_mapping(data: Any, source: str, nodes: int | None = None) -> ClusterSpec:
+    if not isinstance(data, Mapping):
+        raise InputError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+    data = dict(data)
+    node = data.get("node")
+    if isinstance(node, str):
+        data["node"] = load_node(node)
+    elif isinstance(node, Mapping):
+        data["node"] = node_from_mapping(node, f"{source} (node)")
+    if nodes is not None:
+        data["nodes"] = nodes
+    cluster = build(ClusterSpec, data, source)
+    return cluster
+
+
+def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:
+    """``ref`` is a cluster file path, a built-in cluster name, or a node name/path.
+
+    A node becomes a cluster of ``nodes`` (default 1) such nodes on one fat-tree.
+    ``nodes`` overrides the node count of a cluster file.
+    """
+    if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
+        raise InputError(f"--nodes: expected a positive integer, got {nodes!r}")
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
+        data = read_yaml(p)
+        if isinstance(data, Mapping) and "gpus_per_node" in data:  # a node file given as cluster
+            node = node_from_mapping(data, str(p))
+            return ClusterSpec(name=f"{node.name}-x{nodes or 1}", nodes=nodes or 1, node=node)
+        return cluster_from_mapping(data, str(p), nodes)
+    if (CLUSTER_DIR / f"{ref}.yaml").is_file():
+        path = CLUSTER_DIR / f"{ref}.yaml"
+        return cluster_from_mapping(read_yaml(path), str(path), nodes)
+    if (NODE_DIR / f"{ref}.yaml").is_file():
+        node = load_node(ref)
+        return ClusterSpec(name=f"{node.name}-x{nodes or 1}", nodes=nodes or 1, node=node)
+    raise InputError(
+        f"unknown cluster '{ref}' (clusters: {', '.join(_names(CLUSTER_DIR))}; "
+        f"nodes: {', '.join(_names(NODE_DIR))}; or give a path)"
+    )

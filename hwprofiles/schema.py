@@ -1,0 +1,177 @@
+"""Pydantic schema of GPU, node and cluster profiles (DESIGN.md section 2).
+
+Every model forbids unknown keys, so a typo in a profile is an error, not a silently
+ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps`` is
+1e9 bits/s, ``_GiB`` is 2**30 bytes, ``_us`` is microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import date
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GiB = 2**30
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GemmPoint(_Strict):
+    """One measured GEMM: C[m,n] = A[m,k] @ B[k,n] in ``dtype`` at ``tflops`` achieved."""
+
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    tflops: float = Field(gt=0)
+    dtype: str = "fp16"
+
+
+class GemmModel(_Strict):
+    """Shape-dependent GEMM efficiency (fraction of the dtype's peak).
+
+    Curve (used when no measured table is present):
+        eff(m, n, k) = max_efficiency * prod_x (x / (x + half_dim_x)),  x in {m, n, k}
+    a saturating curve: a dimension equal to its ``half_dim`` halves throughput, a large
+    one costs nothing. This is the shape of cuBLAS throughput-vs-size plots (e.g. NVIDIA's
+    "Matrix Multiplication Background" guide); the constants come from the profile's source.
+    When ``table`` holds measurements (from ``autoplan calibrate``), the simulator
+    interpolates them instead (see ``simulator.ops.gemm_efficiency``).
+    """
+
+    max_efficiency: float = Field(gt=0, le=1)
+    half_dim_m: float = Field(ge=0, default=64)
+    half_dim_n: float = Field(ge=0, default=64)
+    half_dim_k: float = Field(ge=0, default=64)
+    table: list[GemmPoint] = Field(default_factory=list)
+
+
+class GpuProfile(_Strict):
+    """One accelerator: dense peak throughput per dtype, memory, and kernel efficiency."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    memory_GiB: float = Field(gt=0)
+    memory_bandwidth_GBps: float = Field(gt=0)
+    memory_efficiency: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth of elementwise kernels")
+    gemm: GemmModel
+    kernel_launch_us: float = Field(ge=0, default=5.0)
+    memory_reserved_GiB: float = Field(ge=0, default=1.0, description="CUDA context, NCCL and library workspaces")
+    allocator_fragmentation: float = Field(ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator")
+    default_dtype: str = "fp16"
+    measured: Optional[dict[str, str]] = None
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _positive_peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("needs at least one dtype")
+        for k, x in v.items():
+            if not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)):
+                raise ValueError(f"peak for {k!r} must be a positive number, got {x!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_dtype_known(self) -> "GpuProfile":
+        if self.default_dtype not in self.peak_tflops:
+            raise ValueError(f"default_dtype {self.default_dtype!r} has no entry in peak_tflops")
+        return self
+
+    def peak_flops(self, dtype: str | None = None) -> float:
+        return self.peak_tflops[dtype or self.default_dtype] * 1e12
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Capacity left for tensors: total minus runtime reserve minus allocator fragmentation."""
+        return (self.memory_GiB * (1.0 - self.allocator_fragmentation) - self.memory_reserved_GiB) * GiB
+
+
+class Link(_Strict):
+    """A link class: bandwidth per direction and one-way latency; ``efficiency`` is the
+    fraction of the nominal bandwidth that bulk collective traffic achieves."""
+
+    kind: Literal["nvswitch", "nvlink", "pcie", "loopback", "infiniband", "roce", "ethernet"] = "nvswitch"
+    bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
+    bandwidth_Gbps: Optional[float] = Field(default=None, gt=0)
+    latency_us: float = Field(ge=0, default=0.0)
+    efficiency: float = Field(gt=0, le=1, default=1.0)
+
+    @model_validator(mode="after")
+    def _one_bandwidth(self) -> "Link":
+        if (self.bandwidth_GBps is None) == (self.bandwidth_Gbps is None):
+            raise ValueError("give exactly one of bandwidth_GBps or bandwidth_Gbps")
+        return self
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achievable bytes/s per direction: nominal * efficiency."""
+        nominal = self.bandwidth_GBps * 1e9 if self.bandwidth_GBps is not None else self.bandwidth_Gbps * 1e9 / 8
+        return nominal * self.efficiency
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class Nvme(_Strict):
+    count: int = Field(ge=1)
+    bandwidth_GBps: float = Field(gt=0, description="per drive, sequential")
+
+
+class NodeProfile(_Strict):
+    """A server: GPUs, the fabric between them, PCIe, NICs, host memory and NVMe."""
+
+    name: str
+    gpu: str | GpuProfile
+    gpus_per_node: int = Field(ge=1)
+    intra_node: Link
+    pcie: Link
+    nics_per_node: int = Field(ge=0)
+    nic: Optional[Link] = None
+    host_memory_GiB: float = Field(gt=0)
+    cpu_adam_GBps: float = Field(gt=0, default=20.0, description="host optimizer-step throughput over fp32 optimizer state")
+    nvme: Optional[Nvme] = None
+    backend: Literal["nccl", "gloo"] = "nccl"
+    compute_slots: Optional[int] = Field(
+        default=None, ge=1,
+        description="ranks that can compute at once (CPU cores of a localhost-cpu node); None: one per GPU",
+    )
+
+    @model_validator(mode="after")
+    def _nic_present(self) -> "NodeProfile":
+        if self.nics_per_node > 0 and self.nic is None:
+            raise ValueError("nics_per_node > 0 needs a 'nic' mapping")
+        return self
+
+
+class Network(_Strict):
+    topology: Literal["fat-tree", "rail-optimized", "single-switch"] = "fat-tree"
+    oversubscription: float = Field(ge=1.0, default=1.0)
+    switch_radix: int = Field(ge=2, default=40, description="ports per leaf switch (HDR QM8700: 40)")
+    switch_latency_us: float = Field(ge=0, default=0.13)
+
+
+class ClusterSpec(_Strict):
+    """A cluster: ``nodes`` identical nodes joined by ``network``. ``node`` is resolved."""
+
+    name: str
+    nodes: int = Field(ge=1)
+    node: NodeProfile
+    network: Network = Network()
+    measured: Optional[date] = None
+
+    @property
+    def gpu(self) -> GpuProfile:
+        assert isinstance(self.node.gpu, GpuProfile), "load_cluster resolves the GPU profile"
+        return self.node.gpu
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.node.gpus_per_node
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node.gpus_per_node

@@ -1,0 +1,1 @@
+"""Workload, memory, analytic and discrete-event models of one training iteration."""
