@@ -1,0 +1,305 @@
+"""The ``autoplan`` command line (DESIGN.md section 3).
+
+Exit codes: 0 ok; 2 bad input (one line ``autoplan: error: ...`` on stderr); 3 no plan fits;
+1 a run that failed (crashed or hung worker) or an internal error. Heavy modules are
+imported inside the handlers so that ``autoplan plan --help`` starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_FIT = 0, 1, 2, 3
+
+EXAMPLES = {
+    "plan": """examples:
+  autoplan plan --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536
+  autoplan plan --model llama2-70b --cluster dgx-h100 --nodes 16 --global-batch 512 --fix t=8,zero=1 --top 5
+  autoplan plan --model gpt-1t --cluster dgx-a100-80gb --nodes 384 --global-batch 3072 --json > plan.json
+  autoplan plan --model llama3-8b --cluster hgx-h200 --nodes 4 --global-batch 256 --objective cost --plot best.png""",
+    "simulate": """examples:
+  autoplan simulate --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536 --plan t=8,p=16,mb=1,ckpt=full
+  autoplan simulate --model llama2-7b --cluster dgx-h100 --global-batch 64 --plan t=2,p=2,zero=1 --trace trace.json --plot timeline.png
+  autoplan simulate --model my-model.yaml --cluster my-cluster.yaml --global-batch 256 --plan t=4,p=2,schedule=interleaved,v=2 --fidelity analytic --json""",
+    "emit": """examples:
+  autoplan emit --model tiny --cluster localhost-cpu --global-batch 8 --plan t=2,p=2 -o runs/tiny-t2p2
+  autoplan emit --model llama2-7b --cluster dgx-h100 --nodes 2 --global-batch 256 --plan t=4,p=2,zero=1,ckpt=selective -o runs/llama7b""",
+    "run": """examples:
+  autoplan run runs/tiny-t2p2 --steps 5
+  autoplan run runs/tiny-t2p2 --json > measured.json""",
+    "calibrate": """examples:
+  autoplan calibrate --device cpu -o my-cpu.yaml
+  autoplan calibrate --device cuda -o hwprofiles/gpus/h200-measured.yaml
+  autoplan calibrate --device cpu --quick -o /tmp/quick.yaml""",
+}
+
+MAIN_HELP = """autoplan: find, simulate, emit and verify parallel training plans for transformer models.
+
+commands:
+  plan       search t/p/d/ZeRO/microbatch/recompute/schedule/offload for the fastest plan that fits
+  simulate   predict one plan's step time, memory and timeline (discrete-event or analytic)
+  emit       write a runnable torchrun program (+ Megatron-LM, DeepSpeed, torchtitan, SLURM configs)
+  run        launch an emitted program, measure it, compare with the prediction and a 1-process run
+  calibrate  measure this machine's GEMM, memory and collective speeds into a hardware profile
+
+examples:
+  autoplan plan --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536
+  autoplan simulate --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536 --plan t=8,p=16,ckpt=full --plot t.png
+  autoplan emit --model tiny --cluster localhost-cpu --global-batch 8 --plan t=2,p=2 -o runs/tiny && autoplan run runs/tiny
+
+Models: built-in names (gpt3-175b, gpt-1t, llama2-7b, llama2-70b, llama3-8b, tiny), a model YAML or a
+Hugging Face config.json. Clusters: a cluster name or file, or a node name (with --nodes)."""
+
+
+class CliError(Exception):
+    """A failure with an exit code and a one-line message."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+        raise CliError(f"{self.prog}: {message}", EXIT_BAD_INPUT)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
+    p.add_argument("--model", required=True, help="built-in model name, model YAML, or Hugging Face config.json")
+    p.add_argument("--cluster", required=True, help="cluster name or file, or a node name/file")
+    p.add_argument("--nodes", type=_positive_int, help="number of nodes (overrides the cluster file)")
+    p.add_argument("--global-batch", type=_positive_int, required=True, help="global batch B in sequences")
+    p.add_argument("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
+    if plan_required:
+        p.add_argument("--plan", required=True, help="plan string, e.g. t=8,p=8,mb=1,zero=1,ckpt=full,schedule=1f1b")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    root = _Parser(prog="autoplan", description=MAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = root.add_subparsers(dest="command", parser_class=_Parser, metavar="{plan,simulate,emit,run,calibrate}")
+
+    def cmd(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = cmd("plan", "Search the plan space for the fastest (or cheapest) plan that fits.")
+    _job_args(p, plan_required=False)
+    p.add_argument("--fix", default="", help="pin plan keys, e.g. t=8,p=8,zero=0,ckpt=full")
+    p.add_argument("--top", type=_positive_int, default=8, help="simulate and show the K best candidates (default 8)")
+    p.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--objective", choices=("time", "cost"), default="time",
+                   help="time: fastest step; cost: fewest GPU-hours per million tokens")
+    p.add_argument("--fidelity", choices=("des", "analytic"), default="des", help="how the top K are simulated (default des)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--plot", type=Path, help="write the best plan's timeline PNG")
+    p.add_argument("--trace", type=Path, help="write the best plan's Chrome/Perfetto trace JSON")
+
+    p = cmd("simulate", "Predict one plan's step time, throughput and memory.")
+    _job_args(p, plan_required=True)
+    p.add_argument("--fidelity", choices=("des", "analytic"), default="des",
+                   help="des: discrete-event simulation (default); analytic: closed-form estimate")
+    p.add_argument("--full", action="store_true", help="DES: simulate every rank instead of one pipeline by symmetry")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--plot", type=Path, help="write a timeline PNG (DES)")
+    p.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON (DES)")
+
+    p = cmd("emit", "Write a run directory: torch program launch files and Megatron/DeepSpeed/torchtitan configs.")
+    _job_args(p, plan_required=True)
+    p.add_argument("-o", "--out", type=Path, required=True, help="output directory")
+
+    p = cmd("run", "Run an emitted plan with torchrun and compare with the prediction.")
+    p.add_argument("dir", type=Path, help="a directory written by 'autoplan emit'")
+    p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped (default 600)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    p = cmd("calibrate", "Measure this machine and write a hardware profile.")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("-o", "--out", type=Path, required=True, help="profile YAML to write")
+    p.add_argument("--quick", action="store_true", help="a fast, coarse measurement (under a minute)")
+    p.add_argument("--ranks", type=_positive_int, default=2, help="processes for the collective benchmarks (default 2)")
+    return root
+
+
+# ------------------------------------------------------------------------------ handlers
+
+def _load_job_inputs(a: argparse.Namespace):
+    from hwprofiles.load import load_cluster
+    from simulator.specs import load_model
+
+    model = load_model(a.model, a.seq_len)
+    cluster = load_cluster(a.cluster, a.nodes)
+    return model, cluster
+
+
+def _make_job(a: argparse.Namespace):
+    from simulator.specs import Job, parse_plan
+
+    model, cluster = _load_job_inputs(a)
+    plan, _ = parse_plan(a.plan, model, cluster.num_gpus, a.global_batch)
+    return Job(model, cluster, plan, a.global_batch)
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
+    if not plot and not trace:
+        return
+    if result.fidelity != "des":
+        raise CliError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)", EXIT_BAD_INPUT)
+    if trace:
+        from simulator.trace import write_trace
+
+        write_trace(result, trace)
+        _log(f"wrote trace {trace} (open in https://ui.perfetto.dev)")
+    if plot:
+        from simulator.plot import plot_timeline
+
+        plot_timeline(result, plot)
+        _log(f"wrote timeline {plot}")
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from autoplan.report import format_result
+    from simulator.api import simulate
+
+    job = _make_job(a)
+    if a.full and a.fidelity != "des":
+        raise CliError("--full needs --fidelity des", EXIT_BAD_INPUT)
+    result = simulate(job, a.fidelity, full=a.full)
+    _write_pictures(result, a.plot, a.trace)
+    out = result.to_dict()
+    if a.json:
+        _emit_json(out)
+    else:
+        print(format_result(out))
+    if not result.fits:
+        _log(f"the plan needs {out['peak_memory_gib']:.1f} GiB per GPU but {out['memory_capacity_gib']:.1f} GiB is usable"
+             + ("" if result.host_fits else "; the offloaded state exceeds host memory"))
+        return EXIT_NO_FIT
+    return EXIT_OK
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from autoplan.report import format_plan_report
+    from autoplan.search import NoPlanFits, SearchOptions, search
+
+    model, cluster = _load_job_inputs(a)
+    opts = SearchOptions(fix=a.fix, top=a.top, jobs=a.jobs or os.cpu_count() or 1, objective=a.objective,
+                         fidelity=a.fidelity, progress=sys.stderr.isatty())
+    try:
+        found = search(model, cluster, a.global_batch, opts)
+    except NoPlanFits as e:
+        raise CliError(str(e), EXIT_NO_FIT) from None
+    _write_pictures(found.best_result, a.plot, a.trace)
+    if a.json:
+        _emit_json(found.to_dict())
+    else:
+        print(format_plan_report(found.to_dict()))
+    return EXIT_OK
+
+
+def cmd_emit(a: argparse.Namespace) -> int:
+    from autoplan.emit.writer import write_run_dir
+    from autoplan.runtime.support import unsupported_reason
+    from simulator.api import simulate
+
+    job = _make_job(a)
+    reason = unsupported_reason(job.model, job.plan, job.m)
+    if reason:
+        raise CliError(f"--plan: the runtime cannot run this plan correctly: {reason}", EXIT_BAD_INPUT)
+    prediction = simulate(job, "analytic").to_dict()
+    files = write_run_dir(job, prediction, a.out)
+    _log(f"wrote {len(files)} files to {a.out}; run it with: autoplan run {a.out}")
+    for f in files:
+        print(f)
+    return EXIT_OK
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from autoplan.verify import RunError, format_report, run_and_verify
+
+    try:
+        result = run_and_verify(a.dir, steps=a.steps, timeout_s=a.timeout, log=_log)
+    except RunError as e:
+        raise CliError(str(e), EXIT_FAILED) from None
+    if a.json:
+        _emit_json(result)
+    else:
+        print(format_report(result))
+    return EXIT_OK if result.get("loss_match", True) else EXIT_FAILED
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from hwprofiles.calibrate import run_calibration
+
+    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=True)
+    for f in files:
+        print(f)
+    return EXIT_OK
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": cmd_plan, "simulate": cmd_simulate, "emit": cmd_emit, "run": cmd_run, "calibrate": cmd_calibrate,
+}
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"autoplan: error: {' '.join(str(msg).split())}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hwprofiles.errors import InputError
+
+    try:
+        a = build_parser().parse_args(argv)
+        if not a.command:
+            build_parser().print_help()
+            return EXIT_BAD_INPUT
+        return HANDLERS[a.command](a)
+    except CliError as e:
+        return _fail(str(e).removeprefix("autoplan: "), e.code)
+    except InputError as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:  # an internal error: one line, the traceback only on request
+        if os.environ.get("AUTOPLAN_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(e).__name__}: {e} (set AUTOPLAN_DEBUG=1 for the traceback)", EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""CP-SAT: layer partition over pipeline chunks and per-chunk recomputation.
+
+Variables per chunk c (p*v chunks, chunk c on device c % p): n_c layers (>= 1, sum = L),
+f_c layers fully recomputed, s_c selectively recomputed (f_c + s_c <= n_c).
+Per device i, per microbatch (microseconds, integers):
+    time_i = sum_{c on i} [ n_c * (F + B + 4*T) + f_c * (F + 2*T) + s_c * A ] + E[i=0] + H[i=p-1]
+with F, B the layer's forward/backward compute, T one TP all-reduce, A the attention core
+(selective recompute), E/H the embedding and head passes.
+Memory of device i (bytes, scaled to MiB):
+    mem_i = states(sum n_c) + k_i * sum_{c on i} [ f_c*a_full + s_c*a_sel + (n_c - f_c - s_c)*a_none ]
+            + a_none * [f on i > 0] + fixed_i  <=  capacity
+where k_i is the device's in-flight microbatches from the schedule (simulator.memory), so
+stage 0 of 1F1B, which holds p microbatches, gets fewer layers or more recomputation.
+Objective: the pipeline time (m - 1) * max_i time_i + sum_i time_i (interleaved:
+m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwprofiles.schema import ClusterSpec
+from simulator import memory, params
+from simulator.ops import dtype_bytes
+from simulator.specs import ModelSpec, Plan
+from simulator.stagecost import block_times, device_chunks
+
+US = 1e6          # seconds -> integer microseconds
+MIB = float(2**20)
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    plan: Plan                 # with layers= and recompute= filled in
+    objective_s: float         # pipeline time the model minimized (seconds)
+    status: str                # OPTIMAL or FEASIBLE
+
+
+def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int,
+                       choose_recompute: bool = True, time_limit_s: float = 2.0) -> PartitionResult | None:
+    """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits.
+
+    With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
+    and only the split is optimized."""
+    from ortools.sat.python import cp_model
+
+    L, p, v = model.num_layers, plan.p, plan.v
+    chunks = p * v
+    if L < chunks:
+        return None
+    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
+    e = dtype_bytes(cluster.gpu)
+    tp = bt.tp_allreduce
+    per_layer = round((bt.layer.forward + bt.layer.backward + 4 * tp) * US)
+    full_extra = round((bt.layer.forward + 2 * tp) * US)
+    sel_extra = round(bt.layer.attention_core * US)
+    emb = round((bt.embedding.forward + bt.embedding.backward + tp) * US)
+    head = round((bt.head.forward + bt.head.backward + tp) * US)
+
+    sp, b, t = bool(plan.sp), plan.mb, plan.t
+    a_full = memory.activation_bytes_per_layer(model, b, t, sp, "full", e)
+    a_sel = memory.activation_bytes_per_layer(model, b, t, sp, "selective", e)
+    a_none = memory.activation_bytes_per_layer(model, b, t, sp, "none", e)
+    pb, gb, k = memory.state_bytes_per_param(e)
+    layer_states = memory.model_state_bytes(params.layer_params_per_rank(model, t), plan.d, plan.zero, plan.offload, pb, gb, k).total
+    cap = cluster.gpu.usable_memory_bytes
+
+    mdl = cp_model.CpModel()
+    n = [mdl.NewIntVar(1, L, f"n{c}") for c in range(chunks)]
+    mdl.Add(sum(n) == L)
+    if choose_recompute:
+        f = [mdl.NewIntVar(0, L, f"f{c}") for c in range(chunks)]
+        s = [mdl.NewIntVar(0, L, f"s{c}") for c in range(chunks)]
+        for c in range(chunks):
+            mdl.Add(f[c] + s[c] <= n[c])
+    else:
+        f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
+        s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
+
+    dev_chunks = device_chunks(plan, L)
+    for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                mdl.Add(n[a] - n[b] <= 1)
+                mdl.Add(n[b] - n[a] <= 1)
+    horizon = (per_layer + full_extra) * L + emb + head + 1
+    times = []
+    for i, ids in enumerate(dev_chunks):
+        first, last = 0 in ids, chunks - 1 in ids
+        tm = mdl.NewIntVar(0, horizon, f"time{i}")
+        mdl.Add(tm == sum(per_layer * n[c] + full_extra * f[c] + sel_extra * s[c] for c in ids)
+                + (emb if first else 0) + (head if last else 0))
+        times.append(tm)
+        inflight = memory.in_flight_microbatches(plan.schedule, i, p, m, v)
+        fixed = _fixed_stage_bytes(model, cluster, plan, m, first, last, e)
+        any_full = mdl.NewBoolVar(f"anyfull{i}")
+        mdl.Add(sum(f[c] for c in ids) == 0).OnlyEnforceIf(any_full.Not())
+        coef_n = round((layer_states + inflight * a_none) / MIB * 1000)
+        coef_f = round(inflight * (a_full - a_none) / MIB * 1000)
+        coef_s = round(inflight * (a_sel - a_none) / MIB * 1000)
+        mdl.Add(sum(coef_n * n[c] + coef_f * f[c] + coef_s * s[c] for c in ids)
+                + round(a_none / MIB * 1000) * any_full + round(fixed / MIB * 1000) <= int(cap / MIB * 1000))
+    worst = mdl.NewIntVar(0, horizon, "worst")
+    mdl.AddMaxEquality(worst, times)
+    if plan.schedule == "interleaved" and v > 1:
+        mdl.Minimize(m * v * worst + sum(times) - worst)
+    else:
+        mdl.Minimize((m - 1) * worst + sum(times))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    status = solver.Solve(mdl)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    layers = tuple(int(solver.Value(x)) for x in n)
+    rec = tuple((int(solver.Value(f[c])), int(solver.Value(s[c]))) for c in range(chunks)) if choose_recompute else None
+    ckpt = plan.ckpt
+    if rec is not None:
+        ckpt = _summary_ckpt(rec, layers)
+        if ckpt != "mixed":
+            rec = None
+        else:  # the plan's ckpt names the strongest mode used; recompute= holds the map
+            ckpt = "full" if any(f for f, _ in rec) else "selective"
+    new = plan.replace(layers=layers, recompute=rec, ckpt=ckpt)
+    if new.layers == plan.chunk_layers(L) and plan.layers is None:
+        new = new.replace(layers=None)
+    div = v if plan.schedule == "interleaved" and v > 1 else 1
+    obj = solver.ObjectiveValue() / US / div
+    return PartitionResult(new, obj, "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE")
+
+
+def _summary_ckpt(rec: tuple[tuple[int, int], ...], layers: tuple[int, ...]) -> str:
+    """'none'/'selective'/'full' when every layer got the same mode, else 'mixed'."""
+    if all(f == 0 and s == 0 for f, s in rec):
+        return "none"
+    if all(f == n for (f, _), n in zip(rec, layers)):
+        return "full"
+    if all(s == n for (_, s), n in zip(rec, layers)):
+        return "selective"
+    return "mixed"
+
+
+def _fixed_stage_bytes(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, first: bool, last: bool, e: int) -> float:
+    """Memory of a device that does not scale with its layer count: embedding/head
+    parameters and states, logits, gradient buckets, ZeRO-3 working set, p2p buffers."""
+    pb, gb, k = memory.state_bytes_per_param(e)
+    psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last)
+    total = memory.model_state_bytes(psi, plan.d, plan.zero, plan.offload, pb, gb, k).total
+    sbh = plan.mb * model.seq_length * model.hidden_size
+    if first:
+        total += memory.in_flight_microbatches(plan.schedule, 0, plan.p, m, plan.v) * (2 * e + 1) * sbh / (plan.t if plan.sp else 1)
+    if last:
+        total += memory.logits_buffer_bytes(model, plan.mb, plan.t, e)
+    if plan.d > 1 or plan.offload != "none":
+        total += memory.gradient_bucket_bytes(1e12)
+    if plan.zero == 3:
+        total += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
+    if plan.p > 1:
+        total += 2 * sbh * e
+    return total

@@ -1,0 +1,127 @@
+"""What a run dir's ``plan.json`` holds for the runtime: model, plan, batch and training settings.
+
+Pure Python (no torch): the emitter writes this format and the workers read it back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hwprofiles.errors import InputError
+from simulator.specs import ModelSpec, Plan
+
+PLAN_FILE = "plan.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimizer and data settings shared by the parallel run and its single-process reference.
+
+    The timed phase uses AdamW (real optimizer state and step cost) with gradient clipping;
+    the equivalence check uses plain SGD without clipping (a wrong gradient scale moves SGD's
+    loss by far more than the tolerance, while clipping or Adam would hide it) and compares
+    the global gradient norm as well as the loss.
+    """
+
+    seed: int = 1234
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    max_norm: float = 1.0
+    check_lr: float = 0.5
+    init_std: float = 0.02
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "TrainSettings":
+        known = {k: v for k, v in d.items() if k in TrainSettings.__dataclass_fields__}
+        if "betas" in known:
+            known["betas"] = tuple(known["betas"])
+        return TrainSettings(**known)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training job as the runtime sees it."""
+
+    model: ModelSpec
+    plan: Plan
+    global_batch: int
+    train: TrainSettings = field(default_factory=TrainSettings)
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.t * self.plan.p * self.plan.d
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per pipeline per step: B / (d * mb)."""
+        return self.global_batch // (self.plan.d * self.plan.mb)
+
+    @property
+    def local_batch(self) -> int:
+        """Sequences one data-parallel rank processes per step."""
+        return self.global_batch // self.plan.d
+
+
+def plan_from_dict(d: dict[str, Any]) -> Plan:
+    """Inverse of ``Plan.to_dict`` (lists back to tuples, ``num_microbatches`` dropped)."""
+    kw = {k: v for k, v in d.items() if k in Plan.__dataclass_fields__}
+    if kw.get("layers") is not None:
+        kw["layers"] = tuple(int(x) for x in kw["layers"])
+    if kw.get("recompute") is not None:
+        kw["recompute"] = tuple((int(f), int(s)) for f, s in kw["recompute"])
+    return Plan(**kw)
+
+
+def run_spec_to_dict(spec: RunSpec) -> dict[str, Any]:
+    d = asdict(spec.train)
+    d["betas"] = list(spec.train.betas)
+    return {
+        "model": spec.model.model_dump(),
+        "plan": spec.plan.to_dict(spec.num_microbatches),
+        "plan_string": spec.plan.to_string(),
+        "global_batch": spec.global_batch,
+        "num_microbatches": spec.num_microbatches,
+        "world_size": spec.world_size,
+        "train": d,
+    }
+
+
+def load_plan_json(run_dir: Path) -> dict[str, Any]:
+    """The raw ``plan.json`` mapping of a run dir (InputError when missing or malformed)."""
+    path = Path(run_dir) / PLAN_FILE
+    if not Path(run_dir).is_dir():
+        raise InputError(f"{run_dir}: no such run directory")
+    if not path.is_file():
+        raise InputError(f"{path}: no such file (is {run_dir} a directory written by 'autoplan emit'?)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: malformed JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_run_spec(run_dir: Path) -> RunSpec:
+    """Read and validate a run dir's ``plan.json``."""
+    data = load_plan_json(run_dir)
+    path = Path(run_dir) / PLAN_FILE
+    for key in ("model", "plan", "global_batch"):
+        if key not in data:
+            raise InputError(f"{path}: missing key '{key}'")
+    try:
+        model = ModelSpec.model_validate(data["model"])
+        plan = plan_from_dict(dict(data["plan"]))
+        batch = int(data["global_batch"])
+        train = TrainSettings.from_dict(dict(data.get("train") or {}))
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{path}: invalid run spec: {str(e).splitlines()[0]}") from None
+    if batch < 1 or batch % (plan.d * plan.mb):
+        raise InputError(f"{path}: key 'global_batch': {batch} is not a positive multiple of d*mb = {plan.d * plan.mb}")
+    return RunSpec(model=model, plan=plan, global_batch=batch, train=train)

@@ -1,0 +1,100 @@
+"""How gradients and optimizer state are handled over the data-parallel group.
+
+``dp_mode`` picks the mechanism for a plan:
+
+* ``fsdp``  -- ZeRO-2 / ZeRO-3: FSDP2 ``fully_shard`` over the dp mesh dimension, one unit per
+  transformer layer plus the root; ZeRO-2 keeps parameters unsharded between forward and
+  backward (``reshard_after_forward=False``), ZeRO-3 reshards them. ``offload=cpu`` adds
+  ``CPUOffloadPolicy``. Composes with tensor parallelism (2-D) and pipelining.
+* ``ddp``   -- ZeRO-0/1 with pure data parallelism: ``DistributedDataParallel``, plus
+  ``ZeroRedundancyOptimizer`` for ZeRO-1.
+* ``manual`` -- ZeRO-0/1 combined with TP or PP, where DDP and ZeroRedundancyOptimizer do
+  not work on this torch version: a bucketed all-reduce of the local gradient shards
+  (ZeRO-0), or reduce-to-owner / owner step / broadcast (ZeRO-1, see ``zero1``).
+* ``none``  -- d = 1.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from simulator.specs import Plan
+
+from autoplan.runtime.model import GPT
+
+BUCKET_BYTES = 25 * 2**20
+
+
+def dp_mode(plan: Plan) -> str:
+    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring)."""
+    if plan.zero >= 2 and (plan.d > 1 or plan.offload == "cpu"):
+        return "fsdp"
+    if plan.d == 1:
+        return "none"
+    if plan.t == 1 and plan.p == 1:
+        return "ddp"
+    return "manual"
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank stores: a DTensor's local shard, else the tensor itself."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, zero: int, offload: bool, param_dtype: Optional[torch.dtype]) -> None:
+    """FSDP2 over the data-parallel mesh: each transformer layer, then the chunk's root."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    kw = dict(
+        mesh=dp_mesh,
+        reshard_after_forward=zero >= 3,
+        mp_policy=mp,
+        offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
+    )
+    for block in model.layers.values():
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+
+
+def buckets(tensors: list[torch.Tensor], cap: int = BUCKET_BYTES) -> Iterable[list[torch.Tensor]]:
+    """Consecutive groups of same-dtype tensors of at most ``cap`` bytes (one tensor may exceed it)."""
+    group: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if group and (size + nbytes > cap or t.dtype != group[0].dtype):
+            yield group
+            group, size = [], 0
+        group.append(t)
+        size += nbytes
+    if group:
+        yield group
+
+
+@torch.no_grad()
+def allreduce_mean(tensors: list[torch.Tensor], group: dist.ProcessGroup, size: int) -> None:
+    """Average ``tensors`` in place over ``group`` with one all-reduce per bucket."""
+    for bucket in buckets(tensors):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        for t, s in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            t.copy_(s)
+
+
+class ManualGradAllReduce:
+    """ZeRO-0 data parallelism for TP/PP: average the local gradient shards over dp."""
+
+    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, size: int):
+        self.params, self.group, self.size = params, group, size
+
+    def __call__(self) -> None:
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        allreduce_mean(grads, self.group, self.size)

@@ -1,0 +1,91 @@
+"""Gradient bookkeeping across the whole grid: tied embeddings and global-norm clipping.
+
+``clip_grad_norm_`` cannot be used with TP or PP (it neither knows which shards are
+replicas nor sums across pipeline stages), so the norm is computed here: every rank sums
+the squares of the gradients it holds, each divided by the number of ranks holding an
+identical copy, and one all-reduce over the world gives the global sum of squares.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from autoplan.runtime.data_parallel import local
+
+
+def replicas(p: nn.Parameter, t: int, d: int, dp_unique: bool) -> int:
+    """How many ranks of one pipeline stage hold this parameter's local values.
+
+    A DTensor sharded over the ``tp`` (``dp``) mesh dimension is unique along it; anything
+    else is replicated t times over tensor parallelism and d times over data parallelism,
+    unless ``dp_unique`` (ZeRO-1 ownership: only the owner keeps the gradient).
+    """
+    tp_rep, dp_rep = t, 1 if dp_unique else d
+    if isinstance(p, DTensor):
+        for name, placement in zip(p.device_mesh.mesh_dim_names or (), p.placements):
+            if placement.is_shard():
+                if name == "tp":
+                    tp_rep = 1
+                elif name == "dp":
+                    dp_rep = 1
+    return tp_rep * dp_rep
+
+
+@torch.no_grad()
+def settle_partial_grads(params: list[nn.Parameter]) -> None:
+    """Give every DTensor gradient its parameter's placements (resolving pending partial sums)."""
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+            p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+@torch.no_grad()
+def clip_global_norm(
+    weighted: list[tuple[nn.Parameter, float]], max_norm: Optional[float], device: torch.device
+) -> float:
+    """Global L2 norm of all gradients (each weighted by 1/replicas); scale them to ``max_norm``.
+
+    Same arithmetic as ``torch.nn.utils.clip_grad_norm_``: coef = max_norm / (norm + 1e-6),
+    clamped to 1.
+    """
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for p, w in weighted:
+        if p.grad is not None and w > 0:
+            sq += local(p.grad).double().pow(2).sum() * w
+    dist.all_reduce(sq)
+    norm = math.sqrt(float(sq))
+    if max_norm is not None:
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        for p, _ in weighted:
+            if p.grad is not None:
+                local(p.grad).mul_(coef)
+    return norm
+
+
+class TiedEmbeddingSync:
+    """Sums the gradients of the tied embedding held by the first and the last pipeline stage.
+
+    Every rank must construct this (it creates one two-rank group per (dp, tp) position).
+    """
+
+    def __init__(self, p: int, d: int, t: int, rank: int, param: Optional[nn.Parameter]):
+        self.param = param
+        self.group: Optional[dist.ProcessGroup] = None
+        for dp in range(d):
+            for tp in range(t):
+                first, last = dp * t + tp, ((p - 1) * d + dp) * t + tp
+                g = dist.new_group([first, last])
+                if rank in (first, last):
+                    self.group = g
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.param is not None and self.param.grad is not None:
+            dist.all_reduce(local(self.param.grad), group=self.group)

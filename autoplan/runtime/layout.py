@@ -1,0 +1,70 @@
+"""Where this rank sits in the (pp, dp, tp) grid and which pipeline chunks it runs.
+
+Ranks are laid out pp-major, tp-minor (rank = (pp * d + dp) * t + tp), so a tensor-parallel
+group is made of consecutive ranks (one node, fast links) as in Megatron-LM. With v virtual
+stages per rank, pipeline rank r runs chunks r, r + p, ..., r + (v-1)p (looped placement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.specs import ModelSpec, Plan
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's coordinates and its share of the model."""
+
+    p: int
+    d: int
+    t: int
+    v: int
+    rank: int
+
+    @staticmethod
+    def of(plan: Plan, rank: int) -> "Layout":
+        return Layout(p=plan.p, d=plan.d, t=plan.t, v=plan.v, rank=rank)
+
+    @property
+    def world(self) -> int:
+        return self.p * self.d * self.t
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.d * self.t)
+
+    @property
+    def dp_rank(self) -> int:
+        return (self.rank // self.t) % self.d
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.t
+
+    def global_rank(self, pp: int, dp: int, tp: int) -> int:
+        return (pp * self.d + dp) * self.t + tp
+
+    @property
+    def num_chunks(self) -> int:
+        return self.p * self.v
+
+    @property
+    def chunks(self) -> list[int]:
+        """Global pipeline chunk (stage) indices run by this rank, in execution order."""
+        return [self.pp_rank + i * self.p for i in range(self.v)]
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.chunks
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_chunks - 1 in self.chunks
+
+
+def chunk_layer_ids(model: ModelSpec, plan: Plan, chunk: int) -> range:
+    """Global indices of the transformer layers in pipeline chunk ``chunk``."""
+    sizes = plan.chunk_layers(model.num_layers)
+    start = sum(sizes[:chunk])
+    return range(start, start + sizes[chunk])

@@ -1,0 +1,49 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``.
+
+Each local chunk becomes a ``PipelineStage`` (shapes inferred at run time); the plan's
+schedule maps to ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` (v
+chunks per rank, looped placement). The schedule splits the rank's local batch into the
+plan's microbatches and averages gradients over them (``scale_grads``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from autoplan.runtime.layout import Layout
+
+
+def build_schedule(
+    modules: list[nn.Module],
+    layout: Layout,
+    schedule: str,
+    num_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    group: dist.ProcessGroup,
+):
+    """One stage per local chunk (in ``layout.chunks`` order) and the plan's schedule over them."""
+    stages = [
+        PipelineStage(m, stage_index=c, num_stages=layout.num_chunks, device=device, group=group)
+        for m, c in zip(modules, layout.chunks)
+    ]
+    if schedule == "interleaved":
+        return ScheduleInterleaved1F1B(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
+
+
+def run_schedule(schedule, layout: Layout, x: torch.Tensor, y: torch.Tensor) -> Optional[list[torch.Tensor]]:
+    """One pipelined forward+backward over the local batch; microbatch losses on the last stage."""
+    losses: Optional[list[torch.Tensor]] = [] if layout.has_last else None
+    target = y if layout.has_last else None
+    if layout.has_first:
+        schedule.step(x, target=target, losses=losses, return_outputs=False)
+    else:
+        schedule.step(target=target, losses=losses, return_outputs=False)
+    return losses

@@ -1,0 +1,61 @@
+"""Megatron-style tensor (and sequence) parallelism with DTensor ``parallelize_module``.
+
+Column split: q, k, v, fc1 (and the SwiGLU gate); row split: o, fc2. Without sequence
+parallelism the residual stream is replicated and each row-parallel output is all-reduced.
+With it the residual stream, layernorms and dropout regions are sharded along the sequence
+(dim 1): the embedding output is scattered, each layer all-gathers before attention / MLP
+and reduce-scatters after, and the head gathers the sequence back. Embedding, final norm and
+output projection stay replicated over the tensor-parallel group.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from autoplan.runtime.model import GPT, Block
+
+
+def _layer_plan(block: Block, sp: bool) -> dict[str, ParallelStyle]:
+    residual = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(output_layouts=residual),
+        "mlp.fc1": ColwiseParallel(),
+        "mlp.fc2": RowwiseParallel(output_layouts=residual),
+    }
+    if block.mlp.gate is not None:
+        plan["mlp.gate"] = ColwiseParallel()
+    if sp:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan.update({"ln1": SequenceParallel(), "attn": gather, "ln2": SequenceParallel(), "mlp": gather})
+    return plan
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Shard ``model``'s layers over ``tp_mesh`` in place (works on a meta-device model)."""
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _layer_plan(block, sp))
+    if not sp:
+        return
+    if model.embed is not None:
+        parallelize_module(
+            model.embed, tp_mesh,
+            PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True),
+        )
+    if model.head is not None:
+        parallelize_module(
+            model.head, tp_mesh,
+            PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
+        )

@@ -1,0 +1,122 @@
+"""The search space: every valid plan for a model, a cluster size and a global batch.
+
+Axes (DESIGN.md section 5): t divides the heads, KV groups and ffn; p <= layers and
+t*p divides the GPUs; d = GPUs / (t*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
+schedule gpipe/1f1b/interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
+offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1). Microbatches are capped at
+MAX_MB sequences: larger ones only raise activation memory once GEMMs are saturated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from hwprofiles.errors import InputError
+from simulator.specs import ModelSpec, Plan, parse_plan_items, plan_errors, resolve_plan
+
+MAX_MB = 16
+MAX_V = 8
+ZERO_STAGES = (0, 1, 2, 3)
+CKPTS = ("none", "selective", "full")
+OFFLOADS = ("none", "cpu", "nvme")
+
+
+def divisors(n: int) -> list[int]:
+    small = [i for i in range(1, int(n**0.5) + 1) if n % i == 0]
+    return sorted(set(small + [n // i for i in small]))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The parallel layout part of a plan: what fixes the per-stage work."""
+
+    t: int
+    p: int
+    d: int
+    mb: int
+    sp: int
+    schedule: str
+    v: int
+
+
+def parse_fix(text: str) -> dict[str, Any]:
+    """``--fix KEY=VAL,...``: the pinned plan keys (same syntax and checks as --plan)."""
+    return parse_plan_items(text, "--fix") if text and text.strip() else {}
+
+
+def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> Iterator[Shape]:
+    heads = model.num_attention_heads
+    for t in divisors(gpus):
+        if heads % t or model.kv_heads % t or model.ffn % t or fix.get("t", t) != t:
+            continue
+        for p in divisors(gpus // t):
+            if p > model.num_layers or fix.get("p", p) != p:
+                continue
+            d = gpus // (t * p)
+            if fix.get("d", d) != d or global_batch % d:
+                continue
+            for mb in divisors(global_batch // d):
+                if mb > MAX_MB and "mb" not in fix or fix.get("mb", mb) != mb:
+                    continue
+                m = global_batch // (d * mb)
+                for sp in ((0, 1) if t > 1 and model.seq_length % t == 0 else (0,)):
+                    if fix.get("sp", sp) != sp:
+                        continue
+                    for schedule, v in _schedules(model, p, m, fix):
+                        yield Shape(t, p, d, mb, sp, schedule, v)
+
+
+def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iterator[tuple[str, int]]:
+    want = fix.get("schedule")
+    if p == 1:
+        if want in (None, "1f1b") and fix.get("v", 1) == 1:
+            yield "1f1b", 1
+        return
+    for sched in ("1f1b", "gpipe"):
+        if want in (None, sched) and fix.get("v", 1) == 1:
+            yield sched, 1
+    if want in (None, "interleaved") and m % p == 0 and model.num_layers % p == 0:
+        per_stage = model.num_layers // p
+        for v in range(2, min(MAX_V, per_stage) + 1):
+            if per_stage % v == 0 and fix.get("v", v) == v:
+                yield "interleaved", v
+
+
+def memory_options(fix: Mapping[str, Any]) -> list[tuple[int, str, str]]:
+    """(zero, ckpt, offload) combinations allowed by the rules and the pins."""
+    out = []
+    for zero in ZERO_STAGES:
+        for ckpt in CKPTS:
+            for off in OFFLOADS:
+                if off == "cpu" and zero == 0 or off == "nvme" and zero != 3:
+                    continue
+                if fix.get("zero", zero) != zero or fix.get("ckpt", ckpt) != ckpt or fix.get("offload", off) != off:
+                    continue
+                out.append((zero, ckpt, off))
+    return out
+
+
+def plan_of(shape: Shape, zero: int, ckpt: str, offload: str) -> Plan:
+    return Plan(t=shape.t, p=shape.p, d=shape.d, mb=shape.mb, zero=zero, ckpt=ckpt, v=shape.v,
+                schedule=shape.schedule, offload=offload, sp=shape.sp)
+
+
+def enumerate_plans(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> list[Plan]:
+    """Every valid plan (uniform layer split) under the pins."""
+    opts = memory_options(fix)
+    return [plan_of(s, *o) for s in shapes(model, gpus, global_batch, fix) for o in opts]
+
+
+def explain_empty(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> str:
+    """Why no plan satisfies the pins: the first rule the pinned values break."""
+    try:
+        plan = resolve_plan(fix, gpus, "--fix")
+    except InputError as e:
+        return str(e)
+    errors = plan_errors(model, plan, gpus, global_batch)
+    if errors:
+        return f"--fix: {errors[0]}"
+    if plan.mb > MAX_MB and "mb" not in fix:
+        return f"--fix: no microbatch size <= {MAX_MB} divides B/d"
+    return f"--fix: the pinned values {fix} leave no valid plan for {gpus} GPUs and global batch {global_batch}"

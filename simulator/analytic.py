@@ -1,0 +1,202 @@
+"""Closed-form step time and memory of a plan: the planner's fast path.
+
+Step time = pipeline time + exposed data-parallel time + optimizer + offload, where
+
+* per microbatch a pipeline device spends c_i = forward + backward + recompute + TP
+  collectives + exposed point-to-point (+ exposed ZeRO-3 gathers);
+* GPipe / 1F1B:  T_pipe = (m - 1) * max_i c_i + sum_i c_i
+  interleaved:   T_pipe = m * max_i c_i + (sum_i c_i - max_i c_i) / v
+  which for equal stages gives a bubble of (p - 1)/m (resp. (p - 1)/(v m)) of the ideal
+  m * c (Narayanan et al. 2021, section 2.2);
+* DP gradient reduction (all-reduce; reduce-scatter for ZeRO-1/2) is bucketed and overlaps
+  the last microbatch's backward on its stage; stage i finishes i backward steps before
+  stage 0, which hides that much more; ZeRO-1/2 then all-gather the updated parameters;
+* ZeRO-3 gathers parameters in forward and again in backward and reduce-scatters
+  gradients for every microbatch (1.5x the all-reduce volume at m = 1), prefetched under
+  the compute of that pass;
+* the optimizer step streams 28 bytes per local parameter through HBM (read fp16 grad,
+  fp32 master, m, v = 14 B; write master, m, v, fp16 param = 14 B);
+* offload (ZeRO-Offload / ZeRO-Infinity): gradient shards down and parameter shards up
+  over each GPU's PCIe link, Adam on the host CPU (all of a node's ranks share it),
+  NVMe reads and writes the optimizer state.
+"""
+
+from __future__ import annotations
+
+from hwprofiles.schema import ClusterSpec
+from simulator import commcost, layout, memory
+from simulator.ops import dtype_bytes
+from simulator.result import SimResult
+from simulator.specs import Job, Plan
+from simulator.stagecost import StageCost, StageMemory, block_times, stage_groups, stage_memory
+from simulator.workload import executed_flops_per_iteration, model_flops_per_iteration
+
+ADAM_HBM_BYTES_PER_PARAM = 28
+CPU_ADAM_STATE_BYTES = 16  # fp32 master, momentum, variance and gradient per parameter
+
+
+def p2p_exposed(job: Job) -> float:
+    """Seconds one device spends per microbatch on pipeline sends/receives (forward
+    activation + backward gradient, v times with interleaving). With t > 1 across nodes each
+    TP rank sends b*s*h/t over its own NIC and the receivers all-gather over NVLink
+    (Megatron's scatter/gather optimization, Narayanan et al. 2021, section 4.1)."""
+    plan, cluster = job.plan, job.cluster
+    if plan.p == 1:
+        return 0.0
+    bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb)
+    node = cluster.node
+    gpn = cluster.gpus_per_node
+    if layout.pp_crosses_nodes(plan.t, plan.p, plan.d, gpn) and node.nic is not None and node.nics_per_node:
+        nic_bw = node.nic.bytes_per_s * min(1.0, node.nics_per_node / gpn)
+        lat = node.nic.latency_s
+        if plan.t > 1 and not plan.sp:
+            intra = commcost.group_link(cluster, layout.tp_shape(plan.t, gpn))
+            one = commcost.p2p_time(bt.act_bytes / plan.t, nic_bw, lat) + commcost.allgather_time(bt.act_bytes, plan.t, intra)
+        else:
+            one = commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), nic_bw, lat)
+    else:
+        link = node.intra_node
+        one = commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), link.bytes_per_s, link.latency_s)
+    return 2 * plan.v * one
+
+
+def _dp_link(cluster: ClusterSpec, plan: Plan) -> commcost.GroupLink:
+    return commcost.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
+
+
+def zero3_exposed(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> tuple[float, float]:
+    """(communication time, exposed time) per microbatch of ZeRO-3: all-gather the stage's
+    parameters for forward and for backward, reduce-scatter its gradients."""
+    if plan.zero != 3 or plan.d == 1:
+        return 0.0, 0.0
+    pbytes = cost.params * min(e, 2)
+    gather = commcost.allgather_time(pbytes, plan.d, link)
+    scatter = commcost.reducescatter_time(pbytes, plan.d, link)
+    exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - cost.backward - cost.recompute)
+    return 2 * gather + scatter, exposed
+
+
+def dp_times(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> tuple[float, float]:
+    """(gradient reduction, parameter all-gather after the step) for ZeRO 0-2, seconds."""
+    if plan.d == 1 or plan.zero == 3:
+        return 0.0, 0.0
+    gbytes = cost.params * e
+    if plan.zero == 0:
+        return commcost.allreduce_time(gbytes, plan.d, link), 0.0
+    return commcost.reducescatter_time(gbytes, plan.d, link), commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
+
+
+def offload_time(job: Job, psi_local: float) -> float:
+    """Exposed offload seconds per step for ``psi_local`` parameters per rank (the rank's
+    1/d shard): PCIe down (gradients) and up (parameters), host Adam over all of the node's
+    ranks, NVMe read + write of the optimizer state; ZeRO-3 also fetches parameters over
+    PCIe for every forward and backward (prefetched: counted in the stage cost)."""
+    plan, node = job.plan, job.cluster.node
+    if plan.offload == "none":
+        return 0.0
+    pcie = node.pcie.bytes_per_s
+    t = 2 * psi_local * 2 / pcie + 2 * node.pcie.latency_s
+    t += node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
+    if plan.offload == "nvme" and node.nvme is not None:
+        t += 2 * node.gpus_per_node * psi_local * memory.OPTIMIZER_BYTES_PER_PARAM / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9)
+    return t
+
+
+def pipeline_time(worst: float, total: float, m: int, schedule: str, v: int) -> float:
+    """``worst``: the slowest device's time per microbatch; ``total``: the sum over devices."""
+    if schedule == "interleaved" and v > 1:
+        return m * worst + (total - worst) / v
+    return (m - 1) * worst + total
+
+
+def estimate(job: Job) -> SimResult:
+    """The analytic prediction of one iteration (see the module docstring)."""
+    model, cluster, plan = job.model, job.cluster, job.plan
+    m = job.m
+    gpu = cluster.gpu
+    e = dtype_bytes(gpu)
+    groups = stage_groups(model, cluster, plan)
+    p2p = p2p_exposed(job)
+    link = _dp_link(cluster, plan) if plan.d > 1 else None
+
+    per_mb, z3_comm = [], []
+    for _, c, _ in groups:
+        z3_exp = zero3_exposed(c, plan, link, e)[1] if link else 0.0
+        if plan.offload != "none" and plan.zero == 3:
+            fetch = 2 * 2 * c.params / plan.d / cluster.node.pcie.bytes_per_s
+            z3_exp += max(0.0, fetch - c.forward - c.backward)
+        per_mb.append(c.total + p2p + z3_exp)
+        z3_comm.append(z3_exp)
+    crit = max(range(len(per_mb)), key=per_mb.__getitem__)
+    total = sum(x * g[2] for x, g in zip(per_mb, groups))
+    t_pipe = pipeline_time(per_mb[crit], total, m, plan.schedule, plan.v)
+
+    # data-parallel gradient reduction after each stage's last backward
+    dp_exposed, gather_after = 0.0, 0.0
+    if link is not None and plan.zero < 3:
+        for i, c, _ in groups:
+            reduce_t, gather_t = dp_times(c, plan, link, e)
+            slack = c.backward + c.recompute + i * (c.backward + c.recompute + p2p / 2)
+            dp_exposed = max(dp_exposed, reduce_t - slack)
+            gather_after = max(gather_after, gather_t)
+        dp_exposed = max(0.0, dp_exposed)
+
+    psi_max = max(c.params for _, c, _ in groups)
+    psi_local = psi_max / plan.d if plan.zero >= 1 else psi_max
+    if plan.offload == "none":
+        opt = ADAM_HBM_BYTES_PER_PARAM * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+        off = 0.0
+    else:
+        opt, off = 0.0, offload_time(job, psi_local)
+    step = t_pipe + dp_exposed + gather_after + opt + off
+
+    c = groups[crit][1]
+    steady = m * per_mb[crit]
+    breakdown = {
+        "compute": m * (c.forward + c.backward),
+        "recompute": m * c.recompute,
+        "tp_comm": m * c.tp_comm,
+        "pp_comm": m * p2p,
+        "dp_comm": m * z3_comm[crit] + dp_exposed + gather_after,
+        "bubble": t_pipe - steady,
+        "offload": off,
+        "optimizer": opt,
+    }
+
+    mems = _stage_memories(job, groups)
+    peak_stage, pm = max(mems, key=lambda x: x[1].total)
+    full = sum(g.full_layers * n for _, g, n in groups)
+    sel = sum(g.selective_layers * n for _, g, n in groups)
+    extra = {"peak_memory_stage": peak_stage, "critical_stage": groups[crit][0]}
+    host_fits = True
+    if plan.offload != "none":
+        host = cluster.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + (2 if plan.zero == 3 else 0))
+        extra["host_memory_gib"] = host / 2**30
+        host_fits = plan.offload == "nvme" or host <= cluster.node.host_memory_GiB * 2**30
+    return SimResult(
+        job=job,
+        step_time=step,
+        peak_memory=pm.total,
+        memory_capacity=gpu.usable_memory_bytes,
+        time_breakdown=breakdown,
+        memory_breakdown={"params": pm.params, "grads": pm.grads, "optimizer": pm.optimizer,
+                          "activations": pm.activations, "buffers": pm.buffers},
+        executed_flops=executed_flops_per_iteration(model, job.global_batch, full, sel),
+        model_flops=model_flops_per_iteration(model, job.global_batch),
+        bubble_fraction=(t_pipe - steady) / steady if steady > 0 else 0.0,
+        fidelity="analytic",
+        extra=extra,
+        host_fits=host_fits,
+    )
+
+
+def _stage_memories(job: Job, groups: list[tuple[int, StageCost, int]]) -> list[tuple[int, StageMemory]]:
+    """(device, memory) of the first device of each distinct stage: in-flight microbatches
+    never grow with the device index, so that device is the peak of its kind."""
+    return [(i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c)) for i, c, _ in groups]
+
+
+def memory_only(job: Job) -> float:
+    """Peak bytes of the plan's most loaded rank (the planner prunes with this first)."""
+    groups = stage_groups(job.model, job.cluster, job.plan)
+    return max(mem.total for _, mem in _stage_memories(job, groups))

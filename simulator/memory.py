@@ -1,0 +1,119 @@
+"""Memory model: model states (ZeRO 0-3, offload), activations, in-flight microbatches, buffers.
+
+All functions return bytes and are pure. Sources are named in each docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.specs import ModelSpec
+
+# Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
+OPTIMIZER_BYTES_PER_PARAM = 12  # K
+PARAM_BYTES = 2                 # fp16/bf16 working copy
+GRAD_BYTES = 2                  # fp16/bf16 gradients
+
+
+def state_bytes_per_param(e: int) -> tuple[int, int, int]:
+    """(param, grad, optimizer) bytes per parameter for training in a dtype of e bytes:
+    mixed precision (e = 2): 2, 2, 12 (fp32 master + Adam moments, ZeRO section 3.1);
+    plain fp32 (e = 4, the CPU runs): 4, 4, 8 (Adam moments only)."""
+    return (2, 2, 12) if e <= 2 else (4, 4, 8)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state_bytes(psi: float, d: int, zero: int, offload: str = "none",
+                      param_bytes: int = PARAM_BYTES, grad_bytes: int = GRAD_BYTES,
+                      k: int = OPTIMIZER_BYTES_PER_PARAM) -> ModelStates:
+    """Bytes of model states on one GPU for Psi parameters held by its model-parallel rank.
+
+    ZeRO (Rajbhandari et al. 2020, Figure 1), with 2/2/K bytes per parameter:
+        stage 0: 2Psi + 2Psi + K*Psi          (16 Psi with K = 12)
+        stage 1: 2Psi + 2Psi + K*Psi/d
+        stage 2: 2Psi + 2Psi/d + K*Psi/d
+        stage 3: (2 + 2 + K)*Psi/d
+    Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021): the
+    optimizer state and the fp32 gradient copy live on the host (or NVMe), so the GPU keeps no
+    optimizer state and only a gradient staging bucket (counted in buffers); with stage 3
+    the fp16 parameters are offloaded too (the gathered working set is in buffers).
+    """
+    if offload != "none":
+        return ModelStates(0.0 if zero == 3 else psi * param_bytes, 0.0, 0.0)
+    params = psi * param_bytes / d if zero >= 3 else psi * param_bytes
+    grads = psi * grad_bytes / d if zero >= 2 else psi * grad_bytes
+    opt = psi * k / d if zero >= 1 else psi * k
+    return ModelStates(params, grads, opt)
+
+
+def activation_bytes_per_layer(model: ModelSpec, b: int, t: int, sp: bool, ckpt: str, e: int = 2) -> float:
+    """Activations one layer keeps for backward, for one microbatch, on one TP rank.
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+    Models"), eqs. 2-5, with fp16 (e = 2), MHA, ffn = 4h, GELU:
+        t = 1:        s*b*h*(34 + 5*a*s/h)
+        TP, no SP:    s*b*h*(10 + 24/t + 5*a*s/(h*t))
+        TP with SP:   s*b*h*(34 + 5*a*s/h) / t
+    Generalized here term by term (so GQA, other ffn sizes and SwiGLU are exact too):
+        replicated (split by t only with SP): two norm inputs, QKV input, fc1 input (4e)
+            and two dropout masks (2 bytes)           -> (4e + 2)*s*b*h
+        tensor-parallel: Q, K, V, proj input, MLP activations
+            -> e*s*b*(2h + 2kv + f_act)/t,  f_act = 2f (GELU in/out) or 3f (SwiGLU 2f in, f out)
+        attention scores: softmax output (e), dropout mask (1), dropout output (e)
+            -> (2e + 1)*a*s^2*b/t
+    Selective recomputation drops the attention-score term; full recomputation keeps only
+    the layer input e*s*b*h (split by t with SP).
+    """
+    s, h, a = model.seq_length, model.hidden_size, model.num_attention_heads
+    sbh = s * b * h
+    if ckpt == "full":
+        return e * sbh / (t if sp else 1)
+    f_act = 3 * model.ffn if model.activation == "swiglu" else 2 * model.ffn
+    replicated = (4 * e + 2) * sbh / (t if sp else 1)
+    split = e * s * b * (2 * h + 2 * model.kv_size + f_act) / t
+    scores = 0.0 if ckpt == "selective" else (2 * e + 1) * a * s * s * b / t
+    return replicated + split + scores
+
+
+def in_flight_microbatches(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
+    """Microbatches whose activations a pipeline stage holds at its peak, in units of the
+    stage's whole layer set (for interleaved, counted in chunks and divided by v).
+
+    GPipe: all m (Huang et al. 2019).  1F1B: min(p - stage, m) (Narayanan et al. 2021,
+    PipeDream-Flush).  Interleaved 1F1B (Megatron-LM schedule): a rank runs
+    (p - stage - 1)*2 + (v - 1)*p warm-up chunk-forwards plus one in steady state,
+    capped by the m*v chunk-forwards it has in all; each chunk holds 1/v of the stage.
+    """
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved" and v > 1:
+        warmup = (p - stage - 1) * 2 + (v - 1) * p
+        return min(warmup + 1, m * v) / v
+    return float(min(p - stage, m))
+
+
+def logits_buffer_bytes(model: ModelSpec, b: int, t: int, e: int = 2) -> float:
+    """The last stage's logits (e bytes) and their fp32 softmax for cross-entropy: b*s*V/t*(e + 4)."""
+    return b * model.seq_length * model.vocab_size / t * (e + 4)
+
+
+def zero3_working_set_bytes(layer_params_rank: float, prefetch_layers: int = 2, param_bytes: int = PARAM_BYTES) -> float:
+    """ZeRO-3 gathers each layer's full (TP-local) parameters before use and prefetches the
+    next: about two layers of fp16 parameters are resident (Rajbhandari et al. 2021, section 5)."""
+    return prefetch_layers * layer_params_rank * param_bytes
+
+
+def gradient_bucket_bytes(psi: float, bucket_bytes: float = 25e6, grad_bytes: int = GRAD_BYTES) -> float:
+    """Fused gradient buckets for the overlapped all-reduce / reduce-scatter (PyTorch DDP's
+    default 25 MB bucket, two in flight), capped by the gradients themselves."""
+    return min(psi * grad_bytes, 2 * bucket_bytes)

@@ -1,0 +1,101 @@
+"""Time of one op on one GPU: a roofline with shape-dependent GEMM efficiency.
+
+    time(op) = max(FLOPs / (peak * eff(m, n, k)), bytes / (HBM bandwidth * memory_efficiency))
+               + launch overhead
+(Williams et al. 2009, "Roofline"). ``eff`` comes from the profile's measured GEMM table
+when it has one (``autoplan calibrate``), else from its saturating curve.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hwprofiles.schema import GpuProfile
+from simulator.workload import DTYPE_BYTES, Op
+
+
+def curve_efficiency(gpu: GpuProfile, m: float, n: float, k: float) -> float:
+    """eff = max_efficiency * prod_x x / (x + half_dim_x) over x in (m, n, k)."""
+    g = gpu.gemm
+    return g.max_efficiency * (m / (m + g.half_dim_m)) * (n / (n + g.half_dim_n)) * (k / (k + g.half_dim_k))
+
+
+def table_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str) -> float | None:
+    """Inverse-distance-weighted interpolation of measured efficiencies in log2 shape space
+    over the 4 nearest measured shapes of the same dtype (exact at a measured shape).
+    Outside the measured range the curve's shape dependence carries the nearest point."""
+    points = [pt for pt in gpu.gemm.table if pt.dtype == dtype]
+    if not points:
+        return None
+    peak = gpu.peak_tflops.get(dtype) or gpu.peak_tflops[gpu.default_dtype]
+    q = (math.log2(m), math.log2(n), math.log2(k))
+    scored = []
+    for pt in points:
+        d2 = (math.log2(pt.m) - q[0]) ** 2 + (math.log2(pt.n) - q[1]) ** 2 + (math.log2(pt.k) - q[2]) ** 2
+        eff = pt.tflops / peak
+        # carry the point to the query shape with the curve's relative shape dependence
+        eff *= curve_efficiency(gpu, m, n, k) / curve_efficiency(gpu, pt.m, pt.n, pt.k)
+        if d2 == 0.0:
+            return min(eff, 1.0)
+        scored.append((d2, eff))
+    scored.sort(key=lambda x: x[0])
+    near = scored[:4]
+    wsum = sum(1.0 / d for d, _ in near)
+    return min(sum(e / d for d, e in near) / wsum, 1.0)
+
+
+def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | None = None) -> float:
+    dtype = dtype or gpu.default_dtype
+    m, n, k = max(m, 1.0), max(n, 1.0), max(k, 1.0)
+    measured = table_efficiency(gpu, m, n, k, dtype) if gpu.gemm.table else None
+    return measured if measured is not None else curve_efficiency(gpu, m, n, k)
+
+
+def op_time(op: Op, gpu: GpuProfile, dtype: str | None = None) -> float:
+    """Roofline time of one op (all of its ``count`` instances run as one batched kernel)."""
+    dtype = dtype or gpu.default_dtype
+    mem = op.bytes / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    if op.kind == "elementwise":
+        comp = op.flops / (gpu.peak_tflops.get("fp32", gpu.peak_flops(dtype) / 1e12) * 1e12)
+    else:
+        comp = op.flops / (gpu.peak_flops(dtype) * gemm_efficiency(gpu, op.m, op.n, op.k, dtype))
+    return max(comp, mem) + gpu.kernel_launch_us * 1e-6
+
+
+def backward_ops(op: Op) -> list[Op]:
+    """Backward of an op. GEMM C=AB: dA = dC B^T (m,k,n) and dB = A^T dC (k,n,m), 2x FLOPs.
+    Elementwise: the gradient reads the saved input and upstream gradient and writes one
+    gradient per input: about twice the forward traffic."""
+    if op.kind == "elementwise":
+        return [Op(op.name + "_bwd", "elementwise", 2 * op.flops, 2 * op.bytes)]
+    e = op.bytes / (op.count * (op.m * op.k + op.k * op.n + op.m * op.n))
+    dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count)
+    wgrad = Op(op.name + "_wgrad", op.kind, op.flops, e * op.count * (op.k * op.m + op.m * op.n + op.k * op.n), op.k, op.n, op.m, op.count)
+    return [dgrad, wgrad]
+
+
+def dtype_bytes(gpu: GpuProfile) -> int:
+    """Bytes per activation element in the profile's training dtype (fp16/bf16: 2, fp32: 4)."""
+    return DTYPE_BYTES.get(gpu.default_dtype, 2)
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of one microbatch through one block on one TP rank."""
+
+    forward: float
+    backward: float
+    attention_core: float  # forward time of scores/softmax/dropout/attn-v (selective recompute)
+
+
+ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v")
+
+
+def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0) -> PassTimes:
+    """Forward, backward and attention-core times of a block's ops; ``slowdown`` >= 1 scales
+    compute when ranks share a processor (more ranks than compute slots on a CPU host)."""
+    fwd = sum(op_time(o, gpu) for o in ops)
+    bwd = sum(op_time(b, gpu) for o in ops for b in backward_ops(o))
+    core = sum(op_time(o, gpu) for o in ops if o.name in ATTENTION_CORE)
+    return PassTimes(fwd * slowdown, bwd * slowdown, core * slowdown)

@@ -1,0 +1,85 @@
+"""Parameter counts: whole model, per layer, and per tensor-parallel rank.
+
+Megatron-LM (Narayanan et al. 2021, section 5.1): with biases and LayerNorm (GPT-style),
+    P = 12*l*h^2 * (1 + 13/(12h) + (V + s)/(12*l*h))
+Per layer: QKV h*(h+2kv) + proj h*h + MLP h*f*(3 if SwiGLU else 2); GPT-style models add
+biases (h+2kv + h + f + h) and two LayerNorms (4h); Llama-style (RMSNorm) models have no
+biases and two norm weights (2h).
+"""
+
+from __future__ import annotations
+
+from simulator.specs import ModelSpec
+
+
+def _has_bias(model: ModelSpec) -> bool:
+    return model.normalization == "LayerNorm"
+
+
+def layer_params(model: ModelSpec) -> int:
+    h, f, kv = model.hidden_size, model.ffn, model.kv_size
+    mlp = 3 if model.activation == "swiglu" else 2
+    weights = h * (h + 2 * kv) + h * h + mlp * h * f
+    if _has_bias(model):
+        return weights + (h + 2 * kv) + h + f * (mlp - 1) + h + 4 * h
+    return weights + 2 * h
+
+
+def embedding_params(model: ModelSpec) -> int:
+    """Word embedding V*h plus learned positions s*h (none with rotary)."""
+    pos = model.seq_length * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
+    return model.vocab_size * model.hidden_size + pos
+
+
+def head_params(model: ModelSpec) -> int:
+    """Final norm plus the output projection (zero extra when tied to the embedding)."""
+    norm = 2 * model.hidden_size if _has_bias(model) else model.hidden_size
+    return norm + (0 if model.tie_embeddings else model.vocab_size * model.hidden_size)
+
+
+def total_params(model: ModelSpec) -> int:
+    return model.num_layers * layer_params(model) + embedding_params(model) + head_params(model)
+
+
+def megatron_params_formula(model: ModelSpec) -> float:
+    """P = 12*l*h^2 * (1 + 13/(12h) + (V+s)/(12*l*h)) (Narayanan et al. 2021, eq. in section 5.1)."""
+    l, h, V, s = model.num_layers, model.hidden_size, model.vocab_size, model.seq_length
+    return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+
+def layer_params_per_rank(model: ModelSpec, t: int) -> float:
+    """One layer's parameters on one TP rank: the split weights and biases / t, the
+    row-parallel biases and norms replicated (Shoeybi et al. 2019)."""
+    h, f, kv = model.hidden_size, model.ffn, model.kv_size
+    mlp = 3 if model.activation == "swiglu" else 2
+    split = h * (h + 2 * kv) + h * h + mlp * h * f
+    if _has_bias(model):
+        split += (h + 2 * kv) + f * (mlp - 1)
+        replicated = h + h + 4 * h
+    else:
+        replicated = 2 * h
+    return split / t + replicated
+
+
+def embedding_params_per_rank(model: ModelSpec, t: int) -> float:
+    """Vocab-parallel word embedding V*h/t plus replicated learned positions."""
+    pos = model.seq_length * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
+    return model.vocab_size * model.hidden_size / t + pos
+
+
+def head_params_per_rank(model: ModelSpec, t: int, p: int) -> float:
+    """Final norm plus the output layer. With tied embeddings and p > 1 the last stage holds
+    its own copy of the word embedding (Megatron-LM keeps the two copies in sync)."""
+    norm = 2 * model.hidden_size if _has_bias(model) else model.hidden_size
+    untied_or_separate = (not model.tie_embeddings) or p > 1
+    return norm + (model.vocab_size * model.hidden_size / t if untied_or_separate else 0.0)
+
+
+def stage_params_per_rank(model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool) -> float:
+    """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers."""
+    n = layers * layer_params_per_rank(model, t)
+    if first:
+        n += embedding_params_per_rank(model, t)
+    if last:
+        n += head_params_per_rank(model, t, p)
+    return n

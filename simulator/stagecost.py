@@ -1,0 +1,200 @@
+"""Per-stage, per-microbatch costs shared by the analytic estimator and the planner.
+
+For one pipeline device (its v chunks together) and one microbatch: forward and backward
+compute time, recomputation time, TP communication time, and the memory the stage holds.
+Layer-level times are cached per (model, GPU profile, t, sp, mb) because the search asks
+for the same ones thousands of times.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from hwprofiles.schema import ClusterSpec, GpuProfile
+from simulator import commcost, layout, memory, params
+from simulator.ops import PassTimes, dtype_bytes, pass_times
+from simulator.specs import ModelSpec, Plan
+from simulator.workload import embedding_forward_ops, head_forward_ops, layer_forward_ops
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Seconds per microbatch on one TP rank: a transformer layer, the embedding, the head;
+    and one TP all-reduce of the b*s*h activation (an all-gather + reduce-scatter with SP)."""
+
+    layer: PassTimes
+    embedding: PassTimes
+    head: PassTimes
+    tp_allreduce: float
+    act_bytes: float  # b*s*h*e: one boundary activation
+
+
+_CACHE: dict[tuple, tuple[GpuProfile, BlockTimes]] = {}
+
+
+def compute_slowdown(cluster: ClusterSpec) -> float:
+    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots)."""
+    slots = cluster.node.compute_slots
+    return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+
+
+def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
+    gpu = cluster.gpu
+    key = (model, id(gpu), id(cluster.node), t, sp, mb)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
+    e = dtype_bytes(gpu)
+    slow = compute_slowdown(cluster)
+    act = mb * model.seq_length * model.hidden_size * e
+    link = commcost.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    bt = BlockTimes(
+        layer=pass_times(layer_forward_ops(model, mb, t, sp, e), gpu, slow),
+        embedding=pass_times(embedding_forward_ops(model, mb, t, sp, e), gpu, slow),
+        head=pass_times(head_forward_ops(model, mb, t, sp, e), gpu, slow),
+        tp_allreduce=commcost.allreduce_time(act, t, link),
+        act_bytes=act,
+    )
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    _CACHE[key] = (gpu, bt)
+    return bt
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One pipeline device, one microbatch (all its chunks)."""
+
+    forward: float      # compute, no communication
+    backward: float
+    recompute: float
+    tp_comm: float      # forward + backward + recompute TP collectives
+    layers: int
+    full_layers: int
+    selective_layers: int
+    params: float       # parameters held by one rank of this stage (before ZeRO sharding)
+    first: bool
+    last: bool
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.recompute + self.tp_comm
+
+
+def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
+    """Chunk indices (model order) on each pipeline device: chunk c lives on device c % p."""
+    chunks = plan.p * plan.v
+    return [list(range(dev, chunks, plan.p)) for dev in range(plan.p)]
+
+
+_STAGE_CACHE: dict[tuple, tuple[ClusterSpec, list[StageCost], list[tuple[int, StageCost, int]]]] = {}
+
+
+def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
+    """Cost of each pipeline device per microbatch. TP: 2 all-reduces of b*s*h forward and 2
+    backward per layer, 2 more when a layer is fully recomputed (Narayanan et al. 2021, 3.2);
+    the vocab-parallel embedding adds one forward all-reduce, the LM head one backward.
+
+    Devices with the same work share one StageCost object (see ``unique_stages``). The
+    result does not depend on d, ZeRO or offload, so it is cached across those."""
+    return _stages(model, cluster, plan)[0]
+
+
+def stage_groups(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tuple[int, StageCost, int]]:
+    """(first device index, cost, number of devices) of each distinct stage. Everything that
+    grows with the device index is non-increasing (in-flight microbatches; the DP slack is
+    larger for later stages), so the first device of a kind bounds its time and memory."""
+    return _stages(model, cluster, plan)[1]
+
+
+def _stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
+    key = (model, id(cluster), plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute)
+    hit = _STAGE_CACHE.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1], hit[2]
+    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
+    sizes = plan.chunk_layers(model.num_layers)
+    rec = plan.chunk_recompute(model.num_layers)
+    last_chunk = len(sizes) - 1
+    out: list[StageCost] = []
+    made: dict[tuple, StageCost] = {}
+    groups: dict[tuple, list] = {}
+    for dev, chunk_ids in enumerate(device_chunks(plan, model.num_layers)):
+        n = sum(sizes[c] for c in chunk_ids)
+        full = sum(rec[c][0] for c in chunk_ids)
+        sel = sum(rec[c][1] for c in chunk_ids)
+        first, last = 0 in chunk_ids, last_chunk in chunk_ids
+        sig = (n, full, sel, first, last)
+        if sig in made:
+            out.append(made[sig])
+            groups[sig][2] += 1
+            continue
+        fwd = n * bt.layer.forward
+        bwd = n * bt.layer.backward
+        recompute = full * bt.layer.forward + sel * bt.layer.attention_core
+        tp = (4 * n + 2 * full) * bt.tp_allreduce
+        if first:
+            fwd += bt.embedding.forward
+            bwd += bt.embedding.backward
+            tp += bt.tp_allreduce
+        if last:
+            fwd += bt.head.forward
+            bwd += bt.head.backward
+            tp += bt.tp_allreduce
+        psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last)
+        made[sig] = StageCost(fwd, bwd, recompute, tp, n, full, sel, psi, first, last)
+        out.append(made[sig])
+        groups[sig] = [dev, made[sig], 1]
+    uniq = [tuple(g) for g in groups.values()]
+    if len(_STAGE_CACHE) > 8192:
+        _STAGE_CACHE.clear()
+    _STAGE_CACHE[key] = (cluster, out, uniq)
+    return out, uniq
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_activations(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> tuple[float, float, float]:
+    return tuple(memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none"))
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, cost: StageCost) -> StageMemory:
+    """Peak memory of one rank of pipeline device ``stage`` (DESIGN.md section 4, "Memory").
+
+    activations = in-flight microbatches * sum over its layers of the per-layer activation
+    for that layer's recompute mode, plus one layer's full activations while it is
+    recomputed (or, without recomputation, while its backward runs);
+    buffers = gradient buckets, ZeRO-3 gathered layers, the last stage's logits, and the
+    pipeline send/receive buffers."""
+    e = dtype_bytes(cluster.gpu)
+    pb, gb, k = memory.state_bytes_per_param(e)
+    states = memory.model_state_bytes(cost.params, plan.d, plan.zero, plan.offload, pb, gb, k)
+    sp, b, t = bool(plan.sp), plan.mb, plan.t
+    per_full, per_sel, per_none = _layer_activations(model, b, t, sp, e)
+    none_layers = cost.layers - cost.full_layers - cost.selective_layers
+    held = cost.full_layers * per_full + cost.selective_layers * per_sel + none_layers * per_none
+    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+    act = inflight * held + (per_none if cost.full_layers else 0.0)
+    if cost.first:
+        act += inflight * (2 * e + 1) * b * model.seq_length * model.hidden_size / (t if sp else 1)
+    buffers = memory.gradient_bucket_bytes(cost.params) if plan.d > 1 or plan.offload != "none" else 0.0
+    if plan.zero == 3:
+        buffers += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, t))
+    if cost.last:
+        buffers += memory.logits_buffer_bytes(model, b, t, e)
+    if plan.p > 1:
+        buffers += 2 * b * model.seq_length * model.hidden_size * e
+    return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
