@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from hwprofiles.errors import InputError
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic import estimate
+from simulator.analytic import estimate, memory_only
 from simulator.api import simulate
 from simulator.result import SimResult
 from simulator.specs import Job, ModelSpec, Plan
@@ -49,6 +49,7 @@ class SearchOptions:
     tolerance: float = 0.02     # finalists: top K plus plans within this fraction of the best
     max_finalists: int = 16
     partition: bool = True
+    partition_time_s: float = 0.5  # CP-SAT time limit per finalist
 
 
 @dataclass
@@ -109,9 +110,15 @@ def _score_chunk(args: tuple[int, Sequence[Plan]]) -> list[tuple[float, float, b
     nodes, plans = args
     model, B = _WORK["model"], _WORK["B"]
     cluster = _WORK["clusters"][nodes]
+    cap = cluster.gpu.usable_memory_bytes
     out = []
     for plan in plans:
-        r = estimate(Job(model, cluster, plan, B))
+        job = Job(model, cluster, plan, B)
+        peak = memory_only(job)  # memory first: most plans stop here
+        if peak > cap:
+            out.append((math.inf, peak, False))
+            continue
+        r = estimate(job)
         out.append((r.step_time, r.peak_memory, r.fits))
     return out
 
@@ -184,6 +191,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     if not todo:
         raise InputError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
 
+    _WORK.update(fix=fix, opts=opts)
     scored = _score_all(model, clusters, global_batch, todo, opts.jobs, opts.progress)
     feasible = [s for s in scored if s.fits]
     if not feasible:
@@ -193,25 +201,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     finalists = [s for i, s in enumerate(feasible)
                  if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)][: max(opts.top, opts.max_finalists)]
 
-    # CP-SAT partition / recompute for the finalists
-    gains: list[dict[str, Any]] = []
-    final_plans: list[tuple[int, Plan]] = []
-    for s in finalists:
-        plan = s.plan
-        c = clusters[s.nodes]
-        if opts.partition and _worth_partitioning(model, plan, fix):
-            job = Job(model, c, plan, global_batch)
-            part = optimize_partition(model, c, plan, job.m, choose_recompute="recompute" not in fix and "ckpt" not in fix)
-            if part is not None:
-                cand = estimate(Job(model, c, part.plan, global_batch))
-                if cand.fits and cand.step_time < s.step_time * (1 - 1e-6):
-                    gains.append({"uniform": plan.to_string(), "optimized": part.plan.to_string(),
-                                  "uniform_step_time_s": s.step_time, "optimized_step_time_s": cand.step_time,
-                                  "gain_pct": 100 * (1 - cand.step_time / s.step_time)})
-                    plan = part.plan
-        final_plans.append((s.nodes, plan))
-
-    simulated = _simulate_finalists(model, clusters, global_batch, final_plans, opts)
+    # CP-SAT partition / recompute for the finalists, then the DES, in the worker pool
+    with _Pool(opts.jobs if len(finalists) > 1 else 1) as pool:
+        refined = pool.map(_refine, [(s.nodes, s.plan, s.step_time) for s in finalists])
+        final_plans = [(nodes, plan) for nodes, plan, _ in refined]
+        gains = [g for _, _, g in refined if g]
+        simulated = pool.map(_simulate_one, final_plans)
     fitting = [r for r in simulated if r.fits] or simulated
     fitting.sort(key=lambda r: _objective(r, opts.objective, gpn))
     return SearchResult(
@@ -227,20 +222,55 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     )
 
 
+class _Pool:
+    """A fork pool of ``jobs`` workers sharing _WORK, or plain in-process map for one job."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.pool = mp.get_context("fork").Pool(jobs) if jobs > 1 and "fork" in mp.get_all_start_methods() else None
+
+    def map(self, fn, items):
+        return self.pool.map(fn, items, chunksize=1) if self.pool else [fn(x) for x in items]
+
+    def __enter__(self) -> "_Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool:
+            self.pool.terminate()
+
+
+def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | None]:
+    """CP-SAT partition/recompute for one finalist; keeps it when predicted faster."""
+    nodes, plan, step = args
+    model, B, fix, opts = _WORK["model"], _WORK["B"], _WORK["fix"], _WORK["opts"]
+    c = _WORK["clusters"][nodes]
+    if not (opts.partition and _worth_partitioning(model, plan, fix)):
+        return nodes, plan, None
+    job = Job(model, c, plan, B)
+    part = optimize_partition(model, c, plan, job.m, choose_recompute="recompute" not in fix and "ckpt" not in fix,
+                              time_limit_s=opts.partition_time_s)
+    if part is None:
+        return nodes, plan, None
+    cand = estimate(Job(model, c, part.plan, B))
+    if not (cand.fits and cand.step_time < step * (1 - 1e-6)):
+        return nodes, plan, None
+    gain = {"uniform": plan.to_string(), "optimized": part.plan.to_string(), "uniform_step_time_s": step,
+            "optimized_step_time_s": cand.step_time, "gain_pct": 100 * (1 - cand.step_time / step)}
+    return nodes, part.plan, gain
+
+
+def _simulate_one(args: tuple[int, Plan]) -> SimResult:
+    nodes, plan = args
+    return simulate(Job(_WORK["model"], _WORK["clusters"][nodes], plan, _WORK["B"]), _WORK["opts"].fidelity)
+
+
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:
     """The CP-SAT model can help when stages are uneven (p > 1: embedding and head) or when
     recomputation can be chosen per layer (ckpt not none)."""
     if "layers" in fix:
         return False
     return plan.p > 1 or plan.ckpt != "none"
-
-
-def _simulate_finalists(model: ModelSpec, clusters: dict[int, ClusterSpec], B: int,
-                        plans: list[tuple[int, Plan]], opts: SearchOptions) -> list[SimResult]:
-    out = []
-    for nodes, plan in plans:
-        out.append(simulate(Job(model, clusters[nodes], plan, B), opts.fidelity))
-    return out
 
 
 def _pareto(feasible: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, Any]]:

@@ -29,6 +29,6 @@ def reference_losses(spec: RunSpec, steps: int) -> dict[str, list[float]]:
         loss.backward()
         sq = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         norms.append(sq**0.5)
     return {"losses": losses, "grad_norms": norms}

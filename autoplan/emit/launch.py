@@ -1,0 +1,77 @@
+"""``launch.sh`` (torchrun, single- or multi-node) and ``slurm.sbatch`` for a run dir.
+
+launch.sh reads its topology from the environment: NNODES, NODE_RANK, NPROC_PER_NODE,
+MASTER_ADDR, MASTER_PORT (the c10d rendezvous endpoint), RDZV_ID and PYTHON. Extra
+arguments go to the program (after ``--``, so torchrun cannot take them for its own).
+"""
+
+from __future__ import annotations
+
+from simulator.specs import Job
+
+
+def node_shape(job: Job) -> tuple[int, int]:
+    """(nodes, processes per node) for the plan's t*p*d ranks on the job's cluster."""
+    world = job.plan.gpus
+    per_node = min(world, job.cluster.gpus_per_node)
+    return -(-world // per_node), per_node
+
+
+def launch_sh(job: Job) -> str:
+    nodes, per_node = node_shape(job)
+    world = job.plan.gpus
+    plan = job.plan.to_string()
+    return f"""#!/usr/bin/env bash
+# autoplan run dir: model {job.model.name}, plan {plan}, global batch {job.global_batch}
+# {world} ranks = {nodes} node(s) x {per_node} per node (cluster {job.cluster.name}).
+#
+# single node:  bash launch.sh [--steps K] [--check-steps C] [--device cpu|cuda]
+# multi-node:   on node i of N:  NNODES=N NODE_RANK=i MASTER_ADDR=<node 0 address> MASTER_PORT=29500 bash launch.sh
+# environment:  NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, RDZV_ID, PYTHON
+set -euo pipefail
+RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+PYTHON="${{PYTHON:-python3}}"
+NNODES="${{NNODES:-{nodes}}}"
+NODE_RANK="${{NODE_RANK:-0}}"
+NPROC_PER_NODE="${{NPROC_PER_NODE:-{per_node}}}"
+WORLD={world}
+if [ "$((NNODES * NPROC_PER_NODE))" -ne "$WORLD" ]; then
+  echo "launch.sh: NNODES*NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) but the plan needs t*p*d = $WORLD ranks" >&2
+  exit 2
+fi
+if [ "$NNODES" -eq 1 ]; then
+  RDZV=(--standalone --nnodes 1)
+else
+  RDZV=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend c10d
+        --rdzv-endpoint "${{MASTER_ADDR:?set MASTER_ADDR to the address of node 0}}:${{MASTER_PORT:-29500}}"
+        --rdzv-id "${{RDZV_ID:-autoplan}}")
+fi
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-1}}"
+exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" --max-restarts 0 \\
+  -m autoplan.runtime.train -- --run-dir "$RUN_DIR" "$@"
+"""
+
+
+def slurm_sbatch(job: Job, run_dir: str) -> str:
+    nodes, per_node = node_shape(job)
+    gpu = job.cluster.node.backend == "nccl"
+    gres = f"#SBATCH --gpus-per-node={per_node}\n" if gpu else ""
+    name = f"autoplan-{job.model.name}"
+    return f"""#!/bin/bash
+# autoplan: model {job.model.name}, plan {job.plan.to_string()}, global batch {job.global_batch}
+# submit with:  sbatch slurm.sbatch [program args, e.g. --steps 20]
+#SBATCH --job-name={name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+{gres}#SBATCH --exclusive
+#SBATCH --time=01:00:00
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+export RUN_DIR="${{RUN_DIR:-{run_dir}}}"
+export NNODES="$SLURM_NNODES"
+export NPROC_PER_NODE={per_node}
+export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export MASTER_PORT="${{MASTER_PORT:-29500}}"
+export RDZV_ID="$SLURM_JOB_ID"
+srun --ntasks-per-node=1 bash -c 'NODE_RANK="$SLURM_NODEID" exec bash "$RUN_DIR/launch.sh" "$@"' launch "$@"
+"""

@@ -1,0 +1,197 @@
+"""The training step of one rank: builds its model chunks and applies the whole plan.
+
+Build order per local pipeline chunk: construct on the meta device, tensor-parallelize
+(DTensor), materialize on the device, initialize (layout-independent values), then wrap for
+data parallelism (FSDP2 / DDP). Then the optimizer (plain, ZeroRedundancyOptimizer or the
+manual ZeRO-1), the tied-embedding sync, and the pipeline schedule when p > 1.
+
+One step: forward/backward over the rank's microbatches (pipelined or accumulated), tied
+embedding gradient sum, data-parallel reduction when not done by DDP/FSDP, global grad
+norm (and clipping), optimizer step. Returns the step's global mean loss (on ranks that
+hold the last stage) and the global gradient norm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from autoplan.runtime.config import RunSpec
+from autoplan.runtime.data import local_batch
+from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, dp_mode
+from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
+from autoplan.runtime.init import init_parameters
+from autoplan.runtime.layout import Layout, chunk_layer_ids
+from autoplan.runtime.model import GPT, layer_recompute, lm_loss
+from autoplan.runtime.pipeline import build_schedule, run_schedule
+from autoplan.runtime.tensor_parallel import apply_tensor_parallel
+from autoplan.runtime.zero1 import Zero1Optimizer
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    mesh: DeviceMesh
+    layout: Layout
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: Optional[float]
+    grad_norm: float
+
+
+def _param_groups(params: list[nn.Parameter]) -> list[dict]:
+    """DTensor and plain parameters in separate groups (foreach kernels cannot mix them)."""
+    dt = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": g} for g in (dt, plain) if g]
+
+
+class Trainer:
+    """All model chunks, wrappers, optimizer and schedule of one rank (see module docstring)."""
+
+    def __init__(self, spec: RunSpec, env: DistEnv, optimizer: str):
+        self.spec, self.env = spec, env
+        self.plan = plan = spec.plan
+        self.layout = layout = env.layout
+        self.mode = dp_mode(plan)
+        self.dp_group = env.mesh["dp"].get_group()
+        self.chunks = [self._build_chunk(c) for c in layout.chunks]
+        self.params = list(dict.fromkeys(p for m in self.chunks for p in m.parameters()))
+        self.ddp: Optional[DistributedDataParallel] = None
+        if self.mode == "ddp":
+            self.ddp = DistributedDataParallel(
+                self.chunks[0], process_group=self.dp_group, device_ids=[env.local_rank] if env.cuda else None
+            )
+        self.optimizer, self.zero1 = self._build_optimizer(optimizer)
+        self.manual_allreduce = (
+            ManualGradAllReduce(self.params, self.dp_group, plan.d) if self.mode == "manual" and plan.zero == 0 else None
+        )
+        self.tied = self._tied_sync()
+        self.norm_weights = self._norm_weights()
+        self.schedule = None
+        if plan.p > 1:
+            self.schedule = build_schedule(
+                self.chunks, layout, plan.schedule, spec.num_microbatches, lm_loss, env.device,
+                env.mesh["pp"].get_group(),
+            )
+        use_autocast = env.cuda and self.mode != "fsdp"
+        self.amp: Callable[[], contextlib.AbstractContextManager] = (
+            (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_autocast else contextlib.nullcontext
+        )
+
+    # ------------------------------------------------------------------ construction
+    def _build_chunk(self, chunk: int) -> GPT:
+        spec, plan, env = self.spec, self.plan, self.env
+        model = spec.model
+        modes = layer_recompute(model, plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers))
+        with torch.device("meta"):
+            m = GPT(model, chunk_layer_ids(model, plan, chunk), chunk == 0, chunk == self.layout.num_chunks - 1, modes)
+        if plan.t > 1:
+            apply_tensor_parallel(m, env.mesh["tp"], bool(plan.sp))
+        m.to_empty(device=env.device)
+        m.tie_weights()
+        init_parameters(m, spec.train.seed, spec.train.init_std, model.tie_embeddings)
+        if self.mode == "fsdp":
+            apply_fsdp(
+                m, env.mesh["dp"], plan.zero, offload=plan.offload == "cpu" and env.cuda,
+                param_dtype=torch.bfloat16 if env.cuda else None,
+            )
+        return m
+
+    def _build_optimizer(self, kind: str) -> tuple[Optional[torch.optim.Optimizer], Optional[Zero1Optimizer]]:
+        tr = self.spec.train
+        if kind == "sgd":
+            cls, kw = torch.optim.SGD, {"lr": tr.check_lr}
+        else:
+            cls, kw = torch.optim.AdamW, {"lr": tr.lr, "betas": tr.betas, "eps": tr.eps, "weight_decay": tr.weight_decay}
+        if self.plan.zero == 1 and self.mode == "ddp":
+            return ZeroRedundancyOptimizer(self.params, optimizer_class=cls, process_group=self.dp_group, **kw), None
+        if self.plan.zero == 1 and self.mode == "manual":
+            return None, Zero1Optimizer(self.params, lambda ps: cls(_param_groups(ps), **kw), self.dp_group)
+        return cls(_param_groups(self.params), **kw), None
+
+    def _tied_sync(self) -> Optional[TiedEmbeddingSync]:
+        if self.plan.p == 1 or not self.spec.model.tie_embeddings:
+            return None
+        param = None
+        if self.layout.has_first:
+            param = self.chunks[0].embed.tok.weight
+        elif self.layout.has_last:
+            param = self.chunks[-1].head.out.weight
+        return TiedEmbeddingSync(self.plan.p, self.plan.d, self.plan.t, self.env.rank, param)
+
+    def _norm_weights(self) -> list[tuple[nn.Parameter, float]]:
+        """1/replicas per parameter; the last stage's copy of a tied embedding counts 0."""
+        duplicate = None
+        if self.tied is not None and self.layout.has_last and not self.layout.has_first:
+            duplicate = self.chunks[-1].head.out.weight
+        dp_unique = self.zero1 is not None
+        return [
+            (p, 0.0 if p is duplicate else 1.0 / replicas(p, self.plan.t, self.plan.d, dp_unique))
+            for p in self.params
+        ]
+
+    # ------------------------------------------------------------------ one step
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.spec.model
+        x, y = local_batch(step, self.spec.global_batch, m.seq_length, m.vocab_size, self.spec.train.seed,
+                           self.layout.dp_rank, self.plan.d)
+        return x.to(self.env.device), y.to(self.env.device)
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.schedule is not None:
+            with self.amp():
+                losses = run_schedule(self.schedule, self.layout, x, y)
+            return torch.stack([l.detach().float() for l in losses]).mean() if losses else None
+        model = self.ddp if self.ddp is not None else self.chunks[0]
+        m, mb = self.spec.num_microbatches, self.plan.mb
+        total = torch.zeros((), device=self.env.device)
+        for i in range(m):
+            sync_ctx = self.ddp.no_sync() if self.ddp is not None and i < m - 1 else contextlib.nullcontext()
+            with sync_ctx:
+                with self.amp():
+                    loss = lm_loss(model(x[i * mb : (i + 1) * mb]), y[i * mb : (i + 1) * mb])
+                (loss / m).backward()
+            total += loss.detach().float()
+        return total / m
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, max_norm: Optional[float]) -> StepResult:
+        for p in self.params:
+            p.grad = None
+        loss = self._forward_backward(x, y)
+        if self.tied is not None:
+            self.tied()
+        if self.manual_allreduce is not None:
+            self.manual_allreduce()
+        if self.zero1 is not None:
+            self.zero1.reduce_grads()
+        settle_partial_grads(self.params)
+        norm = clip_global_norm(self.norm_weights, max_norm, self.env.device)
+        if self.zero1 is not None:
+            self.zero1.step()
+        else:
+            self.optimizer.step()
+        if loss is not None and self.plan.d > 1:
+            dist.all_reduce(loss, group=self.dp_group)
+            loss = loss / self.plan.d
+        return StepResult(loss=float(loss) if loss is not None else None, grad_norm=norm)

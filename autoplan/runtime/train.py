@@ -1,0 +1,161 @@
+"""Worker entry point: ``torchrun ... -m autoplan.runtime.train -- --run-dir DIR [options]``.
+
+Reads the run dir's ``plan.json``, joins the process group (gloo on CPU, nccl on GPU;
+nothing else changes), builds the (pp, dp, tp) DeviceMesh and runs two phases:
+
+1. timing: AdamW with gradient clipping, ``--warmup`` untimed steps then ``--steps`` timed
+   steps; per-rank peak memory over this phase;
+2. check: a fresh model trained ``--check-steps`` steps with plain SGD (no clipping), whose
+   losses and global gradient norms ``autoplan run`` compares with a single process.
+
+Each rank logs to ``<out>/rank<r>.log`` and writes ``<out>/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from autoplan.runtime.config import RunSpec, load_run_spec
+from autoplan.runtime.engine import DistEnv, Trainer
+from autoplan.runtime.layout import Layout
+from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, reset_peak, rss_bytes
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="autoplan.runtime.train", allow_abbrev=False)
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--steps", type=int, default=10, help="timed AdamW steps (0: skip timing)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
+    ap.add_argument("--check-steps", type=int, default=3, help="SGD steps for the equivalence check (0: skip)")
+    ap.add_argument("--out", type=Path, default=None, help="results/log directory (default RUN_DIR/results)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--pg-timeout", type=float, default=600.0, help="seconds a collective may wait")
+    return ap.parse_args([a for a in argv if a != "--"] if argv[:1] == ["--"] else argv)
+
+
+class RankLog:
+    """Line-buffered per-rank log file (also echoed to stderr)."""
+
+    def __init__(self, path: Path, rank: int):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.f: TextIO = open(path, "a", buffering=1)
+        self.rank = rank
+
+    def __call__(self, msg: str) -> None:
+        line = f"[rank {self.rank}] {time.strftime('%H:%M:%S')} {msg}"
+        self.f.write(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+
+
+def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
+    """CUDA when asked or when every local rank can have its own GPU; else CPU."""
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available() and torch.cuda.device_count() >= local_world):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankLog) -> dict[str, Any]:
+    """AdamW steps; mean step time over the timed ones (barrier-aligned) and peak memory."""
+    reset_peak(env.device)
+    trainer = Trainer(spec, env, "adamw")
+    batches = [trainer.batch(k) for k in range(warmup + steps)]
+    losses: list[Optional[float]] = []
+    for k in range(warmup):
+        losses.append(trainer.step(*batches[k], spec.train.max_norm).loss)
+        log(f"warmup step {k + 1}/{warmup} loss {losses[-1]}")
+    dist.barrier()
+    step_times = []
+    with Stopwatch(env.device) as total:
+        for k in range(warmup, warmup + steps):
+            with Stopwatch(env.device) as sw:
+                losses.append(trainer.step(*batches[k], spec.train.max_norm).loss)
+            step_times.append(sw.elapsed)
+            log(f"timed step {k - warmup + 1}/{steps} {sw.elapsed:.4f}s loss {losses[-1]}")
+        dist.barrier()
+    peak = peak_memory_bytes(env.device)
+    del trainer, batches
+    gc.collect()
+    return {"step_time_s": total.elapsed / steps, "step_times_s": step_times, "losses": losses, "peak_memory_bytes": peak}
+
+
+def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[str, Any]:
+    """Plain-SGD steps without clipping: per-step global loss and gradient norm."""
+    trainer = Trainer(spec, env, "sgd")
+    losses, norms = [], []
+    for k in range(steps):
+        r = trainer.step(*trainer.batch(k), None)
+        losses.append(r.loss)
+        norms.append(r.grad_norm)
+        log(f"check step {k + 1}/{steps} loss {r.loss} grad_norm {r.grad_norm:.6f}")
+    del trainer
+    gc.collect()
+    return {"losses": losses, "grad_norms": norms}
+
+
+def run(args: argparse.Namespace) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    out = args.out or args.run_dir / "results"
+    log = RankLog(out / f"rank{rank}.log", rank)
+    log(f"pid {os.getpid()} start")
+    spec = load_run_spec(args.run_dir)
+    if world != spec.world_size:
+        raise SystemExit(f"world size {world} does not match the plan's t*p*d = {spec.world_size}")
+    device = pick_device(args.device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=args.pg_timeout)
+    if device.type == "cuda":
+        dist.init_process_group(backend, timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+    plan = spec.plan
+    mesh = init_device_mesh(device.type, (plan.p, plan.d, plan.t), mesh_dim_names=("pp", "dp", "tp"))
+    layout = Layout.of(plan, rank)
+    env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, mesh=mesh, layout=layout)
+    log(f"{backend} on {device}; plan {plan.to_string()}; pp={layout.pp_rank} dp={layout.dp_rank} "
+        f"tp={layout.tp_rank} chunks={layout.chunks}")
+    result: dict[str, Any] = {
+        "rank": rank, "pid": os.getpid(), "device": device.type, "backend": backend,
+        "coords": {"pp": layout.pp_rank, "dp": layout.dp_rank, "tp": layout.tp_rank},
+        "has_last_stage": layout.has_last, "rss_baseline_bytes": rss_bytes(),
+    }
+    if args.steps > 0:
+        result["timed"] = timed_phase(spec, env, args.warmup, args.steps, log)
+    if args.check_steps > 0:
+        result["check"] = check_phase(spec, env, args.check_steps, log)
+    (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
+    log("done")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args)
+    except BaseException as e:
+        if not isinstance(e, (KeyboardInterrupt, SystemExit)) or isinstance(e, SystemExit) and e.code not in (0, None):
+            rank = os.environ.get("RANK", "?")
+            out = args.out or args.run_dir / "results"
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / f"rank{rank}.log", "a") as f:
+                f.write(f"[rank {rank}] FAILED: {e!r}\n{traceback.format_exc()}")
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Pure fitting functions of ``autoplan calibrate`` (numpy + scipy, no torch).
+
+* :func:`fit_gemm_curve` fits the GEMM efficiency curve of :class:`hwprofiles.schema.GemmModel`
+      eff(m, n, k) = max_efficiency * prod_x x / (x + half_dim_x),   x in {m, n, k}
+  to measured points, by least squares on log(eff) (every shape weighs the same whatever its
+  speed) with ``scipy.optimize.least_squares`` under the schema's bounds.
+* :func:`fit_link` fits the alpha-beta (Hockney) ring model of collectives
+      t(S) = steps(op, n) * latency + bus_factor(op, n) * S / bandwidth
+  to measured collective times, by least squares on the relative error; ``steps`` and
+  ``bus_factor`` are those of ring algorithms (nccl-tests doc/PERFORMANCE.md "bus bandwidth":
+  all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, send/recv 1), so the fitted
+  bandwidth is the achieved *bus* bandwidth a simulator's ring decomposition can use as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from hwprofiles.schema import GemmPoint
+
+COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+@dataclass(frozen=True)
+class GemmFit:
+    """Fitted curve parameters (the fields of GemmModel) and the fit's quality."""
+
+    max_efficiency: float
+    half_dim_m: float
+    half_dim_n: float
+    half_dim_k: float
+    rms_log_error: float  # root mean square of log(model / measured) over the points
+
+    def efficiency(self, m: float, n: float, k: float) -> float:
+        return float(gemm_curve(np.array([m, n, k], dtype=float)[None, :], self.params())[0])
+
+    def params(self) -> np.ndarray:
+        return np.array([self.max_efficiency, self.half_dim_m, self.half_dim_n, self.half_dim_k])
+
+
+def gemm_curve(mnk: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """eff = E * prod_x x / (x + h_x) for rows (m, n, k) of ``mnk``; params = (E, h_m, h_n, h_k)."""
+    e, h = params[0], np.asarray(params[1:4], dtype=float)
+    return e * np.prod(mnk / (mnk + h[None, :]), axis=1)
+
+
+def fit_gemm_curve(points: Sequence[GemmPoint], peak_tflops: float) -> GemmFit:
+    """Least-squares fit of the GemmModel curve to ``points`` (efficiency = tflops / peak).
+
+    Bounds follow the schema: 0 < max_efficiency <= 1, half dims >= 0 (capped at 1e6).
+    """
+    if not points:
+        raise ValueError("no GEMM points to fit")
+    if not peak_tflops > 0:
+        raise ValueError(f"peak_tflops must be positive, got {peak_tflops!r}")
+    mnk = np.array([[p.m, p.n, p.k] for p in points], dtype=float)
+    eff = np.array([p.tflops for p in points], dtype=float) / peak_tflops
+    log_eff = np.log(eff)
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return np.log(gemm_curve(mnk, x)) - log_eff
+
+    x0 = np.array([min(1.0, float(eff.max())), 32.0, 32.0, 32.0])
+    lower = np.array([1e-6, 0.0, 0.0, 0.0])
+    upper = np.array([1.0, 1e6, 1e6, 1e6])
+    sol = least_squares(residual, x0, bounds=(lower, upper), x_scale=np.array([0.1, 32.0, 32.0, 32.0]),
+                        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    e, hm, hn, hk = (float(v) for v in sol.x)
+    rms = float(np.sqrt(np.mean(residual(sol.x) ** 2)))
+    return GemmFit(max_efficiency=e, half_dim_m=hm, half_dim_n=hn, half_dim_k=hk, rms_log_error=rms)
+
+
+def ring_steps(op: str, ranks: int) -> int:
+    """Latency terms of a ring collective over ``ranks`` ranks (send/recv: one hop)."""
+    if op == "all_reduce":
+        return 2 * (ranks - 1)
+    if op in ("all_gather", "reduce_scatter"):
+        return ranks - 1
+    if op == "send_recv":
+        return 1
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """Bus bytes per message byte (nccl-tests PERFORMANCE.md): busbw = algbw * factor."""
+    if op == "all_reduce":
+        return 2.0 * (ranks - 1) / ranks
+    if op in ("all_gather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    if op == "send_recv":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+@dataclass(frozen=True)
+class CollectiveSample:
+    """Mean time of one collective of ``nbytes`` (all-reduce: the buffer; all-gather: the
+    gathered output; reduce-scatter: the input; send/recv: the message) over ``ranks`` ranks."""
+
+    op: str
+    nbytes: int
+    ranks: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """Alpha-beta fit: one-hop latency (s), bus bandwidth (bytes/s), rms relative error."""
+
+    latency_s: float
+    bandwidth_Bps: float
+    rms_rel_error: float
+    samples: int
+
+    def predict(self, op: str, nbytes: float, ranks: int) -> float:
+        return ring_steps(op, ranks) * self.latency_s + bus_factor(op, ranks) * nbytes / self.bandwidth_Bps
+
+
+def fit_link(samples: Iterable[CollectiveSample]) -> LinkFit:
+    """Fit (latency, bandwidth) of the ring model to ``samples`` by least squares on t_model/t - 1.
+
+    Parameterized as (latency in us, seconds per GB) so both are O(1)..O(1e3) for the solver.
+    """
+    rows = [s for s in samples if s.ranks >= 2 or s.op == "send_recv"]
+    if not rows:
+        raise ValueError("no collective samples to fit")
+    steps = np.array([ring_steps(s.op, max(s.ranks, 2)) for s in rows], dtype=float)
+    gbytes = np.array([bus_factor(s.op, max(s.ranks, 2)) * s.nbytes / 1e9 for s in rows], dtype=float)
+    t = np.array([s.seconds for s in rows], dtype=float)
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return (steps * x[0] * 1e-6 + gbytes * x[1]) / t - 1.0
+
+    # initial guess: latency from the smallest message, bandwidth from the largest
+    i_small, i_big = int(np.argmin(gbytes)), int(np.argmax(gbytes))
+    lat0 = max(t[i_small] / steps[i_small] * 1e6 * 0.5, 1e-3)
+    inv_bw0 = max(t[i_big] / max(gbytes[i_big], 1e-12) * 0.5, 1e-6)
+    sol = least_squares(residual, np.array([lat0, inv_bw0]), bounds=([0.0, 1e-9], [np.inf, np.inf]),
+                        x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    lat_us, s_per_gb = float(sol.x[0]), float(sol.x[1])
+    rms = float(np.sqrt(np.mean(residual(sol.x) ** 2)))
+    return LinkFit(latency_s=lat_us * 1e-6, bandwidth_Bps=1e9 / s_per_gb, rms_rel_error=rms, samples=len(rows))

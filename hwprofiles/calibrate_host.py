@@ -1,0 +1,137 @@
+"""Host-side measurements for ``autoplan calibrate``: copies over PCIe (or within host memory),
+the host optimizer step, memory capacity and the runtime's own footprint, and device facts.
+
+* Copies: bandwidth = bytes / wall time of one large copy (per direction); latency = wall time
+  of a 4-byte copy. CUDA: pinned host <-> device, both directions (the node's ``pcie`` link);
+  CPU: a host-memory ``copy_`` of a buffer far larger than the last-level cache (a
+  ``loopback`` link: what offloading moves through on a machine without GPUs).
+* Host Adam: ``torch.optim.Adam.step`` over ``adam_params`` fp32 parameters;
+  cpu_adam_GBps = 12 bytes/param (fp32 master, momentum, variance: K=12 of ZeRO, DESIGN.md
+  section 4) / step time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from hwprofiles.calibrate_settings import Settings
+from hwprofiles.calibrate_timing import seconds_per_call
+from hwprofiles.schema import GiB
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    h2d_GBps: float
+    d2h_GBps: float
+    latency_us: float
+
+    @property
+    def bandwidth_GBps(self) -> float:
+        """Per-direction link bandwidth: the mean of the two directions."""
+        return 0.5 * (self.h2d_GBps + self.d2h_GBps)
+
+
+def measure_copies(settings: Settings, tick: Callable[[str], None]) -> CopyResult:
+    """Large-copy bandwidth and tiny-copy latency (module docstring)."""
+    n = settings.host_copy_bytes // 4
+    dev = settings.device
+    if dev == "cuda":
+        host = torch.empty(n, pin_memory=True)
+        gpu = torch.empty(n, device="cuda")
+        h2d = settings.host_copy_bytes / seconds_per_call(lambda: gpu.copy_(host), dev, settings.min_time_s, settings.repeats) / 1e9
+        d2h = settings.host_copy_bytes / seconds_per_call(lambda: host.copy_(gpu), dev, settings.min_time_s, settings.repeats) / 1e9
+        tick("host<->device copies")
+        h1, g1 = torch.empty(1, pin_memory=True), torch.empty(1, device="cuda")
+        lat = 0.5 * (seconds_per_call(lambda: g1.copy_(h1), dev, settings.min_time_s, settings.repeats)
+                     + seconds_per_call(lambda: h1.copy_(g1), dev, settings.min_time_s, settings.repeats))
+        tick("host<->device latency")
+        return CopyResult(h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat * 1e6)
+    src, dst = torch.randn(n), torch.empty(n)
+    bw = settings.host_copy_bytes / seconds_per_call(lambda: dst.copy_(src), dev, settings.min_time_s, settings.repeats) / 1e9
+    s1, d1 = torch.empty(1), torch.empty(1)
+    lat = seconds_per_call(lambda: d1.copy_(s1), dev, settings.min_time_s, settings.repeats)
+    tick("host memory copy")
+    return CopyResult(h2d_GBps=bw, d2h_GBps=bw, latency_us=lat * 1e6)
+
+
+def measure_host_adam(settings: Settings, tick: Callable[[str], None]) -> float:
+    """Host Adam step throughput in GB/s of fp32 optimizer state (12 bytes per parameter)."""
+    p = torch.nn.Parameter(torch.randn(settings.adam_params))
+    p.grad = torch.randn(settings.adam_params)
+    opt = torch.optim.Adam([p], lr=1e-4)
+    t = seconds_per_call(opt.step, "cpu", settings.min_time_s, settings.repeats)
+    tick("host Adam step")
+    return 12.0 * settings.adam_params / t / 1e9
+
+
+def host_memory_GiB() -> float:
+    """Physical memory of this host (sysconf pages * page size)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB
+
+
+def resident_GiB() -> float:
+    """Resident set size of this process now (/proc/self/statm; max RSS where that is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GiB
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(0) if device == "cuda" else cpu_model()
+
+
+def device_memory_GiB(device: str, ranks: int) -> float:
+    """CUDA: the device's memory. CPU: host memory / ranks (the ranks of a node share it)."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(0).total_memory / GiB
+    return host_memory_GiB() / max(ranks, 1)
+
+
+def cuda_runtime_reserved_GiB() -> float:
+    """Device memory in use outside PyTorch's caching allocator (context, cuBLAS workspaces)."""
+    free, total = torch.cuda.mem_get_info()
+    return max(0.0, (total - free - torch.cuda.memory_reserved()) / GiB)
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def nvlink_present() -> bool:
+    """Whether GPU 0 has an active NVLink (``nvidia-smi nvlink --status``); False if unknown."""
+    try:
+        out = subprocess.run(["nvidia-smi", "nvlink", "--status", "-i", "0"], capture_output=True, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "GB/s" in out

@@ -1,0 +1,91 @@
+"""What ``autoplan calibrate`` measures, per device and mode (shapes, sizes, timing budget).
+
+CPU grids cover the shapes of the CPU verification runs: the ``tiny`` model (hidden 128,
+ffn 512, vocab 512, seq 64) at microbatch 1-8 in fp32 has GEMMs with m = mb*seq = 64..512 and
+n, k = 128..512 (the backward's weight-gradient GEMMs put mb*seq in k), activations of
+32 KiB-2 MiB, and gloo messages of 32 KiB (tensor/pipeline parallel, mb=1) to ~3.4 MiB (the
+data-parallel gradient all-reduce), so the grids reach a little beyond those on both sides.
+CUDA grids cover the GEMMs and messages of large-model training (dims 256-8192,
+messages up to 256 MiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str
+    quick: bool
+    gemm_dims_m: tuple[int, ...]
+    gemm_dims_nk: tuple[int, ...]
+    gemm_dtypes: tuple[str, ...]          # first one is the profile's default dtype
+    mem_elements: tuple[int, ...]         # tensor sizes (elements) of the memory-bound ops
+    attention_shapes: tuple[tuple[int, int, int, int], ...]  # (batch, heads, seq, head_dim)
+    host_copy_bytes: int                  # large host<->device (or host memory) copy
+    adam_params: int                      # parameters of the host optimizer-step benchmark
+    comm_bytes: tuple[int, ...]           # collective message sizes
+    min_time_s: float                     # one timed loop lasts at least this long
+    repeats: int                          # timed loops per measurement (median taken)
+    comm_min_time_s: float
+    comm_repeats: int
+
+    @property
+    def gemm_shapes(self) -> list[tuple[int, int, int]]:
+        return [(m, n, k) for m, n, k in product(self.gemm_dims_m, self.gemm_dims_nk, self.gemm_dims_nk)]
+
+    def compute_items(self) -> int:
+        """Progress-bar items of the single-process part (see calibrate_compute.measure_compute)."""
+        overhead = 2
+        gemm = len(self.gemm_shapes) * len(self.gemm_dtypes)
+        memory = len(MEMORY_OPS) * len(self.mem_elements)
+        copies = 2 if self.device == "cuda" else 1
+        return overhead + gemm + memory + len(self.attention_shapes) + copies + 1
+
+    def comm_items(self) -> int:
+        return 4 * len(self.comm_bytes)
+
+
+#: memory-bound ops timed at every size of ``mem_elements`` (copy sets the peak)
+MEMORY_OPS: tuple[str, ...] = ("copy", "add", "scale", "gelu", "dropout", "layer_norm", "softmax")
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def settings_for(device: str, quick: bool) -> Settings:
+    """The grids and timing budget of one calibration (quick: well under a minute on 2 cores)."""
+    if device == "cpu":
+        if quick:
+            return Settings(
+                device, True, gemm_dims_m=(64, 256, 512), gemm_dims_nk=(64, 256, 1024), gemm_dtypes=("fp32",),
+                mem_elements=(1 << 14, 1 << 17, 1 << 20), attention_shapes=((8, 4, 64, 32),),
+                host_copy_bytes=32 * MiB, adam_params=1 << 20,
+                comm_bytes=(32 * KiB, 512 * KiB, 4 * MiB),
+                min_time_s=0.004, repeats=3, comm_min_time_s=0.03, comm_repeats=3)
+        return Settings(
+            device, False, gemm_dims_m=(64, 128, 256, 512, 1024, 2048),
+            gemm_dims_nk=(64, 128, 256, 512, 1024, 2048), gemm_dtypes=("fp32",),
+            mem_elements=tuple(1 << e for e in range(12, 22)),
+            attention_shapes=((1, 4, 64, 32), (8, 4, 64, 32), (8, 4, 256, 32)),
+            host_copy_bytes=128 * MiB, adam_params=1 << 22,
+            comm_bytes=(4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
+            min_time_s=0.03, repeats=5, comm_min_time_s=0.25, comm_repeats=5)
+    if device == "cuda":
+        if quick:
+            return Settings(
+                device, True, gemm_dims_m=(256, 1024, 4096), gemm_dims_nk=(256, 1024, 4096),
+                gemm_dtypes=("bf16", "fp16"), mem_elements=(1 << 22, 1 << 26),
+                attention_shapes=((4, 32, 2048, 128),), host_copy_bytes=256 * MiB, adam_params=1 << 24,
+                comm_bytes=(64 * KiB, 4 * MiB, 64 * MiB),
+                min_time_s=0.005, repeats=3, comm_min_time_s=0.02, comm_repeats=3)
+        return Settings(
+            device, False, gemm_dims_m=(256, 512, 1024, 2048, 4096, 8192),
+            gemm_dims_nk=(256, 512, 1024, 2048, 4096, 8192), gemm_dtypes=("bf16", "fp16"),
+            mem_elements=tuple(1 << e for e in range(20, 29, 2)),
+            attention_shapes=((1, 32, 2048, 128), (4, 32, 2048, 128), (1, 32, 8192, 128)),
+            host_copy_bytes=1024 * MiB, adam_params=1 << 26,
+            comm_bytes=tuple(1 << e for e in range(12, 29, 2)),
+            min_time_s=0.02, repeats=5, comm_min_time_s=0.1, comm_repeats=5)
+    raise ValueError(f"unknown device {device!r}")

@@ -1,0 +1,113 @@
+"""Wall-clock timing of one torch call for ``autoplan calibrate``.
+
+Method: one warm-up call, then loops of ``n`` back-to-back calls with the device synchronized
+after each loop; ``n`` doubles until a loop lasts ``min_time_s``; the result is the median,
+over ``repeats`` such loops, of the loop time / n. A loop mean (not the fastest call) is what a
+training step, a sum of many ops, experiences; the median over loops drops a loop disturbed by
+another process. On CUDA the final synchronize makes the loop time the GPU time of the kernels
+(or the host launch time when that is longer, as it is for tiny kernels).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def synchronizer(device: str) -> Callable[[], None]:
+    """A function that waits for the device's queued work (a no-op on CPU)."""
+    if device == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def seconds_per_call(fn: Callable[[], object], device: str, min_time_s: float, repeats: int,
+                     max_calls: int = 1 << 20) -> float:
+    """Median over ``repeats`` loops of the mean time of one ``fn()`` call (seconds)."""
+    sync = synchronizer(device)
+    fn()
+    sync()
+    n, samples = 1, []
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        dt = time.perf_counter() - t0
+        if dt >= min_time_s or n >= max_calls:
+            samples.append(dt / n)
+            break
+        n = min(max_calls, n * 2 if dt <= 0 else max(n * 2, int(n * min_time_s / dt * 1.2)))
+    for _ in range(repeats - 1):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t0) / n)
+    return statistics.median(samples)
+
+
+_CYCLES_PER_S: float | None = None
+
+
+def _sleep_cycles_per_s() -> float:
+    """Clock cycles per second of ``torch.cuda._sleep`` (a spin kernel), timed with CUDA events."""
+    global _CYCLES_PER_S
+    if _CYCLES_PER_S is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 20_000_000
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_S = cycles / max(start.elapsed_time(end) * 1e-3, 1e-6)
+    return _CYCLES_PER_S
+
+
+def gpu_seconds_per_call(fn: Callable[[], object], min_time_s: float, repeats: int, max_calls: int = 256) -> float:
+    """CUDA: device time of one ``fn()`` with the host's launch time hidden.
+
+    A spin kernel (``torch.cuda._sleep``) long enough to cover the host's enqueueing of ``n``
+    calls goes first, so the ``n`` kernels then run back to back; CUDA events around them give
+    the device time (Triton's ``do_bench`` and nvbench time kernels the same way). ``n`` is at
+    most ``max_calls`` so the launch queue never fills. Median over ``repeats``.
+    """
+    wall = seconds_per_call(fn, "cuda", min_time_s / 4, 1)  # >= host launch time and >= device time
+    n = int(max(1, min(max_calls, min_time_s / max(wall, 1e-9))))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rate = _sleep_cycles_per_s()
+    samples = []
+    for _ in range(repeats):
+        torch.cuda._sleep(int(rate * (n * wall * 1.5 + 1e-3)))
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3 / n)
+    return statistics.median(samples)
+
+
+#: profile dtype names -> torch dtypes
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+#: on CPU an op's compute time is its wall time less the dispatch time, but never below this
+#: fraction of the wall time (a shape that small is all overhead and cannot be resolved)
+MIN_NET_FRACTION = 0.2
+
+
+def op_seconds(fn: Callable[[], object], device: str, min_time_s: float, repeats: int, dispatch_s: float) -> float:
+    """Time of one op's work alone, without the per-op overhead the simulator adds separately.
+
+    CPU: wall time per call (``seconds_per_call``) less ``dispatch_s``, the time of the same op
+    on a tiny tensor (floored at MIN_NET_FRACTION of the wall time). CUDA: the device time from
+    ``gpu_seconds_per_call`` (the host launch time is already hidden).
+    """
+    if device == "cuda":
+        return gpu_seconds_per_call(fn, min_time_s, repeats)
+    wall = seconds_per_call(fn, device, min_time_s, repeats)
+    return max(wall - dispatch_s, MIN_NET_FRACTION * wall)

@@ -1,0 +1,133 @@
+"""Collectives decomposed into flows on the topology, with NCCL's algorithm choice.
+
+Ring algorithms (Patarasuk & Yuan 2009; Thakur et al. 2005), S = the full buffer in bytes,
+n = ranks. Every ring edge carries, concurrently and pipelined in chunks as NCCL does:
+    all-reduce                 2(n-1)/n * S      in 2(n-1) steps
+    reduce-scatter, all-gather (n-1)/n * S       in  n-1  steps
+    broadcast (pipelined chain) S                in  n-1  steps
+    point-to-point             S                 in  1 step
+so at link bandwidth B a ring all-reduce takes 2(n-1)/n * S / B plus the latency terms.
+
+Algorithm choice (what NCCL picks for the group's shape):
+* group inside one node: a ring through NVSwitch/NVLink (or the PCIe fabric);
+* one member per node: a flat ring over the NICs;
+* k > 1 members on each of N nodes: hierarchical (NCCL's multi-channel ring / CollNet
+  decomposition): reduce-scatter inside each node (ring of k), then k concurrent inter-node
+  rings (one per local index, each on its own NIC) on S/k, then all-gather inside each node.
+  Per rank this moves 2(k-1)/k * S + 2(N-1)/N * S/k = 2(kN-1)/(kN) * S: the same volume as
+  a flat ring, with the inter-node share split over the node's NICs.
+* irregular shapes (unequal members per node): a flat ring ordered by node.
+Latency: per step the slowest edge's route latency; the number of steps is the ring's, or the
+double binary tree's 2*ceil(log2 n) when that is fewer (NCCL uses trees when latency-bound),
+the same rule as :mod:`simulator.commcost`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from simulator.topology import Topology
+
+CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "p2p"]
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """One phase of a collective: (src GPU, dst GPU, bytes) flows and the number of steps."""
+
+    flows: tuple[tuple[int, int, float], ...]
+    steps: int
+
+
+def latency_steps(n: int, ring_steps: int) -> int:
+    """Ring steps, or 2*ceil(log2 n) (double binary tree) when fewer (as simulator.commcost)."""
+    return min(ring_steps, 2 * math.ceil(math.log2(n))) if n > 1 else 0
+
+
+def algorithm(topo: Topology, gpus: list[int]) -> str:
+    """'none', 'ring' (one node or one member per node), 'hierarchical' or 'flat' (irregular)."""
+    if len(gpus) <= 1:
+        return "none"
+    per: dict[int, int] = {}
+    for g in gpus:
+        k = g // topo.gpus_per_node
+        per[k] = per.get(k, 0) + 1
+    if len(per) == 1 or all(c == 1 for c in per.values()):
+        return "ring"
+    if len(set(per.values())) == 1:
+        return "hierarchical"
+    return "flat"
+
+
+def _ring(order: list[int], per_edge: float, closed: bool = True) -> tuple[tuple[int, int, float], ...]:
+    n = len(order)
+    edges = n if closed else n - 1
+    return tuple((order[i], order[(i + 1) % n], per_edge) for i in range(edges))
+
+
+def ring_phases(op: CollOp, order: list[int], size: float) -> list[PhasePlan]:
+    """A single ring (or chain for broadcast) through ``order``."""
+    n = len(order)
+    if n <= 1 or size <= 0:
+        return []
+    if op == "allreduce":
+        return [PhasePlan(_ring(order, 2 * (n - 1) / n * size), latency_steps(n, 2 * (n - 1)))]
+    if op in ("reducescatter", "allgather"):
+        return [PhasePlan(_ring(order, (n - 1) / n * size), latency_steps(n, n - 1))]
+    if op == "broadcast":
+        return [PhasePlan(_ring(order, size, closed=False), latency_steps(n, n - 1))]
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) -> list[PhasePlan]:
+    """Phases of ``op`` on the group ``gpus`` (in group order) of a buffer of ``size`` bytes."""
+    n = len(gpus)
+    if n <= 1 or size <= 0:
+        return []
+    if op == "p2p":
+        if n != 2:
+            raise ValueError("p2p needs exactly two GPUs")
+        return [PhasePlan(((gpus[0], gpus[1], size),), 1)]
+    algo = algorithm(topo, gpus)
+    order = sorted(gpus)
+    if algo != "hierarchical" or op == "broadcast":
+        return ring_phases(op, order, size)
+    G = topo.gpus_per_node
+    nodes: dict[int, list[int]] = {}
+    for g in order:
+        nodes.setdefault(g // G, []).append(g)
+    members = list(nodes.values())
+    k, N = len(members[0]), len(members)
+
+    def intra(op2: CollOp) -> PhasePlan:
+        flows: list[tuple[int, int, float]] = []
+        ph = None
+        for mem in members:
+            ph = ring_phases(op2, mem, size)[0]
+            flows.extend(ph.flows)
+        assert ph is not None
+        return PhasePlan(tuple(flows), ph.steps)
+
+    def inter(op2: CollOp) -> PhasePlan:
+        flows = []
+        ph = None
+        for j in range(k):
+            ph = ring_phases(op2, [mem[j] for mem in members], size / k)[0]
+            flows.extend(ph.flows)
+        assert ph is not None
+        return PhasePlan(tuple(flows), ph.steps)
+
+    if op == "allreduce":
+        return [intra("reducescatter"), inter("allreduce"), intra("allgather")]
+    if op == "reducescatter":
+        return [intra("reducescatter"), inter("reducescatter")]
+    if op == "allgather":
+        return [inter("allgather"), intra("allgather")]
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def bytes_sent_per_rank(phases: list[PhasePlan], gpu: int) -> float:
+    """Bytes that ``gpu`` sends over all phases (for volume checks)."""
+    return sum(b for ph in phases for (s, _, b) in ph.flows if s == gpu)

@@ -1,0 +1,174 @@
+"""Flow-level network model: concurrent transfers share links with max-min fairness.
+
+A flow moves ``bytes`` along a route of directed links. Each flow has a weight per link:
+the number of identical flows it stands for there (1 in a full simulation; in the symmetric
+simulation, the data-parallel replicas' and tensor ranks' identical copies that cross the
+same link, see :mod:`simulator.program`). Rates are the weighted max-min fair allocation,
+computed by progressive filling (Bertsekas & Gallager, "Data Networks", section 6.5.2):
+raise every unfrozen flow's rate together; the first link to fill,
+``residual(L) / sum of unfrozen weights on L``, fixes the rate of its flows; repeat.
+Rates are recomputed whenever a flow starts or ends (lazily, once per simulated instant).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+
+class Flow:
+    """One transfer in flight. ``owner`` is the engine task that waits for it."""
+
+    __slots__ = ("rem", "size", "rate", "links", "weights", "owner")
+
+    def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
+        self.size = size
+        self.rem = size
+        self.rate = 0.0
+        self.links = links
+        self.weights = weights
+        self.owner = owner
+
+
+class Network:
+    """Active flows, their max-min rates, and per-link byte counters.
+
+    ``link_bytes[L]`` integrates the load of link L (bytes, all copies included);
+    ``series[L]`` (when ``record`` is true) lists (time, load/capacity) changes for the trace.
+    """
+
+    def __init__(self, capacities: list[float], record: bool = True):
+        self.cap = capacities
+        self.flows: list[Flow] = []
+        self.last = 0.0
+        self.dirty = False
+        self.link_bytes: dict[int, float] = {}
+        self.load: dict[int, float] = {}
+        self.record = record
+        self.series: dict[int, list[tuple[float, float]]] = {}
+        self.reallocations = 0
+
+    def advance(self, now: float) -> None:
+        """Move every flow forward to ``now`` at its current rate."""
+        dt = now - self.last
+        if dt > 0.0:
+            for f in self.flows:
+                f.rem -= f.rate * dt
+            lb = self.link_bytes
+            for lid, x in self.load.items():
+                lb[lid] = lb.get(lid, 0.0) + x * dt
+        self.last = now
+
+    def add(self, flow: Flow, now: float) -> None:
+        self.advance(now)
+        self.flows.append(flow)
+        self.dirty = True
+
+    def pop_finished(self, now: float) -> list[int]:
+        """Advance to ``now``; remove finished flows and return their owners."""
+        self.advance(now)
+        done: list[int] = []
+        keep: list[Flow] = []
+        for f in self.flows:
+            if f.rem <= 1e-9 * f.size + 1e-3:
+                done.append(f.owner)
+            else:
+                keep.append(f)
+        if done:
+            self.flows = keep
+            self.dirty = True
+        return done
+
+    def allocate(self, now: float) -> float:
+        """Weighted max-min rates by progressive filling; returns the next completion time."""
+        self.dirty = False
+        self.reallocations += 1
+        flows = self.flows
+        cap = self.cap
+        residual: dict[int, float] = {}
+        wsum: dict[int, float] = {}
+        count: dict[int, int] = {}
+        users: dict[int, list[Flow]] = {}
+        for f in flows:
+            f.rate = -1.0  # unfrozen marker
+            for lid, w in zip(f.links, f.weights):
+                if lid in wsum:
+                    wsum[lid] += w
+                    count[lid] += 1
+                    users[lid].append(f)
+                else:
+                    wsum[lid] = w
+                    count[lid] = 1
+                    residual[lid] = cap[lid]
+                    users[lid] = [f]
+        unfrozen = len(flows)
+        while unfrozen and wsum:
+            best = math.inf
+            blink = -1
+            for lid, ws in wsum.items():
+                share = residual[lid] / ws
+                if share < best:
+                    best, blink = share, lid
+            if best < 0.0:
+                best = 0.0
+            for f in users[blink]:
+                if f.rate >= 0.0:
+                    continue
+                unfrozen -= 1
+                f.rate = best
+                for lid, w in zip(f.links, f.weights):
+                    residual[lid] -= w * best
+                    c = count[lid] - 1
+                    if c == 0:
+                        del wsum[lid]
+                        count[lid] = 0
+                    else:
+                        count[lid] = c
+                        wsum[lid] -= w
+            wsum.pop(blink, None)
+        for f in flows:
+            if f.rate < 0.0:  # a flow on no link: unconstrained
+                f.rate = math.inf
+        new_load = {lid: cap[lid] - r for lid, r in residual.items()}
+        if self.record:
+            self._record(now, new_load)
+        self.load = new_load
+        nxt = math.inf
+        for f in flows:
+            if f.rate > 0.0:
+                t = f.rem / f.rate
+                if t < nxt:
+                    nxt = t
+        return now + max(nxt, 0.0)
+
+    def _record(self, now: float, new_load: dict[int, float]) -> None:
+        old = self.load
+        cap = self.cap
+        series = self.series
+        for lid, x in new_load.items():
+            if abs(old.get(lid, 0.0) - x) > 1e-9 * cap[lid]:
+                series.setdefault(lid, []).append((now, x / cap[lid]))
+        for lid, x in old.items():
+            if lid not in new_load and x > 0.0:
+                series.setdefault(lid, []).append((now, 0.0))
+
+    def utilization(self, horizon: float) -> dict[int, float]:
+        """Average load / capacity of every link that carried traffic, over [0, horizon]."""
+        if horizon <= 0:
+            return {}
+        return {lid: b / (self.cap[lid] * horizon) for lid, b in self.link_bytes.items()}
+
+
+def fair_rates(capacities: list[float], routes: list[tuple[int, ...]],
+               weights: Optional[list[tuple[float, ...]]] = None) -> list[float]:
+    """Max-min fair rates of flows on routes (a pure helper for tests and the analytic side)."""
+    net = Network(capacities, record=False)
+    fl = []
+    for i, r in enumerate(routes):
+        w = weights[i] if weights is not None else tuple(1.0 for _ in r)
+        f = Flow(1.0, r, w, i)
+        fl.append(f)
+        net.flows.append(f)
+    net.allocate(0.0)
+    return [f.rate for f in fl]
+

@@ -1,0 +1,78 @@
+"""Pipeline schedules: the order in which one pipeline rank runs its forward and backward passes.
+
+* GPipe (Huang et al. 2019): all m forwards, then all m backwards, the last microbatch first
+  (its activations are still resident, so with checkpointing it need not be recomputed).
+* 1F1B / PipeDream-Flush (Narayanan et al. 2021, section 2.2): stage s runs
+  min(p - s - 1, m) warm-up forwards, then alternates one forward and one backward,
+  then drains the remaining backwards.
+* Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2; Megatron-LM
+  ``forward_backward_pipelining_with_interleaving``): v model chunks per rank; the k-th
+  forward of a rank belongs to chunk (k mod pv) // p and microbatch (k // pv)*p + k mod p;
+  backwards visit chunks in reverse; warm-up = (p - s - 1)*2 + (v - 1)*p forwards (all of
+  them when m = p), then 1F1B, then cool-down.
+With uniform stages and free communication the bubble is (p-1)/m of the ideal time for
+GPipe and 1F1B and (p-1)/(v m) for the interleaved schedule (tests check it in the DES).
+
+Chunks: global chunk j = c*p + s holds the j-th block of layers; rank s runs local chunks
+c = 0..v-1. Forward of (mb, j) needs forward of (mb, j-1); backward of (mb, j) needs
+backward of (mb, j+1).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class PipeOp(NamedTuple):
+    """One pass of one microbatch through one local chunk: kind 'F' or 'B'."""
+
+    kind: str
+    mb: int
+    chunk: int
+
+
+def gpipe(m: int) -> list[PipeOp]:
+    return [PipeOp("F", i, 0) for i in range(m)] + [PipeOp("B", i, 0) for i in reversed(range(m))]
+
+
+def one_f_one_b(p: int, m: int, stage: int) -> list[PipeOp]:
+    warm = min(p - stage - 1, m)
+    ops = [PipeOp("F", i, 0) for i in range(warm)]
+    for i in range(m - warm):
+        ops.append(PipeOp("F", warm + i, 0))
+        ops.append(PipeOp("B", i, 0))
+    ops += [PipeOp("B", i, 0) for i in range(m - warm, m)]
+    return ops
+
+
+def interleaved(p: int, m: int, v: int, stage: int) -> list[PipeOp]:
+    total = m * v
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (p * v)) // p
+        return c if forward else v - 1 - c
+
+    def mb(k: int) -> int:
+        return (k // (p * v)) * p + k % p
+
+    warm = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+    ops = [PipeOp("F", mb(k), chunk(k, True)) for k in range(warm)]
+    for i in range(total - warm):
+        k = warm + i
+        ops.append(PipeOp("F", mb(k), chunk(k, True)))
+        ops.append(PipeOp("B", mb(i), chunk(i, False)))
+    ops += [PipeOp("B", mb(k), chunk(k, False)) for k in range(total - warm, total)]
+    return ops
+
+
+def device_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[PipeOp]:
+    """The ordered passes of pipeline rank ``stage``."""
+    if schedule == "gpipe":
+        return gpipe(m)
+    if schedule == "interleaved" and v > 1:
+        return interleaved(p, m, v, stage)
+    return one_f_one_b(p, m, stage)
+
+
+def global_chunk(local_chunk: int, stage: int, p: int) -> int:
+    return local_chunk * p + stage

@@ -1,0 +1,127 @@
+"""The planner: brute-force agreement, pins, no-fit, pruning safety (analytic vs DES)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from scipy.stats import spearmanr
+
+from autoplan import space
+from autoplan.search import NoPlanFits, SearchOptions, search
+from hwprofiles.load import cluster_from_mapping, load_cluster
+from simulator.analytic import estimate
+from simulator.api import simulate
+from simulator.specs import Job, ModelSpec, parse_plan
+
+
+def small_cluster(nodes: int = 1, gpus_per_node: int = 4, gpu: str = "a100-sxm4-40gb"):
+    return cluster_from_mapping({
+        "name": f"small-{nodes}x{gpus_per_node}", "nodes": nodes,
+        "node": {"name": "small-node", "gpu": gpu, "gpus_per_node": gpus_per_node,
+                 "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
+                 "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
+                 "nics_per_node": gpus_per_node, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
+                 "host_memory_GiB": 512},
+    }, "test")
+
+
+SMALL = ModelSpec(name="small", num_layers=8, hidden_size=2048, num_attention_heads=16,
+                  vocab_size=32000, seq_length=1024)
+MEDIUM = ModelSpec(name="medium", num_layers=16, hidden_size=5120, num_attention_heads=40,
+                   vocab_size=51200, seq_length=2048)
+LARGE = ModelSpec(name="large", num_layers=32, hidden_size=8192, num_attention_heads=64,
+                  vocab_size=51200, seq_length=2048)
+
+
+def all_feasible(model, cluster, B, fix=None, fidelity="des"):
+    out = []
+    for plan in space.enumerate_plans(model, cluster.num_gpus, B, fix or {}):
+        job = Job(model, cluster, plan, B)
+        a = estimate(job)
+        if not a.fits:
+            continue
+        out.append((plan, a, simulate(job, fidelity) if fidelity == "des" else a))
+    return out
+
+
+def test_planner_matches_brute_force_des():
+    cluster = small_cluster(nodes=2, gpus_per_node=2)
+    fix = {"offload": "none"}
+    rows = all_feasible(SMALL, cluster, 16, fix)
+    des_best = min(r[2].step_time for r in rows if r[2].fits)
+    found = search(SMALL, cluster, 16, SearchOptions(fix="offload=none", top=8, fidelity="des"))
+    assert found.best_result.step_time <= des_best * 1.01
+
+
+@pytest.mark.parametrize("model,cluster_args,B,fix", [
+    (SMALL, (1, 4), 16, "offload=none,zero=0"),
+    (MEDIUM, (2, 4), 32, "offload=none,zero=1"),
+    (LARGE, (2, 8), 32, "offload=none,zero=1,ckpt=full"),
+])
+def test_pruning_is_safe(model, cluster_args, B, fix):
+    """The analytic estimate ranks plans like the DES (Spearman >= 0.9) and the DES-best plan
+    is inside the analytic top K."""
+    cluster = small_cluster(*cluster_args)
+    rows = all_feasible(model, cluster, B, space.parse_fix(fix))
+    assert len(rows) >= 10
+    rho = spearmanr([r[1].step_time for r in rows], [r[2].step_time for r in rows]).statistic
+    assert rho >= 0.9, rho
+    by_analytic = sorted(rows, key=lambda r: r[1].step_time)
+    des_best = min(rows, key=lambda r: r[2].step_time)[0]
+    assert des_best in [r[0] for r in by_analytic[:8]]
+
+
+def test_fix_is_honoured():
+    found = search(MEDIUM, small_cluster(2, 4), 32, SearchOptions(fix="t=2,zero=1,ckpt=full", fidelity="analytic"))
+    for r in [found.best_result] + found.top:
+        assert r.job.plan.t == 2 and r.job.plan.zero == 1 and r.job.plan.ckpt == "full"
+
+
+def test_no_plan_fits_raises_with_smallest_memory():
+    huge = ModelSpec(name="huge", num_layers=96, hidden_size=12288, num_attention_heads=96,
+                     vocab_size=51200, seq_length=2048)
+    with pytest.raises(NoPlanFits, match=r"smallest needs [0-9.]+ GiB"):
+        search(huge, small_cluster(1, 2), 8, SearchOptions(fix="offload=none", fidelity="analytic"))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "autoplan", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_infeasible_fix_exit_2():
+    r = run_cli("plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "2",
+                "--global-batch", "64", "--fix", "t=7")
+    assert r.returncode == 2
+    assert r.stderr.startswith("autoplan: error: --fix") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_no_fit_exit_3():
+    r = run_cli("plan", "--model", "gpt-1t", "--cluster", "dgx-a100-80gb", "--nodes", "1",
+                "--global-batch", "8", "--fix", "offload=none", "--fidelity", "analytic")
+    assert r.returncode == 3
+    assert "no plan fits" in r.stderr and "GiB" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_plan_json_has_contract_fields():
+    r = run_cli("plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--nodes", "1",
+                "--global-batch", "32", "--json", "--top", "3", "--jobs", "1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("best", "top", "candidates_total", "candidates_feasible", "candidates_simulated", "search_time_s"):
+        assert key in out
+    assert out["best"]["fidelity"] == "des"
+    assert out["candidates_total"] >= out["candidates_feasible"] >= out["candidates_simulated"] >= 1
+
+
+def test_gpt3_on_128_nodes_keeps_tp_in_node():
+    model_cluster = ("gpt3-175b", "dgx-a100-80gb")
+    from simulator.specs import load_model
+
+    model = load_model(model_cluster[0])
+    cluster = load_cluster(model_cluster[1], nodes=128)
+    found = search(model, cluster, 1536, SearchOptions(top=4, jobs=2, fidelity="des"))
+    assert found.best_result.job.plan.t <= 8
+    ref_plan, _ = parse_plan("t=8,p=16,mb=1,ckpt=full", model, cluster.num_gpus, 1536)
+    ref = simulate(Job(model, cluster, ref_plan, 1536), "des")
+    assert found.best_result.step_time <= ref.step_time

@@ -1,0 +1,53 @@
+"""The search space: every enumerated plan is valid, pins are honoured, rules are applied."""
+
+import pytest
+
+from autoplan import space
+from hwprofiles.errors import InputError
+from simulator.specs import load_model, plan_errors
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return load_model("gpt3-175b")
+
+
+def test_divisors():
+    assert space.divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert space.divisors(1) == [1]
+
+
+def test_every_enumerated_plan_is_valid(gpt):
+    plans = space.enumerate_plans(gpt, 64, 128, {})
+    assert len(plans) > 1000
+    for plan in plans[::37]:
+        assert plan_errors(gpt, plan, 64, 128) == [], plan
+
+
+def test_space_rules(gpt):
+    plans = space.enumerate_plans(gpt, 64, 128, {})
+    assert all(gpt.num_attention_heads % p.t == 0 for p in plans)
+    assert all(p.offload != "cpu" or p.zero >= 1 for p in plans)
+    assert all(p.offload != "nvme" or p.zero == 3 for p in plans)
+    assert all(p.sp == 0 or p.t > 1 for p in plans)
+    assert all(p.v == 1 or p.schedule == "interleaved" for p in plans)
+    assert {p.schedule for p in plans} == {"1f1b", "gpipe", "interleaved"}
+    assert all(p.mb <= space.MAX_MB for p in plans)
+
+
+def test_fix_pins_keys(gpt):
+    fix = space.parse_fix("t=8,zero=1,ckpt=full")
+    plans = space.enumerate_plans(gpt, 64, 128, fix)
+    assert plans and all(p.t == 8 and p.zero == 1 and p.ckpt == "full" for p in plans)
+
+
+def test_fix_bad_key_is_input_error():
+    with pytest.raises(InputError, match="unknown key 'q'"):
+        space.parse_fix("q=1")
+
+
+def test_explain_empty_names_the_rule(gpt):
+    fix = space.parse_fix("t=5")
+    assert space.enumerate_plans(gpt, 64, 128, fix) == []
+    msg = space.explain_empty(gpt, 64, 128, fix)
+    assert "t" in msg and "--fix" in msg
