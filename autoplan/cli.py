@@ -66,7 +66,8 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
-        raise CliError(f"{self.prog}: {message}", EXIT_BAD_INPUT)
+        sub = self.prog.removeprefix("autoplan").strip()
+        raise CliError(f"{sub + ': ' if sub else ''}{message}", EXIT_BAD_INPUT)
 
 
 def _positive_int(text: str) -> int:
@@ -191,7 +192,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     job = _make_job(a)
     if a.full and a.fidelity != "des":
         raise CliError("--full needs --fidelity des", EXIT_BAD_INPUT)
-    result = simulate(job, a.fidelity, full=a.full)
+    result = simulate(job, a.fidelity, full=a.full, trace=bool(a.trace))
     _write_pictures(result, a.plot, a.trace)
     out = result.to_dict()
     if a.json:
@@ -199,10 +200,29 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     else:
         print(format_result(out))
     if not result.fits:
-        _log(f"the plan needs {out['peak_memory_gib']:.1f} GiB per GPU but {out['memory_capacity_gib']:.1f} GiB is usable"
-             + ("" if result.host_fits else "; the offloaded state exceeds host memory"))
+        _log(_no_fit_hint(out, result.host_fits))
         return EXIT_NO_FIT
     return EXIT_OK
+
+
+def _no_fit_hint(out: dict[str, Any], host_fits: bool) -> str:
+    """Why a simulated plan does not fit and what would help, from its memory breakdown."""
+    if not host_fits:
+        return (f"autoplan: the plan does not fit: the offloaded optimizer state ({out.get('host_memory_gib', 0):.0f} GiB) "
+                "exceeds host memory; try offload=nvme with zero=3, or more nodes")
+    need, cap = out["peak_memory_gib"], out["memory_capacity_gib"]
+    mem = out["memory_breakdown_gib"]
+    plan = out["plan"]
+    hints = []
+    if mem["activations"] > 0.3 * need:
+        hints.append("ckpt=full" if plan["ckpt"] != "full" else "a smaller mb")
+        if plan["t"] > 1 and not plan["sp"]:
+            hints.append("sp=1")
+    if mem["optimizer"] + mem["grads"] + mem["params"] > 0.3 * need:
+        hints.append(f"zero={min(3, plan['zero'] + 1)}" if plan["zero"] < 3 else "offload=cpu")
+        hints.append("more pipeline stages (p) or tensor parallelism (t)")
+    return (f"autoplan: the plan does not fit: it needs {need:.1f} GiB per GPU but {cap:.1f} GiB is usable; "
+            f"try {', '.join(hints) or 'more GPUs'} (or 'autoplan plan' to search)")
 
 
 def cmd_plan(a: argparse.Namespace) -> int:

@@ -150,7 +150,7 @@ def _fixed_stage_bytes(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     total = memory.model_state_bytes(psi, plan.d, plan.zero, plan.offload, pb, gb, k).total
     sbh = plan.mb * model.seq_length * model.hidden_size
     if first:
-        total += memory.in_flight_microbatches(plan.schedule, 0, plan.p, m, plan.v) * (2 * e + 1) * sbh / (plan.t if plan.sp else 1)
+        total += memory.in_flight_microbatches(plan.schedule, 0, plan.p, m, plan.v) * sbh / (plan.t if plan.sp else 1)
     if last:
         total += memory.logits_buffer_bytes(model, plan.mb, plan.t, e)
     if plan.d > 1 or plan.offload != "none":

@@ -2,13 +2,16 @@
 
 Spawns ``ranks`` processes (torch.multiprocessing, start method spawn) joined by
 torch.distributed (gloo on CPU with one intra-op thread per rank, as the CPU verification
-runs use OMP_NUM_THREADS=1; nccl on CUDA, one GPU per rank). Each of all-reduce, all-gather,
-reduce-scatter (over all ranks) and send/recv (a ping-pong between ranks 0 and 1, half the
-round trip) is timed at every message size: n back-to-back calls between barriers, the
-slowest rank's mean per call, median over ``repeats`` such loops. Message sizes are as in
-``calibrate_fit.CollectiveSample``; payloads are fp32. The samples are then fitted with
-``calibrate_fit.fit_link`` (ring alpha-beta model) into the node's intra-node link.
-Rank 0 reports each sample (and progress) to the parent through a queue.
+runs use OMP_NUM_THREADS=1; nccl on CUDA, one GPU per rank). All-reduce, all-gather and
+reduce-scatter are timed over every group size of ``group_sizes(ranks)``: all ranks, and,
+with 4 or more (an even number), also pairs (0,1), (2,3), ... all running at once, as the
+tensor- or data-parallel pairs of a 4-rank plan do. Send/recv is a ping-pong (half the round
+trip) between ranks 0 and 1, or between all pairs at once when there are 4 or more.
+Each measurement: n back-to-back calls between barriers, the slowest rank's mean per call,
+best of the timed loops (``calibrate_timing.Timing``), at every message size (as in
+``calibrate_fit.CollectiveSample``; fp32 payloads). ``calibrate_fit.fit_link`` then fits the
+samples into the node's intra-node link. Rank 0 reports each sample (and progress) to the
+parent through a queue.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import queue as queue_mod
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ import torch.multiprocessing as mp
 
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import resident_GiB
+from hwprofiles.calibrate_settings import Timing
 
 _MAX_CALLS = 10_000
 _JOIN_POLL_S = 0.2
@@ -42,31 +45,44 @@ class CommResult:
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
 
 
-def _all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp)
+def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, group=group)
 
 
-def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor) -> None:
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp)
+def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, group=group)
 
 
-def _collective(op: str, nbytes: int, rank: int, world: int, device: torch.device) -> tuple[Callable[[], None], int]:
-    """(one call, messages per call) of collective ``op`` moving ``nbytes`` (rounded to whole fp32 shards)."""
-    n = max(world, nbytes // 4 // world * world)
+def group_sizes(ranks: int) -> tuple[int, ...]:
+    """Group sizes the collectives are timed over (module docstring)."""
+    return (ranks, 2) if ranks >= 4 and ranks % 2 == 0 else (ranks,)
+
+
+def _pair_groups(world: int) -> list[Any]:
+    """Groups (0,1), (2,3), ...; every rank creates all of them, in order (torch.distributed rule)."""
+    return [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)]
+
+
+def _collective(op: str, nbytes: int, rank: int, world: int, size: int, group: Any,
+                device: torch.device) -> tuple[Callable[[], None], int]:
+    """(one call, messages per call) of ``op`` over ``group`` (``size`` ranks; None: all ranks)
+    moving ``nbytes`` (rounded to whole fp32 shards); send/recv pairs rank r with r xor 1."""
+    n = max(size, nbytes // 4 // size * size)
     full = torch.ones(n, device=device)
-    shard = torch.ones(n // world, device=device)
+    shard = torch.ones(n // size, device=device)
     if op == "all_reduce":
-        return (lambda: dist.all_reduce(full)), 1
+        return (lambda: dist.all_reduce(full, group=group)), 1
     if op == "all_gather":
-        return (lambda: _all_gather(full, shard)), 1
+        return (lambda: _all_gather(full, shard, group)), 1
     if op == "reduce_scatter":
-        return (lambda: _reduce_scatter(shard, full)), 1
+        return (lambda: _reduce_scatter(shard, full, group)), 1
     if op == "send_recv":
-        if rank == 0:
-            return (lambda: (dist.send(full, 1), dist.recv(full, 1))), 2
-        if rank == 1:
-            return (lambda: (dist.recv(full, 0), dist.send(full, 0))), 2
-        return (lambda: None), 2
+        peer = rank ^ 1
+        if peer >= world:
+            return (lambda: None), 2
+        if rank % 2 == 0:
+            return (lambda: (dist.send(full, peer), dist.recv(full, peer))), 2
+        return (lambda: (dist.recv(full, peer), dist.send(full, peer))), 2
     raise ValueError(f"unknown collective {op!r}")
 
 
@@ -76,8 +92,9 @@ def _slowest(x: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def _time_collective(fn: Callable[[], None], device: torch.device, min_time_s: float, repeats: int) -> float:
-    """Median over ``repeats`` loops of the slowest rank's mean time per call (seconds)."""
+def _time_collective(fn: Callable[[], None], device: torch.device, timing: Timing) -> float:
+    """Best over the timed loops of the slowest rank's mean time per call (seconds). Every rank
+    sees the same (all-reduced) samples, so all decide alike when they are enough."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
     fn()
@@ -87,9 +104,9 @@ def _time_collective(fn: Callable[[], None], device: torch.device, min_time_s: f
     fn()
     sync()
     first = _slowest(time.perf_counter() - t0, device)
-    n = int(min(_MAX_CALLS, max(1, math.ceil(min_time_s / max(first, 1e-9)))))
-    samples = []
-    for _ in range(repeats):
+    n = int(min(_MAX_CALLS, max(1, math.ceil(timing.min_time_s / max(first, 1e-9)))))
+    samples: list[float] = []
+    while not timing.enough(samples, n):
         dist.barrier()
         sync()
         t0 = time.perf_counter()
@@ -97,11 +114,21 @@ def _time_collective(fn: Callable[[], None], device: torch.device, min_time_s: f
             fn()
         sync()
         samples.append(_slowest((time.perf_counter() - t0) / n, device))
-    return statistics.median(samples)
+    return min(samples)
+
+
+def _schedule(world: int) -> list[tuple[str, int]]:
+    """(collective, group size) pairs to time: each collective over each group size, send/recv once."""
+    return [(op, size) for op in COLLECTIVES for size in (group_sizes(world) if op != "send_recv" else (2,))]
+
+
+def comm_items(ranks: int, n_sizes: int) -> int:
+    """Progress-bar items of ``measure_collectives``."""
+    return len(_schedule(ranks)) * n_sizes
 
 
 def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tuple[int, ...],
-            min_time_s: float, repeats: int, out: Any) -> None:
+            timing: Timing, out: Any) -> None:
     """One rank: join the group, time every (collective, size), rank 0 reports to ``out``."""
     if device_type == "cuda":
         torch.cuda.set_device(rank)
@@ -112,12 +139,14 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
     backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        for op in COLLECTIVES:
+        pairs = _pair_groups(world) if world > 2 and 2 in group_sizes(world) else []
+        for op, size in _schedule(world):
+            group = pairs[rank // 2] if size < world and op != "send_recv" else None
             for nbytes in sizes:
-                fn, msgs = _collective(op, nbytes, rank, world, device)
-                t = _time_collective(fn, device, min_time_s, repeats) / msgs
+                fn, msgs = _collective(op, nbytes, rank, world, size, group, device)
+                t = _time_collective(fn, device, timing) / msgs
                 if rank == 0:
-                    out.put(("sample", op, nbytes, t))
+                    out.put(("sample", op, nbytes, size, t))
         dist.barrier()
         if rank == 0:
             out.put(("done", resident_GiB()))
@@ -125,17 +154,17 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
         dist.destroy_process_group()
 
 
-def _handle(msg: tuple, ranks: int, samples: list[CollectiveSample], tick: Callable[[str], None]) -> float | None:
+def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> float | None:
     """Record one message from rank 0; returns rank 0's RSS on the final message."""
     if msg[0] == "sample":
-        _, op, nbytes, t = msg
-        samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=ranks, seconds=float(t)))
-        tick(f"{op} {nbytes} B x{ranks}")
+        _, op, nbytes, size, t = msg
+        samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
+        tick(f"{op} {nbytes} B x{size}")
         return None
     return float(msg[1])
 
 
-def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], min_time_s: float, repeats: int,
+def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing,
                         tick: Callable[[str], None]) -> CommResult:
     """Spawn ``ranks`` processes and time the collectives (module docstring)."""
     ctx = mp.get_context("spawn")
@@ -144,7 +173,7 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], min_tim
     rss: float | None = None
     with tempfile.TemporaryDirectory(prefix="autoplan-calibrate-") as tmp:
         procs = mp.start_processes(
-            _worker, args=(ranks, device, os.path.join(tmp, "store"), sizes, min_time_s, repeats, out),
+            _worker, args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, out),
             nprocs=ranks, join=False, start_method="spawn")
         try:
             finished = False
@@ -155,11 +184,11 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], min_tim
                         msg = out.get_nowait()
                     except queue_mod.Empty:
                         break
-                    rss = _handle(msg, ranks, samples, tick) or rss
+                    rss = _handle(msg, samples, tick) or rss
             deadline = time.monotonic() + _DONE_WAIT_S
             while rss is None and time.monotonic() < deadline:
                 try:
-                    rss = _handle(out.get(timeout=1.0), ranks, samples, tick) or rss
+                    rss = _handle(out.get(timeout=1.0), samples, tick) or rss
                 except queue_mod.Empty:
                     continue
         except mp.ProcessRaisedException as e:

@@ -6,16 +6,20 @@
   speed) with ``scipy.optimize.least_squares`` under the schema's bounds.
 * :func:`fit_link` fits the alpha-beta (Hockney) ring model of collectives
       t(S) = steps(op, n) * latency + bus_factor(op, n) * S / bandwidth
-  to measured collective times, by least squares on the relative error; ``steps`` and
-  ``bus_factor`` are those of ring algorithms (nccl-tests doc/PERFORMANCE.md "bus bandwidth":
-  all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, send/recv 1), so the fitted
-  bandwidth is the achieved *bus* bandwidth a simulator's ring decomposition can use as is.
+  to measured collective times, by least squares on the relative error. ``bus_factor`` is
+  the ring algorithms' (nccl-tests doc/PERFORMANCE.md "bus bandwidth": all-reduce 2(n-1)/n,
+  all-gather and reduce-scatter (n-1)/n, send/recv 1) and ``steps`` the ring's step count or
+  a double binary tree's 2*ceil(log2 n) when fewer, the rule simulator.commcost applies;
+  so the fitted bandwidth and latency are the bus bandwidth and per-step latency that the
+  simulator's collective model reproduces the measurements with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+import math
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -51,7 +55,8 @@ def gemm_curve(mnk: np.ndarray, params: np.ndarray) -> np.ndarray:
 def fit_gemm_curve(points: Sequence[GemmPoint], peak_tflops: float) -> GemmFit:
     """Least-squares fit of the GemmModel curve to ``points`` (efficiency = tflops / peak).
 
-    Bounds follow the schema: 0 < max_efficiency <= 1, half dims >= 0 (capped at 1e6).
+    Bounds follow the schema: 0 < max_efficiency <= 1, half dims >= 0 (capped at 1e6); a half
+    dim that lands within 1e-6 of its zero bound is reported as 0 (no dependence on that dim).
     """
     if not points:
         raise ValueError("no GEMM points to fit")
@@ -69,20 +74,23 @@ def fit_gemm_curve(points: Sequence[GemmPoint], peak_tflops: float) -> GemmFit:
     upper = np.array([1.0, 1e6, 1e6, 1e6])
     sol = least_squares(residual, x0, bounds=(lower, upper), x_scale=np.array([0.1, 32.0, 32.0, 32.0]),
                         xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
-    e, hm, hn, hk = (float(v) for v in sol.x)
-    rms = float(np.sqrt(np.mean(residual(sol.x) ** 2)))
+    e, hm, hn, hk = (float(v) if v >= 1e-6 else 0.0 for v in sol.x)
+    rms = float(np.sqrt(np.mean(residual(np.array([e, hm, hn, hk])) ** 2)))
     return GemmFit(max_efficiency=e, half_dim_m=hm, half_dim_n=hn, half_dim_k=hk, rms_log_error=rms)
 
 
 def ring_steps(op: str, ranks: int) -> int:
-    """Latency terms of a ring collective over ``ranks`` ranks (send/recv: one hop)."""
-    if op == "all_reduce":
-        return 2 * (ranks - 1)
-    if op in ("all_gather", "reduce_scatter"):
-        return ranks - 1
+    """Latency terms of a collective over ``ranks`` ranks: the ring's steps (all-reduce 2(n-1),
+    all-gather/reduce-scatter n-1) or 2*ceil(log2 n) when fewer; send/recv one hop."""
     if op == "send_recv":
         return 1
-    raise ValueError(f"unknown collective {op!r}")
+    if op == "all_reduce":
+        ring = 2 * (ranks - 1)
+    elif op in ("all_gather", "reduce_scatter"):
+        ring = ranks - 1
+    else:
+        raise ValueError(f"unknown collective {op!r}")
+    return min(ring, 2 * math.ceil(math.log2(ranks))) if ranks > 1 else 0
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -125,11 +133,13 @@ def fit_link(samples: Iterable[CollectiveSample]) -> LinkFit:
 
     Parameterized as (latency in us, seconds per GB) so both are O(1)..O(1e3) for the solver.
     """
-    rows = [s for s in samples if s.ranks >= 2 or s.op == "send_recv"]
+    rows = list(samples)
     if not rows:
         raise ValueError("no collective samples to fit")
-    steps = np.array([ring_steps(s.op, max(s.ranks, 2)) for s in rows], dtype=float)
-    gbytes = np.array([bus_factor(s.op, max(s.ranks, 2)) * s.nbytes / 1e9 for s in rows], dtype=float)
+    if any(s.ranks < 2 for s in rows):
+        raise ValueError("a collective sample needs at least 2 ranks")
+    steps = np.array([ring_steps(s.op, s.ranks) for s in rows], dtype=float)
+    gbytes = np.array([bus_factor(s.op, s.ranks) * s.nbytes / 1e9 for s in rows], dtype=float)
     t = np.array([s.seconds for s in rows], dtype=float)
 
     def residual(x: np.ndarray) -> np.ndarray:

@@ -38,8 +38,7 @@ def measure_gemm(settings: Settings, mm_dispatch_s: float, tick: Callable[[str],
         for m, n, k in settings.gemm_shapes:
             a = torch.randn(m, k, device=settings.device, generator=gen).to(tdt)
             b = torch.randn(k, n, device=settings.device, generator=gen).to(tdt)
-            t = op_seconds(lambda: torch.mm(a, b), settings.device, settings.min_time_s, settings.repeats,
-                           mm_dispatch_s)
+            t = op_seconds(lambda: torch.mm(a, b), settings.device, settings.timing, mm_dispatch_s)
             points.append(GemmPoint(m=m, n=n, k=k, tflops=2.0 * m * n * k / t / 1e12, dtype=dtype))
             tick(f"gemm {dtype} {m}x{n}x{k}")
     return points

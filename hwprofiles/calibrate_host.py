@@ -46,18 +46,18 @@ def measure_copies(settings: Settings, tick: Callable[[str], None]) -> CopyResul
     if dev == "cuda":
         host = torch.empty(n, pin_memory=True)
         gpu = torch.empty(n, device="cuda")
-        h2d = settings.host_copy_bytes / seconds_per_call(lambda: gpu.copy_(host), dev, settings.min_time_s, settings.repeats) / 1e9
-        d2h = settings.host_copy_bytes / seconds_per_call(lambda: host.copy_(gpu), dev, settings.min_time_s, settings.repeats) / 1e9
+        h2d = settings.host_copy_bytes / seconds_per_call(lambda: gpu.copy_(host), dev, settings.timing) / 1e9
+        d2h = settings.host_copy_bytes / seconds_per_call(lambda: host.copy_(gpu), dev, settings.timing) / 1e9
         tick("host<->device copies")
         h1, g1 = torch.empty(1, pin_memory=True), torch.empty(1, device="cuda")
-        lat = 0.5 * (seconds_per_call(lambda: g1.copy_(h1), dev, settings.min_time_s, settings.repeats)
-                     + seconds_per_call(lambda: h1.copy_(g1), dev, settings.min_time_s, settings.repeats))
+        lat = 0.5 * (seconds_per_call(lambda: g1.copy_(h1), dev, settings.timing)
+                     + seconds_per_call(lambda: h1.copy_(g1), dev, settings.timing))
         tick("host<->device latency")
         return CopyResult(h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat * 1e6)
     src, dst = torch.randn(n), torch.empty(n)
-    bw = settings.host_copy_bytes / seconds_per_call(lambda: dst.copy_(src), dev, settings.min_time_s, settings.repeats) / 1e9
+    bw = settings.host_copy_bytes / seconds_per_call(lambda: dst.copy_(src), dev, settings.timing) / 1e9
     s1, d1 = torch.empty(1), torch.empty(1)
-    lat = seconds_per_call(lambda: d1.copy_(s1), dev, settings.min_time_s, settings.repeats)
+    lat = seconds_per_call(lambda: d1.copy_(s1), dev, settings.timing)
     tick("host memory copy")
     return CopyResult(h2d_GBps=bw, d2h_GBps=bw, latency_us=lat * 1e6)
 
@@ -67,7 +67,7 @@ def measure_host_adam(settings: Settings, tick: Callable[[str], None]) -> float:
     p = torch.nn.Parameter(torch.randn(settings.adam_params))
     p.grad = torch.randn(settings.adam_params)
     opt = torch.optim.Adam([p], lr=1e-4)
-    t = seconds_per_call(opt.step, "cpu", settings.min_time_s, settings.repeats)
+    t = seconds_per_call(opt.step, "cpu", settings.timing)
     tick("host Adam step")
     return 12.0 * settings.adam_params / t / 1e9
 
@@ -121,6 +121,14 @@ def cuda_runtime_reserved_GiB() -> float:
     """Device memory in use outside PyTorch's caching allocator (context, cuBLAS workspaces)."""
     free, total = torch.cuda.mem_get_info()
     return max(0.0, (total - free - torch.cuda.memory_reserved()) / GiB)
+
+
+def load_average() -> float:
+    """1-minute load average of the host (runnable processes): other work disturbs the timings."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
 
 
 def host_name() -> str:

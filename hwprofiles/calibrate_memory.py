@@ -2,17 +2,24 @@
 
 Each op in ``MEMORY_OPS`` runs on tensors of every size in ``settings.mem_elements`` in the
 device's default dtype; achieved bandwidth = bytes read + written / work time
-(``calibrate_timing.op_seconds``). Bytes per element e (DRAM/HBM traffic of a streaming kernel):
-copy 2e (``out.copy_(a)``), add 3e, scale 2e, gelu 2e, dropout 2e + 1 (bool mask),
-layer_norm 2e (rows of the model's hidden size), softmax 2e (rows of the sequence length,
-the attention-score softmax).
+(``calibrate_timing.op_seconds``; on CPU the dispatch time subtracted is that of the same op
+on a one-element tensor). Bytes per element e (DRAM/HBM traffic of a streaming kernel):
+copy 2e (``out.copy_(a)``), add 3e, scale 2e, gelu 2e (tanh form, as the runtime's MLP),
+dropout 2e + 1 (bool mask), layer_norm 2e (rows of the model's hidden size), softmax 2e (rows
+of the sequence length, the attention-score softmax).
 
-  memory_bandwidth_GBps = the best achieved bandwidth over all (op, size)
-  memory_efficiency     = median over all (op, size) of achieved / best
-(the roofline of DESIGN.md section 4 divides an op's bytes by their product).
+  memory_bandwidth_GBps = the median copy bandwidth over the sizes (STREAM "copy"; the
+                          median, not the best, because at the smallest sizes the work is
+                          a fraction of the dispatch time subtracted, and the quotient is noisy)
+  memory_efficiency     = median over the other ops and all sizes of achieved / that copy
+                          bandwidth (capped at 1)
+The roofline of DESIGN.md section 4 divides an op's bytes by their product, so a typical
+elementwise op comes out at its measured speed, whether memory or (on a CPU core: gelu,
+softmax, dropout's random numbers) arithmetic limits it.
 
-Attention: ``F.scaled_dot_product_attention`` on (batch, heads, seq, head_dim) tensors,
-4*b*a*s^2*d FLOPs (QK^T and PV) over its work time; reported in ``measured`` only.
+Attention: causal ``F.scaled_dot_product_attention`` (the runtime's) on (batch, heads, seq,
+head_dim) tensors, 4*b*a*s^2*d FLOPs (QK^T and PV of the full score matrix, as the simulator
+counts them) over its work time; reported in ``measured`` only.
 """
 
 from __future__ import annotations
@@ -25,14 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from hwprofiles.calibrate_settings import MEMORY_OPS, Settings
-from hwprofiles.calibrate_timing import TORCH_DTYPES, op_seconds
+from hwprofiles.calibrate_timing import TORCH_DTYPES, op_seconds, seconds_per_call
 
 
 @dataclass(frozen=True)
 class MemoryResult:
-    bandwidth_GBps: float                      # best achieved (op, size)
-    efficiency: float                          # median achieved / best
-    best_op: str
+    bandwidth_GBps: float                      # median copy bandwidth over the sizes
+    efficiency: float                          # median over other ops x sizes of achieved / best copy
     by_op_GBps: dict[str, float] = field(default_factory=dict)   # median over sizes, per op
     attention_tflops: dict[str, float] = field(default_factory=dict)
 
@@ -56,7 +62,7 @@ def _memory_op(name: str, n: int, device: str, dtype: torch.dtype) -> tuple[Call
         "copy": (lambda: out.copy_(a), 2 * e * n),
         "add": (lambda: a + b, 3 * e * n),
         "scale": (lambda: a * 1.5, 2 * e * n),
-        "gelu": (lambda: F.gelu(a), 2 * e * n),
+        "gelu": (lambda: F.gelu(a, approximate="tanh"), 2 * e * n),
         "dropout": (lambda: F.dropout(a, 0.1, training=True), (2 * e + 1) * n),
         "layer_norm": (lambda: F.layer_norm(a.view(-1, ln_w), (ln_w,), gamma, gamma), 2 * e * n),
         "softmax": (lambda: F.softmax(a.view(-1, sm_w), -1), 2 * e * n),
@@ -64,30 +70,42 @@ def _memory_op(name: str, n: int, device: str, dtype: torch.dtype) -> tuple[Call
     return ops[name]
 
 
-def measure_memory(settings: Settings, dtype: str, dispatch_s: float, tick: Callable[[str], None]) -> MemoryResult:
+def _tiny_seconds(fn: Callable[[], object], settings: Settings) -> float:
+    """CPU: the time of an op on a one-element input (subtracted as its dispatch); CUDA: unused, 0."""
+    if settings.device != "cpu":
+        return 0.0
+    return seconds_per_call(fn, settings.device, settings.timing)
+
+
+def measure_memory(settings: Settings, dtype: str, tick: Callable[[str], None]) -> MemoryResult:
     """Bandwidth of every (op, size); the peak and the median efficiency (module docstring)."""
     tdt = TORCH_DTYPES[dtype]
     bw: dict[tuple[str, int], float] = {}
     for name in MEMORY_OPS:
+        base = _tiny_seconds(_memory_op(name, 1, settings.device, tdt)[0], settings)
         for n in settings.mem_elements:
             fn, nbytes = _memory_op(name, n, settings.device, tdt)
-            t = op_seconds(fn, settings.device, settings.min_time_s, settings.repeats, dispatch_s)
+            t = op_seconds(fn, settings.device, settings.timing, base)
             bw[(name, n)] = nbytes / t / 1e9
             tick(f"{name} {n} elements")
-    (best_op, _), best = max(bw.items(), key=lambda kv: kv[1])
-    eff = statistics.median(v / best for v in bw.values())
     by_op = {name: statistics.median(bw[(name, n)] for n in settings.mem_elements) for name in MEMORY_OPS}
-    return MemoryResult(bandwidth_GBps=best, efficiency=min(1.0, eff), best_op=best_op, by_op_GBps=by_op,
-                        attention_tflops=_measure_attention(settings, tdt, dispatch_s, tick))
+    copy = by_op["copy"]
+    eff = statistics.median(v / copy for (name, _), v in bw.items() if name != "copy")
+    return MemoryResult(bandwidth_GBps=copy, efficiency=min(1.0, eff), by_op_GBps=by_op,
+                        attention_tflops=_measure_attention(settings, tdt, tick))
 
 
-def _measure_attention(settings: Settings, tdt: torch.dtype, dispatch_s: float,
-                       tick: Callable[[str], None]) -> dict[str, float]:
+def _attention(b: int, a: int, s: int, d: int, device: str, tdt: torch.dtype) -> Callable[[], object]:
+    q, k, v = (torch.randn(b, a, s, d, device=device).to(tdt) for _ in range(3))
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _measure_attention(settings: Settings, tdt: torch.dtype, tick: Callable[[str], None]) -> dict[str, float]:
+    """Causal attention (as the runtime's): 4*b*a*s^2*d FLOPs of the full score matrix / work time."""
     out: dict[str, float] = {}
     for b, a, s, d in settings.attention_shapes:
-        q, k, v = (torch.randn(b, a, s, d, device=settings.device).to(tdt) for _ in range(3))
-        t = op_seconds(lambda: F.scaled_dot_product_attention(q, k, v), settings.device, settings.min_time_s,
-                       settings.repeats, dispatch_s)
+        base = _tiny_seconds(_attention(1, 1, 1, d, settings.device, tdt), settings)
+        t = op_seconds(_attention(b, a, s, d, settings.device, tdt), settings.device, settings.timing, base)
         out[f"b{b}_a{a}_s{s}_d{d}"] = 4.0 * b * a * s * s * d / t / 1e12
         tick(f"attention b{b} a{a} s{s} d{d}")
     return out

@@ -3,8 +3,8 @@
 * ``dispatch_s``: an op on a tiny tensor with autograd off (dispatcher, allocation, kernel
   launch); the median over a handful of op kinds. On CPU it is subtracted from GEMM and
   memory-op timings so the tables hold the work alone.
-* ``forward_op_s`` / ``backward_op_s``: a chain of tiny ops shaped like a transformer layer
-  (layer_norm, linear, gelu, linear, dropout, residual add, softmax) run with autograd on:
+* ``forward_op_s`` / ``backward_op_s``: a chain of tiny ops shaped like the runtime's
+  transformer layer (layer_norm, linear, gelu, linear, residual add, softmax) with autograd on:
   forward time / ops, and (forward+backward - forward) / ops.
 * ``kernel_launch_s`` = (forward + backward) / (3 * ops): the per-op overhead of a training
   step when the simulator counts a backward as two ops per forward op (DESIGN.md section 4:
@@ -20,11 +20,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from hwprofiles.calibrate_settings import Timing
 from hwprofiles.calibrate_timing import seconds_per_call
 
 _TINY = 8  # tiny tensors are 8 x 8: the arithmetic is a few hundred flops, all else is overhead
 _BLOCKS = 4
-_OPS_PER_BLOCK = 7
+_OPS_PER_BLOCK = 6
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,8 @@ def _layer_chain(device: str) -> tuple[Callable[[], torch.Tensor], int]:
         for _ in range(_BLOCKS):
             h = F.layer_norm(y, (_TINY,), g, bias)
             h = F.linear(h, w1, bias)
-            h = F.gelu(h)
+            h = F.gelu(h, approximate="tanh")
             h = F.linear(h, w2, bias)
-            h = F.dropout(h, 0.1, training=True)
             y = y + h
             y = F.softmax(y, -1)
         return y.sum()
@@ -73,14 +73,14 @@ def _layer_chain(device: str) -> tuple[Callable[[], torch.Tensor], int]:
     return forward, _BLOCKS * _OPS_PER_BLOCK + 1
 
 
-def measure_overhead(device: str, min_time_s: float, repeats: int, tick: Callable[[str], None]) -> Overhead:
+def measure_overhead(device: str, timing: Timing, tick: Callable[[str], None]) -> Overhead:
     """Time tiny ops without and with autograd (see the module docstring for the definitions)."""
     ops = _tiny_ops(device)
-    times = {name: seconds_per_call(fn, device, min_time_s, repeats) for name, fn in ops.items()}
+    times = {name: seconds_per_call(fn, device, timing) for name, fn in ops.items()}
     tick("per-op dispatch")
     forward, n_ops = _layer_chain(device)
-    t_fwd = seconds_per_call(forward, device, min_time_s, repeats)
-    t_fb = seconds_per_call(lambda: forward().backward(), device, min_time_s, repeats)
+    t_fwd = seconds_per_call(forward, device, timing)
+    t_fb = seconds_per_call(lambda: forward().backward(), device, timing)
     tick("autograd per-op overhead")
     t_bwd = max(t_fb - t_fwd, 0.0)
     return Overhead(

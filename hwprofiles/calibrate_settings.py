@@ -14,6 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
+MIN_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to time one measurement: loops of at least ``min_time_s``, ``repeats`` of them,
+    or fewer (at least MIN_REPEATS) once ``budget_s`` of loops has run."""
+
+    min_time_s: float
+    repeats: int
+    budget_s: float
+
+    def enough(self, samples: list[float], calls: int) -> bool:
+        """Whether ``samples`` (seconds per call, ``calls`` calls per loop) suffice."""
+        if len(samples) >= self.repeats:
+            return True
+        return len(samples) >= min(MIN_REPEATS, self.repeats) and sum(samples) * calls >= self.budget_s
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -27,28 +45,25 @@ class Settings:
     host_copy_bytes: int                  # large host<->device (or host memory) copy
     adam_params: int                      # parameters of the host optimizer-step benchmark
     comm_bytes: tuple[int, ...]           # collective message sizes
-    min_time_s: float                     # one timed loop lasts at least this long
-    repeats: int                          # timed loops per measurement (median taken)
-    comm_min_time_s: float
-    comm_repeats: int
+    timing: Timing                        # timed loops of the single-process benchmarks
+    comm_timing: Timing                   # timed loops of the collectives
 
     @property
     def gemm_shapes(self) -> list[tuple[int, int, int]]:
         return [(m, n, k) for m, n, k in product(self.gemm_dims_m, self.gemm_dims_nk, self.gemm_dims_nk)]
 
     def compute_items(self) -> int:
-        """Progress-bar items of the single-process part (see calibrate_compute.measure_compute)."""
+        """Progress-bar items of the single-process part (the ticks of calibrate_run.measure before
+        the collectives: overhead 2, one per GEMM, memory op x size and attention shape, the
+        copies (CUDA: bandwidth and latency), the host Adam step)."""
         overhead = 2
         gemm = len(self.gemm_shapes) * len(self.gemm_dtypes)
         memory = len(MEMORY_OPS) * len(self.mem_elements)
         copies = 2 if self.device == "cuda" else 1
         return overhead + gemm + memory + len(self.attention_shapes) + copies + 1
 
-    def comm_items(self) -> int:
-        return 4 * len(self.comm_bytes)
 
-
-#: memory-bound ops timed at every size of ``mem_elements`` (copy sets the peak)
+#: memory-bound ops timed at every size of ``mem_elements`` (copy sets memory_bandwidth_GBps)
 MEMORY_OPS: tuple[str, ...] = ("copy", "add", "scale", "gelu", "dropout", "layer_norm", "softmax")
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -63,15 +78,15 @@ def settings_for(device: str, quick: bool) -> Settings:
                 mem_elements=(1 << 14, 1 << 17, 1 << 20), attention_shapes=((8, 4, 64, 32),),
                 host_copy_bytes=32 * MiB, adam_params=1 << 20,
                 comm_bytes=(32 * KiB, 512 * KiB, 4 * MiB),
-                min_time_s=0.004, repeats=3, comm_min_time_s=0.03, comm_repeats=3)
+                timing=Timing(0.001, 8, 0.03), comm_timing=Timing(0.01, 5, 0.1))
         return Settings(
             device, False, gemm_dims_m=(64, 128, 256, 512, 1024, 2048),
             gemm_dims_nk=(64, 128, 256, 512, 1024, 2048), gemm_dtypes=("fp32",),
-            mem_elements=tuple(1 << e for e in range(12, 22)),
+            mem_elements=tuple(1 << e for e in range(12, 21)),
             attention_shapes=((1, 4, 64, 32), (8, 4, 64, 32), (8, 4, 256, 32)),
             host_copy_bytes=128 * MiB, adam_params=1 << 22,
             comm_bytes=(4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
-            min_time_s=0.03, repeats=5, comm_min_time_s=0.25, comm_repeats=5)
+            timing=Timing(0.001, 40, 0.5), comm_timing=Timing(0.02, 15, 1.0))
     if device == "cuda":
         if quick:
             return Settings(
@@ -79,7 +94,7 @@ def settings_for(device: str, quick: bool) -> Settings:
                 gemm_dtypes=("bf16", "fp16"), mem_elements=(1 << 22, 1 << 26),
                 attention_shapes=((4, 32, 2048, 128),), host_copy_bytes=256 * MiB, adam_params=1 << 24,
                 comm_bytes=(64 * KiB, 4 * MiB, 64 * MiB),
-                min_time_s=0.005, repeats=3, comm_min_time_s=0.02, comm_repeats=3)
+                timing=Timing(0.005, 3, 0.05), comm_timing=Timing(0.02, 3, 0.1))
         return Settings(
             device, False, gemm_dims_m=(256, 512, 1024, 2048, 4096, 8192),
             gemm_dims_nk=(256, 512, 1024, 2048, 4096, 8192), gemm_dtypes=("bf16", "fp16"),
@@ -87,5 +102,5 @@ def settings_for(device: str, quick: bool) -> Settings:
             attention_shapes=((1, 32, 2048, 128), (4, 32, 2048, 128), (1, 32, 8192, 128)),
             host_copy_bytes=1024 * MiB, adam_params=1 << 26,
             comm_bytes=tuple(1 << e for e in range(12, 29, 2)),
-            min_time_s=0.02, repeats=5, comm_min_time_s=0.1, comm_repeats=5)
+            timing=Timing(0.02, 5, 0.5), comm_timing=Timing(0.1, 5, 1.0))
     raise ValueError(f"unknown device {device!r}")

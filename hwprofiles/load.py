@@ -20,10 +20,18 @@ ROOT = Path(__file__).resolve().parent
 GPU_DIR, NODE_DIR, CLUSTER_DIR = ROOT / "gpus", ROOT / "nodes", ROOT / "clusters"
 
 
+def is_file(path: str | Path) -> bool:
+    """Path.is_file() that answers False, not OSError, for a name the OS refuses (too long, ...)."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def read_yaml(path: str | Path) -> Any:
     """Parse one YAML (or JSON) file; a missing or malformed file is an InputError."""
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         raise InputError(f"{p}: no such file")
     try:
         return yaml.safe_load(p.read_text())
@@ -38,13 +46,16 @@ def read_yaml(path: str | Path) -> Any:
 
 def validation_message(source: str, err: ValidationError) -> str:
     """One line for the first pydantic error: source, dotted key, what was expected, what was given."""
-    first = err.errors()[0]
+    errors = err.errors()
+    # an unknown key first: with a typo ("num_layer") the missing key it was meant to be is a
+    # consequence, and the message should name the key actually written in the file
+    first = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
     key = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
     msg = first.get("msg", "invalid value")
     if first.get("type") == "extra_forbidden":
         msg = "unknown key"
     given = first.get("input")
-    shown = "" if first.get("type") in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else f" (got {given!r})"
+    shown = "" if first.get("type") in ("missing", "extra_forbidden") or isinstance(given, (dict, list, BaseModel)) else f" (got {given!r})"
     more = f" [+{err.error_count() - 1} more]" if err.error_count() > 1 else ""
     return f"{source}: key '{key}': {msg}{shown}{more}"
 
@@ -65,10 +76,10 @@ def _names(directory: Path) -> list[str]:
 
 def _locate(ref: str, directory: Path, what: str) -> Path:
     p = Path(ref)
-    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
+    if p.suffix in (".yaml", ".yml", ".json") or is_file(p):
         return p
     cand = directory / f"{ref}.yaml"
-    if cand.is_file():
+    if is_file(cand):
         return cand
     raise InputError(f"unknown {what} '{ref}' (built-in: {', '.join(_names(directory))}; or give a path)")
 
@@ -82,7 +93,11 @@ def load_gpu(ref: str) -> GpuProfile:
 def node_from_mapping(data: Any, source: str) -> NodeProfile:
     node = build(NodeProfile, data, source)
     if isinstance(node.gpu, str):
-        node = node.model_copy(update={"gpu": load_gpu(node.gpu)})
+        try:
+            gpu = load_gpu(node.gpu)
+        except InputError as e:
+            raise InputError(f"{source}: key 'gpu': {e}") from None
+        node = node.model_copy(update={"gpu": gpu})
     return node
 
 
@@ -98,13 +113,21 @@ def cluster_from_mapping(data: Any, source: str, nodes: int | None = None) -> Cl
     data = dict(data)
     node = data.get("node")
     if isinstance(node, str):
-        data["node"] = load_node(node)
+        try:
+            data["node"] = load_node(node)
+        except InputError as e:
+            raise InputError(f"{source}: key 'node': {e}") from None
     elif isinstance(node, Mapping):
         data["node"] = node_from_mapping(node, f"{source} (node)")
     if nodes is not None:
         data["nodes"] = nodes
     cluster = build(ClusterSpec, data, source)
     return cluster
+
+
+def _cluster_of_node(node: NodeProfile, nodes: int | None, source: str) -> ClusterSpec:
+    """``nodes`` (default 1) copies of ``node`` on one fat-tree, validated like a cluster file."""
+    return build(ClusterSpec, {"name": f"{node.name}-x{nodes or 1}", "nodes": nodes or 1, "node": node}, source)
 
 
 def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:
@@ -116,18 +139,18 @@ def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:
     if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
         raise InputError(f"--nodes: expected a positive integer, got {nodes!r}")
     p = Path(ref)
-    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
+    if p.suffix in (".yaml", ".yml", ".json") or is_file(p):
         data = read_yaml(p)
         if isinstance(data, Mapping) and "gpus_per_node" in data:  # a node file given as cluster
             node = node_from_mapping(data, str(p))
-            return ClusterSpec(name=f"{node.name}-x{nodes or 1}", nodes=nodes or 1, node=node)
+            return _cluster_of_node(node, nodes, str(p))
         return cluster_from_mapping(data, str(p), nodes)
-    if (CLUSTER_DIR / f"{ref}.yaml").is_file():
+    if is_file(CLUSTER_DIR / f"{ref}.yaml"):
         path = CLUSTER_DIR / f"{ref}.yaml"
         return cluster_from_mapping(read_yaml(path), str(path), nodes)
-    if (NODE_DIR / f"{ref}.yaml").is_file():
+    if is_file(NODE_DIR / f"{ref}.yaml"):
         node = load_node(ref)
-        return ClusterSpec(name=f"{node.name}-x{nodes or 1}", nodes=nodes or 1, node=node)
+        return _cluster_of_node(node, nodes, str(NODE_DIR / f"{ref}.yaml"))
     raise InputError(
         f"unknown cluster '{ref}' (clusters: {', '.join(_names(CLUSTER_DIR))}; "
         f"nodes: {', '.join(_names(NODE_DIR))}; or give a path)"

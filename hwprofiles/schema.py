@@ -11,7 +11,7 @@ import math
 from datetime import date
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 GiB = 2**30
 
@@ -162,6 +162,16 @@ class ClusterSpec(_Strict):
     node: NodeProfile
     network: Network = Network()
     measured: Optional[date] = None
+
+    @field_validator("node")
+    @classmethod
+    def _nics_between_nodes(cls, node: NodeProfile, info: ValidationInfo) -> NodeProfile:
+        nodes = info.data.get("nodes", 1)
+        if nodes > 1 and (node.nics_per_node == 0 or node.nic is None):
+            raise ValueError(
+                f"node '{node.name}' has no NICs (nics_per_node: 0), so a cluster of {nodes} such nodes cannot communicate"
+            )
+        return node
 
     @property
     def gpu(self) -> GpuProfile:

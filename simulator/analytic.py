@@ -10,12 +10,23 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
   m * c (Narayanan et al. 2021, section 2.2);
 * DP gradient reduction (all-reduce; reduce-scatter for ZeRO-1/2) is bucketed and overlaps
   the last microbatch's backward on its stage; stage i finishes i backward steps before
-  stage 0, which hides that much more; ZeRO-1/2 then all-gather the updated parameters;
+  stage 0, which hides that much more; ZeRO-1/2 then all-gather the updated parameters.
+  Without bucketing (``Runtime.dp_overlap`` False: Megatron-LM's "local" DDP of 2021, or
+  Megatron-DeepSpeed with gradient bucketing off) the whole reduction starts after the
+  stage's last backward and only the i backward steps of slack remain;
+* with p > 1 and tied embeddings the first and last stages all-reduce the word-embedding
+  gradient (V/t x h, e bytes) between them before the step (Megatron-LM
+  ``_allreduce_embedding_grads``; DeepSpeed pipeline ``_exec_reduce_tied_grads``);
 * ZeRO-3 gathers parameters in forward and again in backward and reduce-scatters
   gradients for every microbatch (1.5x the all-reduce volume at m = 1), prefetched under
   the compute of that pass;
-* the optimizer step streams 28 bytes per local parameter through HBM (read fp16 grad,
-  fp32 master, m, v = 14 B; write master, m, v, fp16 param = 14 B);
+* the mixed-precision optimizer step streams OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
+  local parameter through HBM (Megatron-LM FP16 optimizer / DeepSpeed FP16_Optimizer):
+  fp16 grads to fp32 main grads (read 2, write 4), unscale and inf/nan check (4 + 4),
+  gradient norm for clipping (4), clip/unscale multiply (4 + 4), Adam (read grad, master,
+  m, v, write master, m, v: 28), fp32 master back to the fp16 parameters (4 + 2); fp32
+  training (e = 4: no master copy) streams Adam's 28 bytes; plus one host launch per
+  parameter tensor (the per-tensor casts and copies);
 * offload (ZeRO-Offload / ZeRO-Infinity): gradient shards down and parameter shards up
   over each GPU's PCIe link, Adam on the host CPU (all of a node's ranks share it),
   NVMe reads and writes the optimizer state.
@@ -23,23 +34,70 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
 from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory
 from simulator.ops import dtype_bytes
 from simulator.result import SimResult
 from simulator.specs import Job, Plan
 from simulator.stagecost import StageCost, StageMemory, block_times, stage_groups, stage_memory
-from simulator.workload import executed_flops_per_iteration, model_flops_per_iteration
+from simulator.workload import (executed_flops_per_iteration, layer_param_tensors, model_flops_per_iteration,
+                                padded_vocab_size)
 
-ADAM_HBM_BYTES_PER_PARAM = 28
+ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
+OPTIMIZER_STEP_BYTES_PER_PARAM = 60    # mixed-precision step with fp32 master weights (module docstring)
 CPU_ADAM_STATE_BYTES = 16  # fp32 master, momentum, variance and gradient per parameter
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """How the training program schedules what lies outside the model's math.
+
+    ``dp_overlap``: gradient reduction is bucketed and overlapped with the backward pass
+    (PyTorch DDP/FSDP, Megatron-core ``--overlap-grad-reduce``, DeepSpeed with buckets).
+    False: one reduction after the last backward (Megatron-LM's 2021 "local" DDP,
+    Megatron-DeepSpeed with gradient bucketing off, as in the vTrain measurements)."""
+
+    name: str
+    dp_overlap: bool = True
+
+
+OVERLAPPED = Runtime("overlapped", dp_overlap=True)
+MEGATRON_LOCAL_DDP = Runtime("megatron-local-ddp", dp_overlap=False)
+
+_runtime = OVERLAPPED
+
+
+def current_runtime() -> Runtime:
+    return _runtime
+
+
+@contextlib.contextmanager
+def use_runtime(runtime: Runtime) -> Iterator[Runtime]:
+    """Within the block, estimates that are not given a runtime use ``runtime`` (e.g. to run
+    the planner as if the program were Megatron-LM 2021)."""
+    global _runtime
+    saved, _runtime = _runtime, runtime
+    try:
+        yield runtime
+    finally:
+        _runtime = saved
+
+
+def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
+    """Blocking pipeline sends of one device per microbatch: each of its v chunks sends the
+    forward activation on and the backward gradient back, except that the model's first
+    chunk sends no gradient and its last chunk no activation."""
+    return 0 if plan.p == 1 else 2 * plan.v - int(first) - int(last)
+
+
 def p2p_exposed(job: Job) -> float:
-    """Seconds one device spends per microbatch on pipeline sends/receives (forward
-    activation + backward gradient, v times with interleaving). With t > 1 across nodes each
-    TP rank sends b*s*h/t over its own NIC and the receivers all-gather over NVLink
-    (Megatron's scatter/gather optimization, Narayanan et al. 2021, section 4.1)."""
+    """Seconds of one pipeline send (b*s*h elements). With t > 1 across nodes each TP rank
+    sends b*s*h/t over its own NIC and the receivers all-gather over NVLink (Megatron's
+    scatter/gather optimization, Narayanan et al. 2021, section 4.1)."""
     plan, cluster = job.plan, job.cluster
     if plan.p == 1:
         return 0.0
@@ -57,7 +115,7 @@ def p2p_exposed(job: Job) -> float:
     else:
         link = node.intra_node
         one = commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), link.bytes_per_s, link.latency_s)
-    return 2 * plan.v * one
+    return one
 
 
 def _dp_link(cluster: ClusterSpec, plan: Plan) -> commcost.GroupLink:
@@ -86,19 +144,43 @@ def dp_times(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> t
     return commcost.reducescatter_time(gbytes, plan.d, link), commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
 
 
+OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many sub-groups
+
+
 def offload_time(job: Job, psi_local: float) -> float:
-    """Exposed offload seconds per step for ``psi_local`` parameters per rank (the rank's
-    1/d shard): PCIe down (gradients) and up (parameters), host Adam over all of the node's
-    ranks, NVMe read + write of the optimizer state; ZeRO-3 also fetches parameters over
-    PCIe for every forward and backward (prefetched: counted in the stage cost)."""
+    """Exposed offload seconds per step for ``psi_local`` parameters per rank (its 1/d shard).
+
+    The reduced gradient shard goes down over the rank's PCIe link (2 bytes/param), then the
+    step runs pipelined over k = OFFLOAD_SUBGROUPS sub-groups through the phases NVMe read +
+    write of the optimizer state (nvme only; all of a node's ranks share its drives), host
+    Adam (all of a node's ranks share the CPU) and the updated fp16 shard back up over PCIe
+    (not with ZeRO-3, whose parameters stay on the host):
+        T = down + sum(phases)/k + (k - 1)/k * max(phases)
+    (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021)."""
     plan, node = job.plan, job.cluster.node
     if plan.offload == "none":
         return 0.0
     pcie = node.pcie.bytes_per_s
-    t = 2 * psi_local * 2 / pcie + 2 * node.pcie.latency_s
-    t += node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
+    down = psi_local * 2 / pcie + node.pcie.latency_s
+    phases = [node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)]
+    if plan.zero < 3:
+        phases.append(psi_local * 2 / pcie + node.pcie.latency_s)
     if plan.offload == "nvme" and node.nvme is not None:
-        t += 2 * node.gpus_per_node * psi_local * memory.OPTIMIZER_BYTES_PER_PARAM / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9)
+        phases.append(2 * node.gpus_per_node * psi_local * memory.OPTIMIZER_BYTES_PER_PARAM
+                      / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9))
+    k = OFFLOAD_SUBGROUPS
+    return down + sum(phases) / k + (k - 1) / k * max(phases)
+
+
+def offloaded_param_fetch(job: Job, cost: StageCost) -> float:
+    """ZeRO-Infinity (zero=3 with offload): seconds to bring this rank's 1/d parameter shard
+    of the stage up for one pass: over its PCIe link, and first from NVMe (shared by the
+    node's ranks) with offload=nvme; prefetched layer by layer, so reads and copies overlap."""
+    plan, node = job.plan, job.cluster.node
+    shard = cost.params * 2 / plan.d
+    t = shard / node.pcie.bytes_per_s
+    if plan.offload == "nvme" and node.nvme is not None:
+        t = max(t, shard * node.gpus_per_node / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9))
     return t
 
 
@@ -109,8 +191,50 @@ def pipeline_time(worst: float, total: float, m: int, schedule: str, v: int) -> 
     return (m - 1) * worst + total
 
 
-def estimate(job: Job) -> SimResult:
-    """The analytic prediction of one iteration (see the module docstring)."""
+_TIED_CACHE: dict[tuple, tuple[ClusterSpec, float]] = {}
+
+
+def tied_embedding_time(job: Job) -> float:
+    """All-reduce of the word-embedding gradient (V/t x h, e bytes; V padded) between the first
+    and the last pipeline stage when p > 1 and the embeddings are tied: a 2-rank all-reduce
+    (S/B) over NVLink inside a node, else over the node's NICs shared by all its GPUs (every
+    TP/DP rank of the two stages does it at once). Cached per (model, cluster, t, p, d)."""
+    model, cluster, plan = job.model, job.cluster, job.plan
+    if plan.p == 1 or not model.tie_embeddings:
+        return 0.0
+    key = (model, id(cluster), plan.t, plan.p, plan.d)
+    hit = _TIED_CACHE.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    e = dtype_bytes(cluster.gpu)
+    size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * e
+    node = cluster.node
+    gpn = cluster.gpus_per_node
+    if layout.pp_crosses_nodes(plan.t, plan.p, plan.d, gpn) and node.nic is not None and node.nics_per_node:
+        bw = node.nic.bytes_per_s * min(1.0, node.nics_per_node / gpn)
+        lat = node.nic.latency_s
+    else:
+        bw, lat = node.intra_node.bytes_per_s, node.intra_node.latency_s
+    t = commcost.allreduce_time(size, 2, commcost.GroupLink(bw, lat))
+    if len(_TIED_CACHE) > 4096:
+        _TIED_CACHE.clear()
+    _TIED_CACHE[key] = (cluster, t)
+    return t
+
+
+def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
+    """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
+    tensors: HBM streaming (module docstring) plus one host launch per tensor."""
+    gpu = job.cluster.gpu
+    per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
+    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    return stream + param_tensors * gpu.kernel_launch_us * 1e-6
+
+
+def estimate(job: Job, runtime: Runtime | None = None) -> SimResult:
+    """The analytic prediction of one iteration (see the module docstring); ``runtime``
+    defaults to :func:`current_runtime` (bucketed, overlapped gradient reduction)."""
+    runtime = runtime or _runtime
     model, cluster, plan = job.model, job.cluster, job.plan
     m = job.m
     gpu = cluster.gpu
@@ -119,24 +243,28 @@ def estimate(job: Job) -> SimResult:
     p2p = p2p_exposed(job)
     link = _dp_link(cluster, plan) if plan.d > 1 else None
 
-    per_mb, z3_comm = [], []
+    per_mb, z3_comm, sends = [], [], []
     for _, c, _ in groups:
         z3_exp = zero3_exposed(c, plan, link, e)[1] if link else 0.0
         if plan.offload != "none" and plan.zero == 3:
-            fetch = 2 * 2 * c.params / plan.d / cluster.node.pcie.bytes_per_s
-            z3_exp += max(0.0, fetch - c.forward - c.backward)
-        per_mb.append(c.total + p2p + z3_exp)
+            fetch = offloaded_param_fetch(job, c)
+            z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)
+        n_send = p2p_sends(plan, c.first, c.last)
+        per_mb.append(c.total + n_send * p2p + z3_exp)
         z3_comm.append(z3_exp)
+        sends.append(n_send)
     crit = max(range(len(per_mb)), key=per_mb.__getitem__)
     total = sum(x * g[2] for x, g in zip(per_mb, groups))
     t_pipe = pipeline_time(per_mb[crit], total, m, plan.schedule, plan.v)
+    if plan.schedule == "gpipe" and m > 1:  # GPipe does not recompute the last microbatch
+        t_pipe -= groups[crit][1].recompute
 
     # data-parallel gradient reduction after each stage's last backward
     dp_exposed, gather_after = 0.0, 0.0
     if link is not None and plan.zero < 3:
         for i, c, _ in groups:
             reduce_t, gather_t = dp_times(c, plan, link, e)
-            slack = c.backward + c.recompute + i * (c.backward + c.recompute + p2p / 2)
+            slack = (c.backward + c.recompute if runtime.dp_overlap else 0.0) + i * (c.backward + c.recompute + p2p)
             dp_exposed = max(dp_exposed, reduce_t - slack)
             gather_after = max(gather_after, gather_t)
         dp_exposed = max(0.0, dp_exposed)
@@ -144,10 +272,15 @@ def estimate(job: Job) -> SimResult:
     psi_max = max(c.params for _, c, _ in groups)
     psi_local = psi_max / plan.d if plan.zero >= 1 else psi_max
     if plan.offload == "none":
-        opt = ADAM_HBM_BYTES_PER_PARAM * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+        # the busiest stage's layers' tensors plus up to 4 more (word and position embeddings,
+        # final norm weight and bias)
+        tensors = max(c.layers for _, c, _ in groups) * layer_param_tensors(model) + 4
+        opt = optimizer_time(job, psi_local, tensors)
         off = 0.0
     else:
         opt, off = 0.0, offload_time(job, psi_local)
+    tied = tied_embedding_time(job)
+    dp_exposed += tied
     step = t_pipe + dp_exposed + gather_after + opt + off
 
     c = groups[crit][1]
@@ -156,7 +289,7 @@ def estimate(job: Job) -> SimResult:
         "compute": m * (c.forward + c.backward),
         "recompute": m * c.recompute,
         "tp_comm": m * c.tp_comm,
-        "pp_comm": m * p2p,
+        "pp_comm": m * sends[crit] * p2p,
         "dp_comm": m * z3_comm[crit] + dp_exposed + gather_after,
         "bubble": t_pipe - steady,
         "offload": off,

@@ -8,9 +8,10 @@ from simulator.specs import Job
 FIDELITIES = ("des", "analytic")
 
 
-def simulate(job: Job, fidelity: str = "des", full: bool = False) -> SimResult:
+def simulate(job: Job, fidelity: str = "des", full: bool = False, trace: bool = False) -> SimResult:
     """Predict one iteration. ``des``: discrete-event simulation (``full``: every rank rather
-    than one pipeline by symmetry); ``analytic``: the closed-form estimate."""
+    than one pipeline by symmetry; ``trace``: also record link utilisation for the Perfetto
+    trace); ``analytic``: the closed-form estimate."""
     if fidelity == "analytic":
         from simulator.analytic import estimate
 
@@ -18,5 +19,5 @@ def simulate(job: Job, fidelity: str = "des", full: bool = False) -> SimResult:
     if fidelity == "des":
         from simulator.des import simulate_des
 
-        return simulate_des(job, full=full)
+        return simulate_des(job, full=full, trace=trace)
     raise ValueError(f"unknown fidelity {fidelity!r} (expected one of {', '.join(FIDELITIES)})")

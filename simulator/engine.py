@@ -180,10 +180,16 @@ class Engine:
         self._pos[s] += 1
         nd = self._ndeps
         stream = self.stream
+        queue = self.stream_queue
+        pos = self._pos
+        busy = self._busy
         for v in self._succ[tid]:
             nd[v] -= 1
             if nd[v] == 0:
-                self._try_start(stream[v], tid)
+                sv = stream[v]
+                # start v only if it heads its idle stream (inline of _try_start)
+                if not busy[sv] and queue[sv][pos[sv]] == v:
+                    self._try_start(sv, tid)
         self._try_start(s, tid)
 
     def run(self) -> float:

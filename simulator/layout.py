@@ -3,12 +3,17 @@
 global rank = pp * (d * t) + dp * t + tp      (tensor-parallel ranks are adjacent,
                                                  Narayanan et al. 2021, section 3.3)
 node = rank // gpus_per_node
-So a TP group stays inside a node whenever t <= gpus_per_node, the data-parallel group of
-one tensor rank strides by t, and consecutive pipeline stages are d*t ranks apart.
+So a TP group stays inside a node whenever t divides gpus_per_node, the data-parallel group
+of one tensor rank strides by t, and consecutive pipeline stages are d*t ranks apart.
+When a group size or stride does not line up with the node size (t = 3, 6 or 12 on 8-GPU
+nodes), groups differ: some straddle a node boundary; the shape is then that of the worst group.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -31,10 +36,17 @@ def rank_of(pp: int, dp: int, tp: int, t: int, d: int) -> int:
     return pp * (d * t) + dp * t + tp
 
 
+@functools.lru_cache(maxsize=4096)
 def group_shape(size: int, stride: int, gpus_per_node: int) -> GroupShape:
-    """Shape of a group of ``size`` ranks spaced ``stride`` apart (stride 1: adjacent)."""
+    """Shape of a group of ``size`` ranks spaced ``stride`` apart (stride 1: adjacent).
+
+    Groups come in blocks of ``stride`` interleaved groups covering size*stride consecutive
+    ranks (TP: blocks of t; DP: blocks of d*t, one group per tensor rank)."""
     if size <= 1:
         return GroupShape(1, 1, 1, 1)
+    span = size * stride
+    if stride < gpus_per_node and (gpus_per_node % stride or (span % gpus_per_node and gpus_per_node % span)):
+        return _worst_group_shape(size, stride, gpus_per_node)
     if stride >= gpus_per_node:
         per_node = 1
     else:
@@ -42,6 +54,23 @@ def group_shape(size: int, stride: int, gpus_per_node: int) -> GroupShape:
     nodes = -(-size // per_node)
     concurrent = gpus_per_node // per_node if nodes > 1 else 1
     return GroupShape(size, per_node, nodes, concurrent)
+
+
+def _worst_group_shape(size: int, stride: int, gpus_per_node: int) -> GroupShape:
+    """Place every group of one period of the layout (lcm(size*stride, gpus_per_node) ranks)
+    and return the group spanning the most nodes, with the most groups leaving one node at once."""
+    span = size * stride
+    period = span * gpus_per_node // math.gcd(span, gpus_per_node)
+    worst = (1, 1)  # (nodes, per_node)
+    crossing: Counter = Counter()  # node -> groups with members on it that also leave it
+    for base in range(0, period, span):
+        for r in range(stride):
+            on = Counter((base + r + i * stride) // gpus_per_node for i in range(size))
+            worst = max(worst, (len(on), max(on.values())))
+            if len(on) > 1:
+                crossing.update(on.keys())
+    nodes, per_node = worst
+    return GroupShape(size, per_node, nodes, max(crossing.values()) if crossing else 1)
 
 
 def tp_shape(t: int, gpus_per_node: int) -> GroupShape:

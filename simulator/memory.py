@@ -102,9 +102,10 @@ def in_flight_microbatches(schedule: str, stage: int, p: int, m: int, v: int = 1
     return float(min(p - stage, m))
 
 
-def logits_buffer_bytes(model: ModelSpec, b: int, t: int, e: int = 2) -> float:
-    """The last stage's logits (e bytes) and their fp32 softmax for cross-entropy: b*s*V/t*(e + 4)."""
-    return b * model.seq_length * model.vocab_size / t * (e + 4)
+def logits_buffer_bytes(model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None) -> float:
+    """The last stage's logits (e bytes) and their fp32 softmax for cross-entropy: b*s*V/t*(e + 4);
+    ``vocab`` is the (padded) vocabulary the program really allocates, default the model's."""
+    return b * model.seq_length * (vocab or model.vocab_size) / t * (e + 4)
 
 
 def zero3_working_set_bytes(layer_params_rank: float, prefetch_layers: int = 2, param_bytes: int = PARAM_BYTES) -> float:
@@ -117,3 +118,16 @@ def gradient_bucket_bytes(psi: float, bucket_bytes: float = 25e6, grad_bytes: in
     """Fused gradient buckets for the overlapped all-reduce / reduce-scatter (PyTorch DDP's
     default 25 MB bucket, two in flight), capped by the gradients themselves."""
     return min(psi * grad_bytes, 2 * bucket_bytes)
+
+
+def embedding_activation_bytes(b: int, s: int, h: int, t: int, sp: bool) -> float:
+    """The embedding dropout mask one microbatch keeps on the first stage: 1 byte per element,
+    split by t with sequence parallelism (Korthikanti et al. 2022, section 4.3). The dropout
+    output is layer 0's input and is counted with the layers."""
+    return b * s * h / (t if sp else 1)
+
+
+def pipeline_buffer_bytes(b: int, s: int, h: int, e: int, p: int) -> float:
+    """Send and receive buffers of one boundary activation (b*s*h elements of e bytes each)
+    that a pipeline stage keeps allocated (Megatron-LM p2p_communication); none when p = 1."""
+    return 2 * b * s * h * e if p > 1 else 0.0

@@ -33,8 +33,9 @@ class Flow:
 class Network:
     """Active flows, their max-min rates, and per-link byte counters.
 
-    ``link_bytes[L]`` integrates the load of link L (bytes, all copies included);
-    ``series[L]`` (when ``record`` is true) lists (time, load/capacity) changes for the trace.
+    ``link_bytes[L]``: bytes that crossed link L (all copies included, counted when each flow
+    starts); ``series[L]`` (when ``record`` is true) lists (time, load/capacity) changes for
+    the trace, ``load`` the current load of each link.
     """
 
     def __init__(self, capacities: list[float], record: bool = True):
@@ -54,15 +55,17 @@ class Network:
         if dt > 0.0:
             for f in self.flows:
                 f.rem -= f.rate * dt
-            lb = self.link_bytes
-            for lid, x in self.load.items():
-                lb[lid] = lb.get(lid, 0.0) + x * dt
         self.last = now
 
     def add(self, flow: Flow, now: float) -> None:
+        """Start a flow; its bytes (times its weights) count towards each link's total."""
         self.advance(now)
         self.flows.append(flow)
         self.dirty = True
+        lb = self.link_bytes
+        size = flow.size
+        for lid, w in zip(flow.links, flow.weights):
+            lb[lid] = lb.get(lid, 0.0) + size * w
 
     def pop_finished(self, now: float) -> list[int]:
         """Advance to ``now``; remove finished flows and return their owners."""
@@ -85,6 +88,13 @@ class Network:
         self.reallocations += 1
         flows = self.flows
         cap = self.cap
+        if len(flows) == 1:
+            return self._allocate_one(now, flows[0])
+        if not flows:
+            if self.record:
+                self._record(now, {})
+                self.load = {}
+            return math.inf
         residual: dict[int, float] = {}
         wsum: dict[int, float] = {}
         count: dict[int, int] = {}
@@ -129,10 +139,10 @@ class Network:
         for f in flows:
             if f.rate < 0.0:  # a flow on no link: unconstrained
                 f.rate = math.inf
-        new_load = {lid: cap[lid] - r for lid, r in residual.items()}
         if self.record:
+            new_load = {lid: cap[lid] - r for lid, r in residual.items()}
             self._record(now, new_load)
-        self.load = new_load
+            self.load = new_load
         nxt = math.inf
         for f in flows:
             if f.rate > 0.0:
@@ -140,6 +150,17 @@ class Network:
                 if t < nxt:
                     nxt = t
         return now + max(nxt, 0.0)
+
+    def _allocate_one(self, now: float, f: Flow) -> float:
+        """A lone flow runs at its tightest link's capacity / weight."""
+        cap = self.cap
+        rate = min([cap[lid] / w for lid, w in zip(f.links, f.weights)])
+        f.rate = rate
+        if self.record:
+            new_load = {lid: rate * w for lid, w in zip(f.links, f.weights)}
+            self._record(now, new_load)
+            self.load = new_load
+        return now + f.rem / rate
 
     def _record(self, now: float, new_load: dict[int, float]) -> None:
         old = self.load

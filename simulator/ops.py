@@ -1,9 +1,23 @@
 """Time of one op on one GPU: a roofline with shape-dependent GEMM efficiency.
 
-    time(op) = max(FLOPs / (peak * eff(m, n, k)), bytes / (HBM bandwidth * memory_efficiency))
-               + launch overhead
+    work(op) = max(FLOPs / (peak * eff(m, n, k)), bytes / (HBM bandwidth * memory_efficiency))
 (Williams et al. 2009, "Roofline"). ``eff`` comes from the profile's measured GEMM table
 when it has one (``autoplan calibrate``), else from its saturating curve.
+
+Per-op overhead:
+* synchronous execution (a CPU rank computes its own ops: the gloo/localhost-cpu case):
+      time(op) = work(op) + kernel_launch_us
+  per op of the simulator's op lists (the unit ``autoplan calibrate`` measures it in);
+* asynchronous execution (a GPU: the host enqueues kernels while earlier ones run), with
+  L(op) = kernel_launch_us * op.kernels, the host's time to issue the op's kernels: one op
+  alone takes max(work(op), L(op)); a pass (a block's forward or backward, a stream of kernels
+  the host issues back to back with no synchronization in between) runs at the pace of the
+  slower of the two, host or device:
+      time(pass) = max(sum of work(op), sum of L(op))
+  (the steady state of a single-server queue: the device cannot start a kernel before the
+  host has issued it, and the host runs ahead of the device when kernels are long). Small
+  models are "launch-bound" or "CPU-bound": PyTorch eager spends tens of microseconds of
+  Python, dispatcher and autograd work per kernel.
 """
 
 from __future__ import annotations
@@ -52,23 +66,35 @@ def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | 
     return measured if measured is not None else curve_efficiency(gpu, m, n, k)
 
 
-def op_time(op: Op, gpu: GpuProfile, dtype: str | None = None) -> float:
-    """Roofline time of one op (all of its ``count`` instances run as one batched kernel)."""
+def work_time(op: Op, gpu: GpuProfile, dtype: str | None = None) -> float:
+    """Roofline device time of one op, no launch overhead (all ``count`` instances batched)."""
     dtype = dtype or gpu.default_dtype
     mem = op.bytes / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
     if op.kind == "elementwise":
         comp = op.flops / (gpu.peak_tflops.get("fp32", gpu.peak_flops(dtype) / 1e12) * 1e12)
     else:
         comp = op.flops / (gpu.peak_flops(dtype) * gemm_efficiency(gpu, op.m, op.n, op.k, dtype))
-    return max(comp, mem) + gpu.kernel_launch_us * 1e-6
+    return max(comp, mem)
+
+
+def op_time(op: Op, gpu: GpuProfile, dtype: str | None = None, host_async: bool = False) -> float:
+    """Time of one op alone: its roofline work plus the per-op overhead ``kernel_launch_us``
+    (synchronous), or overlapped with the host's issue time ``kernel_launch_us * op.kernels``
+    (``host_async``, a GPU); see the module docstring."""
+    work = work_time(op, gpu, dtype)
+    if host_async:
+        return max(work, gpu.kernel_launch_us * 1e-6 * op.kernels)
+    return work + gpu.kernel_launch_us * 1e-6
 
 
 def backward_ops(op: Op) -> list[Op]:
     """Backward of an op. GEMM C=AB: dA = dC B^T (m,k,n) and dB = A^T dC (k,n,m), 2x FLOPs.
-    Elementwise: the gradient reads the saved input and upstream gradient and writes one
-    gradient per input: about twice the forward traffic."""
+    Elementwise: the op's own backward traffic and kernel count when it gives them
+    (``bwd_bytes``, ``bwd_kernels``), else about twice the forward traffic (the gradient
+    reads the saved input and the upstream gradient and writes one gradient per input)."""
     if op.kind == "elementwise":
-        return [Op(op.name + "_bwd", "elementwise", 2 * op.flops, 2 * op.bytes)]
+        bwd_bytes = op.bwd_bytes if op.bwd_bytes >= 0 else 2 * op.bytes
+        return [Op(op.name + "_bwd", "elementwise", 2 * op.flops, bwd_bytes, kernels=op.bwd_kernels)]
     e = op.bytes / (op.count * (op.m * op.k + op.k * op.n + op.m * op.n))
     dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count)
     wgrad = Op(op.name + "_wgrad", op.kind, op.flops, e * op.count * (op.k * op.m + op.m * op.n + op.k * op.n), op.k, op.n, op.m, op.count)
@@ -92,10 +118,36 @@ class PassTimes:
 ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v")
 
 
-def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0) -> PassTimes:
+def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0, backward_extra: tuple[Op, ...] | list[Op] = (),
+               host_async: bool = False) -> PassTimes:
     """Forward, backward and attention-core times of a block's ops; ``slowdown`` >= 1 scales
-    compute when ranks share a processor (more ranks than compute slots on a CPU host)."""
-    fwd = sum(op_time(o, gpu) for o in ops)
-    bwd = sum(op_time(b, gpu) for o in ops for b in backward_ops(o))
-    core = sum(op_time(o, gpu) for o in ops if o.name in ATTENTION_CORE)
-    return PassTimes(fwd * slowdown, bwd * slowdown, core * slowdown)
+    compute when ranks share a processor (more ranks than compute slots on a CPU host).
+    ``backward_extra``: backward-only ops (bias-gradient reductions, gradient accumulation).
+    ``host_async``: the device runs asynchronously to its host (a GPU): each pass is a kernel
+    stream (:func:`stream_time`, charging ``kernels`` launches per op); otherwise (a CPU rank)
+    ops add up (:func:`serial_time`)."""
+    bwd_ops = [b for o in ops for b in backward_ops(o)]
+    core_ops = [o for o in ops if o.name in ATTENTION_CORE]
+    if host_async:
+        return PassTimes(stream_time(ops, gpu) * slowdown, stream_time(bwd_ops + list(backward_extra), gpu) * slowdown,
+                         stream_time(core_ops, gpu) * slowdown)
+    bwd = serial_time(bwd_ops, gpu) + sum(work_time(x, gpu) for x in backward_extra)
+    return PassTimes(serial_time(ops, gpu) * slowdown, bwd * slowdown, serial_time(core_ops, gpu) * slowdown)
+
+
+def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
+    """Ops run one after another by the processor that also issues them (a CPU rank): the sum
+    of :func:`op_time`. On a CPU the per-op overhead is calibrated per op of these lists
+    (hwprofiles.calibrate_ops), so it is charged once per op whatever its GPU kernel count;
+    backward-only extra ops (:func:`pass_times`) add their work only."""
+    return sum(op_time(o, gpu) for o in ops)
+
+
+def stream_time(ops: list[Op], gpu: GpuProfile) -> float:
+    """A stream of kernels issued asynchronously by a host: max(sum of work, sum of launches)
+    (module docstring)."""
+    if not ops:
+        return 0.0
+    work = sum(work_time(o, gpu) for o in ops)
+    launch = gpu.kernel_launch_us * 1e-6 * sum(o.kernels for o in ops)
+    return max(work, launch)

@@ -61,25 +61,28 @@ def layer_params_per_rank(model: ModelSpec, t: int) -> float:
     return split / t + replicated
 
 
-def embedding_params_per_rank(model: ModelSpec, t: int) -> float:
-    """Vocab-parallel word embedding V*h/t plus replicated learned positions."""
+def embedding_params_per_rank(model: ModelSpec, t: int, vocab: int | None = None) -> float:
+    """Vocab-parallel word embedding V*h/t plus replicated learned positions. ``vocab``
+    overrides the model's vocabulary (e.g. Megatron's padded one, workload.padded_vocab_size)."""
     pos = model.seq_length * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
-    return model.vocab_size * model.hidden_size / t + pos
+    return (vocab or model.vocab_size) * model.hidden_size / t + pos
 
 
-def head_params_per_rank(model: ModelSpec, t: int, p: int) -> float:
+def head_params_per_rank(model: ModelSpec, t: int, p: int, vocab: int | None = None) -> float:
     """Final norm plus the output layer. With tied embeddings and p > 1 the last stage holds
     its own copy of the word embedding (Megatron-LM keeps the two copies in sync)."""
     norm = 2 * model.hidden_size if _has_bias(model) else model.hidden_size
     untied_or_separate = (not model.tie_embeddings) or p > 1
-    return norm + (model.vocab_size * model.hidden_size / t if untied_or_separate else 0.0)
+    return norm + ((vocab or model.vocab_size) * model.hidden_size / t if untied_or_separate else 0.0)
 
 
-def stage_params_per_rank(model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool) -> float:
-    """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers."""
+def stage_params_per_rank(model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool,
+                          vocab: int | None = None) -> float:
+    """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers
+    (``vocab``: see :func:`embedding_params_per_rank`)."""
     n = layers * layer_params_per_rank(model, t)
     if first:
-        n += embedding_params_per_rank(model, t)
+        n += embedding_params_per_rank(model, t, vocab)
     if last:
-        n += head_params_per_rank(model, t, p)
+        n += head_params_per_rank(model, t, p, vocab)
     return n

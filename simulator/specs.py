@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwprofiles.errors import InputError
-from hwprofiles.load import build, read_yaml
+from hwprofiles.load import build, is_file, read_yaml
 from hwprofiles.schema import ClusterSpec
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "autoplan" / "models"
@@ -117,14 +117,24 @@ def builtin_models() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
 
 
+def _read_json(path: Path) -> Any:
+    """Parse a JSON file (a Hugging Face config.json); a malformed one is an InputError."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: line {e.lineno} malformed JSON: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+
+
 def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
     """A built-in model name, an autoplan model YAML, or a Hugging Face config.json."""
     path = Path(ref)
-    if not (path.suffix in (".yaml", ".yml", ".json") or path.is_file()):
+    if not (path.suffix in (".yaml", ".yml", ".json") or is_file(path)):
         path = MODELS_DIR / f"{ref}.yaml"
-        if not path.is_file():
+        if not is_file(path):
             raise InputError(f"unknown model '{ref}' (built-in: {', '.join(builtin_models())}; or give a path)")
-    data = json.loads(path.read_text()) if path.suffix == ".json" and path.is_file() else read_yaml(path)
+    data = _read_json(path) if path.suffix == ".json" and is_file(path) else read_yaml(path)
     if isinstance(data, Mapping) and is_hf_config(data):
         model = model_from_hf_config(data, str(path))
     else:
@@ -231,9 +241,10 @@ def _parse_int(key: str, raw: str, source: str) -> int:
 
 
 def _parse_list(key: str, raw: str, source: str) -> tuple[int, ...]:
-    parts = [x for x in raw.replace("-", "/").split("/") if x != ""]
-    if not parts:
-        raise InputError(f"{source}: key '{key}': expected numbers separated by '/', got {raw!r}")
+    # '-' separates too (24-24-24-24), so an empty part is an error: "-48/48" is not 48/48
+    parts = raw.replace("-", "/").split("/")
+    if any(x.strip() == "" for x in parts):
+        raise InputError(f"{source}: key '{key}': expected positive numbers separated by '/', got {raw!r}")
     return tuple(_parse_int(key, x, source) for x in parts)
 
 

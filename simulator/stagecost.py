@@ -15,7 +15,8 @@ from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator import commcost, layout, memory, params
 from simulator.ops import PassTimes, dtype_bytes, pass_times
 from simulator.specs import ModelSpec, Plan
-from simulator.workload import embedding_forward_ops, head_forward_ops, layer_forward_ops
+from simulator.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
+                                head_forward_ops, layer_backward_extra_ops, layer_forward_ops, padded_vocab_size)
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,15 @@ def compute_slowdown(cluster: ClusterSpec) -> float:
     return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
 
 
+def host_async(cluster: ClusterSpec) -> bool:
+    """Does the device run asynchronously to its host? True for GPUs (NCCL nodes): the host
+    enqueues kernels ahead; False for CPU ranks (gloo nodes), which execute their own ops."""
+    return cluster.node.backend != "gloo"
+
+
 def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
+    """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
+    The head's vocabulary is Megatron's padded one (workload.padded_vocab_size)."""
     gpu = cluster.gpu
     key = (model, id(gpu), id(cluster.node), t, sp, mb)
     hit = _CACHE.get(key)
@@ -49,10 +58,15 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: in
     slow = compute_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
     link = commcost.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    asy = host_async(cluster)
+    vocab = padded_vocab_size(model, t)
+    layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
     bt = BlockTimes(
-        layer=pass_times(layer_forward_ops(model, mb, t, sp, e), gpu, slow),
-        embedding=pass_times(embedding_forward_ops(model, mb, t, sp, e), gpu, slow),
-        head=pass_times(head_forward_ops(model, mb, t, sp, e), gpu, slow),
+        layer=pass_times(layer_forward_ops(model, mb, t, sp, e), gpu, slow, layer_extra, asy),
+        embedding=pass_times(embedding_forward_ops(model, mb, t, sp, e), gpu, slow,
+                             embedding_backward_extra_ops(model, t, e, vocab), asy),
+        head=pass_times(head_forward_ops(model, mb, t, sp, e, vocab), gpu, slow,
+                        head_backward_extra_ops(model, t, e, vocab), asy),
         tp_allreduce=commcost.allreduce_time(act, t, link),
         act_bytes=act,
     )
@@ -142,7 +156,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[St
             fwd += bt.head.forward
             bwd += bt.head.backward
             tp += bt.tp_allreduce
-        psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last)
+        psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, padded_vocab_size(model, plan.t))
         made[sig] = StageCost(fwd, bwd, recompute, tp, n, full, sel, psi, first, last)
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]
@@ -177,8 +191,10 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, sta
     activations = in-flight microbatches * sum over its layers of the per-layer activation
     for that layer's recompute mode, plus one layer's full activations while it is
     recomputed (or, without recomputation, while its backward runs);
-    buffers = gradient buckets, ZeRO-3 gathered layers, the last stage's logits, and the
-    pipeline send/receive buffers."""
+    buffers = gradient buckets, ZeRO-3 gathered layers, the last stage's logits (one per
+    in-flight microbatch: the saved cross-entropy softmax), and the pipeline buffers.
+    GPipe does not recompute the last microbatch (its backward follows its forward at once),
+    so with recomputation that microbatch keeps its layers' full activations."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.state_bytes_per_param(e)
     states = memory.model_state_bytes(cost.params, plan.d, plan.zero, plan.offload, pb, gb, k)
@@ -188,13 +204,15 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, sta
     held = cost.full_layers * per_full + cost.selective_layers * per_sel + none_layers * per_none
     inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
     act = inflight * held + (per_none if cost.full_layers else 0.0)
+    if plan.schedule == "gpipe" and m > 1:
+        act += cost.full_layers * (per_none - per_full) + cost.selective_layers * (per_none - per_sel)
+    s, h = model.seq_length, model.hidden_size
     if cost.first:
-        act += inflight * (2 * e + 1) * b * model.seq_length * model.hidden_size / (t if sp else 1)
+        act += inflight * memory.embedding_activation_bytes(b, s, h, t, sp)
     buffers = memory.gradient_bucket_bytes(cost.params) if plan.d > 1 or plan.offload != "none" else 0.0
     if plan.zero == 3:
         buffers += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, t))
     if cost.last:
-        buffers += memory.logits_buffer_bytes(model, b, t, e)
-    if plan.p > 1:
-        buffers += 2 * b * model.seq_length * model.hidden_size * e
+        buffers += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t))
+    buffers += memory.pipeline_buffer_bytes(b, s, h, e, plan.p)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)

@@ -13,7 +13,8 @@ Layout of one node (``n{k}/...``):
   peer-to-peer fabric (a star at the profile's peer-to-peer bandwidth).
 * ``gpu{g}`` <-> ``pcie{i}``: the GPU's x16 link to its PCIe switch; two GPUs per switch as
   on DGX/HGX baseboards; the switch's x16 uplink to ``host``; the NICs hang off the switches
-  (GPUDirect RDMA passes through the GPU's and the NIC's PCIe links).
+  (GPUDirect RDMA passes through the GPU's and the NIC's PCIe links, and through the host
+  bridge when the GPU's NIC sits on another switch, as with 2 NICs for 8 GPUs).
 * ``host`` -> ``cpu``: a pseudo-link whose capacity is the host optimizer throughput
   (``cpu_adam_GBps``), so ranks offloading their optimizer step share the CPU fairly.
 * ``host`` <-> ``nvme``: one link (reads and writes share the drives) of
@@ -95,8 +96,11 @@ class Topology:
         self._leaf_up: list[int] = []
         self._leaf_down: list[int] = []
         self.switch_latency = cluster.network.switch_latency_us * 1e-6
+        self._edges: list[tuple[str, str, dict[str, int]]] = []
         self._build_nodes()
         self._build_fabric()
+        self.graph.add_edges_from(self._edges)
+        del self._edges
         assert len(self._nvl_up) == self.nodes and all(len(x) == G for x in self._gpu_sw)
 
     # ------------------------------------------------------------------ construction
@@ -107,7 +111,7 @@ class Topology:
             self.links.append(LinkInfo(f"{u}->{v}", kind, node, cap, lat))
             self.cap.append(cap)
             self.lat.append(lat)
-        self.graph.add_edge(u, v, link=lid)
+        self._edges.append((u, v, {"link": lid}))
         return lid
 
     def _build_nodes(self) -> None:
@@ -143,7 +147,7 @@ class Topology:
                 swh.append(self._link(pre + f"pcie{i}", host, "pcie", k, pcie.bytes_per_s, pcie.latency_s))
                 hsw.append(self._link(host, pre + f"pcie{i}", "pcie", k, pcie.bytes_per_s, pcie.latency_s))
             for g in range(G):
-                i = g * nsw // G
+                i = self._switch_of_gpu(g)
                 gsw.append(self._link(pre + f"gpu{g}", pre + f"pcie{i}", "pcie", k, pcie.bytes_per_s, 0.0))
                 swg.append(self._link(pre + f"pcie{i}", pre + f"gpu{g}", "pcie", k, pcie.bytes_per_s, 0.0))
             self._gpu_sw.append(gsw)
@@ -160,7 +164,7 @@ class Topology:
                 self._nvme.append(-1)
             swn, nsw_ = [], []
             for i in range(self.nics_per_node):
-                s = i * nsw // self.nics_per_node
+                s = self._switch_of_nic(i)
                 nic = pre + f"nic{i}"
                 self.graph.add_node(nic, kind="nic", node=k)
                 swn.append(self._link(pre + f"pcie{s}", nic, "pcie", k, pcie.bytes_per_s, 0.0))
@@ -252,21 +256,40 @@ class Topology:
         if self.nics_per_node == 0:
             raise ValueError(f"node profile {self.cluster.node.name} has no NICs but traffic crosses nodes")
         ia, ib = self.nic_of(ga), self.nic_of(gb)
-        path = [self._gpu_sw[ka][ga], self._sw_nic[ka][ia], self._nic_up[ka][ia]]
+        path = self._gpu_to_nic(ka, ga, ia) + [self._nic_up[ka][ia]]
         la, lb = self._nic_leaf[ka][ia], self._nic_leaf[kb][ib]
         if la != lb:
             path += [self._leaf_up[la], self._leaf_down[lb]]
-        path += [self._nic_down[kb][ib], self._nic_sw[kb][ib], self._sw_gpu[kb][gb]]
+        path += [self._nic_down[kb][ib]] + self._nic_to_gpu(kb, ib, gb)
         return tuple(path)
+
+    def _switch_of_gpu(self, g: int) -> int:
+        return g * self.pcie_switches // self.gpus_per_node
+
+    def _switch_of_nic(self, i: int) -> int:
+        return i * self.pcie_switches // self.nics_per_node
+
+    def _gpu_to_nic(self, k: int, g: int, i: int) -> list[int]:
+        """GPU -> its PCIe switch -> (the host bridge, when the NIC hangs off another switch) -> NIC."""
+        sg, sn = self._switch_of_gpu(g), self._switch_of_nic(i)
+        if sg == sn:
+            return [self._gpu_sw[k][g], self._sw_nic[k][i]]
+        return [self._gpu_sw[k][g], self._sw_host[k][sg], self._host_sw[k][sn], self._sw_nic[k][i]]
+
+    def _nic_to_gpu(self, k: int, i: int, g: int) -> list[int]:
+        sg, sn = self._switch_of_gpu(g), self._switch_of_nic(i)
+        if sg == sn:
+            return [self._nic_sw[k][i], self._sw_gpu[k][g]]
+        return [self._nic_sw[k][i], self._sw_host[k][sn], self._host_sw[k][sg], self._sw_gpu[k][g]]
 
     def to_host(self, gpu: int) -> tuple[int, ...]:
         """GPU -> host memory over PCIe."""
         k, g = self.locate(gpu)
-        return (self._gpu_sw[k][g], self._sw_host[k][g * self.pcie_switches // self.gpus_per_node])
+        return (self._gpu_sw[k][g], self._sw_host[k][self._switch_of_gpu(g)])
 
     def from_host(self, gpu: int) -> tuple[int, ...]:
         k, g = self.locate(gpu)
-        return (self._host_sw[k][g * self.pcie_switches // self.gpus_per_node], self._sw_gpu[k][g])
+        return (self._host_sw[k][self._switch_of_gpu(g)], self._sw_gpu[k][g])
 
     def cpu(self, node: int) -> tuple[int, ...]:
         """The pseudo-link of the host's optimizer throughput."""
@@ -287,6 +310,12 @@ class Topology:
         return v
 
     def nx_route(self, src: str, dst: str) -> tuple[int, ...]:
-        """Route from networkx's shortest path between two named graph nodes (for checks)."""
-        path = nx.shortest_path(self.graph, src, dst)
+        """Route from networkx's shortest path between two named graph nodes, GPUs being
+        endpoints only, never forwarders (for checks of :meth:`route`)."""
+        kinds = self.graph.nodes
+
+        def keep(n: str) -> bool:
+            return n in (src, dst) or kinds[n].get("kind") != "gpu"
+
+        path = nx.shortest_path(nx.subgraph_view(self.graph, filter_node=keep), src, dst)
         return tuple(self.graph.edges[u, v]["link"] for u, v in zip(path, path[1:]))

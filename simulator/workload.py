@@ -10,6 +10,22 @@ are elementwise and, with sequence parallelism, split over the sequence by t.
 Forward FLOPs per layer per microbatch (t = 1, dense MHA, ffn = 4h, GELU):
     24*b*s*h^2 + 4*b*s^2*h                     (Narayanan et al. 2021, appendix)
 Backward = 2x forward (input and weight gradients); full recomputation adds one forward.
+
+The op lists follow the kernels Megatron-LM (and Megatron-DeepSpeed) launch in fp16 with
+their fused kernels: apex FusedLayerNorm, bias folded into the QKV GEMM, baddbmm scores,
+fused scale-mask-softmax, attention dropout, bmm, a permute copy of the context, the
+TorchScript bias-dropout-add and bias-GeLU fusions (megatron/model/transformer.py,
+fused_bias_gelu.py, fused_softmax.py). Each Op records how many kernels it launches forward
+(``kernels``) and backward (``bwd_kernels``) and its backward traffic (``bwd_bytes``), so the
+op-time model can charge the host's per-kernel issue time (simulator.ops). Backward-only work
+(bias-gradient reductions, gradient accumulation into the parameters' .grad) is listed by
+:func:`layer_backward_extra_ops`, :func:`embedding_backward_extra_ops` and
+:func:`head_backward_extra_ops`.
+
+Vocabulary padding: Megatron-LM pads the vocabulary to a multiple of
+``make-vocab-size-divisible-by`` (default 128) times t (megatron/tokenizer/tokenizer.py,
+``_vocab_size_with_padding``), e.g. GPT-2's 50257 becomes 50304 at t = 1 and 51200 at t = 8;
+see :func:`padded_vocab_size`. The simulator's stage costs use the padded size.
 """
 
 from __future__ import annotations
@@ -26,7 +42,11 @@ DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 @dataclass(frozen=True)
 class Op:
-    """One kernel of the forward pass. ``count`` identical instances (batched GEMMs)."""
+    """One op of the forward pass. ``count`` identical instances (batched GEMMs) run as one
+    kernel. ``kernels``: kernel launches of the forward op (a fused elementwise op may take a
+    few); ``bwd_kernels`` / ``bwd_bytes``: launches and HBM traffic of an elementwise op's
+    backward (a negative ``bwd_bytes`` means twice the forward traffic; GEMM backwards are
+    always their dgrad and wgrad GEMMs, see simulator.ops.backward_ops)."""
 
     name: str
     kind: OpKind
@@ -36,6 +56,9 @@ class Op:
     n: int = 0
     k: int = 0
     count: int = 1
+    kernels: int = 1
+    bwd_kernels: int = 1
+    bwd_bytes: float = -1.0
 
 
 def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1) -> Op:
@@ -43,17 +66,54 @@ def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1) -> Op:
     return Op(name, "gemm" if count == 1 else "bmm", 2.0 * m * n * k * count, float(e * (m * k + k * n + m * n) * count), m, n, k, count)
 
 
-def elementwise(name: str, elements: float, bytes_per_element: float, flops_per_element: float = 1.0) -> Op:
-    """A memory-bound op touching ``elements`` values with ``bytes_per_element`` of traffic each."""
-    return Op(name, "elementwise", flops_per_element * elements, bytes_per_element * elements)
+def elementwise(name: str, elements: float, bytes_per_element: float, flops_per_element: float = 1.0,
+                kernels: int = 1, bwd_kernels: int = 1, bwd_bytes_per_element: float | None = None) -> Op:
+    """A memory-bound op touching ``elements`` values with ``bytes_per_element`` of traffic each
+    (backward: ``bwd_bytes_per_element``, default twice the forward's)."""
+    bwd = -1.0 if bwd_bytes_per_element is None else bwd_bytes_per_element * elements
+    return Op(name, "elementwise", flops_per_element * elements, bytes_per_element * elements,
+              kernels=kernels, bwd_kernels=bwd_kernels, bwd_bytes=bwd)
+
+
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM --make-vocab-size-divisible-by default
+
+
+def padded_vocab_size(model: ModelSpec, t: int, divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY) -> int:
+    """Megatron-LM's padded vocabulary: the smallest multiple of divisible_by * t that holds
+    the vocabulary (megatron/tokenizer/tokenizer.py ``_vocab_size_with_padding``)."""
+    multiple = divisible_by * t
+    return -(-model.vocab_size // multiple) * multiple
+
+
+def layer_param_tensors(model: ModelSpec) -> int:
+    """Parameter tensors of one layer: a GPT layer has a weight and a bias for each of ln1,
+    QKV, proj, ln2, fc1 and fc2 (12); a Llama-style layer 2 norm weights and 4 weight matrices
+    (SwiGLU: 5, the gate and up projections separate)."""
+    if model.normalization == "LayerNorm":
+        return 12
+    return 6 if model.activation != "swiglu" else 7
 
 
 def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> list[Op]:
     """Forward ops of one transformer layer for a microbatch of b sequences on one TP rank.
 
-    Elementwise traffic counts reads and writes: layernorm reads x, writes y (2e per element);
-    dropout+residual reads two inputs, writes output and a 1-byte mask (3e+1); the fused
-    scale-mask-softmax reads and writes the s*s scores (2e); attention dropout (2e+1).
+    Traffic (e bytes per activation element) counts reads and writes; backward traffic is
+    given where it is not twice the forward's:
+      ln1/ln2 (apex FusedLayerNorm): read x, write y: 2e; backward two kernels (dx; dgamma
+          and dbeta) reading x and dy, writing dx: 3e.
+      qkv (ColumnParallelLinear, bias in the GEMM epilogue).
+      scores = baddbmm(q, k^T) and attn_v = bmm(p, v): b*a/t batched GEMMs.
+      softmax (fused scale-mask-softmax): read and write the s*s scores: 2e; backward reads
+          y and dy, writes dx: 3e.
+      attn_dropout: read, write and a 1-byte mask: 2e+1 (backward the same).
+      context_copy: context.permute(2,0,1,3).contiguous(): 2e (backward the same).
+      proj / fc2 (RowParallelLinear, skip_bias_add), fc1 (ColumnParallelLinear, skip_bias_add).
+      dropout_residual1/2 (bias_dropout_add_fused_train: RNG + one fused kernel): read x and
+          the residual, write the output and the mask: 3e+1; backward: dropout grad (2e+1),
+          bias-grad reduction (e) and the sum of the residual branches' gradients (3e): 6e+1
+          in three kernels.
+      gelu (bias_gelu_impl): read, write: 2e; backward: fused grad (3e) and bias-grad
+          reduction (e) in two kernels.
     """
     s, h, a = model.seq_length, model.hidden_size, model.num_attention_heads
     f, kv = model.ffn, model.kv_size
@@ -61,51 +121,103 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
     tok_sp = tok / t if sp else tok
     heads = a // t
     ops = [
-        elementwise("ln1", tok_sp * h, 2 * e, 5),
+        elementwise("ln1", tok_sp * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
         gemm("qkv", tok, (h + 2 * kv) // t, h, e),
         gemm("scores", s, s, model.head_dim, e, count=b * heads),
-        elementwise("softmax", b * heads * s * s, 2 * e, 5),
-        elementwise("attn_dropout", b * heads * s * s, 2 * e + 1, 1),
+        elementwise("softmax", b * heads * s * s, 2 * e, 5, bwd_bytes_per_element=3 * e),
+        elementwise("attn_dropout", b * heads * s * s, 2 * e + 1, 1, bwd_bytes_per_element=2 * e + 1),
         gemm("attn_v", s, model.head_dim, s, e, count=b * heads),
+        elementwise("context_copy", tok * h / t, 2 * e, 0, bwd_bytes_per_element=2 * e),
         gemm("proj", tok, h, h // t, e),
-        elementwise("dropout_residual1", tok_sp * h, 3 * e + 1, 2),
-        elementwise("ln2", tok_sp * h, 2 * e, 5),
+        elementwise("dropout_residual1", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3,
+                    bwd_bytes_per_element=6 * e + 1),
+        elementwise("ln2", tok_sp * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
     ]
     if model.activation == "swiglu":
         ops += [
             gemm("fc1", tok, 2 * f // t, h, e),
-            elementwise("swiglu", tok * f / t, 3 * e, 6),
+            elementwise("swiglu", tok * f / t, 3 * e, 6, bwd_kernels=1, bwd_bytes_per_element=5 * e),
         ]
     else:
         ops += [
             gemm("fc1", tok, f // t, h, e),
-            elementwise("gelu", tok * f / t, 2 * e, 8),
+            elementwise("gelu", tok * f / t, 2 * e, 8, bwd_kernels=2, bwd_bytes_per_element=4 * e),
         ]
     ops += [
         gemm("fc2", tok, h, f // t, e),
-        elementwise("dropout_residual2", tok_sp * h, 3 * e + 1, 2),
+        elementwise("dropout_residual2", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3,
+                    bwd_bytes_per_element=6 * e + 1),
     ]
     return ops
 
 
+def layer_backward_extra_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, params_per_rank: float) -> list[Op]:
+    """Backward-only work of one layer per microbatch (no forward counterpart):
+      qkv_grad: the q, k, v gradients written back into the fused QKV layout (split/view
+          backward: read and write, 2e) plus the QKV bias-gradient reduction (e);
+      grad_accum: each parameter's new gradient added to its accumulated .grad (AccumulateGrad
+          in fp16 for DeepSpeed, main_grad.add_ for Megatron-LM): read both, write one: 3e per
+          parameter, one kernel per parameter tensor.
+    """
+    s, h, kv = model.seq_length, model.hidden_size, model.kv_size
+    tok = b * s
+    qkv = tok * (h + 2 * kv) / t
+    return [
+        elementwise("qkv_grad", qkv, 3 * e, 0, kernels=2),
+        elementwise("grad_accum", params_per_rank, 3 * e, 1,
+                    kernels=layer_param_tensors(model)),
+    ]
+
+
 def embedding_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> list[Op]:
-    """Vocab-parallel embedding lookup (+ learned positions) and embedding dropout."""
+    """Vocab-parallel word-embedding gather (with t > 1 the out-of-range ids are masked:
+    a few small kernels), learned positions gathered and added, the [b, s, h] -> [s, b, h]
+    transpose copy, and embedding dropout."""
     tok, h = b * model.seq_length, model.hidden_size
+    learned = model.position_embedding_type == "learned_absolute"
+    ops = [elementwise("embedding", tok * h, 2 * e, 1, kernels=5 if t > 1 else 1, bwd_bytes_per_element=2 * e)]
+    if learned:
+        ops.append(elementwise("position_embedding", tok * h, 5 * e, 1, kernels=2, bwd_bytes_per_element=2 * e))
+    ops += [
+        elementwise("embedding_transpose", tok * h, 2 * e, 0, bwd_bytes_per_element=2 * e),
+        elementwise("embedding_dropout", (tok / t if sp else tok) * h, 2 * e + 1, 1, bwd_bytes_per_element=2 * e + 1),
+    ]
+    return ops
+
+
+def embedding_backward_extra_ops(model: ModelSpec, t: int, e: int, vocab: int | None = None) -> list[Op]:
+    """Word-embedding weight gradient per microbatch: embedding_dense_backward zero-fills the
+    V/t x h gradient and scatters the rows (writes V/t*h*e), then AccumulateGrad adds it to
+    .grad (3e per element)."""
+    v = (vocab if vocab is not None else model.vocab_size) / t
+    return [elementwise("embedding_wgrad", v * model.hidden_size, 4 * e, 1, kernels=4)]
+
+
+def head_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, vocab: int | None = None) -> list[Op]:
+    """Final norm, vocab-parallel logits GEMM (2*b*s*h*V/t FLOPs) and Megatron's fp32
+    vocab-parallel cross-entropy (megatron/mpu/cross_entropy.py) on the b*s*V/t logits:
+      forward: logits.float() (read e, write 4), max (4), subtract max in place (8),
+          exp in place (8), sum (4), divide in place (8, the saved softmax): 36+e bytes per
+          logit, about 14 kernels with the target masking and gathers;
+      backward: scale the saved softmax by the incoming gradient in place (8) and cast back
+          to the logits' dtype (4+e): 12+e bytes, about 5 kernels.
+    ``vocab`` (e.g. :func:`padded_vocab_size`) overrides the model's vocabulary; each rank
+    holds ceil(V/t) columns."""
+    tok, h = b * model.seq_length, model.hidden_size
+    vocab = model.vocab_size if vocab is None else vocab
+    v_rank = vocab // t if vocab % t == 0 else -(-vocab // t)
     return [
-        elementwise("embedding", tok * h, 2 * e, 1),
-        elementwise("embedding_dropout", (tok / t if sp else tok) * h, 2 * e + 1, 1),
+        elementwise("final_norm", (tok / t if sp else tok) * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
+        gemm("logits", tok, v_rank, h, e),
+        elementwise("cross_entropy", tok * v_rank, 36 + e, 6, kernels=14, bwd_kernels=5, bwd_bytes_per_element=12 + e),
     ]
 
 
-def head_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> list[Op]:
-    """Final norm, vocab-parallel logits GEMM (2*b*s*h*V/t FLOPs) and fp32 cross-entropy."""
-    tok, h, vocab = b * model.seq_length, model.hidden_size, model.vocab_size
-    return [
-        elementwise("final_norm", (tok / t if sp else tok) * h, 2 * e, 5),
-        gemm("logits", tok, vocab // t if vocab % t == 0 else -(-vocab // t), h, e),
-        # cross-entropy upcasts logits to fp32: read e, write 4 (softmax), read 4 for the loss
-        elementwise("cross_entropy", tok * vocab / t, e + 8, 6),
-    ]
+def head_backward_extra_ops(model: ModelSpec, t: int, e: int, vocab: int | None = None) -> list[Op]:
+    """The logits' weight gradient (the tied word embedding, or the untied output layer) is
+    added to its accumulated .grad every microbatch: 3e per element of V/t x h."""
+    v = (vocab if vocab is not None else model.vocab_size) / t
+    return [elementwise("logits_grad_accum", v * model.hidden_size, 3 * e, 1)]
 
 
 def forward_flops(ops: list[Op]) -> float:

@@ -1,9 +1,10 @@
-"""The plan as a torchtitan job config TOML (``torchtitan/config/job_config.py`` keys).
+"""The plan as a torchtitan job config TOML (``torchtitan/config/job_config.py`` keys; the TOML
+format of torchtitan <= 0.2, loadable with ``--job.config_file``; 0.3 moved to Python configs).
 
 Mapping: t -> tensor_parallel_degree (torchtitan always pairs TP with sequence
 parallelism), p -> pipeline_parallel_degree, schedule -> pipeline_parallel_schedule (GPipe,
-1F1B, Interleaved1F1B), v -> pipeline_parallel_layers_per_stage (or split points for an
-explicit layer split), mb -> pipeline_parallel_microbatch_size, d/zero ->
+1F1B, Interleaved1F1B), v -> pipeline_parallel_layers_per_stage (or module_fqns_per_model_part
+for an explicit layer split), mb -> pipeline_parallel_microbatch_size, d/zero ->
 data_parallel_replicate_degree (ZeRO-0/1: DDP) or data_parallel_shard_degree with
 fsdp_reshard_after_forward never (ZeRO-2) / always (ZeRO-3), offload=cpu ->
 enable_cpu_offload, ckpt -> activation_checkpoint.mode. Mismatches are stated in comments.
@@ -55,8 +56,12 @@ def _pipeline(job: Job, notes: list[str]) -> dict[str, Any]:
     if plan.p > 1 and len(set(sizes)) == 1:
         out["pipeline_parallel_layers_per_stage"] = sizes[0]
     elif plan.p > 1:
-        starts = [sum(sizes[:i]) for i in range(1, len(sizes))]
-        out["pipeline_parallel_split_points"] = [f"layers.{s}" for s in starts]
+        parts, start = [], 0
+        for i, n in enumerate(sizes):
+            part = [f"layers.{j}" for j in range(start, start + n)]
+            start += n
+            parts.append((["tok_embeddings"] if i == 0 else []) + part + (["norm", "output"] if i == len(sizes) - 1 else []))
+        out["module_fqns_per_model_part"] = parts
     return out
 
 

@@ -5,7 +5,9 @@
 * ``fsdp``  -- ZeRO-2 / ZeRO-3: FSDP2 ``fully_shard`` over the dp mesh dimension, one unit per
   transformer layer plus the root; ZeRO-2 keeps parameters unsharded between forward and
   backward (``reshard_after_forward=False``), ZeRO-3 reshards them. ``offload=cpu`` adds
-  ``CPUOffloadPolicy``. Composes with tensor parallelism (2-D) and pipelining.
+  ``CPUOffloadPolicy`` on GPU (on a CPU device the state already is in host memory, and FSDP2
+  refuses the policy there: "Cannot access accelerator device when none is available").
+  Composes with tensor parallelism (2-D) and pipelining.
 * ``ddp``   -- ZeRO-0/1 with pure data parallelism: ``DistributedDataParallel``, plus
   ``ZeroRedundancyOptimizer`` for ZeRO-1.
 * ``manual`` -- ZeRO-0/1 combined with TP or PP, where DDP and ZeroRedundancyOptimizer do
@@ -23,7 +25,6 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from simulator.specs import Plan
@@ -51,6 +52,8 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, zero: int, offload: bool, param_dtype: Optional[torch.dtype]) -> None:
     """FSDP2 over the data-parallel mesh: each transformer layer, then the chunk's root."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     kw = dict(
         mesh=dp_mesh,

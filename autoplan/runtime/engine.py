@@ -9,6 +9,9 @@ One step: forward/backward over the rank's microbatches (pipelined or accumulate
 embedding gradient sum, data-parallel reduction when not done by DDP/FSDP, global grad
 norm (and clipping), optimizer step. Returns the step's global mean loss (on ranks that
 hold the last stage) and the global gradient norm.
+
+Pipelining, tensor parallelism and ZeroRedundancyOptimizer are imported only by plans that
+use them: they are the slowest torch modules to import and every worker pays for them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -32,8 +34,6 @@ from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas
 from autoplan.runtime.init import init_parameters
 from autoplan.runtime.layout import Layout, chunk_layer_ids
 from autoplan.runtime.model import GPT, layer_recompute, lm_loss
-from autoplan.runtime.pipeline import build_schedule, run_schedule
-from autoplan.runtime.tensor_parallel import apply_tensor_parallel
 from autoplan.runtime.zero1 import Zero1Optimizer
 
 
@@ -69,8 +69,10 @@ def _param_groups(params: list[nn.Parameter]) -> list[dict]:
 class Trainer:
     """All model chunks, wrappers, optimizer and schedule of one rank (see module docstring)."""
 
-    def __init__(self, spec: RunSpec, env: DistEnv, optimizer: str):
+    def __init__(self, spec: RunSpec, env: DistEnv, optimizer: str, mixed_precision: bool):
+        """``optimizer``: ``adamw`` or ``sgd``; ``mixed_precision``: bf16 compute (GPU only)."""
         self.spec, self.env = spec, env
+        self.bf16 = mixed_precision and env.cuda
         self.plan = plan = spec.plan
         self.layout = layout = env.layout
         self.mode = dp_mode(plan)
@@ -90,11 +92,13 @@ class Trainer:
         self.norm_weights = self._norm_weights()
         self.schedule = None
         if plan.p > 1:
+            from autoplan.runtime.pipeline import build_schedule
+
             self.schedule = build_schedule(
                 self.chunks, layout, plan.schedule, spec.num_microbatches, lm_loss, env.device,
                 env.mesh["pp"].get_group(),
             )
-        use_autocast = env.cuda and self.mode != "fsdp"
+        use_autocast = self.bf16 and self.mode != "fsdp"
         self.amp: Callable[[], contextlib.AbstractContextManager] = (
             (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_autocast else contextlib.nullcontext
         )
@@ -107,6 +111,8 @@ class Trainer:
         with torch.device("meta"):
             m = GPT(model, chunk_layer_ids(model, plan, chunk), chunk == 0, chunk == self.layout.num_chunks - 1, modes)
         if plan.t > 1:
+            from autoplan.runtime.tensor_parallel import apply_tensor_parallel
+
             apply_tensor_parallel(m, env.mesh["tp"], bool(plan.sp))
         m.to_empty(device=env.device)
         m.tie_weights()
@@ -114,7 +120,7 @@ class Trainer:
         if self.mode == "fsdp":
             apply_fsdp(
                 m, env.mesh["dp"], plan.zero, offload=plan.offload == "cpu" and env.cuda,
-                param_dtype=torch.bfloat16 if env.cuda else None,
+                param_dtype=torch.bfloat16 if self.bf16 else None,
             )
         return m
 
@@ -125,6 +131,8 @@ class Trainer:
         else:
             cls, kw = torch.optim.AdamW, {"lr": tr.lr, "betas": tr.betas, "eps": tr.eps, "weight_decay": tr.weight_decay}
         if self.plan.zero == 1 and self.mode == "ddp":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
             return ZeroRedundancyOptimizer(self.params, optimizer_class=cls, process_group=self.dp_group, **kw), None
         if self.plan.zero == 1 and self.mode == "manual":
             return None, Zero1Optimizer(self.params, lambda ps: cls(_param_groups(ps), **kw), self.dp_group)
@@ -160,6 +168,8 @@ class Trainer:
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> Optional[torch.Tensor]:
         if self.schedule is not None:
+            from autoplan.runtime.pipeline import run_schedule
+
             with self.amp():
                 losses = run_schedule(self.schedule, self.layout, x, y)
             return torch.stack([l.detach().float() for l in losses]).mean() if losses else None

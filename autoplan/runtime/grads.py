@@ -29,7 +29,7 @@ def replicas(p: nn.Parameter, t: int, d: int, dp_unique: bool) -> int:
     tp_rep, dp_rep = t, 1 if dp_unique else d
     if isinstance(p, DTensor):
         for name, placement in zip(p.device_mesh.mesh_dim_names or (), p.placements):
-            if placement.is_shard():
+            if not (placement.is_replicate() or placement.is_partial()):  # Shard or FSDP's _StridedShard
                 if name == "tp":
                     tp_rep = 1
                 elif name == "dp":
@@ -55,10 +55,14 @@ def clip_global_norm(
     Same arithmetic as ``torch.nn.utils.clip_grad_norm_``: coef = max_norm / (norm + 1e-6),
     clamped to 1.
     """
-    sq = torch.zeros((), dtype=torch.float64, device=device)
+    parts: dict[torch.device, torch.Tensor] = {}  # per device: offloaded gradients live on the CPU
     for p, w in weighted:
         if p.grad is not None and w > 0:
-            sq += local(p.grad).double().pow(2).sum() * w
+            g = local(p.grad)
+            parts[g.device] = parts.get(g.device, 0) + g.double().pow(2).sum() * w
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for part in parts.values():
+        sq += part.to(device)
     dist.all_reduce(sq)
     norm = math.sqrt(float(sq))
     if max_norm is not None:

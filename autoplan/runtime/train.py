@@ -3,10 +3,10 @@
 Reads the run dir's ``plan.json``, joins the process group (gloo on CPU, nccl on GPU;
 nothing else changes), builds the (pp, dp, tp) DeviceMesh and runs two phases:
 
-1. timing: AdamW with gradient clipping, ``--warmup`` untimed steps then ``--steps`` timed
-   steps; per-rank peak memory over this phase;
-2. check: a fresh model trained ``--check-steps`` steps with plain SGD (no clipping), whose
-   losses and global gradient norms ``autoplan run`` compares with a single process.
+1. timing: AdamW with gradient clipping, bf16 on GPU (fp32 on CPU), ``--warmup`` untimed
+   steps then ``--steps`` timed steps; per-rank peak memory over this phase;
+2. check: a fresh model trained ``--check-steps`` steps with plain SGD (no clipping) in fp32,
+   whose losses and global gradient norms ``autoplan run`` compares with a single process.
 
 Each rank logs to ``<out>/rank<r>.log`` and writes ``<out>/rank<r>.json``.
 """
@@ -19,6 +19,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -47,17 +48,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 class RankLog:
-    """Line-buffered per-rank log file (also echoed to stderr)."""
+    """Line-buffered per-rank log file (also echoed to stderr), plus a heartbeat file.
 
-    def __init__(self, path: Path, rank: int):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f: TextIO = open(path, "a", buffering=1)
+    A daemon thread rewrites ``rank<r>.heartbeat`` every second with the time and how many
+    lines the rank has logged. It keeps beating while the main thread waits in a collective,
+    so when a run hangs, ``autoplan run`` can tell a stopped rank (stale heartbeat) from the
+    ranks waiting for it, or find the rank that is behind (fewest lines).
+    """
+
+    def __init__(self, out: Path, rank: int):
+        out.mkdir(parents=True, exist_ok=True)
+        self.f: TextIO = open(out / f"rank{rank}.log", "a", buffering=1)
         self.rank = rank
+        self.lines = 0
+        self.heartbeat = out / f"rank{rank}.heartbeat"
+        threading.Thread(target=self._beat, daemon=True).start()
 
     def __call__(self, msg: str) -> None:
         line = f"[rank {self.rank}] {time.strftime('%H:%M:%S')} {msg}"
         self.f.write(line + "\n")
+        self.lines += 1
         print(line, file=sys.stderr, flush=True)
+
+    def _beat(self) -> None:
+        while True:
+            tmp = self.heartbeat.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"time": time.time(), "lines": self.lines}))
+            os.replace(tmp, self.heartbeat)
+            time.sleep(1.0)
 
 
 def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
@@ -68,10 +86,27 @@ def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
     return torch.device("cpu")
 
 
+def warm_up_runtime(device: torch.device) -> None:
+    """One tiny forward/backward and a collective, so that PyTorch's one-time allocations
+    (autograd engine, kernels, communication buffers) count in the RSS baseline, not as
+    training memory."""
+    layer = torch.nn.Linear(8, 8, device=device)
+    layer(torch.ones(2, 8, device=device)).sum().backward()
+    t = torch.ones(8, device=device)
+    dist.all_reduce(t)
+    dist.barrier()
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankLog) -> dict[str, Any]:
     """AdamW steps; mean step time over the timed ones (barrier-aligned) and peak memory."""
     reset_peak(env.device)
-    trainer = Trainer(spec, env, "adamw")
+    trainer = Trainer(spec, env, "adamw", mixed_precision=True)
     batches = [trainer.batch(k) for k in range(warmup + steps)]
     losses: list[Optional[float]] = []
     for k in range(warmup):
@@ -88,13 +123,13 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
         dist.barrier()
     peak = peak_memory_bytes(env.device)
     del trainer, batches
-    gc.collect()
+    release_memory(env.device)
     return {"step_time_s": total.elapsed / steps, "step_times_s": step_times, "losses": losses, "peak_memory_bytes": peak}
 
 
 def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[str, Any]:
     """Plain-SGD steps without clipping: per-step global loss and gradient norm."""
-    trainer = Trainer(spec, env, "sgd")
+    trainer = Trainer(spec, env, "sgd", mixed_precision=False)
     losses, norms = [], []
     for k in range(steps):
         r = trainer.step(*trainer.batch(k), None)
@@ -102,7 +137,7 @@ def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[s
         norms.append(r.grad_norm)
         log(f"check step {k + 1}/{steps} loss {r.loss} grad_norm {r.grad_norm:.6f}")
     del trainer
-    gc.collect()
+    release_memory(env.device)
     return {"losses": losses, "grad_norms": norms}
 
 
@@ -110,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     out = args.out or args.run_dir / "results"
-    log = RankLog(out / f"rank{rank}.log", rank)
+    log = RankLog(out, rank)
     log(f"pid {os.getpid()} start")
     spec = load_run_spec(args.run_dir)
     if world != spec.world_size:
@@ -128,6 +163,7 @@ def run(args: argparse.Namespace) -> None:
     env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, mesh=mesh, layout=layout)
     log(f"{backend} on {device}; plan {plan.to_string()}; pp={layout.pp_rank} dp={layout.dp_rank} "
         f"tp={layout.tp_rank} chunks={layout.chunks}")
+    warm_up_runtime(device)
     result: dict[str, Any] = {
         "rank": rank, "pid": os.getpid(), "device": device.type, "backend": backend,
         "coords": {"pp": layout.pp_rank, "dp": layout.dp_rank, "tp": layout.tp_rank},
@@ -148,7 +184,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         run(args)
     except BaseException as e:
-        if not isinstance(e, (KeyboardInterrupt, SystemExit)) or isinstance(e, SystemExit) and e.code not in (0, None):
+        ok_exit = isinstance(e, SystemExit) and e.code in (0, None)
+        if not ok_exit and not isinstance(e, KeyboardInterrupt):
             rank = os.environ.get("RANK", "?")
             out = args.out or args.run_dir / "results"
             out.mkdir(parents=True, exist_ok=True)

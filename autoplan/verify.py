@@ -1,0 +1,341 @@
+"""``autoplan run``: launch an emitted run dir with torchrun, check it, compare with the prediction.
+
+1. ``launch.sh`` runs the program on this machine (one node, t*p*d processes; gloo on CPU),
+   under a timeout on the whole run; a crashed or hung worker ends it with a ``RunError``
+   naming the rank and its last log lines, and no worker is left behind.
+2. The single-process reference (same model, seed and data) runs here; its SGD losses and
+   gradient norms are compared with the parallel run's.
+3. The prediction: on CPU, the simulator on the ``localhost-cpu`` node with as many ranks
+   as the run; on GPU, the prediction stored in ``plan.json`` at emit time.
+
+torch is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from hwprofiles.errors import InputError
+
+from autoplan.runtime.config import RunSpec, load_plan_json, load_run_spec
+
+GiB = 2**30
+CHECK_STEPS = 3
+WARMUP_STEPS = 2
+REL_TOL = 1e-4
+CPU_NODE = "localhost-cpu"
+
+
+class RunError(RuntimeError):
+    """The parallel run failed (a worker crashed or hung); the message is one line."""
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- launching
+
+def _tail(path: Path, n: int = 3) -> list[str]:
+    try:
+        lines = [l.rstrip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def _worker_pids(out: Path) -> dict[int, int]:
+    """rank -> pid, from the 'pid N start' line each worker logs first."""
+    pids = {}
+    for log in out.glob("rank*.log"):
+        m = re.search(r"\[rank (\d+)\] \S+ pid (\d+) start", log.read_text(errors="replace"))
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+    return pids
+
+
+def _is_our_worker(pid: int) -> bool:
+    try:
+        return b"autoplan.runtime.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _kill_leftovers(out: Path) -> None:
+    """SIGKILL any worker of this run still alive (by the pids the workers logged)."""
+    for pid in _worker_pids(out).values():
+        if _is_our_worker(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _stop(proc: subprocess.Popen, out: Path) -> None:
+    """Stop torchrun (its own session) and then every worker it may have left."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    _kill_leftovers(out)
+
+
+def _last_lines(out: Path, rank: int, n: int = 3) -> str:
+    """The rank's last log lines (its own '[rank r]' lines, not traceback frames)."""
+    lines = [l for l in _tail(out / f"rank{rank}.log", 10_000) if l.startswith("[rank")]
+    return " | ".join(lines[-n:]) if lines else "(no log lines)"
+
+
+def _failure_reason(out: Path, rank: int) -> Optional[str]:
+    p = out / f"rank{rank}.log"
+    m = re.search(r"FAILED: (.*)", p.read_text(errors="replace")) if p.exists() else None
+    return m.group(1)[:300] if m else None
+
+
+def _failed_rank(out: Path, torchrun_log: Path, world: int) -> tuple[Optional[int], str]:
+    """The rank that failed first (torchrun's root cause, else a worker that logged FAILED) and how."""
+    text = torchrun_log.read_text(errors="replace") if torchrun_log.exists() else ""
+    m = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text.split("Root Cause", 1)[1], re.S) if "Root Cause" in text else None
+    if m:
+        rank, code = int(m.group(1)), int(m.group(2))
+        how = _failure_reason(out, rank) or f"exit code {code}"
+        if code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        return rank, how
+    for r in range(world):
+        reason = _failure_reason(out, r)
+        if reason:
+            return r, reason
+    return None, "unknown failure"
+
+
+def _hang_culprit(out: Path, world: int, stale_s: float = 5.0) -> tuple[int, str]:
+    """On a hang: a rank whose heartbeat stopped (stopped or stuck outside Python), else the
+    rank that logged least (the others wait for it in a collective)."""
+    now = time.time()
+    beats: dict[int, dict[str, float]] = {}
+    for r in range(world):
+        try:
+            beats[r] = json.loads((out / f"rank{r}.heartbeat").read_text())
+        except (OSError, ValueError):
+            return r, "never started"
+    stale = [r for r in range(world) if now - beats[r]["time"] > stale_s]
+    if stale:
+        r = max(stale, key=lambda r: now - beats[r]["time"])
+        return r, f"stopped responding (no heartbeat for {now - beats[r]['time']:.0f} s)"
+    r = min(range(world), key=lambda r: (beats[r]["lines"], r))
+    if all(b["lines"] == beats[r]["lines"] for b in beats.values()):
+        return r, "all ranks are stuck at the same point"
+    return r, "is behind the other ranks, which wait for it"
+
+
+def launch(run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s: float,
+           log: Callable[[str], None]) -> Path:
+    """Run ``launch.sh`` on this machine; return the results dir. Raises RunError on failure."""
+    script = run_dir / "launch.sh"
+    if not script.is_file():
+        raise InputError(f"{script}: no such file (is {run_dir} a directory written by 'autoplan emit'?)")
+    out = run_dir / "results"
+    out.mkdir(exist_ok=True)
+    for old in [*out.glob("rank*.json"), *out.glob("rank*.log"), *out.glob("rank*.heartbeat")]:
+        old.unlink()
+    torchrun_log = out / "torchrun.log"
+    world = spec.world_size
+    env = dict(os.environ, NNODES="1", NODE_RANK="0", NPROC_PER_NODE=str(world), PYTHON=sys.executable,
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    cmd = ["bash", str(script), "--steps", str(steps), "--warmup", str(WARMUP_STEPS if steps else 0),
+           "--check-steps", str(check_steps), "--out", str(out), "--pg-timeout", str(timeout_s + 60)]
+    log(f"autoplan run: {world} processes, plan {spec.plan.to_string()}, logs in {out}")
+    start = time.monotonic()
+    with open(torchrun_log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            r, how = _hang_culprit(out, world)
+            _stop(proc, out)
+            raise RunError(f"run timed out after {timeout_s:.0f} s (a worker hung): rank {r} {how}; "
+                           f"its last log lines: {_last_lines(out, r)}") from None
+        except BaseException:
+            _stop(proc, out)
+            raise
+    _kill_leftovers(out)
+    if rc != 0:
+        r, how = _failed_rank(out, torchrun_log, world)
+        if r is None:
+            raise RunError(f"torchrun exited with code {rc}; last lines: {' | '.join(_tail(torchrun_log))}")
+        raise RunError(f"worker rank {r} failed ({how}); its last log lines: {_last_lines(out, r)}")
+    log(f"autoplan run: workers finished in {time.monotonic() - start:.1f} s")
+    return out
+
+
+# ----------------------------------------------------------------------------- comparing
+
+def read_results(out: Path, world: int) -> list[dict[str, Any]]:
+    ranks = []
+    for r in range(world):
+        path = out / f"rank{r}.json"
+        if not path.is_file():
+            raise RunError(f"worker rank {r} wrote no results ({path}); its last log lines: {_last_lines(out, r)}")
+        ranks.append(json.loads(path.read_text()))
+    return ranks
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare(parallel: list[float], reference: list[float]) -> float:
+    """Largest relative difference over the steps."""
+    return max((_rel(a, b) for a, b in zip(parallel, reference)), default=0.0)
+
+
+def predict(spec: RunSpec, device: str, stored: Optional[dict[str, Any]], log: Callable[[str], None]) -> Optional[dict[str, Any]]:
+    """Prediction for this run: the simulator on localhost-cpu (CPU), else the one from emit time."""
+    if device != "cpu":
+        return stored
+    try:
+        from hwprofiles.load import load_cluster
+        from simulator.api import simulate
+        from simulator.specs import Job
+    except ImportError as e:
+        log(f"autoplan run: no prediction ({e})")
+        return None
+    try:
+        cluster = load_cluster(CPU_NODE)
+    except InputError as e:
+        log(f"autoplan run: no prediction ({e})")
+        return None
+    if cluster.gpus_per_node != spec.world_size or cluster.nodes != 1:
+        node = cluster.node.model_copy(update={"gpus_per_node": spec.world_size})
+        cluster = cluster.model_copy(update={"node": node, "nodes": 1})
+    job = Job.make(spec.model, cluster, spec.plan, spec.global_batch)
+    return simulate(job, "analytic").to_dict()
+
+
+def _pct(measured: Optional[float], predicted: Optional[float]) -> Optional[float]:
+    if measured is None or not predicted:
+        return None
+    return 100.0 * (measured - predicted) / predicted
+
+
+def _tensor_memory(rank: dict[str, Any]) -> float:
+    """Bytes the training held at its peak: CUDA max allocated; on CPU the growth of the peak
+    RSS over the rank's RSS before the model was built (the PyTorch runtime is not counted,
+    as the prediction does not count it either)."""
+    peak = rank["timed"]["peak_memory_bytes"]
+    return float(peak if rank["device"] == "cuda" else max(0, peak - rank["rss_baseline_bytes"]))
+
+
+def summarize(spec: RunSpec, ranks: list[dict[str, Any]], ref: Optional[dict[str, list[float]]],
+              prediction: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The ``run --json`` dict (DESIGN.md section 3) from per-rank results and the reference."""
+    result: dict[str, Any] = dict(prediction) if prediction else {"plan": spec.plan.to_dict(spec.num_microbatches)}
+    last = next(r for r in ranks if r["has_last_stage"])
+    timed = [r.get("timed") for r in ranks]
+    measured_time = max(t["step_time_s"] for t in timed) if all(timed) else None
+    peak = max(_tensor_memory(r) for r in ranks) / GiB if all(timed) else None
+    pred_time = prediction.get("step_time_s") if prediction else None
+    pred_mem = prediction.get("peak_memory_gib") if prediction else None
+    result.update({
+        "device": ranks[0]["device"], "backend": ranks[0]["backend"], "world_size": len(ranks),
+        "measured_peak_rss_gib": max(t["peak_memory_bytes"] for t in timed) / GiB
+        if all(timed) and ranks[0]["device"] == "cpu" else None,
+        "measured_step_time_s": measured_time, "predicted_step_time_s": pred_time,
+        "error_pct": _pct(measured_time, pred_time),
+        "measured_peak_memory_gib": peak, "predicted_peak_memory_gib": pred_mem,
+        "memory_error_pct": _pct(peak, pred_mem),
+        "timed_losses": last["timed"]["losses"] if last.get("timed") else None,
+    })
+    check = last.get("check")
+    if check and ref:
+        loss_diff = compare(check["losses"], ref["losses"])
+        norm_diff = compare(check["grad_norms"], ref["grad_norms"])
+        result.update({
+            "losses": check["losses"], "reference_losses": ref["losses"],
+            "grad_norms": check["grad_norms"], "reference_grad_norms": ref["grad_norms"],
+            "max_rel_loss_diff": loss_diff, "max_rel_grad_norm_diff": norm_diff,
+            "loss_match": loss_diff <= REL_TOL and norm_diff <= REL_TOL,
+        })
+    result["ranks"] = [
+        {"rank": r["rank"], **r["coords"],
+         "step_time_s": r["timed"]["step_time_s"] if r.get("timed") else None,
+         "peak_memory_gib": _tensor_memory(r) / GiB if r.get("timed") else None,
+         "baseline_rss_gib": r["rss_baseline_bytes"] / GiB}
+        for r in ranks
+    ]
+    return result
+
+
+def run_and_verify(run_dir: Path, steps: int, timeout_s: float, log: Callable[[str], None] = _stderr,
+                   check_steps: int = CHECK_STEPS) -> dict[str, Any]:
+    """Launch, check against one process, and compare with the prediction (see module docstring)."""
+    run_dir = Path(run_dir)
+    spec = load_run_spec(run_dir)
+    stored = load_plan_json(run_dir).get("prediction")
+    if steps < 0 or check_steps < 0:
+        raise InputError(f"--steps: expected a non-negative number of steps, got {steps}")
+    if timeout_s <= 0:
+        raise InputError(f"--timeout: expected a positive number of seconds, got {timeout_s}")
+    out = launch(run_dir, spec, steps, check_steps, timeout_s, log)
+    ranks = read_results(out, spec.world_size)
+    ref = None
+    if check_steps:
+        from autoplan.runtime.reference import reference_losses
+
+        log("autoplan run: single-process reference")
+        ref = reference_losses(spec, check_steps)
+    prediction = predict(spec, ranks[0]["device"], stored, log)
+    return summarize(spec, ranks, ref, prediction)
+
+
+def _fmt(x: Optional[float], spec: str, unit: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{unit}"
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """Human-readable summary of ``run_and_verify``'s result."""
+    plan = result.get("plan", {})
+    plan_s = ",".join(f"{k}={v}" for k, v in plan.items() if k not in ("layers", "recompute"))
+    lines = [
+        f"plan        {plan_s}",
+        f"ran on      {result['world_size']} x {result['device']} ({result['backend']})",
+        "",
+        f"{'':12}{'measured':>12}{'predicted':>12}{'error':>10}",
+        f"{'step time':12}{_fmt(result['measured_step_time_s'], '.4f', ' s'):>12}"
+        f"{_fmt(result['predicted_step_time_s'], '.4f', ' s'):>12}{_fmt(result['error_pct'], '+.1f', '%'):>10}",
+        f"{'peak memory':12}{_fmt(result['measured_peak_memory_gib'], '.3f', ' GiB'):>12}"
+        f"{_fmt(result['predicted_peak_memory_gib'], '.3f', ' GiB'):>12}{_fmt(result['memory_error_pct'], '+.1f', '%'):>10}",
+    ]
+    if result["device"] == "cpu" and result["measured_peak_memory_gib"] is not None:
+        lines.append(f"            (CPU: growth of the busiest rank's peak RSS over its RSS before the model was built;"
+                     f" peak RSS with the PyTorch runtime: {result['measured_peak_rss_gib']:.3f} GiB)")
+    if "losses" in result:
+        verdict = "MATCH" if result["loss_match"] else "MISMATCH"
+        lines += [
+            "",
+            f"equivalence with a single process ({len(result['losses'])} SGD steps): {verdict} "
+            f"(max relative difference: loss {result['max_rel_loss_diff']:.2e}, grad norm {result['max_rel_grad_norm_diff']:.2e}; "
+            f"tolerance {REL_TOL:.0e})",
+            "  parallel:  " + " ".join(f"{x:.6f}" for x in result["losses"]),
+            "  reference: " + " ".join(f"{x:.6f}" for x in result["reference_losses"]),
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""Data and jobs for benchmarks/accuracy.py: the published Megatron-LM rows, the vTrain
+measurements, and the fit of the A100 profile's two fitted numbers.
+
+* ``published.yaml`` (megatron_2021_throughput): GPT models on Selene (DGX A100 80GB nodes,
+  hwprofiles/nodes/dgx-a100-80gb.yaml), vocabulary 51200, sequence 2048.
+* ``vtrain/ground_truth_single.csv`` (1,440 runs on 2-8 GPUs of one node) and
+  ``vtrain/ground_truth_multi.csv`` (109 runs on 64-512 GPUs): Megatron-DeepSpeed iteration
+  times on the cluster described by hwprofiles/clusters/vtrain-a100.yaml; GPT with vocabulary
+  50257 (padded by the simulator as Megatron does), activation checkpointing on (ckpt=full),
+  1F1B, no gradient bucketing (so the runtime is analytic.MEGATRON_LOCAL_DDP), ZeRO off.
+
+The fit split: the rows of ground_truth_single.csv at even 0-based positions in file order
+(720 runs) are the fit subset; the odd rows (720) and all of ground_truth_multi.csv and the
+Megatron rows are held out.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import yaml
+
+from hwprofiles.load import load_cluster
+from hwprofiles.schema import ClusterSpec, GpuProfile
+from simulator.specs import Job, ModelSpec, Plan
+
+REPO = Path(__file__).resolve().parents[1]
+VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "shared" / "validation"))
+VTRAIN_FILES = ("ground_truth_single.csv", "ground_truth_multi.csv")
+VTRAIN_CLUSTER = "vtrain-a100"          # hwprofiles/clusters/vtrain-a100.yaml
+VTRAIN_VOCAB = 50257                    # vTrain README / src/config.py: GPT-2 vocabulary
+SELENE_NODE = "dgx-a100-80gb"
+MEGATRON_VOCAB, MEGATRON_SEQ = 51200, 2048   # published.yaml: vocab 51200, seq 2048
+
+
+@dataclass(frozen=True)
+class VTrainRow:
+    """One measured run: its job and the measured iteration time (seconds)."""
+
+    index: int              # 0-based position in the file
+    job: Job
+    measured_s: float
+    label: str
+
+    @property
+    def fit_subset(self) -> bool:
+        return self.index % 2 == 0
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    params_B: float
+    model: ModelSpec
+    t: int
+    p: int
+    gpus: int
+    batch: int
+    tflops_per_gpu: float
+
+
+def read_csv(name: str) -> list[dict[str, str]]:
+    path = VALIDATION_DIR / "vtrain" / name
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    header = [h.strip() for h in rows[0]]
+    return [dict(zip(header, (x.strip() for x in r))) for r in rows[1:] if r]
+
+
+def _cluster_for(base: ClusterSpec, gpus: int) -> ClusterSpec:
+    """``gpus`` GPUs of the vTrain cluster: whole nodes, or part of one node for 2-4 GPU runs."""
+    per_node = min(base.gpus_per_node, gpus)
+    if gpus % per_node:
+        raise ValueError(f"{gpus} GPUs do not fill whole {per_node}-GPU nodes")
+    node = base.node if per_node == base.gpus_per_node else base.node.model_copy(update={"gpus_per_node": per_node})
+    return base.model_copy(update={"node": node, "nodes": gpus // per_node})
+
+
+def vtrain_rows(name: str, base: ClusterSpec | None = None) -> list[VTrainRow]:
+    """The runs of one vTrain file as validated jobs on the vTrain cluster."""
+    base = base or load_cluster(VTRAIN_CLUSTER)
+    clusters: dict[int, ClusterSpec] = {}
+    out = []
+    for i, r in enumerate(read_csv(name)):
+        gpus = int(r["# GPUs"])
+        t, d, p = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
+        mb, B = int(r["micro batch"]), int(r["global batch"])
+        model = ModelSpec(name=f"gpt-h{r['hidden size']}-l{r['# layers']}", num_layers=int(r["# layers"]),
+                          hidden_size=int(r["hidden size"]), num_attention_heads=int(r["attention heads"]),
+                          vocab_size=VTRAIN_VOCAB, seq_length=int(r["sequence length"]))
+        if gpus not in clusters:
+            clusters[gpus] = _cluster_for(base, gpus)
+        plan = Plan(t=t, p=p, d=d, mb=mb, zero=0, ckpt="full", schedule="1f1b")
+        job = Job.make(model, clusters[gpus], plan, B, source=f"{name} row {i + 2}")
+        size = f"{r['Parameters (billion)']}B " if "Parameters (billion)" in r else ""
+        label = (f"{size}h={model.hidden_size} l={model.num_layers} B={B} t={t} d={d} p={p} mb={mb}")
+        out.append(VTrainRow(i, job, float(r["iteration time (ms)"]) / 1e3, label))
+    return out
+
+
+def published_rows() -> list[PublishedRow]:
+    data = yaml.safe_load((VALIDATION_DIR / "published.yaml").read_text())
+    out = []
+    for r in data["megatron_2021_throughput"]:
+        model = ModelSpec(name=f"gpt-{r['params_B']}B", num_layers=r["layers"], hidden_size=r["hidden"],
+                          num_attention_heads=r["heads"], vocab_size=MEGATRON_VOCAB, seq_length=MEGATRON_SEQ)
+        out.append(PublishedRow(r["params_B"], model, r["t"], r["p"], r["gpus"], r["batch"], r["tflops_per_gpu"]))
+    return out
+
+
+def selene(gpus: int) -> ClusterSpec:
+    return load_cluster(SELENE_NODE, nodes=gpus // 8)
+
+
+# ----------------------------------------------------------------------------------- fit
+
+def with_gpu(rows: Iterable[VTrainRow], gpu: GpuProfile) -> list[VTrainRow]:
+    """The same runs on clusters whose nodes carry ``gpu`` (one copy per distinct cluster)."""
+    swapped: dict[int, ClusterSpec] = {}
+    out = []
+    for r in rows:
+        c = r.job.cluster
+        if id(c) not in swapped:
+            swapped[id(c)] = c.model_copy(update={"node": c.node.model_copy(update={"gpu": gpu})})
+        j = r.job
+        out.append(VTrainRow(r.index, Job(j.model, swapped[id(c)], j.plan, j.global_batch), r.measured_s, r.label))
+    return out
+
+
+def mape(errors: Iterable[float]) -> float:
+    errs = list(errors)
+    return 100.0 * sum(abs(e) for e in errs) / len(errs) if errs else float("nan")
+
+
+def fit_a100(rows: list[VTrainRow], predict: Callable[[Job], float], gpu: GpuProfile,
+             log: Callable[[str], None] = print) -> tuple[float, float, float]:
+    """Fit (kernel_launch_us, gemm.max_efficiency) of ``gpu`` to ``rows`` by minimizing the mean
+    absolute percentage error of ``predict`` (Nelder-Mead from the profile's datasheet values,
+    4 us and 0.82). Returns (kernel_launch_us, max_efficiency, MAPE on rows)."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    def profile(x: np.ndarray) -> GpuProfile:
+        gemm = gpu.gemm.model_copy(update={"max_efficiency": float(min(max(x[1], 0.05), 1.0))})
+        return gpu.model_copy(update={"kernel_launch_us": float(max(x[0], 0.0)), "gemm": gemm})
+
+    calls = [0]
+
+    def objective(x: np.ndarray) -> float:
+        calls[0] += 1
+        g = profile(x)
+        return mape(predict(r.job) / r.measured_s - 1 for r in with_gpu(rows, g))
+
+    best = None
+    for start in ((4.0, 0.82), (40.0, 0.75)):
+        res = minimize(objective, np.array(start), method="Nelder-Mead",
+                       options={"xatol": 0.05, "fatol": 1e-3, "maxfev": 200})
+        log(f"  from {start}: kernel_launch_us={res.x[0]:.2f} max_efficiency={res.x[1]:.4f} MAPE={res.fun:.3f}% "
+            f"({calls[0]} evaluations so far)")
+        if best is None or res.fun < best.fun:
+            best = res
+    return float(best.x[0]), float(best.x[1]), float(best.fun)

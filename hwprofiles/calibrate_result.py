@@ -1,0 +1,52 @@
+"""Everything one ``autoplan calibrate`` run measured, gathered for the profile writer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hwprofiles.calibrate_fit import GemmFit, LinkFit
+from hwprofiles.schema import GemmPoint
+
+
+@dataclass(frozen=True)
+class Calibration:
+    # provenance
+    date: str
+    device: str                 # "cpu" | "cuda"
+    device_name: str
+    torch_version: str
+    host: str
+    mode: str                   # "quick" | "full"
+    threads: int                # intra-op threads of the compute benchmarks
+    host_load: str              # 1-minute load average before / after (other work on the host)
+    # compute
+    default_dtype: str
+    peaks: dict[str, GemmPoint]     # fastest GEMM per dtype
+    gemm_points: list[GemmPoint]
+    gemm_fit: GemmFit
+    dispatch_us: float
+    forward_op_us: float
+    backward_op_us: float
+    kernel_launch_us: float
+    memory_bandwidth_GBps: float
+    memory_efficiency: float
+    memory_by_op_GBps: dict[str, float]
+    attention_tflops: dict[str, float]
+    memory_GiB: float
+    memory_reserved_GiB: float
+    reserved_how: str
+    # host and node
+    copy_h2d_GBps: float
+    copy_d2h_GBps: float
+    copy_latency_us: float
+    cpu_adam_GBps: float
+    host_memory_GiB: float
+    cpu_cores: int
+    gpus_per_node: int
+    intra_kind: str             # Link.kind of the measured intra-node link
+    # collectives (None when fewer than 2 ranks were measured)
+    ranks: int
+    backend: str
+    link: Optional[LinkFit] = None
+    link_by_op: dict[str, LinkFit] = field(default_factory=dict)

@@ -1,0 +1,93 @@
+"""Run every ``autoplan calibrate`` benchmark in order and gather a :class:`Calibration`.
+
+Order: per-op overhead (its dispatch time is subtracted from the CPU timings that follow),
+GEMM grid, memory-bound ops and attention, host copies, host Adam, then the collectives in
+``ranks`` spawned processes. One tqdm bar on stderr counts the benchmarks.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import date
+
+import torch
+from tqdm import tqdm
+
+from hwprofiles import calibrate_host as host
+from hwprofiles.calibrate_comm import comm_items, measure_collectives
+from hwprofiles.calibrate_fit import COLLECTIVES, fit_gemm_curve, fit_link
+from hwprofiles.calibrate_gemm import measure_gemm, peak_by_dtype, supported_dtypes
+from hwprofiles.calibrate_memory import measure_memory
+from hwprofiles.calibrate_ops import measure_overhead
+from hwprofiles.calibrate_result import Calibration
+from hwprofiles.calibrate_settings import settings_for
+
+
+def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration:
+    """All measurements of one calibration (CPU: with one intra-op thread, restored after)."""
+    baseline_rss = host.resident_GiB()
+    load_before = host.load_average()
+    s = settings_for(device, quick)
+    n_comm = comm_items(ranks, len(s.comm_bytes)) if ranks >= 2 else 0
+    threads = torch.get_num_threads()
+    bar = tqdm(total=s.compute_items() + n_comm, desc=f"calibrate {device}", unit="bench",
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+
+    def tick(label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(1)
+
+    try:
+        if device == "cpu":
+            torch.set_num_threads(1)
+        used_threads = torch.get_num_threads()
+        ovh = measure_overhead(device, s.timing, tick)
+        points = measure_gemm(s, ovh.mm_dispatch_s, tick)
+        dtypes = supported_dtypes(s)
+        default_dtype = dtypes[0]
+        peaks = peak_by_dtype(points)
+        fit = fit_gemm_curve([p for p in points if p.dtype == default_dtype], peaks[default_dtype].tflops)
+        mem = measure_memory(s, default_dtype, tick)
+        copies = host.measure_copies(s, tick)
+        adam = host.measure_host_adam(s, tick)
+        reserved, how = _reserved(device, baseline_rss)
+        comm = (measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, tick)
+                if ranks >= 2 else None)
+    finally:
+        torch.set_num_threads(threads)
+        bar.close()
+
+    link, by_op = None, {}
+    if comm is not None:
+        link = fit_link(comm.samples)
+        by_op = {op: fit_link([x for x in comm.samples if x.op == op]) for op in COLLECTIVES}
+        if device == "cpu":
+            reserved, how = comm.rank_resident_GiB, f"resident memory of a {comm.backend} rank after its collectives"
+    return Calibration(
+        date=date.today().isoformat(), device=device, device_name=host.device_name(device),
+        torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",
+        threads=used_threads, host_load=f"{load_before:.2f} / {host.load_average():.2f}", default_dtype=default_dtype, peaks=peaks, gemm_points=points, gemm_fit=fit,
+        dispatch_us=ovh.dispatch_s * 1e6, forward_op_us=ovh.forward_op_s * 1e6,
+        backward_op_us=ovh.backward_op_s * 1e6, kernel_launch_us=ovh.kernel_launch_s * 1e6,
+        memory_bandwidth_GBps=mem.bandwidth_GBps, memory_efficiency=mem.efficiency,
+        memory_by_op_GBps=mem.by_op_GBps, attention_tflops=mem.attention_tflops,
+        memory_GiB=host.device_memory_GiB(device, ranks), memory_reserved_GiB=reserved, reserved_how=how,
+        copy_h2d_GBps=copies.h2d_GBps, copy_d2h_GBps=copies.d2h_GBps, copy_latency_us=copies.latency_us,
+        cpu_adam_GBps=adam, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
+        gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
+        intra_kind=_intra_kind(device), ranks=ranks, backend="nccl" if device == "cuda" else "gloo",
+        link=link, link_by_op=by_op,
+    )
+
+
+def _reserved(device: str, baseline_rss_GiB: float) -> tuple[float, str]:
+    """Memory the runtime holds before any tensor of the model (GiB) and how it was measured."""
+    if device == "cuda":
+        return host.cuda_runtime_reserved_GiB(), "device memory in use outside the caching allocator after the benchmarks"
+    return baseline_rss_GiB, "resident memory of the calibrating process after importing torch"
+
+
+def _intra_kind(device: str) -> str:
+    if device == "cpu":
+        return "loopback"
+    return "nvlink" if host.nvlink_present() else "pcie"

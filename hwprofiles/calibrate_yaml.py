@@ -1,0 +1,130 @@
+"""Render a :class:`Calibration` as GPU and node profile YAML, every number with its source.
+
+The text is written by hand (not yaml.dump) so each number carries a comment, like the shipped
+profiles; numbers are printed with 4 significant digits in a form YAML reads back as a float
+(a dot and a signed exponent when an exponent is needed: PyYAML reads "1e-05" as a string).
+"""
+
+from __future__ import annotations
+
+import json
+
+from hwprofiles.calibrate_result import Calibration
+
+
+def num(x: float, sig: int = 4) -> str:
+    """``x`` with ``sig`` significant digits, always parsed as a float by YAML 1.1."""
+    x = float(x)
+    if x == 0:
+        return "0.0"
+    if 1e-4 <= abs(x) < 1e7:
+        digits = max(sig - 1 - int(f"{x:e}".split("e")[1]), 1)
+        return f"{round(x, digits):.{digits}f}"
+    mantissa, exp = f"{x:.{sig - 1}e}".split("e")
+    return f"{mantissa}e{int(exp):+03d}"
+
+
+def _q(s: str) -> str:
+    """A YAML double-quoted scalar (JSON strings are valid YAML)."""
+    return json.dumps(s)
+
+
+def _stamp(c: Calibration) -> str:
+    return f"measured by autoplan calibrate on {c.date}"
+
+
+def _table_lines(c: Calibration) -> list[str]:
+    stamp = _stamp(c)
+    return [f"    - {{m: {p.m}, n: {p.n}, k: {p.k}, tflops: {num(p.tflops)}, dtype: {p.dtype}}}   # {stamp}"
+            for p in c.gemm_points]
+
+
+def _measured_lines(c: Calibration) -> list[str]:
+    items: dict[str, str] = {
+        "date": c.date, "device": c.device_name, "torch": c.torch_version, "host": c.host, "mode": c.mode,
+        "intra_op_threads": str(c.threads), "load_average_before_after": c.host_load,
+        "dispatch_us": num(c.dispatch_us),
+        "autograd_forward_op_us": num(c.forward_op_us),
+        "autograd_backward_op_us": num(c.backward_op_us),
+        "gemm_fit_rms_log_error": num(c.gemm_fit.rms_log_error),
+    }
+    items.update({f"bandwidth_{op}_GBps": num(v) for op, v in c.memory_by_op_GBps.items()})
+    items.update({f"attention_{shape}_tflops": num(v) for shape, v in c.attention_tflops.items()})
+    return [f"  {k}: {_q(v)}" for k, v in items.items()]
+
+
+def render_gpu(c: Calibration, name: str) -> str:
+    """The GPU profile (hwprofiles.schema.GpuProfile) of a calibration."""
+    s = _stamp(c)
+    net = ("the op's wall time less the dispatch time of the same op on a tiny tensor" if c.device == "cpu"
+           else "device time with the host launch hidden")
+    lines = [
+        f"# {c.device_name}: profile {'of one CPU core (torch.set_num_threads(1), one rank per core)' if c.device == 'cpu' else 'of one GPU'},",
+        f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
+        f"# GEMM and memory-op rates are work alone ({net}); the simulator adds kernel_launch_us per op.",
+        f"name: {name}",
+        f"default_dtype: {c.default_dtype}",
+        "peak_tflops:",
+    ]
+    for dtype, p in c.peaks.items():
+        lines.append(f"  {dtype}: {num(p.tflops)}   # fastest GEMM of the table ({p.m}x{p.n}x{p.k}); {s}")
+    mem_note = ("host memory / the node's ranks, which share it" if c.device == "cpu" else "device memory")
+    lines += [
+        f"memory_GiB: {num(c.memory_GiB)}   # {mem_note}; {s}",
+        f"memory_bandwidth_GBps: {num(c.memory_bandwidth_GBps)}   # copy_ (read+write bytes)/time, median over tensor sizes; {s}",
+        f"memory_efficiency: {num(c.memory_efficiency)}   # median over add, scale, gelu, dropout, layer_norm, softmax x sizes of achieved / copy bandwidth; {s}",
+        f"kernel_launch_us: {num(c.kernel_launch_us)}   # per-op overhead of a forward+backward of tiny ops, backward counted as 2 ops; {s}",
+        f"memory_reserved_GiB: {num(c.memory_reserved_GiB)}   # {c.reserved_how}; {s}",
+        "allocator_fragmentation: 0.05   # not measured: the schema's default (a few percent of capacity)",
+        "gemm:",
+        f"  max_efficiency: {num(c.gemm_fit.max_efficiency)}   # least-squares fit (log error) of the curve to the table, vs peak {c.default_dtype}; {s}",
+        f"  half_dim_m: {num(c.gemm_fit.half_dim_m)}   # same fit; {s}",
+        f"  half_dim_n: {num(c.gemm_fit.half_dim_n)}   # same fit; {s}",
+        f"  half_dim_k: {num(c.gemm_fit.half_dim_k)}   # same fit; {s}",
+        f"  table:   # C[m,n] = A[m,k] @ B[k,n] with torch.mm, best of timed loops, TFLOP/s = 2mnk / work time",
+        *_table_lines(c),
+        "measured:",
+        *_measured_lines(c),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _link_comment(c: Calibration) -> str:
+    assert c.link is not None
+    per_op = ", ".join(f"{op} {num(f.bandwidth_Bps / 1e9, 3)} GB/s {num(f.latency_s * 1e6, 3)} us"
+                       for op, f in c.link_by_op.items())
+    return (f"{c.backend} over {c.ranks} ranks, ring alpha-beta fit of all-reduce, all-gather, reduce-scatter, "
+            f"send/recv (rms error {num(c.link.rms_rel_error * 100, 2)}%; per op: {per_op}); {_stamp(c)}")
+
+
+def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
+    """The node profile (hwprofiles.schema.NodeProfile) of a calibration with collectives."""
+    assert c.link is not None, "a node profile needs measured collectives"
+    s = _stamp(c)
+    if c.device == "cpu":
+        pcie_kind, pcie_note = "loopback", f"host memory copy_ (GB/s of bytes copied), 4-byte copy latency; {s}"
+        header = f"# This host as a node of {c.gpus_per_node} CPU ranks joined by {c.backend} over loopback"
+    else:
+        pcie_kind = "pcie"
+        pcie_note = (f"pinned host<->device copies: H2D {num(c.copy_h2d_GBps, 3)}, D2H {num(c.copy_d2h_GBps, 3)} GB/s "
+                     f"(mean), 4-byte copy latency; {s}")
+        header = f"# This host's {c.gpus_per_node} x {c.device_name} joined by {c.backend}"
+    lines = [
+        f"{header}, written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
+        f"name: {name}",
+        f"gpu: {_q(gpu_ref)}",
+        f"gpus_per_node: {c.gpus_per_node}   # {'ranks of the collective benchmark' if c.device == 'cpu' else 'torch.cuda.device_count()'}",
+        f"backend: {c.backend}",
+        (f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / 1e9)}, "
+         f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   # bus bandwidth and one-hop latency: {_link_comment(c)}"),
+        (f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
+         f"latency_us: {num(c.copy_latency_us)}, efficiency: 1.0}}   # {pcie_note}"),
+        "nics_per_node: 0   # not measured: a one-host calibration sees no NIC (add one for multi-node clusters)",
+        f"host_memory_GiB: {num(c.host_memory_GiB)}   # physical memory (sysconf); {s}",
+        (f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # torch.optim.Adam.step, 12 B/param of fp32 state / step time, "
+         f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"),
+    ]
+    if c.device == "cpu":
+        lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
+                     f"ranks beyond that share cores; {s}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,154 @@
+"""``simulate_des``: discrete-event simulation of one training iteration (DESIGN.md section 4).
+
+Builds the topology (:mod:`simulator.topology`), the flow network (:mod:`simulator.network`)
+and the iteration's task graph (:mod:`simulator.program`) on the event engine
+(:mod:`simulator.engine`), runs it, and turns what happened into a :class:`SimResult`
+with ``fidelity = "des"``:
+
+* ``step_time``: when the last task of the iteration ends;
+* ``time_breakdown`` and ``bubble_fraction`` (= bubble / (compute + recompute + tp_comm))
+  of the rank that finishes last (:mod:`simulator.attribution`);
+* ``peak_memory`` and ``memory_breakdown``: the highest point of any simulated rank's
+  memory timeline (:mod:`simulator.memtimeline`), against the GPU's usable memory;
+* ``executed_flops``: model FLOPs plus the recomputed forwards the schedule really ran.
+
+``extra`` carries ``events``, ``simulated_ranks``, ``bottleneck_link`` (the link with the
+highest average utilization), ``comm_bytes_per_rank`` (what the first rank sends per
+iteration: TP, PP, DP and offload bytes), ``critical_rank``, and under the private key
+``_des`` a :class:`DesRecord` (task records, memory timelines, link series) that
+:func:`simulator.trace.write_trace` and :func:`simulator.plot.plot_timeline` draw from.
+Keys starting with "_" are not part of the JSON output.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hwprofiles.schema import ClusterSpec
+from simulator.analytic import CPU_ADAM_STATE_BYTES
+from simulator.attribution import rank_breakdown
+from simulator.engine import Engine
+from simulator.memtimeline import RankMemory
+from simulator.network import Network
+from simulator.program import Device, DesOptions, ProgramBuilder
+from simulator.result import SimResult
+from simulator.specs import Job
+from simulator.topology import Topology
+from simulator.workload import layer_forward_flops, model_flops_per_iteration
+
+_TOPO_CACHE: list[tuple[str, Topology]] = []
+
+
+def topology_for(cluster: ClusterSpec) -> Topology:
+    """The cluster's topology, built once per distinct cluster (the planner simulates many
+    plans on one cluster); the last four are kept."""
+    key = cluster.model_dump_json()
+    for k, topo in _TOPO_CACHE:
+        if k == key:
+            return topo
+    topo = Topology(cluster)
+    _TOPO_CACHE.insert(0, (key, topo))
+    del _TOPO_CACHE[4:]
+    return topo
+
+
+@dataclass
+class DesRecord:
+    """Everything the trace and plot writers need from one DES run."""
+
+    engine: Engine
+    topology: Topology
+    devices: list[Device]
+    lanes: dict[int, tuple[int, str]]
+    memory: list[RankMemory]
+    link_series: dict[int, list[tuple[float, float]]]
+    link_utilization: dict[int, float]
+    step_time: float
+    critical_rank: int
+    counters: dict[str, float]
+    wall_s: float
+    full: bool
+    schedule: str
+    num_microbatches: int
+    links_recorded: bool
+    options: DesOptions
+    breakdowns: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
+def simulate_des(job: Job, full: bool = False, trace: bool = False,
+                 options: Optional[DesOptions] = None) -> SimResult:
+    """Simulate one iteration of ``job``. ``full`` simulates every rank instead of one
+    pipeline; ``trace`` keeps link-utilization series for the Perfetto trace (task records
+    and memory timelines are always kept; :func:`simulator.trace.write_trace` re-runs the
+    simulation with ``trace=True`` when the series are missing)."""
+    t0 = time.perf_counter()
+    opts = options or DesOptions()
+    topo = topology_for(job.cluster)
+    net = Network(topo.cap, record=opts.record_links or trace)
+    eng = Engine(net)
+    prog = ProgramBuilder(job, topo, eng, full, opts)
+    prog.build()
+    step = eng.run()
+    memory = prog.mem.replay(eng.start, eng.end)
+
+    # the rank that finishes last, and its last task
+    final_task = max(range(eng.num_tasks), key=lambda t: (eng.end[t], -t))
+    crit = eng.info[final_task][0]
+    crit_dev = prog.devices[crit]
+    breakdown = rank_breakdown(eng, crit_dev.streams["compute"], final_task)
+    busy = breakdown["compute"] + breakdown["recompute"] + breakdown["tp_comm"]
+    bubble_fraction = breakdown["bubble"] / busy if busy > 0 else 0.0
+
+    peak_rank = max(range(len(memory)), key=lambda r: (memory[r].peak, -r))
+    pm = memory[peak_rank]
+
+    model, plan = job.model, job.plan
+    model_flops = model_flops_per_iteration(model, job.global_batch)
+    attn_core = 4.0 * plan.mb * model.seq_length ** 2 * model.hidden_size
+    executed = model_flops + plan.d * (prog.recomputed["full"] * layer_forward_flops(model, plan.mb)
+                                       + prog.recomputed["selective"] * attn_core)
+
+    util = net.utilization(step)
+    extra: dict[str, Any] = {
+        "events": eng.events,
+        "simulated_ranks": len(prog.devices),
+        "critical_rank": crit_dev.name,
+        "comm_bytes_per_rank": {k: prog.counters[k] for k in ("tp_bytes", "pp_bytes", "dp_bytes", "offload_bytes")},
+    }
+    if util:
+        lid = max(util, key=lambda k: (util[k], -k))
+        info = topo.links[lid]
+        extra["bottleneck_link"] = {"link": info.name, "kind": info.kind, "utilization": util[lid]}
+    else:
+        extra["bottleneck_link"] = None
+    wall = time.perf_counter() - t0
+    extra["_des"] = DesRecord(
+        engine=eng, topology=topo, devices=prog.devices, lanes=prog.lanes, memory=memory,
+        link_series=net.series, link_utilization=util, step_time=step, critical_rank=crit,
+        counters=dict(prog.counters), wall_s=wall, full=full, schedule=plan.schedule,
+        num_microbatches=job.m, links_recorded=net.record, options=opts, breakdowns={crit: breakdown},
+    )
+    host_fits = True
+    if plan.offload != "none":
+        # as simulator.analytic: a node's ranks keep fp32 state (+ fp16 params with ZeRO-3) in host memory
+        psi_max = max(prog.device_params(dev) for dev in prog.devices)
+        psi_local = psi_max / plan.d if plan.zero >= 1 else psi_max
+        host = job.cluster.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + (2 if plan.zero == 3 else 0))
+        extra["host_memory_gib"] = host / 2**30
+        host_fits = plan.offload == "nvme" or host <= job.cluster.node.host_memory_GiB * 2**30
+    return SimResult(
+        job=job,
+        step_time=step,
+        peak_memory=pm.peak,
+        memory_capacity=job.cluster.gpu.usable_memory_bytes,
+        time_breakdown=breakdown,
+        memory_breakdown=dict(pm.breakdown),
+        executed_flops=executed,
+        model_flops=model_flops,
+        bubble_fraction=bubble_fraction,
+        fidelity="des",
+        extra=extra,
+        host_fits=host_fits,
+    )

@@ -1,0 +1,208 @@
+"""The compute work of one pass of a microbatch through a pipeline chunk, layer by layer.
+
+Times come from :func:`simulator.stagecost.block_times` (the roofline op model of
+:mod:`simulator.ops` on :mod:`simulator.workload`'s op lists, Megatron's padded vocabulary,
+backward-only ops, host launch overhead): the same numbers the analytic estimator uses.
+Per layer and microbatch on one TP rank:
+
+* forward: layer forward + 2 TP all-reduces of b*s*h (all-gather + reduce-scatter pairs with
+  sequence parallelism; Narayanan et al. 2021, section 3.2);
+* backward: [full recompute: layer forward + 2 TP all-reduces | selective: attention core]
+  + layer backward + 2 TP all-reduces;
+* the chunk's first layer carries the embedding (one TP all-reduce forward), the last layer
+  the LM head (one TP all-reduce backward).
+
+Memory per layer and microbatch (:func:`simulator.memory.activation_bytes_per_layer`, the
+layer's recompute mode), the first stage's embedding dropout mask (1 byte per element of
+b*s*h, split by t with SP; its output is layer 0's input, counted with the layer; as
+:func:`simulator.stagecost.stage_memory`) and the last stage's logits buffer are allocated when
+the forward starts and freed when the backward ends; a fully recomputed layer's full
+activations exist while it is recomputed and back-propagated (:mod:`simulator.stagecost`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.memory import activation_bytes_per_layer, embedding_activation_bytes, logits_buffer_bytes, state_bytes_per_param
+from simulator.ops import dtype_bytes
+from simulator.workload import padded_vocab_size
+from simulator.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from simulator.specs import Job
+from simulator.stagecost import block_times
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-layer durations (seconds) and sizes (bytes) shared by every pass."""
+
+    fwd: float
+    bwd: float
+    attn_core: float
+    tp_allreduce: float        # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
+    tp_allreduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
+    emb_f: float
+    emb_b: float
+    head_f: float
+    head_b: float
+    act: dict[str, float]      # activations per layer per microbatch by recompute mode
+    emb_act: float             # first stage: embedding dropout mask per microbatch
+    logits: float
+    layer_params: float
+    emb_params: float
+    head_params: float
+    e: int                     # activation bytes
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+    @staticmethod
+    def of(job: Job, free_comm: bool = False) -> "Costs":
+        model, cluster, plan = job.model, job.cluster, job.plan
+        e = dtype_bytes(cluster.gpu)
+        b, t, sp = plan.mb, plan.t, bool(plan.sp)
+        bt = block_times(model, cluster, t, sp, b)
+        pb, gb, k = state_bytes_per_param(e)
+        vocab = padded_vocab_size(model, t)
+        tp = 0.0 if (t == 1 or free_comm) else bt.tp_allreduce
+        return Costs(
+            fwd=bt.layer.forward, bwd=bt.layer.backward, attn_core=bt.layer.attention_core,
+            tp_allreduce=tp, tp_allreduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
+            emb_f=bt.embedding.forward, emb_b=bt.embedding.backward, head_f=bt.head.forward, head_b=bt.head.backward,
+            act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
+            emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
+            logits=logits_buffer_bytes(model, b, t, e, vocab),
+            layer_params=layer_params_per_rank(model, t),
+            emb_params=embedding_params_per_rank(model, t, vocab),
+            head_params=head_params_per_rank(model, t, plan.p, vocab),
+            e=e, param_bytes=pb, grad_bytes=gb, optimizer_bytes=k,
+        )
+
+
+@dataclass(frozen=True)
+class Item:
+    """One layer of one pass (the embedding and head folded into the chunk's end layers)."""
+
+    segs: tuple[tuple[str, float], ...]
+    alloc_act: float = 0.0     # forward: allocated at start
+    alloc_buf: float = 0.0
+    work: float = 0.0          # backward: transient activations while it runs
+    free_act: float = 0.0      # backward: freed at its end
+    free_buf: float = 0.0
+    params: float = 0.0        # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
+    tp_bytes: float = 0.0      # bytes one rank sends in TP collectives
+    tp_layer_allreduces: int = 0
+    rec_full: int = 0
+    rec_sel: int = 0
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Items merged into one compute task: segments, duration and memory changes."""
+
+    segs: tuple[tuple[str, float], ...]
+    dur: float
+    start_mem: tuple[tuple[str, float], ...]
+    end_mem: tuple[tuple[str, float], ...]
+    first_params: float
+    params: float
+
+
+def merge_segs(segs: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """Drop empty segments and join neighbours of the same kind."""
+    out: list[tuple[str, float]] = []
+    for k, d in segs:
+        if d <= 0.0:
+            continue
+        if out and out[-1][0] == k:
+            out[-1] = (k, out[-1][1] + d)
+        else:
+            out.append((k, d))
+    return tuple(out)
+
+
+def make_piece(kind: str, its: list[Item]) -> Piece:
+    """Forward pieces allocate at their start; backward pieces add their largest transient
+    at the start and free everything their items held at the end."""
+    segs = merge_segs([s for it in its for s in it.segs])
+    if kind == "F":
+        start = (("activations", sum(it.alloc_act for it in its)), ("buffers", sum(it.alloc_buf for it in its)))
+        end: tuple[tuple[str, float], ...] = ()
+    else:
+        work = max(it.work for it in its)
+        start = (("activations", work),)
+        end = (("activations", -(work + sum(it.free_act for it in its))), ("buffers", -sum(it.free_buf for it in its)))
+    return Piece(segs, sum(d for _, d in segs), start, end, its[0].params, sum(it.params for it in its))
+
+
+def layer_modes(full: int, selective: int, n: int, norec: bool = False) -> list[str]:
+    """Recompute mode of each layer of a chunk: the first ``full`` layers fully, the next
+    ``selective`` selectively (Megatron-LM's block method), the rest not at all."""
+    if norec:
+        return ["none"] * n
+    return ["full"] * full + ["selective"] * selective + ["none"] * (n - full - selective)
+
+
+def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -> list[Item]:
+    """Items of a forward ('F') or backward ('B') pass through a chunk whose layers have
+    ``modes``; ``first``/``last``: the chunk holds the embedding / the LM head. Items are in
+    execution order (backward: last layer first)."""
+    n = len(modes)
+    tp = c.tp_allreduce
+    ar = c.tp_allreduce_bytes
+    out: list[Item] = []
+    for i in (range(n) if kind == "F" else reversed(range(n))):
+        mode = modes[i]
+        stored = c.act[mode]
+        has_emb, has_head = first and i == 0, last and i == n - 1
+        params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
+        segs: list[tuple[str, float]] = []
+        if kind == "F":
+            tp_bytes = 2 * ar
+            if has_emb:
+                segs += [("fwd", c.emb_f), ("tp", tp)]
+                tp_bytes += ar
+            segs += [("fwd", c.fwd), ("tp", 2 * tp)]
+            if has_head:
+                segs.append(("fwd", c.head_f))
+            out.append(Item(merge_segs(segs), alloc_act=stored + (c.emb_act if has_emb else 0.0),
+                            alloc_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
+                            tp_layer_allreduces=2))
+            continue
+        tp_bytes = 2 * ar
+        n_ar = 2
+        work = 0.0
+        if has_head:
+            segs += [("bwd", c.head_b), ("tp", tp)]
+            tp_bytes += ar
+        if mode == "full":
+            segs += [("recompute", c.fwd), ("tp", 2 * tp)]
+            tp_bytes += 2 * ar
+            n_ar += 2
+            work = c.act["none"]
+        elif mode == "selective":
+            segs.append(("recompute", c.attn_core))
+        segs += [("bwd", c.bwd), ("tp", 2 * tp)]
+        if has_emb:
+            segs.append(("bwd", c.emb_b))
+        out.append(Item(merge_segs(segs), work=work, free_act=stored + (c.emb_act if has_emb else 0.0),
+                        free_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
+                        tp_layer_allreduces=n_ar, rec_full=int(mode == "full"), rec_sel=int(mode == "selective")))
+    return out
+
+
+def bucket_groups(items: list[Item], bucket_bytes: float, grad_bytes: int) -> list[list[int]]:
+    """Backward-order item indices grouped into gradient buckets of at least ``bucket_bytes``
+    (whole layers, as PyTorch DDP / Megatron-LM fill their buckets in backward order)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    size = 0.0
+    for i, it in enumerate(items):
+        cur.append(i)
+        size += it.params * grad_bytes
+        if size >= bucket_bytes:
+            out.append(cur)
+            cur, size = [], 0.0
+    if cur:
+        out.append(cur)
+    return out

@@ -1,0 +1,118 @@
+"""Chrome / Perfetto trace of a DES run (Trace Event Format, JSON object form).
+
+One process per simulated GPU, with threads for the compute stream, tensor-parallel
+collectives, pipeline sends (forward and backward), data-parallel and ZeRO collectives,
+offload traffic and the host CPU optimizer; a memory counter track per GPU; and a "network"
+process with one utilization counter per link that carried traffic (recorded with
+``simulate_des(..., trace=True)``; a result without them is re-simulated). Times are
+microseconds. Open the file in
+https://ui.perfetto.dev or chrome://tracing.
+
+Format: Google, "Trace Event Format" (the ``traceEvents`` array; phases ``X`` complete
+events, ``C`` counters, ``M`` metadata).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from simulator.result import GiB, SimResult
+
+# lane -> (thread id, thread name)
+THREADS = {
+    "compute": (1, "compute"),
+    "tp": (2, "TP collectives"),
+    "pp_fwd": (3, "PP send (forward)"),
+    "pp_bwd": (4, "PP send (backward)"),
+    "dp": (5, "DP collectives"),
+    "zero": (6, "ZeRO-3 gathers"),
+    "h2d": (7, "offload host->GPU"),
+    "d2h": (8, "offload GPU->host"),
+    "nvme": (9, "NVMe read"),
+    "nvme_w": (10, "NVMe write"),
+    "cpu": (11, "host CPU optimizer"),
+}
+SEGMENT_NAMES = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "tp": "TP collective", "opt": "optimizer step"}
+US = 1e6
+
+
+def _task_name(kind: str, info: Any) -> str:
+    if kind in ("F", "B"):
+        _, mb, chunk, _ = info
+        return f"{'fwd' if kind == 'F' else 'bwd'} mb{mb} c{chunk}"
+    if kind == "opt":
+        return "optimizer step"
+    _, mb, _, label = info
+    return f"{label} mb{mb}" if mb >= 0 else str(label)
+
+
+def trace_events(result: SimResult) -> list[dict[str, Any]]:
+    """The trace events of a DES result (see module docstring)."""
+    rec = result.extra.get("_des")
+    if rec is None:
+        raise ValueError("the result has no DES record (simulate with fidelity 'des')")
+    if not rec.links_recorded:
+        # the run did not keep link series: repeat it (deterministic) with them
+        from simulator.des import simulate_des
+
+        rec = simulate_des(result.job, full=rec.full, trace=True, options=rec.options).extra["_des"]
+    eng = rec.engine
+    ev: list[dict[str, Any]] = []
+    for dev in rec.devices:
+        pid = dev.idx + 1
+        ev.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                   "args": {"name": f"GPU {dev.gpu} ({dev.name})"}})
+        ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": dev.idx}})
+        lanes = set(dev.streams) | ({"tp"} if result.job.plan.t > 1 else set())
+        for lane in sorted(lanes, key=lambda x: THREADS[x][0]):
+            tid, tname = THREADS[lane]
+            ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
+            ev.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    for s, (didx, lane) in rec.lanes.items():
+        pid = didx + 1
+        tid = THREADS[lane][0]
+        for task in eng.stream_queue[s]:
+            start, dur, kind, info = eng.start[task], eng.dur[task], eng.kind[task], eng.info[task]
+            name = _task_name(kind, info)
+            ev.append({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid,
+                       "ts": start * US, "dur": max(dur, 0.0) * US})
+            if lane != "compute":
+                continue
+            t = start * US
+            stop = t + max(dur, 0.0) * US
+            for seg, d in info[3]:
+                d = min(d * US, stop - t)  # nest inside the task despite rounding
+                ev.append({"ph": "X", "name": SEGMENT_NAMES[seg], "cat": seg, "pid": pid,
+                           "tid": THREADS["tp"][0] if seg == "tp" else tid, "ts": t, "dur": max(d, 0.0)})
+                t += d
+    for dev, mem in zip(rec.devices, rec.memory):
+        for t, total in zip(mem.times, mem.totals):
+            ev.append({"ph": "C", "name": "memory", "pid": dev.idx + 1, "tid": 0, "ts": t * US,
+                       "args": {"GiB": total / GiB}})
+    if rec.link_series:
+        npid = len(rec.devices) + 1
+        ev.append({"ph": "M", "name": "process_name", "pid": npid, "tid": 0, "args": {"name": "network"}})
+        ev.append({"ph": "M", "name": "process_sort_index", "pid": npid, "tid": 0, "args": {"sort_index": npid}})
+        for lid in sorted(rec.link_series):
+            name = f"{rec.topology.links[lid].name} utilization"
+            for t, u in rec.link_series[lid]:
+                ev.append({"ph": "C", "name": name, "pid": npid, "tid": 0, "ts": t * US, "args": {"util": u}})
+    return ev
+
+
+def write_trace(result: SimResult, path: str | Path) -> None:
+    """Write the Chrome/Perfetto trace JSON of a DES result to ``path``."""
+    doc = {
+        "traceEvents": trace_events(result),
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "model": result.job.model.name,
+            "cluster": result.job.cluster.name,
+            "plan": result.job.plan.to_string(),
+            "step_time_s": result.step_time,
+            "simulated_ranks": len(result.extra["_des"].devices),
+        },
+    }
+    Path(path).write_text(json.dumps(doc, separators=(",", ":")))

@@ -1,0 +1,163 @@
+"""Transfer classes: the same transfer made at once by every replica, and its symmetric form.
+
+A *class* is one logical transfer (a DP collective of one stage, a pipeline boundary, a
+host/NVMe/CPU stream of one stage) listed for all of its *copies*: the data-parallel groups
+of the stage's tensor ranks, or every (dp, tp) rank. Each copy is a list of phases; a
+phase is a set of (source GPU, route, bytes) flows, a step count and an extra fixed time.
+Classes are built at unit size and scaled.
+
+* full simulation: copy c becomes an engine transfer with every flow at weight 1;
+* symmetric simulation: only the representative GPU's flows of copy 0 are instantiated,
+  each flow weighted on each link by
+      w(L) = (bytes all copies put on L) / (bytes the representative flows put on L),
+  so under max-min sharing it gets the rate it would get with all copies present; by
+  symmetry the other members' flows finish at the same time.
+Phase latency = steps * (slowest route's one-way latency) + the extra time (in the symmetric
+form, of the representative's routes: when copies' routes differ in latency, e.g. GPUs that
+reach their NIC through the host bridge, the full simulation lets the replicas drift apart
+by that difference, which staggers their use of the shared links rather than adding up).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from simulator.collectives import PhasePlan, collective_phases
+from simulator.engine import FlowSpec, Phase
+from simulator.layout import rank_of
+from simulator.topology import Topology
+
+# one phase of one copy: ((src gpu, links, unit bytes), ...), steps, extra seconds
+RoutedPhase = tuple[tuple[tuple[int, tuple[int, ...], float], ...], int, float]
+Weighted = list[tuple[tuple[FlowSpec, ...], float, tuple[tuple[int, float], ...]]]
+
+
+class Transfers:
+    """Builds, caches and instantiates transfer classes for one plan on one topology."""
+
+    def __init__(self, topo: Topology, p: int, t: int, d: int, full: bool, free: bool):
+        self.topo = topo
+        self.p, self.t, self.d = p, t, d
+        self.full = full
+        self.free = free
+        self._classes: dict[tuple, list[list[RoutedPhase]]] = {}
+        self._weighted: dict[tuple, Weighted] = {}
+        self._cache: dict[tuple, tuple[list[Phase], float]] = {}
+
+    def gpu(self, pp: int, dp: int, tp: int) -> int:
+        return rank_of(pp, dp, tp, self.t, self.d)
+
+    def phases(self, key: tuple, make: Callable[[], list[list[RoutedPhase]]], copy: int, rep_gpu: int,
+               size: float, count_gpu: int = -1) -> tuple[list[Phase], float]:
+        """(engine phases of copy ``copy`` of class ``key`` for ``size`` bytes, bytes that
+        ``count_gpu`` sends in them). ``rep_gpu``: the simulated GPU (symmetric mode)."""
+        if self.free or size <= 0.0:
+            return [], 0.0
+        ckey = (key, copy, size, count_gpu, rep_gpu)
+        got = self._cache.get(ckey)
+        if got is not None:
+            return got
+        if self.full:
+            weighted = self._unweighted(self._class(key, make)[copy])
+        else:
+            weighted = self._weighted.get((key, rep_gpu))
+            if weighted is None:
+                weighted = self._weigh(self._class(key, make), rep_gpu)
+                self._weighted[(key, rep_gpu)] = weighted
+        sent = size * sum(b for (_, _, srcs) in weighted for (s, b) in srcs if s == count_gpu) if count_gpu >= 0 else 0.0
+        out = [Phase(tuple(FlowSpec(f.links, f.weights, f.nbytes * size) for f in specs), lat) for (specs, lat, _) in weighted]
+        self._cache[ckey] = (out, sent)
+        return out, sent
+
+    def _class(self, key: tuple, make: Callable[[], list[list[RoutedPhase]]]) -> list[list[RoutedPhase]]:
+        got = self._classes.get(key)
+        if got is None:
+            got = make()
+            self._classes[key] = got
+        return got
+
+    def _latency(self, flows: tuple, steps: int, extra: float) -> float:
+        return steps * max((self.topo.latency(links) for (_, links, _) in flows), default=0.0) + extra
+
+    def _unweighted(self, copy: list[RoutedPhase]) -> Weighted:
+        return [(tuple(FlowSpec(links, (1.0,) * len(links), b) for (_, links, b) in flows),
+                 self._latency(flows, steps, extra), tuple((s, b) for (s, _, b) in flows))
+                for flows, steps, extra in copy]
+
+    def _weigh(self, copies: list[list[RoutedPhase]], rep_gpu: int) -> Weighted:
+        out: Weighted = []
+        for pi, (flows, steps, extra) in enumerate(copies[0]):
+            total: dict[int, float] = {}
+            for cp in copies:
+                for (_, links, b) in cp[pi][0]:
+                    for lid in links:
+                        total[lid] = total.get(lid, 0.0) + b
+            mine_flows = [f for f in flows if f[0] == rep_gpu]
+            mine: dict[int, float] = {}
+            for (_, links, b) in mine_flows:
+                for lid in links:
+                    mine[lid] = mine.get(lid, 0.0) + b
+            specs = tuple(FlowSpec(links, tuple(total[lid] / mine[lid] for lid in links), b) for (_, links, b) in mine_flows)
+            lat = self._latency(flows, steps, extra)
+            out.append((specs, lat, tuple((s, b) for (s, _, b) in flows)))
+        return out
+
+    def _routed(self, phases: list[PhasePlan], extra: float = 0.0) -> list[RoutedPhase]:
+        route = self.topo.route
+        return [(tuple((s, route(s, d), b) for (s, d, b) in ph.flows), ph.steps, extra if i == len(phases) - 1 else 0.0)
+                for i, ph in enumerate(phases)]
+
+    # ------------------------------------------------------------------ class makers
+
+    def dp_class(self, stage: int, op: str) -> Callable[[], list[list[RoutedPhase]]]:
+        """``op`` over the data-parallel group of each tensor rank of ``stage`` (copy = tp)."""
+        def make() -> list[list[RoutedPhase]]:
+            return [self._routed(collective_phases(self.topo, op, [self.gpu(stage, dp, tp) for dp in range(self.d)], 1.0))
+                    for tp in range(self.t)]
+        return make
+
+    def p2p_class(self, s0: int, s1: int, extra: float) -> Callable[[], list[list[RoutedPhase]]]:
+        """Every (dp, tp) rank of stage s0 sends to its peer of stage s1 (copy = dp*t + tp);
+        ``extra``: the receivers' all-gather after a scattered send."""
+        def make() -> list[list[RoutedPhase]]:
+            return [self._routed([PhasePlan(((self.gpu(s0, dp, tp), self.gpu(s1, dp, tp), 1.0),), 1)], extra)
+                    for dp in range(self.d) for tp in range(self.t)]
+        return make
+
+    def pair_allreduce_class(self, s0: int, s1: int) -> Callable[[], list[list[RoutedPhase]]]:
+        """All-reduce between each (dp, tp) rank of stage s0 and its peer of s1 (tied embeddings)."""
+        def make() -> list[list[RoutedPhase]]:
+            return [self._routed(collective_phases(self.topo, "allreduce", [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0))
+                    for dp in range(self.d) for tp in range(self.t)]
+        return make
+
+    def host_class(self, stage: int, what: str) -> Callable[[], list[list[RoutedPhase]]]:
+        """Each (dp, tp) rank of ``stage`` on its host path: 'd2h', 'h2d' (PCIe), 'cpu' (the
+        host optimizer's throughput) or 'nvme' (copy = dp*t + tp)."""
+        topo = self.topo
+
+        def links_of(g: int) -> tuple[int, ...]:
+            node = g // topo.gpus_per_node
+            if what == "d2h":
+                return topo.to_host(g)
+            if what == "h2d":
+                return topo.from_host(g)
+            if what == "cpu":
+                return topo.cpu(node)
+            return topo.nvme(node)
+
+        def make() -> list[list[RoutedPhase]]:
+            out: list[list[RoutedPhase]] = []
+            for dp in range(self.d):
+                for tp in range(self.t):
+                    g = self.gpu(stage, dp, tp)
+                    out.append([(((g, links_of(g), 1.0),), 1, 0.0)])
+            return out
+        return make
+
+
+def copy_index(full: bool, dp: int, tp: int, t: int, per: str) -> int:
+    """Index of a rank's copy in a class: per 'tp' (DP groups) or per 'dptp' (every rank)."""
+    if not full:
+        return 0
+    return tp if per == "tp" else dp * t + tp

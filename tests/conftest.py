@@ -1,0 +1,31 @@
+"""Shared test helpers: run the real CLI, read the published reference figures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# DESIGN.md: "../shared/validation/ holds public reference figures to test against"
+VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "shared" / "validation"))
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m autoplan ARGS`` in a subprocess (no AUTOPLAN_DEBUG, so no traceback on purpose)."""
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "autoplan", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def published() -> dict:
+    """``published.yaml``: ZeRO and Megatron-LM figures (DESIGN.md section 7)."""
+    path = VALIDATION_DIR / "published.yaml"
+    if not path.is_file():
+        pytest.skip(f"reference figures not found at {path} (set AUTOPLAN_VALIDATION_DIR)")
+    return yaml.safe_load(path.read_text())

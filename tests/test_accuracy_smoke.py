@@ -1,0 +1,66 @@
+"""benchmarks/accuracy.py runs: its data loads and one row of each kind is predicted.
+
+No accuracy is asserted here (the benchmark reports it); these checks only catch a broken
+loader, cluster file or prediction path quickly.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwprofiles.load import load_cluster
+from simulator import analytic, workload
+from simulator.specs import Job
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+data = pytest.importorskip("_accuracy_data")
+
+
+@pytest.fixture(scope="module")
+def have_data() -> None:
+    if not (data.VALIDATION_DIR / "vtrain" / "ground_truth_single.csv").is_file():
+        pytest.skip(f"validation data not found under {data.VALIDATION_DIR} (set AUTOPLAN_VALIDATION_DIR)")
+
+
+def test_vtrain_cluster_file():
+    c = load_cluster("vtrain-a100")
+    assert c.gpus_per_node == 8 and c.num_gpus == 512
+    assert c.node.nics_per_node * c.node.nic.bandwidth_Gbps == 800   # vTrain: 800 Gb/s per node
+    assert c.gpu.name.startswith("a100")
+
+
+def test_vtrain_rows_load_and_one_predicts(have_data):
+    single = data.vtrain_rows("ground_truth_single.csv")
+    multi = data.vtrain_rows("ground_truth_multi.csv")
+    assert (len(single), len(multi)) == (1440, 109)
+    assert sum(r.fit_subset for r in single) == 720
+    for row in (single[0], multi[0]):
+        assert row.job.plan.gpus == row.job.cluster.num_gpus
+        r = analytic.estimate(row.job, analytic.MEGATRON_LOCAL_DDP)
+        assert math.isfinite(r.step_time) and r.step_time > 0 and row.measured_s > 0
+
+
+def test_published_row_predicts(have_data):
+    rows = data.published_rows()
+    assert [r.params_B for r in rows][:2] == [1.7, 7.5] and len(rows) == 5
+    row = rows[0]
+    from simulator.specs import parse_plan
+
+    cluster = data.selene(row.gpus)
+    plan, _ = parse_plan(f"t={row.t},p={row.p},mb=4,ckpt=full", row.model, cluster.num_gpus, row.batch)
+    r = analytic.estimate(Job(row.model, cluster, plan, row.batch), analytic.MEGATRON_LOCAL_DDP)
+    assert 0 < r.tflops_per_gpu < cluster.gpu.peak_tflops["fp16"]
+
+
+def test_megatron_vocab_padding():
+    """GPT-2's 50257 tokens pad to a multiple of 128*t (Megatron's make-vocab-size-divisible-by)."""
+    from simulator.specs import ModelSpec
+
+    m = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=50257, seq_length=16)
+    assert [workload.padded_vocab_size(m, t) for t in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]

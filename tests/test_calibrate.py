@@ -1,0 +1,185 @@
+"""autoplan calibrate (hwprofiles.calibrate): the fits, the YAML numbers, input errors, the
+committed CPU profiles, and an end-to-end --quick calibration on this machine's CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from hwprofiles import InputError, load_cluster, load_gpu, load_node
+from hwprofiles.calibrate import default_node_path, gpu_reference, main, run_calibration
+from hwprofiles.calibrate_fit import CollectiveSample, bus_factor, fit_gemm_curve, fit_link, ring_steps
+from hwprofiles.calibrate_yaml import num
+from hwprofiles.load import GPU_DIR, NODE_DIR
+from hwprofiles.schema import GemmPoint
+
+GRID = (64, 128, 256, 512, 1024, 2048)
+
+
+def synthetic_table(peak: float, e: float, hm: float, hn: float, hk: float) -> list[GemmPoint]:
+    """tflops = peak * e * m/(m+hm) * n/(n+hn) * k/(k+hk) on the GRID^3 shapes."""
+    return [GemmPoint(m=m, n=n, k=k, dtype="fp32",
+                      tflops=peak * e * m / (m + hm) * n / (n + hn) * k / (k + hk))
+            for m in GRID for n in GRID for k in GRID]
+
+
+# --------------------------------------------------------------------------- fits (pure)
+def test_gemm_fit_recovers_the_curve_that_made_the_table():
+    fit = fit_gemm_curve(synthetic_table(0.1, 0.8, 64.0, 32.0, 128.0), peak_tflops=0.1)
+    assert fit.max_efficiency == pytest.approx(0.8, rel=1e-6)
+    assert (fit.half_dim_m, fit.half_dim_n, fit.half_dim_k) == pytest.approx((64.0, 32.0, 128.0), rel=1e-5)
+    assert fit.rms_log_error < 1e-8
+    # by hand: every dim equal to its half_dim halves throughput -> 0.8 * 1/2 * 1/2 * 1/2 = 0.1
+    assert fit.efficiency(64, 32, 128) == pytest.approx(0.1, rel=1e-6)
+    # by hand: m=n=k=3*half -> 0.8 * (3/4)^3 = 0.3375 (hm=hn=hk=64 at 192)
+    flat = fit_gemm_curve(synthetic_table(2.0, 0.8, 64.0, 64.0, 64.0), peak_tflops=2.0)
+    assert flat.efficiency(192, 192, 192) == pytest.approx(0.3375, rel=1e-6)
+
+
+def test_gemm_fit_is_a_least_squares_compromise_on_noisy_data():
+    rng = np.random.default_rng(0)
+    pts = [p.model_copy(update={"tflops": p.tflops * float(np.exp(rng.normal(0, 0.05)))})
+           for p in synthetic_table(1.0, 0.7, 100.0, 50.0, 20.0)]
+    fit = fit_gemm_curve(pts, peak_tflops=1.0)
+    assert fit.max_efficiency == pytest.approx(0.7, rel=0.05)
+    assert fit.half_dim_m == pytest.approx(100.0, rel=0.15)
+    assert 0.03 < fit.rms_log_error < 0.07  # the injected 5% noise, not more
+
+
+def test_gemm_fit_respects_the_schema_bounds():
+    # a table faster than "peak" cannot push max_efficiency above 1
+    fit = fit_gemm_curve(synthetic_table(1.0, 1.0, 1.0, 1.0, 1.0), peak_tflops=0.5)
+    assert fit.max_efficiency <= 1.0 and min(fit.half_dim_m, fit.half_dim_n, fit.half_dim_k) >= 0.0
+    with pytest.raises(ValueError):
+        fit_gemm_curve([], peak_tflops=1.0)
+
+
+def test_collective_model_counts_steps_like_the_simulator():
+    assert [ring_steps("all_reduce", n) for n in (2, 4, 8)] == [2, 4, 6]   # min(2(n-1), 2*ceil(log2 n))
+    assert [ring_steps("all_gather", n) for n in (2, 4, 8)] == [1, 3, 6]
+    assert ring_steps("send_recv", 2) == 1
+    assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("reduce_scatter", 4) == 0.75
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    lat, bw = 50e-6, 2e9
+    samples = [CollectiveSample(op, s, n, ring_steps(op, n) * lat + bus_factor(op, n) * s / bw)
+               for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+               for n in ((2,) if op == "send_recv" else (2, 4)) for s in (4096, 65536, 1 << 20, 1 << 24)]
+    fit = fit_link(samples)
+    assert fit.latency_s == pytest.approx(lat, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
+    # by hand: 1 MB all-reduce over 4 ranks = 4 steps * 50 us + 1.5 * 1e6 B / 2e9 B/s = 200 + 750 us
+    assert fit.predict("all_reduce", 1e6, 4) == pytest.approx(950e-6, rel=1e-6)
+
+
+@pytest.mark.parametrize("x", [1.315e-20, 3.2e-5, 0.08912, 1.0, 61.23, 1411.8, 12345678.9])
+def test_yaml_numbers_read_back_as_floats(x):
+    y = yaml.safe_load(f"v: {num(x)}")["v"]
+    assert isinstance(y, float) and y == pytest.approx(x, rel=1e-3)
+
+
+# --------------------------------------------------------------------------- inputs
+def test_bad_input_is_one_line_input_error(tmp_path):
+    with pytest.raises(InputError, match="--device"):
+        run_calibration("tpu", tmp_path / "x.yaml")
+    with pytest.raises(InputError, match="expected a .yaml path"):
+        run_calibration("cpu", tmp_path / "x.json")
+    with pytest.raises(InputError, match="--ranks"):
+        run_calibration("cpu", tmp_path / "x.yaml", ranks=0)
+
+
+def test_cuda_without_cuda_is_input_error(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(InputError) as err:
+        run_calibration("cuda", tmp_path / "gpu.yaml")
+    assert "CUDA is not available" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "gpu.yaml").exists()
+
+
+def test_cli_reports_input_error_with_exit_2(tmp_path, capsys):
+    def refuse(*args, **kwargs):
+        raise InputError("calibrate: --device cuda: CUDA is not available")
+
+    assert main(["--device", "cuda", "-o", str(tmp_path / "g.yaml")], run=refuse) == 2
+    assert capsys.readouterr().err.strip() == "autoplan: error: calibrate: --device cuda: CUDA is not available"
+
+
+def test_output_layout(tmp_path):
+    assert default_node_path(tmp_path / "box.yaml") == tmp_path / "box-node.yaml"
+    assert default_node_path(GPU_DIR / "h200-measured.yaml") == NODE_DIR / "h200-measured-node.yaml"
+    assert gpu_reference(GPU_DIR / "cpu.yaml") == "cpu"                     # built-in: by name
+    assert gpu_reference(tmp_path / "box.yaml") == str((tmp_path / "box.yaml").resolve())  # else by path
+
+
+def test_importing_hwprofiles_and_calibrate_does_not_import_torch():
+    code = "import sys, hwprofiles, hwprofiles.calibrate, hwprofiles.calibrate_fit; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+# --------------------------------------------------------------------------- committed profiles
+def test_committed_cpu_profiles_are_measured_and_load():
+    gpu = load_gpu("cpu")
+    assert gpu.name == "cpu" and gpu.default_dtype == "fp32" and "fp32" in gpu.peak_tflops
+    assert gpu.measured is not None and gpu.measured["date"] == "2026-11-21"
+    assert {"device", "torch", "host"} <= set(gpu.measured)
+    assert gpu.gemm.table and all(p.dtype == "fp32" for p in gpu.gemm.table)
+    # the tiny model's shapes (m = mb*seq = 64..512, n, k = 128..512) are inside the table's range
+    assert min(p.m for p in gpu.gemm.table) <= 64 and max(p.m for p in gpu.gemm.table) >= 512
+    assert min(p.k for p in gpu.gemm.table) <= 64 and max(p.n for p in gpu.gemm.table) >= 2048
+    node = load_node("localhost-cpu")
+    assert node.gpu.name == "cpu" and node.gpus_per_node == 4 and node.backend == "gloo"
+    assert node.intra_node.kind == "loopback" and node.pcie.kind == "loopback" and node.nics_per_node == 0
+    assert node.intra_node.efficiency == 1.0 and node.compute_slots >= 1
+    cluster = load_cluster("localhost-cpu")
+    assert cluster.nodes == 1 and cluster.network.topology == "single-switch" and cluster.num_gpus == 4
+
+
+def test_committed_cpu_profile_numbers_carry_their_source():
+    for path in (GPU_DIR / "cpu.yaml", NODE_DIR / "localhost-cpu.yaml"):
+        text = path.read_text()
+        numbers = text.split("\nmeasured:")[0]           # the provenance strings below need none
+        lines = [ln for ln in numbers.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        with_digits = [ln for ln in lines if any(ch.isdigit() for ch in ln.split("#")[0].partition(":")[2])]
+        assert with_digits and all("#" in ln for ln in with_digits), path
+        assert "measured by autoplan calibrate on 2026-11-21" in text
+
+
+# --------------------------------------------------------------------------- end to end
+def check_sane_gpu(path):
+    g = load_gpu(str(path))
+    peak = g.peak_tflops["fp32"]
+    assert 1e-3 < peak < 50.0                                   # one core: ~0.01-1 TFLOP/s
+    assert all(0 < p.tflops <= peak for p in g.gemm.table)
+    assert 0 < g.gemm.max_efficiency <= 1
+    assert 0.5 < g.memory_bandwidth_GBps < 5000
+    assert 0 < g.memory_efficiency <= 1
+    assert 0.05 < g.kernel_launch_us < 5000
+    assert 0.01 < g.memory_reserved_GiB < 16 and 0 < g.memory_GiB
+    assert g.measured["torch"] and g.measured["host"] and g.measured["mode"] == "quick"
+    return g
+
+
+def test_quick_cpu_calibration_end_to_end(tmp_path):
+    out = tmp_path / "box.yaml"
+    t0 = time.monotonic()
+    written = run_calibration("cpu", out, quick=True, ranks=2, progress=False)
+    elapsed = time.monotonic() - t0
+    assert written == [out, tmp_path / "box-node.yaml"]
+    g = check_sane_gpu(out)
+    assert g.name == "box"
+    node = load_node(str(written[1]))
+    assert node.gpu == g and node.gpus_per_node == 2 and node.backend == "gloo"
+    assert 1e-3 < node.intra_node.bandwidth_GBps < 1000 and 0 < node.intra_node.latency_us < 1e5
+    assert 0 < node.pcie.bandwidth_GBps < 1000 and node.cpu_adam_GBps > 0 and node.host_memory_GiB > 0
+    cluster = load_cluster(str(written[1]))               # --cluster <node file> works
+    assert cluster.num_gpus == 2
+    assert elapsed < 120, f"--quick took {elapsed:.0f} s (meant to be well under a minute on 2 idle cores)"
+

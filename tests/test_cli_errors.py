@@ -1,0 +1,126 @@
+"""Bad input through the real CLI: exit 2 and one line ``autoplan: error: ...`` that names the
+file / key, never a traceback (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import yaml
+
+from conftest import run_cli
+
+MODEL = {"name": "m", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512, "seq_length": 64}
+NODE = {
+    "name": "n", "gpu": "a100-sxm4-80gb", "gpus_per_node": 8,
+    "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
+    "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
+    "nics_per_node": 8, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
+    "host_memory_GiB": 2048,
+}
+CLUSTER = {"name": "c", "nodes": 2, "node": "dgx-a100-80gb"}
+
+# Input files: name -> text. "{dir}" in a case's arguments is the directory holding them.
+FILES = {
+    "malformed.yaml": "name: m\nnum_layers: [4, 8\nhidden_size: 128\n",
+    "malformed_cluster.yaml": "name: c\nnodes: 2\n  node: dgx-a100-80gb\n",
+    "unknown_key.yaml": yaml.safe_dump(dict(MODEL, dropout=0.1)),
+    "typo_key.yaml": yaml.safe_dump({("num_layer" if k == "num_layers" else k): v for k, v in MODEL.items()}),
+    "unknown_cluster_key.yaml": yaml.safe_dump(dict(CLUSTER, network={"topology": "fat-tree", "oversub": 2})),
+    "wrong_type.yaml": yaml.safe_dump(dict(MODEL, hidden_size="big")),
+    "wrong_type_cluster.yaml": yaml.safe_dump(dict(CLUSTER, nodes="many")),
+    "negative.yaml": yaml.safe_dump(dict(MODEL, num_layers=-4)),
+    "negative_node.yaml": yaml.safe_dump(dict(NODE, host_memory_GiB=-1)),
+    "bad_gpu_node.yaml": yaml.safe_dump(dict(NODE, gpu="no-such-gpu")),
+    "bad_node_cluster.yaml": yaml.safe_dump(dict(CLUSTER, node="no-such-node")),
+    "no_nic_node.yaml": yaml.safe_dump({k: v for k, v in dict(NODE, nics_per_node=0).items() if k != "nic"}),
+    "empty.yaml": "",
+    "bad.json": '{"model_type": "llama", "num_hidden_layers": 2,,}',
+    "relu.json": json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
+                             "n_positions": 32, "activation_function": "relu"}),
+}
+
+SIM = ["simulate", "--fidelity", "analytic"]
+GOOD = ["--model", "tiny", "--cluster", "dgx-a100-80gb", "--global-batch", "16", "--plan", "t=2"]
+
+
+def sim(**over: str) -> list[str]:
+    """simulate with GOOD arguments, some replaced."""
+    args = dict(zip(GOOD[::2], GOOD[1::2]))
+    args.update({f"--{k.replace('_', '-')}": v for k, v in over.items()})
+    return SIM + [x for kv in args.items() for x in kv]
+
+
+GPT3_128 = dict(model="gpt3-175b", nodes="128", global_batch="1536")
+
+# id -> (arguments, strings the message must contain)
+CASES = {
+    "malformed-model-yaml": (sim(model="{dir}/malformed.yaml"), ["malformed.yaml", "line 3", "malformed YAML"]),
+    "malformed-cluster-yaml": (sim(cluster="{dir}/malformed_cluster.yaml"), ["malformed_cluster.yaml", "malformed YAML"]),
+    "malformed-json": (sim(model="{dir}/bad.json"), ["bad.json", "malformed JSON"]),
+    "empty-yaml": (sim(model="{dir}/empty.yaml"), ["empty.yaml", "expected a mapping"]),
+    "unknown-key": (sim(model="{dir}/unknown_key.yaml"), ["unknown_key.yaml", "'dropout'", "unknown key"]),
+    "typo-key": (sim(model="{dir}/typo_key.yaml"), ["typo_key.yaml", "'num_layer'", "unknown key"]),
+    "unknown-nested-key": (sim(cluster="{dir}/unknown_cluster_key.yaml"), ["unknown_cluster_key.yaml", "'network.oversub'"]),
+    "unknown-plan-key": (sim(plan="t=2,tp=2"), ["--plan", "'tp'"]),
+    "wrong-type": (sim(model="{dir}/wrong_type.yaml"), ["wrong_type.yaml", "'hidden_size'", "integer", "'big'"]),
+    "wrong-type-cluster": (sim(cluster="{dir}/wrong_type_cluster.yaml"), ["wrong_type_cluster.yaml", "'nodes'", "'many'"]),
+    "negative-size": (sim(model="{dir}/negative.yaml"), ["negative.yaml", "'num_layers'", "greater than or equal to 1"]),
+    "negative-node": (sim(cluster="{dir}/negative_node.yaml"), ["negative_node.yaml", "'host_memory_GiB'"]),
+    "negative-batch": (sim(global_batch="-16"), ["--global-batch", "positive"]),
+    "zero-nodes": (sim(nodes="0"), ["--nodes", "positive"]),
+    "t-not-dividing-heads": (sim(**GPT3_128, plan="t=64,p=1"), ["--plan", "t=64", "num_attention_heads=96"]),
+    "batch-not-divisible": (sim(**dict(GPT3_128, global_batch="1537"), plan="t=8,p=16"),
+                            ["--plan", "global batch 1537", "d*mb"]),
+    "unknown-model": (sim(model="gpt-5"), ["unknown model 'gpt-5'", "gpt3-175b"]),
+    "unknown-cluster": (sim(cluster="dgx-z900"), ["unknown cluster 'dgx-z900'", "dgx-a100-80gb"]),
+    "unknown-gpu-in-node": (sim(cluster="{dir}/bad_gpu_node.yaml"), ["bad_gpu_node.yaml", "'gpu'", "no-such-gpu"]),
+    "unknown-node-in-cluster": (sim(cluster="{dir}/bad_node_cluster.yaml"), ["bad_node_cluster.yaml", "'node'", "no-such-node"]),
+    "unsupported-activation": (sim(model="{dir}/relu.json"), ["relu.json", "hidden_act", "relu"]),
+    "multi-node-without-nics": (sim(cluster="{dir}/no_nic_node.yaml", nodes="2"), ["no_nic_node.yaml", "no NICs"]),
+    "name-too-long": (sim(cluster="x" * 300), ["unknown cluster 'xxx"]),
+    "missing-model-file": (sim(model="{dir}/nope.yaml"), ["nope.yaml", "no such file"]),
+    "missing-cluster-file": (sim(cluster="{dir}/nope-cluster.yaml"), ["nope-cluster.yaml", "no such file"]),
+    "missing-required-argument": (SIM + GOOD[:-2], ["--plan"]),
+    "plot-needs-des": (sim() + ["--plot", "{dir}/x.png"], ["--plot", "des"]),
+    "plan-bad-fix": (["plan", *GOOD[:-2], "--fix", "t=2,pp=2"], ["--fix", "'pp'"]),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run every case once, a few at a time (each is a fresh interpreter)."""
+    d = tmp_path_factory.mktemp("bad-inputs")
+    for name, text in FILES.items():
+        (d / name).write_text(text)
+
+    def one(case):
+        args = [a.replace("{dir}", str(d)) for a in CASES_AND_CONTROL[case][0]]
+        return case, run_cli(*args)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, [*CASES, "control"]))
+
+
+CASES_AND_CONTROL = dict(CASES, control=(sim(), []))  # the arguments the cases start from are good
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_gives_exit_2_and_one_line(results, case):
+    proc = results[case]
+    needles = CASES[case][1]
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("autoplan: error: "), lines[0]
+    assert "internal error" not in lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert proc.stdout == ""
+
+
+def test_control_case_succeeds(results):
+    proc = results["control"]
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

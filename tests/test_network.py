@@ -1,0 +1,62 @@
+"""simulator.network: max-min fair sharing of links by concurrent flows."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.engine import Engine, FlowSpec, Phase
+from simulator.network import Network, fair_rates
+
+
+def test_two_flows_on_one_link_each_get_half():
+    assert fair_rates([100.0], [(0,), (0,)]) == pytest.approx([50.0, 50.0])
+
+
+def test_max_min_fair_allocation():
+    # A crosses links 0 and 1; B only 0; C only 1. Link 0 = 10, link 1 = 4:
+    # link 1 fills first (A = C = 2), then B takes the rest of link 0 (8).
+    rates = fair_rates([10.0, 4.0], [(0, 1), (0,), (1,)])
+    assert rates == pytest.approx([2.0, 8.0, 2.0])
+
+
+def test_weights_stand_for_identical_copies():
+    # a flow standing for 3 copies on a link shares it with 1 other flow: each gets 1/4
+    rates = fair_rates([100.0], [(0,), (0,)], weights=[(3.0,), (1.0,)])
+    assert rates == pytest.approx([25.0, 25.0])
+
+
+def test_finishing_flow_frees_bandwidth():
+    """Small flow S and large flow L start together on one link of bandwidth B: the small one
+    ends at 2S/B, the large one at (S + L)/B."""
+    net = Network([10.0])
+    eng = Engine(net)
+    a, b = eng.add_stream("a"), eng.add_stream("b")
+    small = eng.transfer(a, [Phase((FlowSpec((0,), (1.0,), 20.0),), 0.0)], "x")
+    large = eng.transfer(b, [Phase((FlowSpec((0,), (1.0,), 60.0),), 0.0)], "y")
+    eng.run()
+    assert eng.end[small] == pytest.approx(4.0)
+    assert eng.end[large] == pytest.approx(8.0)
+    assert net.utilization(8.0)[0] == pytest.approx(1.0)
+
+
+def test_late_flow_shares_from_when_it_starts():
+    net = Network([10.0])
+    eng = Engine(net)
+    a, b = eng.add_stream("a"), eng.add_stream("b")
+    first = eng.transfer(a, [Phase((FlowSpec((0,), (1.0,), 50.0),), 0.0)], "x")
+    gate = eng.task(b, 1.0, "wait")
+    second = eng.transfer(b, [Phase((FlowSpec((0,), (1.0,), 10.0),), 0.0)], "y", deps=[gate])
+    eng.run()
+    # 10 bytes alone in [0, 1], then 5 B/s each: second needs 2 s, first has 30 left at t=3
+    assert eng.end[second] == pytest.approx(3.0)
+    assert eng.end[first] == pytest.approx(6.0)
+
+
+def test_link_series_recorded_for_traces():
+    net = Network([10.0, 10.0], record=True)
+    eng = Engine(net)
+    s = eng.add_stream("s")
+    eng.transfer(s, [Phase((FlowSpec((0, 1), (1.0, 2.0), 10.0),), 0.0)], "x")
+    eng.run()
+    assert net.series[0] == [(0.0, pytest.approx(0.5)), (pytest.approx(2.0), 0.0)]
+    assert net.series[1][0][1] == pytest.approx(1.0)

@@ -1,0 +1,114 @@
+"""Single-process tests of the runtime's pieces (no torchrun): layout, init, chunks, data, support."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.specs import ModelSpec, Plan, load_model
+
+from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
+from autoplan.runtime.layout import Layout, chunk_layer_ids
+from autoplan.runtime.support import unsupported_reason
+from autoplan.runtime.zero1 import assign_owners
+
+LLAMA_LIKE = ModelSpec(
+    name="tiny-llama", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+    ffn_hidden_size=96, vocab_size=128, seq_length=16, activation="swiglu", tie_embeddings=False,
+    position_embedding_type="rope", normalization="RMSNorm",
+)
+
+
+def test_planner_side_modules_do_not_import_torch():
+    code = ("import sys, autoplan.runtime.support, autoplan.runtime.config, autoplan.emit.writer, autoplan.verify; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("plan,m,expected", [
+    (Plan(t=2, p=2, d=1), 4, None),
+    (Plan(d=4, zero=3, offload="nvme"), 4, "offload=nvme"),
+    (Plan(d=4, zero=1, offload="cpu"), 4, "offload=cpu with zero=1"),
+    (Plan(d=4, zero=3, offload="cpu"), 4, None),
+    (Plan(p=4, schedule="1f1b"), 2, "at least as many microbatches"),
+    (Plan(p=4, schedule="gpipe"), 2, None),
+    (Plan(p=2, v=2, schedule="interleaved"), 3, "multiple of p=2"),
+])
+def test_unsupported_reason(plan, m, expected):
+    reason = unsupported_reason(load_model("tiny"), plan, m)
+    assert reason is None if expected is None else expected in reason
+
+
+def test_layout_coordinates_and_looped_chunks():
+    plan = Plan(t=2, p=2, d=2, v=2, schedule="interleaved")
+    coords = [(l.pp_rank, l.dp_rank, l.tp_rank) for l in (Layout.of(plan, r) for r in range(8))]
+    assert coords == [(pp, dp, tp) for pp in range(2) for dp in range(2) for tp in range(2)]
+    first, last = Layout.of(plan, 0), Layout.of(plan, 7)
+    assert first.chunks == [0, 2] and first.has_first and not first.has_last
+    assert last.chunks == [1, 3] and last.has_last
+    assert [last.global_rank(1, 1, 1), first.global_rank(0, 1, 0)] == [7, 2]
+
+
+def test_chunk_layers_and_recompute_modes():
+    from autoplan.runtime.model import layer_recompute
+
+    model = load_model("tiny")
+    plan = Plan(p=2, layers=(1, 3), recompute=((1, 0), (1, 1)))
+    assert [list(chunk_layer_ids(model, plan, c)) for c in range(2)] == [[0], [1, 2, 3]]
+    modes = layer_recompute(model, plan.chunk_layers(4), plan.chunk_recompute(4))
+    assert modes == {0: "full", 1: "full", 2: "selective", 3: "none"}
+
+
+def test_zero1_owners_balance_sizes():
+    owners = assign_owners([100, 10, 60, 40, 10, 10], 2)
+    loads = [sum(s for s, o in zip([100, 10, 60, 40, 10, 10], owners) if o == r) for r in range(2)]
+    assert sorted(loads) == [110, 120]
+
+
+@pytest.mark.parametrize("spec", [load_model("tiny").model_copy(update={"seq_length": 16}), LLAMA_LIKE])
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_pipeline_chunks_compose_to_the_full_model(spec, ckpt):
+    """Chunks built separately (own init, own tied copy) chain to the full model's logits and loss."""
+    import torch
+
+    from autoplan.runtime.data import global_batch
+    from autoplan.runtime.init import init_parameters
+    from autoplan.runtime.model import GPT, lm_loss
+
+    modes = {i: ckpt for i in range(spec.num_layers)}
+    full = GPT(spec, range(spec.num_layers), True, True, modes)
+    chunks = [GPT(spec, ids, i == 0, i == 2, modes) for i, ids in enumerate([[0], [1, 2], [3]])]
+    for m in [full, *chunks]:
+        init_parameters(m, seed=7, std=0.02, tied=spec.tie_embeddings)
+    x, y = global_batch(0, 3, spec.seq_length, spec.vocab_size, seed=7)
+    ref = full(x)
+    h = x
+    for c in chunks:
+        h = c(h)
+    assert torch.equal(h, ref)
+    lm_loss(ref, y).backward()
+    assert full.head.out.weight is full.embed.tok.weight or not spec.tie_embeddings
+    assert all(p.grad is not None for p in full.parameters())
+
+
+def test_data_parallel_shards_cover_the_global_batch():
+    import torch
+
+    from autoplan.runtime.data import global_batch, local_batch
+
+    x, y = global_batch(3, 8, 16, 128, seed=1)
+    parts = [local_batch(3, 8, 16, 128, 1, r, 4) for r in range(4)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_plan_json_round_trip(tmp_path: Path):
+    import json
+
+    spec = RunSpec(model=LLAMA_LIKE, plan=Plan(t=2, p=2, d=2, layers=(1, 3), recompute=((1, 0), (0, 2))), global_batch=8)
+    (tmp_path / "plan.json").write_text(json.dumps(run_spec_to_dict(spec)))
+    back = load_run_spec(tmp_path)
+    assert back == spec and back.num_microbatches == 4 and back.world_size == 8

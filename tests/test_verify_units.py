@@ -1,0 +1,67 @@
+"""``autoplan.verify`` diagnosis helpers on fabricated logs (the real runs are in test_verify_run)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from simulator.specs import Plan, load_model
+
+from autoplan.runtime.config import RunSpec
+from autoplan.verify import _failed_rank, _hang_culprit, compare, format_report, summarize
+
+TORCHRUN_TAIL = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12)  (SIGKILL)
+"""
+
+
+def _logs(out: Path, lines: dict[int, list[str]]) -> None:
+    for r, ls in lines.items():
+        (out / f"rank{r}.log").write_text("".join(f"[rank {r}] 00:00:0{i} {l}\n" for i, l in enumerate(ls)))
+
+
+def test_failed_rank_is_torchruns_root_cause_not_the_collateral_failure(tmp_path):
+    _logs(tmp_path, {0: ["pid 11 start"], 1: ["pid 12 start", "timed step 1/9"]})
+    (tmp_path / "rank0.log").open("a").write("[rank 0] FAILED: RuntimeError('Connection reset by peer')\n")
+    (tmp_path / "torchrun.log").write_text(TORCHRUN_TAIL)
+    assert _failed_rank(tmp_path, tmp_path / "torchrun.log", 2) == (1, "killed by SIGKILL")
+    (tmp_path / "torchrun.log").write_text("no summary")
+    assert _failed_rank(tmp_path, tmp_path / "torchrun.log", 2) == (0, "RuntimeError('Connection reset by peer')")
+
+
+def test_hang_culprit_stale_heartbeat_then_fewest_lines(tmp_path):
+    now = time.time()
+    beats = {0: (now, 7), 1: (now - 30, 5), 2: (now, 7)}
+    for r, (t, n) in beats.items():
+        (tmp_path / f"rank{r}.heartbeat").write_text(json.dumps({"time": t, "lines": n}))
+    r, how = _hang_culprit(tmp_path, 3)
+    assert r == 1 and "stopped responding" in how
+    (tmp_path / "rank1.heartbeat").write_text(json.dumps({"time": now, "lines": 5}))
+    assert _hang_culprit(tmp_path, 3) == (1, "is behind the other ranks, which wait for it")
+    assert _hang_culprit(tmp_path, 4)[1] == "never started"
+
+
+def test_summary_and_report():
+    spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
+    timed = {"step_time_s": 0.5, "peak_memory_bytes": 2**29 + 2**28, "losses": [6.0]}
+    ranks = [
+        {"rank": r, "device": "cpu", "backend": "gloo", "coords": {"pp": r, "dp": 0, "tp": 0}, "has_last_stage": r == 1,
+         "rss_baseline_bytes": 2**28, "timed": timed,
+         "check": {"losses": [6.0, 5.9] if r else [None, None], "grad_norms": [1.0, 0.9]}}
+        for r in range(2)
+    ]
+    ref = {"losses": [6.0, 5.9 * (1 + 2e-4)], "grad_norms": [1.0, 0.9]}
+    result = summarize(spec, ranks, ref, {"plan": {"p": 2}, "step_time_s": 0.4, "peak_memory_gib": 0.25})
+    assert abs(result["error_pct"] - 25.0) < 1e-9 and abs(result["memory_error_pct"] - 100.0) < 1e-9
+    assert result["loss_match"] is False and abs(result["max_rel_loss_diff"] - 2e-4) < 1e-6
+    text = format_report(result)
+    assert "MISMATCH" in text and "+25.0%" in text
+    assert compare([1.0, 2.0], [1.0, 2.0]) == 0.0
