@@ -88,6 +88,9 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
     p.add_argument("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     if plan_required:
         p.add_argument("--plan", required=True, help="plan string, e.g. t=8,p=8,mb=1,zero=1,ckpt=full,schedule=1f1b")
+    p.add_argument("--no-dp-overlap", action="store_true",
+                   help="model a program that reduces gradients after the last backward instead of overlapping "
+                        "bucketed reductions with it (Megatron-LM 2021 local DDP, Megatron-DeepSpeed without bucketing)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,7 +156,13 @@ def _make_job(a: argparse.Namespace):
 
     model, cluster = _load_job_inputs(a)
     plan, _ = parse_plan(a.plan, model, cluster.num_gpus, a.global_batch)
-    return Job(model, cluster, plan, a.global_batch)
+    return Job(model, cluster, plan, a.global_batch, _runtime(a))
+
+
+def _runtime(a: argparse.Namespace):
+    from simulator.specs import NO_DP_OVERLAP, OVERLAPPED
+
+    return NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
 
 
 def _emit_json(obj: Any) -> None:
@@ -231,7 +240,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
     model, cluster = _load_job_inputs(a)
     opts = SearchOptions(fix=a.fix, top=a.top, jobs=a.jobs or os.cpu_count() or 1, objective=a.objective,
-                         fidelity=a.fidelity, progress=sys.stderr.isatty())
+                         fidelity=a.fidelity, progress=sys.stderr.isatty(), runtime=_runtime(a))
     try:
         found = search(model, cluster, a.global_batch, opts)
     except NoPlanFits as e:

@@ -26,7 +26,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.analytic import estimate, memory_only
 from simulator.api import simulate
 from simulator.result import SimResult
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.specs import OVERLAPPED, Job, ModelSpec, Plan, Runtime
 
 from autoplan import space
 from autoplan.partition import optimize_partition
@@ -50,6 +50,7 @@ class SearchOptions:
     max_finalists: int = 16
     partition: bool = True
     partition_time_s: float = 0.5  # CP-SAT time limit per finalist
+    runtime: Runtime = OVERLAPPED  # how the program reduces gradients (see simulator.specs.Runtime)
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _score_chunk(args: tuple[int, Sequence[Plan]]) -> list[tuple[float, float, b
     cap = cluster.gpu.usable_memory_bytes
     out = []
     for plan in plans:
-        job = Job(model, cluster, plan, B)
+        job = Job(model, cluster, plan, B, _WORK["opts"].runtime)
         peak = memory_only(job)  # memory first: most plans stop here
         if peak > cap:
             out.append((math.inf, peak, False))
@@ -247,12 +248,12 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     c = _WORK["clusters"][nodes]
     if not (opts.partition and _worth_partitioning(model, plan, fix)):
         return nodes, plan, None
-    job = Job(model, c, plan, B)
+    job = Job(model, c, plan, B, opts.runtime)
     part = optimize_partition(model, c, plan, job.m, choose_recompute="recompute" not in fix and "ckpt" not in fix,
                               time_limit_s=opts.partition_time_s)
     if part is None:
         return nodes, plan, None
-    cand = estimate(Job(model, c, part.plan, B))
+    cand = estimate(Job(model, c, part.plan, B, opts.runtime))
     if not (cand.fits and cand.step_time < step * (1 - 1e-6)):
         return nodes, plan, None
     gain = {"uniform": plan.to_string(), "optimized": part.plan.to_string(), "uniform_step_time_s": step,
@@ -262,7 +263,8 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
 
 def _simulate_one(args: tuple[int, Plan]) -> SimResult:
     nodes, plan = args
-    return simulate(Job(_WORK["model"], _WORK["clusters"][nodes], plan, _WORK["B"]), _WORK["opts"].fidelity)
+    opts = _WORK["opts"]
+    return simulate(Job(_WORK["model"], _WORK["clusters"][nodes], plan, _WORK["B"], opts.runtime), opts.fidelity)
 
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:

@@ -6,7 +6,8 @@
 2. The single-process reference (same model, seed and data) runs here; its SGD losses and
    gradient norms are compared with the parallel run's.
 3. The prediction: on CPU, the simulator on the ``localhost-cpu`` node with as many ranks
-   as the run; on GPU, the prediction stored in ``plan.json`` at emit time.
+   as the run (``AUTOPLAN_CPU_NODE`` names another node or cluster profile, e.g. one just
+   written by ``autoplan calibrate``); on GPU, the prediction stored in ``plan.json`` at emit time.
 
 torch is imported only inside the functions that need it.
 """
@@ -143,7 +144,7 @@ def _hang_culprit(out: Path, world: int, stale_s: float = 5.0) -> tuple[int, str
         return r, f"stopped responding (no heartbeat for {now - beats[r]['time']:.0f} s)"
     r = min(range(world), key=lambda r: (beats[r]["lines"], r))
     if all(b["lines"] == beats[r]["lines"] for b in beats.values()):
-        return r, "all ranks are stuck at the same point"
+        return r, "is stuck at the same point as every other rank"
     return r, "is behind the other ranks, which wait for it"
 
 
@@ -220,7 +221,7 @@ def predict(spec: RunSpec, device: str, stored: Optional[dict[str, Any]], log: C
         log(f"autoplan run: no prediction ({e})")
         return None
     try:
-        cluster = load_cluster(CPU_NODE)
+        cluster = load_cluster(os.environ.get("AUTOPLAN_CPU_NODE") or CPU_NODE)
     except InputError as e:
         log(f"autoplan run: no prediction ({e})")
         return None

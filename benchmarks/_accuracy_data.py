@@ -7,7 +7,7 @@ measurements, and the fit of the A100 profile's two fitted numbers.
   ``vtrain/ground_truth_multi.csv`` (109 runs on 64-512 GPUs): Megatron-DeepSpeed iteration
   times on the cluster described by hwprofiles/clusters/vtrain-a100.yaml; GPT with vocabulary
   50257 (padded by the simulator as Megatron does), activation checkpointing on (ckpt=full),
-  1F1B, no gradient bucketing (so the runtime is analytic.MEGATRON_LOCAL_DDP), ZeRO off.
+  1F1B, no gradient bucketing (so the runtime is simulator.specs.NO_DP_OVERLAP), ZeRO off.
 
 The fit split: the rows of ground_truth_single.csv at even 0-based positions in file order
 (720 runs) are the fit subset; the odd rows (720) and all of ground_truth_multi.csv and the

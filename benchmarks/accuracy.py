@@ -19,7 +19,7 @@
 
 Both 1 and 2 model what those programs did: data-parallel gradient reduction after the last
 backward with no overlap (Megatron-LM's 2021 "local" DDP; Megatron-DeepSpeed with gradient
-bucketing off): simulator.analytic.MEGATRON_LOCAL_DDP. Predictions use the analytic estimator
+bucketing off): simulator.simulator.specs.NO_DP_OVERLAP. Predictions use the analytic estimator
 and, where simulator.des is importable, the discrete-event simulator (DES columns).
 """
 
@@ -40,11 +40,13 @@ import _accuracy_data as data  # noqa: E402
 
 from autoplan.search import SearchOptions, search  # noqa: E402
 from hwprofiles.load import load_cluster  # noqa: E402
+import dataclasses  # noqa: E402
+
 from simulator import analytic  # noqa: E402
 from simulator.result import SimResult  # noqa: E402
-from simulator.specs import Job  # noqa: E402
+from simulator.specs import NO_DP_OVERLAP, Job  # noqa: E402
 
-RUNTIME = analytic.MEGATRON_LOCAL_DDP
+RUNTIME = NO_DP_OVERLAP  # Megatron-LM 2021 local DDP and vTrain's Megatron-DeepSpeed: no bucketed overlap
 TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}   # DESIGN.md section 7 / issue 6
 
 
@@ -59,8 +61,7 @@ def des_available() -> bool:
 def predict(job: Job, fidelity: str) -> SimResult:
     from simulator.api import simulate
 
-    with analytic.use_runtime(RUNTIME):
-        return simulate(job, fidelity)
+    return simulate(dataclasses.replace(job, runtime=RUNTIME), fidelity)
 
 
 def pct(pred: float, ref: float) -> float:
@@ -75,8 +76,7 @@ def fmt_pct(x: Optional[float], width: int = 7) -> str:
 
 def planner_best(row: data.PublishedRow, fidelity: str, sp_pinned: bool) -> SimResult:
     fix = f"t={row.t},p={row.p},zero=0,ckpt=full" + (",sp=0" if sp_pinned else "")
-    with analytic.use_runtime(RUNTIME):
-        found = search(row.model, data.selene(row.gpus), row.batch, SearchOptions(fix=fix, fidelity=fidelity, top=4))
+    found = search(row.model, data.selene(row.gpus), row.batch, SearchOptions(fix=fix, fidelity=fidelity, top=4, runtime=RUNTIME))
     return found.best_result
 
 
@@ -120,7 +120,7 @@ def megatron_section(use_des: bool, out: Callable[[str], None]) -> dict[str, Any
 
 def errors_of(rows: list[data.VTrainRow], fidelity: str) -> list[float]:
     if fidelity == "analytic":
-        return [analytic.estimate(r.job, RUNTIME).step_time / r.measured_s - 1 for r in rows]
+        return [analytic.estimate(dataclasses.replace(r.job, runtime=RUNTIME)).step_time / r.measured_s - 1 for r in rows]
     return [predict(r.job, fidelity).step_time / r.measured_s - 1 for r in rows]
 
 
@@ -220,7 +220,7 @@ def run_fit(out: Callable[[str], None]) -> None:
     rows = data.vtrain_rows("ground_truth_single.csv")
     fit = [r for r in rows if r.fit_subset]
     gpu = load_cluster(data.VTRAIN_CLUSTER).gpu
-    launch, eff, m = data.fit_a100(fit, lambda j: analytic.estimate(j, RUNTIME).step_time, gpu, log=out)
+    launch, eff, m = data.fit_a100(fit, lambda j: analytic.estimate(dataclasses.replace(j, runtime=RUNTIME)).step_time, gpu, log=out)
     out(f"  fitted: kernel_launch_us = {launch:.1f}, gemm.max_efficiency = {eff:.3f} (fit-subset MAPE {m:.2f}%)")
     out(f"  profile hwprofiles/gpus/a100-sxm4-80gb.yaml has kernel_launch_us = {gpu.kernel_launch_us}, "
         f"max_efficiency = {gpu.gemm.max_efficiency}")

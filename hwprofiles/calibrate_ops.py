@@ -31,7 +31,6 @@ _OPS_PER_BLOCK = 6
 @dataclass(frozen=True)
 class Overhead:
     dispatch_s: float
-    mm_dispatch_s: float
     forward_op_s: float
     backward_op_s: float
     kernel_launch_s: float
@@ -73,19 +72,19 @@ def _layer_chain(device: str) -> tuple[Callable[[], torch.Tensor], int]:
     return forward, _BLOCKS * _OPS_PER_BLOCK + 1
 
 
-def measure_overhead(device: str, timing: Timing, tick: Callable[[str], None]) -> Overhead:
-    """Time tiny ops without and with autograd (see the module docstring for the definitions)."""
+def measure_overhead(device: str, timing: Timing, passes: int, tick: Callable[[str], None]) -> Overhead:
+    """Time tiny ops without and with autograd (see the module docstring for the definitions);
+    each time is the best of ``passes`` measurements."""
     ops = _tiny_ops(device)
-    times = {name: seconds_per_call(fn, device, timing) for name, fn in ops.items()}
+    times = {name: min(seconds_per_call(fn, device, timing) for _ in range(passes)) for name, fn in ops.items()}
     tick("per-op dispatch")
     forward, n_ops = _layer_chain(device)
-    t_fwd = seconds_per_call(forward, device, timing)
-    t_fb = seconds_per_call(lambda: forward().backward(), device, timing)
+    t_fwd = min(seconds_per_call(forward, device, timing) for _ in range(passes))
+    t_fb = min(seconds_per_call(lambda: forward().backward(), device, timing) for _ in range(passes))
     tick("autograd per-op overhead")
     t_bwd = max(t_fb - t_fwd, 0.0)
     return Overhead(
         dispatch_s=statistics.median(times.values()),
-        mm_dispatch_s=times["mm"],
         forward_op_s=t_fwd / n_ops,
         backward_op_s=t_bwd / n_ops,
         kernel_launch_s=t_fb / (3 * n_ops),

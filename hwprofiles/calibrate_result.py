@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hwprofiles.calibrate_fit import GemmFit, LinkFit
+from hwprofiles.calibrate_fit import CollectiveSample, GemmFit, LinkFit
 from hwprofiles.schema import GemmPoint
 
 
@@ -50,3 +50,4 @@ class Calibration:
     backend: str
     link: Optional[LinkFit] = None
     link_by_op: dict[str, LinkFit] = field(default_factory=dict)
+    collective_samples: list[CollectiveSample] = field(default_factory=list)

@@ -1,8 +1,9 @@
 """Run every ``autoplan calibrate`` benchmark in order and gather a :class:`Calibration`.
 
-Order: per-op overhead (its dispatch time is subtracted from the CPU timings that follow),
-GEMM grid, memory-bound ops and attention, host copies, host Adam, then the collectives in
-``ranks`` spawned processes. One tqdm bar on stderr counts the benchmarks.
+Order: per-op overhead, GEMM grid, memory-bound ops and attention, host copies, host Adam,
+then the collectives in ``ranks`` spawned processes. One tqdm bar on stderr counts the
+benchmarks. CPU benchmarks run with ``torch.set_num_threads(1)`` (one rank per core, as the
+CPU verification runs with OMP_NUM_THREADS=1); the caller's thread count is restored after.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         if device == "cpu":
             torch.set_num_threads(1)
         used_threads = torch.get_num_threads()
-        ovh = measure_overhead(device, s.timing, tick)
-        points = measure_gemm(s, ovh.mm_dispatch_s, tick)
+        ovh = measure_overhead(device, s.timing, s.passes, tick)
+        points = measure_gemm(s, tick)
         dtypes = supported_dtypes(s)
         default_dtype = dtypes[0]
         peaks = peak_by_dtype(points)
@@ -66,7 +67,8 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
     return Calibration(
         date=date.today().isoformat(), device=device, device_name=host.device_name(device),
         torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",
-        threads=used_threads, host_load=f"{load_before:.2f} / {host.load_average():.2f}", default_dtype=default_dtype, peaks=peaks, gemm_points=points, gemm_fit=fit,
+        threads=used_threads, host_load=f"{load_before:.2f} / {host.load_average():.2f}",
+        default_dtype=default_dtype, peaks=peaks, gemm_points=points, gemm_fit=fit,
         dispatch_us=ovh.dispatch_s * 1e6, forward_op_us=ovh.forward_op_s * 1e6,
         backward_op_us=ovh.backward_op_s * 1e6, kernel_launch_us=ovh.kernel_launch_s * 1e6,
         memory_bandwidth_GBps=mem.bandwidth_GBps, memory_efficiency=mem.efficiency,
@@ -76,14 +78,15 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         cpu_adam_GBps=adam, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
         gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
         intra_kind=_intra_kind(device), ranks=ranks, backend="nccl" if device == "cuda" else "gloo",
-        link=link, link_by_op=by_op,
+        link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],
     )
 
 
 def _reserved(device: str, baseline_rss_GiB: float) -> tuple[float, str]:
     """Memory the runtime holds before any tensor of the model (GiB) and how it was measured."""
     if device == "cuda":
-        return host.cuda_runtime_reserved_GiB(), "device memory in use outside the caching allocator after the benchmarks"
+        how = "device memory in use outside the caching allocator after the benchmarks"
+        return host.cuda_runtime_reserved_GiB(), how
     return baseline_rss_GiB, "resident memory of the calibrating process after importing torch"
 
 

@@ -46,6 +46,7 @@ class Settings:
     adam_params: int                      # parameters of the host optimizer-step benchmark
     comm_bytes: tuple[int, ...]           # collective message sizes
     timing: Timing                        # timed loops of the single-process benchmarks
+    passes: int                           # sweeps over the GEMM and memory-op grids (best kept)
     comm_timing: Timing                   # timed loops of the collectives
 
     @property
@@ -57,8 +58,8 @@ class Settings:
         the collectives: overhead 2, one per GEMM, memory op x size and attention shape, the
         copies (CUDA: bandwidth and latency), the host Adam step)."""
         overhead = 2
-        gemm = len(self.gemm_shapes) * len(self.gemm_dtypes)
-        memory = len(MEMORY_OPS) * len(self.mem_elements)
+        gemm = len(self.gemm_shapes) * len(self.gemm_dtypes) * self.passes
+        memory = len(MEMORY_OPS) * len(self.mem_elements) * self.passes
         copies = 2 if self.device == "cuda" else 1
         return overhead + gemm + memory + len(self.attention_shapes) + copies + 1
 
@@ -78,7 +79,7 @@ def settings_for(device: str, quick: bool) -> Settings:
                 mem_elements=(1 << 14, 1 << 17, 1 << 20), attention_shapes=((8, 4, 64, 32),),
                 host_copy_bytes=32 * MiB, adam_params=1 << 20,
                 comm_bytes=(32 * KiB, 512 * KiB, 4 * MiB),
-                timing=Timing(0.001, 8, 0.03), comm_timing=Timing(0.01, 5, 0.1))
+                timing=Timing(0.001, 8, 0.03), passes=1, comm_timing=Timing(0.01, 5, 0.1))
         return Settings(
             device, False, gemm_dims_m=(64, 128, 256, 512, 1024, 2048),
             gemm_dims_nk=(64, 128, 256, 512, 1024, 2048), gemm_dtypes=("fp32",),
@@ -86,7 +87,7 @@ def settings_for(device: str, quick: bool) -> Settings:
             attention_shapes=((1, 4, 64, 32), (8, 4, 64, 32), (8, 4, 256, 32)),
             host_copy_bytes=128 * MiB, adam_params=1 << 22,
             comm_bytes=(4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
-            timing=Timing(0.001, 40, 0.5), comm_timing=Timing(0.02, 15, 1.0))
+            timing=Timing(0.001, 20, 0.2), passes=3, comm_timing=Timing(0.02, 15, 1.0))
     if device == "cuda":
         if quick:
             return Settings(
@@ -94,7 +95,7 @@ def settings_for(device: str, quick: bool) -> Settings:
                 gemm_dtypes=("bf16", "fp16"), mem_elements=(1 << 22, 1 << 26),
                 attention_shapes=((4, 32, 2048, 128),), host_copy_bytes=256 * MiB, adam_params=1 << 24,
                 comm_bytes=(64 * KiB, 4 * MiB, 64 * MiB),
-                timing=Timing(0.005, 3, 0.05), comm_timing=Timing(0.02, 3, 0.1))
+                timing=Timing(0.005, 3, 0.05), passes=1, comm_timing=Timing(0.02, 3, 0.1))
         return Settings(
             device, False, gemm_dims_m=(256, 512, 1024, 2048, 4096, 8192),
             gemm_dims_nk=(256, 512, 1024, 2048, 4096, 8192), gemm_dtypes=("bf16", "fp16"),
@@ -102,5 +103,5 @@ def settings_for(device: str, quick: bool) -> Settings:
             attention_shapes=((1, 32, 2048, 128), (4, 32, 2048, 128), (1, 32, 8192, 128)),
             host_copy_bytes=1024 * MiB, adam_params=1 << 26,
             comm_bytes=tuple(1 << e for e in range(12, 29, 2)),
-            timing=Timing(0.02, 5, 0.5), comm_timing=Timing(0.1, 5, 1.0))
+            timing=Timing(0.02, 5, 0.5), passes=1, comm_timing=Timing(0.1, 5, 1.0))
     raise ValueError(f"unknown device {device!r}")

@@ -113,14 +113,21 @@ def gpu_seconds_per_call(fn: Callable[[], object], timing: Timing, max_calls: in
     return min(samples)
 
 
-def op_seconds(fn: Callable[[], object], device: str, timing: Timing, dispatch_s: float) -> float:
-    """Time of one op's work alone, without the per-op overhead the simulator adds separately.
+def raw_seconds(fn: Callable[[], object], device: str, timing: Timing) -> float:
+    """CPU: time per call (``seconds_per_call``), dispatch included; CUDA: the device time
+    (``gpu_seconds_per_call``), the host launch already hidden."""
+    return gpu_seconds_per_call(fn, timing) if device == "cuda" else seconds_per_call(fn, device, timing)
 
-    CPU: wall time per call (``seconds_per_call``) less ``dispatch_s``, the time of the same op
-    on a tiny tensor (floored at MIN_NET_FRACTION of the wall time). CUDA: the device time from
-    ``gpu_seconds_per_call`` (the host launch time is already hidden).
-    """
+
+def work_seconds(raw_s: float, dispatch_s: float, device: str) -> float:
+    """Time of one op's work alone, without the per-op overhead the simulator adds separately:
+    on CPU ``raw_s`` less ``dispatch_s`` (the same op on a tiny tensor), floored at
+    MIN_NET_FRACTION of ``raw_s``; on CUDA ``raw_s`` itself."""
     if device == "cuda":
-        return gpu_seconds_per_call(fn, timing)
-    wall = seconds_per_call(fn, device, timing)
-    return max(wall - dispatch_s, MIN_NET_FRACTION * wall)
+        return raw_s
+    return max(raw_s - dispatch_s, MIN_NET_FRACTION * raw_s)
+
+
+def op_seconds(fn: Callable[[], object], device: str, timing: Timing, dispatch_s: float) -> float:
+    """``work_seconds`` of one measurement of ``fn``."""
+    return work_seconds(raw_seconds(fn, device, timing), dispatch_s, device)

@@ -53,35 +53,49 @@ def _measured_lines(c: Calibration) -> list[str]:
     return [f"  {k}: {_q(v)}" for k, v in items.items()]
 
 
+#: what each GPU-profile number is (the comment before the date stamp)
+_GPU_NOTES: dict[str, str] = {
+    "memory_bandwidth_GBps": "copy_ (read+write bytes)/time, median over tensor sizes",
+    "memory_efficiency": "median over add, scale, gelu, dropout, layer_norm, softmax x sizes "
+                         "of achieved / copy bandwidth",
+    "kernel_launch_us": "per-op overhead of a forward+backward of tiny ops, backward counted as 2 ops",
+    "max_efficiency": "least-squares fit (log error) of the curve to the table, vs the default dtype's peak",
+}
+
+
+def _gpu_header(c: Calibration) -> list[str]:
+    what = "one CPU core (torch.set_num_threads(1), one rank per core)" if c.device == "cpu" else "one GPU"
+    work = ("the thread's CPU time of the op less that of the same op on a tiny tensor" if c.device == "cpu"
+            else "device time, the host's launch time hidden")
+    return [
+        f"# {c.device_name}: profile of {what},",
+        f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
+        f"# GEMM and memory-op rates are work alone ({work});",
+        "# the simulator adds kernel_launch_us per op.",
+    ]
+
+
 def render_gpu(c: Calibration, name: str) -> str:
     """The GPU profile (hwprofiles.schema.GpuProfile) of a calibration."""
     s = _stamp(c)
-    net = ("the op's wall time less the dispatch time of the same op on a tiny tensor" if c.device == "cpu"
-           else "device time with the host launch hidden")
-    lines = [
-        f"# {c.device_name}: profile {'of one CPU core (torch.set_num_threads(1), one rank per core)' if c.device == 'cpu' else 'of one GPU'},",
-        f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
-        f"# GEMM and memory-op rates are work alone ({net}); the simulator adds kernel_launch_us per op.",
-        f"name: {name}",
-        f"default_dtype: {c.default_dtype}",
-        "peak_tflops:",
-    ]
+    lines = [*_gpu_header(c), f"name: {name}", f"default_dtype: {c.default_dtype}", "peak_tflops:"]
     for dtype, p in c.peaks.items():
         lines.append(f"  {dtype}: {num(p.tflops)}   # fastest GEMM of the table ({p.m}x{p.n}x{p.k}); {s}")
-    mem_note = ("host memory / the node's ranks, which share it" if c.device == "cpu" else "device memory")
+    mem_note = "host memory / the node's ranks, which share it" if c.device == "cpu" else "device memory"
+    fit = c.gemm_fit
     lines += [
         f"memory_GiB: {num(c.memory_GiB)}   # {mem_note}; {s}",
-        f"memory_bandwidth_GBps: {num(c.memory_bandwidth_GBps)}   # copy_ (read+write bytes)/time, median over tensor sizes; {s}",
-        f"memory_efficiency: {num(c.memory_efficiency)}   # median over add, scale, gelu, dropout, layer_norm, softmax x sizes of achieved / copy bandwidth; {s}",
-        f"kernel_launch_us: {num(c.kernel_launch_us)}   # per-op overhead of a forward+backward of tiny ops, backward counted as 2 ops; {s}",
+        f"memory_bandwidth_GBps: {num(c.memory_bandwidth_GBps)}   # {_GPU_NOTES['memory_bandwidth_GBps']}; {s}",
+        f"memory_efficiency: {num(c.memory_efficiency)}   # {_GPU_NOTES['memory_efficiency']}; {s}",
+        f"kernel_launch_us: {num(c.kernel_launch_us)}   # {_GPU_NOTES['kernel_launch_us']}; {s}",
         f"memory_reserved_GiB: {num(c.memory_reserved_GiB)}   # {c.reserved_how}; {s}",
         "allocator_fragmentation: 0.05   # not measured: the schema's default (a few percent of capacity)",
         "gemm:",
-        f"  max_efficiency: {num(c.gemm_fit.max_efficiency)}   # least-squares fit (log error) of the curve to the table, vs peak {c.default_dtype}; {s}",
-        f"  half_dim_m: {num(c.gemm_fit.half_dim_m)}   # same fit; {s}",
-        f"  half_dim_n: {num(c.gemm_fit.half_dim_n)}   # same fit; {s}",
-        f"  half_dim_k: {num(c.gemm_fit.half_dim_k)}   # same fit; {s}",
-        f"  table:   # C[m,n] = A[m,k] @ B[k,n] with torch.mm, best of timed loops, TFLOP/s = 2mnk / work time",
+        f"  max_efficiency: {num(fit.max_efficiency)}   # {_GPU_NOTES['max_efficiency']} ({c.default_dtype}); {s}",
+        f"  half_dim_m: {num(fit.half_dim_m)}   # same fit; {s}",
+        f"  half_dim_n: {num(fit.half_dim_n)}   # same fit; {s}",
+        f"  half_dim_k: {num(fit.half_dim_k)}   # same fit; {s}",
+        "  table:   # C[m,n] = A[m,k] @ B[k,n] with torch.mm, best of timed loops, TFLOP/s = 2mnk / work time",
         *_table_lines(c),
         "measured:",
         *_measured_lines(c),
@@ -106,17 +120,20 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         header = f"# This host as a node of {c.gpus_per_node} CPU ranks joined by {c.backend} over loopback"
     else:
         pcie_kind = "pcie"
-        pcie_note = (f"pinned host<->device copies: H2D {num(c.copy_h2d_GBps, 3)}, D2H {num(c.copy_d2h_GBps, 3)} GB/s "
-                     f"(mean), 4-byte copy latency; {s}")
+        pcie_note = (f"pinned host<->device copies: H2D {num(c.copy_h2d_GBps, 3)}, "
+                     f"D2H {num(c.copy_d2h_GBps, 3)} GB/s (mean), 4-byte copy latency; {s}")
         header = f"# This host's {c.gpus_per_node} x {c.device_name} joined by {c.backend}"
+    count_note = "ranks of the collective benchmark" if c.device == "cpu" else "torch.cuda.device_count()"
     lines = [
-        f"{header}, written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
+        f"{header},",
+        f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
         f"name: {name}",
         f"gpu: {_q(gpu_ref)}",
-        f"gpus_per_node: {c.gpus_per_node}   # {'ranks of the collective benchmark' if c.device == 'cpu' else 'torch.cuda.device_count()'}",
+        f"gpus_per_node: {c.gpus_per_node}   # {count_note}",
         f"backend: {c.backend}",
         (f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / 1e9)}, "
-         f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   # bus bandwidth and one-hop latency: {_link_comment(c)}"),
+         f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   "
+         f"# bus bandwidth and per-step latency: {_link_comment(c)}"),
         (f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
          f"latency_us: {num(c.copy_latency_us)}, efficiency: 1.0}}   # {pcie_note}"),
         "nics_per_node: 0   # not measured: a one-host calibration sees no NIC (add one for multi-node clusters)",
@@ -127,4 +144,16 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
     if c.device == "cpu":
         lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
                      f"ranks beyond that share cores; {s}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _sample_lines(c)) + "\n"
+
+
+def _sample_lines(c: Calibration) -> list[str]:
+    """The collective measurements behind intra_node, as comments: op, group size, bytes,
+    measured time and the fitted link's time for it."""
+    assert c.link is not None
+    out = [f"# Collective times {_stamp(c)} (best loop mean of the slowest rank; model: the intra_node link above):",
+           "#   op              ranks        bytes   measured_us      model_us"]
+    for x in c.collective_samples:
+        model = c.link.predict(x.op, x.nbytes, x.ranks)
+        out.append(f"#   {x.op:<15} {x.ranks:>5} {x.nbytes:>12} {x.seconds * 1e6:>13.1f} {model * 1e6:>13.1f}")
+    return out

@@ -11,7 +11,7 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 * DP gradient reduction (all-reduce; reduce-scatter for ZeRO-1/2) is bucketed and overlaps
   the last microbatch's backward on its stage; stage i finishes i backward steps before
   stage 0, which hides that much more; ZeRO-1/2 then all-gather the updated parameters.
-  Without bucketing (``Runtime.dp_overlap`` False: Megatron-LM's "local" DDP of 2021, or
+  Without bucketing (``job.runtime.dp_overlap`` False: Megatron-LM's "local" DDP of 2021, or
   Megatron-DeepSpeed with gradient bucketing off) the whole reduction starts after the
   stage's last backward and only the i backward steps of slack remain;
 * with p > 1 and tied embeddings the first and last stages all-reduce the word-embedding
@@ -34,10 +34,6 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
-from typing import Iterator
-
 from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory
 from simulator.ops import dtype_bytes
@@ -50,41 +46,6 @@ from simulator.workload import (executed_flops_per_iteration, layer_param_tensor
 ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
 OPTIMIZER_STEP_BYTES_PER_PARAM = 60    # mixed-precision step with fp32 master weights (module docstring)
 CPU_ADAM_STATE_BYTES = 16  # fp32 master, momentum, variance and gradient per parameter
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """How the training program schedules what lies outside the model's math.
-
-    ``dp_overlap``: gradient reduction is bucketed and overlapped with the backward pass
-    (PyTorch DDP/FSDP, Megatron-core ``--overlap-grad-reduce``, DeepSpeed with buckets).
-    False: one reduction after the last backward (Megatron-LM's 2021 "local" DDP,
-    Megatron-DeepSpeed with gradient bucketing off, as in the vTrain measurements)."""
-
-    name: str
-    dp_overlap: bool = True
-
-
-OVERLAPPED = Runtime("overlapped", dp_overlap=True)
-MEGATRON_LOCAL_DDP = Runtime("megatron-local-ddp", dp_overlap=False)
-
-_runtime = OVERLAPPED
-
-
-def current_runtime() -> Runtime:
-    return _runtime
-
-
-@contextlib.contextmanager
-def use_runtime(runtime: Runtime) -> Iterator[Runtime]:
-    """Within the block, estimates that are not given a runtime use ``runtime`` (e.g. to run
-    the planner as if the program were Megatron-LM 2021)."""
-    global _runtime
-    saved, _runtime = _runtime, runtime
-    try:
-        yield runtime
-    finally:
-        _runtime = saved
 
 
 def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
@@ -231,10 +192,9 @@ def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     return stream + param_tensors * gpu.kernel_launch_us * 1e-6
 
 
-def estimate(job: Job, runtime: Runtime | None = None) -> SimResult:
-    """The analytic prediction of one iteration (see the module docstring); ``runtime``
-    defaults to :func:`current_runtime` (bucketed, overlapped gradient reduction)."""
-    runtime = runtime or _runtime
+def estimate(job: Job) -> SimResult:
+    """The analytic prediction of one iteration (see the module docstring)."""
+    runtime = job.runtime
     model, cluster, plan = job.model, job.cluster, job.plan
     m = job.m
     gpu = cluster.gpu

@@ -17,7 +17,7 @@ group and every data-parallel replica; ``full``: every rank of the cluster):
 * data parallelism (ZeRO 0-2): gradients in ~25 MB buckets (whole layers, backward order)
   reduced as soon as the chunk's last backward produced them (all-reduce for ZeRO-0,
   reduce-scatter for ZeRO-1/2), or all at once after the last backward when the runtime
-  does not overlap (``analytic.current_runtime().dp_overlap``); the tied embedding's
+  does not overlap (``job.runtime.dp_overlap``); the tied embedding's
   gradient all-reduce between first and last stage after that (Megatron-LM
   ``finalize_model_grads``); the optimizer step; then (ZeRO-1/2) the updated parameters'
   all-gather.
@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from simulator.analytic import CPU_ADAM_STATE_BYTES, current_runtime, optimizer_time
+from simulator.analytic import CPU_ADAM_STATE_BYTES, optimizer_time
 from simulator.engine import Engine
 from simulator.layout import rank_of, tp_shape
 from simulator.commcost import allgather_time, group_link
@@ -288,7 +288,7 @@ class ProgramBuilder:
                 last_b[op.chunk] = k
         zero3 = plan.zero == 3 and (plan.d > 1 or plan.offload != "none")  # offloaded params are fetched even at d = 1
         dp_sync = plan.d > 1 and plan.zero < 3
-        overlap = dp_sync and current_runtime().dp_overlap
+        overlap = dp_sync and self.job.runtime.dp_overlap
         pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
         self.pieces_of[dev.idx] = pieces
         count = dev.idx == 0

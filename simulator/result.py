@@ -72,6 +72,7 @@ class SimResult:
             "time_breakdown_s": {k: self.time_breakdown.get(k, 0.0) for k in TIME_KEYS},
             "bubble_fraction": self.bubble_fraction,
             "fidelity": self.fidelity,
+            "dp_overlap": self.job.runtime.dp_overlap,
         }
         out.update({k: v for k, v in self.extra.items() if not k.startswith("_")})
         return out

@@ -6,6 +6,7 @@ loader, cluster file or prediction path quickly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from hwprofiles.load import load_cluster
 from simulator import analytic, workload
-from simulator.specs import Job
+from simulator.specs import NO_DP_OVERLAP, Job
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -42,7 +43,7 @@ def test_vtrain_rows_load_and_one_predicts(have_data):
     assert sum(r.fit_subset for r in single) == 720
     for row in (single[0], multi[0]):
         assert row.job.plan.gpus == row.job.cluster.num_gpus
-        r = analytic.estimate(row.job, analytic.MEGATRON_LOCAL_DDP)
+        r = analytic.estimate(dataclasses.replace(row.job, runtime=NO_DP_OVERLAP))
         assert math.isfinite(r.step_time) and r.step_time > 0 and row.measured_s > 0
 
 
@@ -54,7 +55,7 @@ def test_published_row_predicts(have_data):
 
     cluster = data.selene(row.gpus)
     plan, _ = parse_plan(f"t={row.t},p={row.p},mb=4,ckpt=full", row.model, cluster.num_gpus, row.batch)
-    r = analytic.estimate(Job(row.model, cluster, plan, row.batch), analytic.MEGATRON_LOCAL_DDP)
+    r = analytic.estimate(Job(row.model, cluster, plan, row.batch, NO_DP_OVERLAP))
     assert 0 < r.tflops_per_gpu < cluster.gpu.peak_tflops["fp16"]
 
 

@@ -3,12 +3,15 @@ the DESIGN section 3 result, agreement with the analytic estimate."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
 
 from hwprofiles import load_cluster
-from simulator.analytic import MEGATRON_LOCAL_DDP, estimate, use_runtime
+from simulator.analytic import estimate
+from simulator.specs import NO_DP_OVERLAP
 from simulator.des import simulate_des
 from simulator.passes import Costs
 from simulator.program import DesOptions
@@ -188,8 +191,7 @@ def test_close_to_the_analytic_estimate(plan, nodes, batch):
 def test_unoverlapped_runtime_exposes_the_gradient_reduction():
     j = job("t=1,p=1,zero=0", nodes=4, batch=32)
     overlapped = simulate_des(j)
-    with use_runtime(MEGATRON_LOCAL_DDP):
-        late = simulate_des(j)
+    late = simulate_des(dataclasses.replace(j, runtime=NO_DP_OVERLAP))
     assert late.time_breakdown["dp_comm"] > overlapped.time_breakdown["dp_comm"]
     assert late.step_time > overlapped.step_time
 

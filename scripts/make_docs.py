@@ -1,0 +1,460 @@
+"""Regenerate everything README.md shows from the current code.
+
+    .venv/bin/python scripts/make_docs.py                 # every section and picture (about 3-4 minutes on 2 cores)
+    .venv/bin/python scripts/make_docs.py --only plan-output,gallery-what-if
+    .venv/bin/python scripts/make_docs.py --list          # the section names
+
+Every command output in the README sits between a pair of markers,
+
+    <!-- BEGIN: plan-output -->
+    ...
+    <!-- END: plan-output -->
+
+and this script replaces what lies between them with the real output of the command it runs (``python -m autoplan``
+of this checkout, shown as ``autoplan``). Files the README quotes (a model YAML, node and GPU profiles) are copied
+in the same way. The gallery pictures go to ``docs/images/*.png``, re-encoded as 256-colour PNGs to stay small.
+A marker in README.md without a generator here (or the reverse) is an error, so the two cannot drift apart.
+
+Command outputs are run in a scratch folder (so ``runs/`` and calibration files do not land in the checkout); its
+absolute path is shown as ``/path/to/workdir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+IMAGES = REPO / "docs" / "images"
+MAX_PNG_BYTES = 300_000
+WORKDIR_LABEL = "/path/to/workdir"
+
+MAIN_JOB = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128", "--global-batch", "1536"]
+PIPELINE_PLAN = "t=8,p=16,mb=1,ckpt=full"
+CPU_RUN = ["--model", "tiny", "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "t=2,p=2"]
+
+MARKER = re.compile(r"<!-- BEGIN: ([a-z0-9-]+) -->\n(.*?)<!-- END: \1 -->", re.S)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+class Docs:
+    """Shared state: the scratch folder and what earlier sections found (the best plan string)."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.best_plan: str | None = None
+
+    def autoplan(self, *args: str, cwd: Path | None = None, timeout: float = 900) -> tuple[str, str]:
+        """Run ``python -m autoplan ARGS``; return (the command as shown, stdout). A failure stops the script."""
+        cwd = cwd or self.work
+        env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
+        env["COLUMNS"] = "200"
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "autoplan", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        shown = "$ autoplan " + " ".join(args)
+        log(f"  {shown}  [exit {proc.returncode}, {time.perf_counter() - t0:.1f} s]")
+        if proc.returncode != 0:
+            raise SystemExit(f"make_docs: '{shown}' failed with exit code {proc.returncode}:\n{proc.stderr.strip()}")
+        return shown, self.clean(proc.stdout)
+
+    def clean(self, text: str) -> str:
+        text = text.replace(str(self.work.resolve()), WORKDIR_LABEL).replace(str(self.work), WORKDIR_LABEL)
+        return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fence(body: str, lang: str = "text") -> str:
+    return f"```{lang}\n{body.rstrip()}\n```\n"
+
+
+def shrink_png(path: Path) -> int:
+    """Re-encode as a 256-colour palette PNG (the pictures are flat-colour charts); return the new size."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        q = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    q.save(path, optimize=True)
+    size = path.stat().st_size
+    if size > MAX_PNG_BYTES:
+        raise SystemExit(f"make_docs: {path} is {size / 1e3:.0f} KB, over the {MAX_PNG_BYTES / 1e3:.0f} KB limit")
+    return size
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+# ------------------------------------------------------------------------------ sections
+
+def plan_output(d: Docs) -> str:
+    """the main job: autoplan plan for gpt3-175b on 128 dgx-a100-80gb nodes, with --plot docs/images/timeline-best.png"""
+    png = IMAGES / "timeline-best.png"
+    shown, out = d.autoplan("plan", *MAIN_JOB, "--plot", str(png))
+    shrink_png(png)
+    m = re.search(r"^plan string: (\S+)", out, re.M)
+    if not m:
+        raise SystemExit("make_docs: no 'plan string:' line in the plan output")
+    d.best_plan = m.group(1)
+    return fence(shown.replace(str(png), rel(png)) + "\n" + out)
+
+
+def simulate_output(d: Docs) -> str:
+    """autoplan simulate of the t=8,p=16 pipeline plan, with --plot docs/images/timeline-t8p16.png"""
+    png = IMAGES / "timeline-t8p16.png"
+    shown, out = d.autoplan("simulate", *MAIN_JOB, "--plan", PIPELINE_PLAN, "--plot", str(png))
+    shrink_png(png)
+    return fence(shown.replace(str(png), rel(png)) + "\n" + out)
+
+
+def simulate_json(d: Docs) -> str:
+    """the same simulate with --json"""
+    shown, out = d.autoplan("simulate", *MAIN_JOB, "--plan", PIPELINE_PLAN, "--json")
+    return fence(shown + "\n" + out, "json")
+
+
+def emit_output(d: Docs) -> str:
+    """autoplan emit of the main job's best plan"""
+    plan = d.best_plan or _best_plan(d)
+    shown, out = d.autoplan("emit", *MAIN_JOB, "--plan", plan, "-o", "runs/gpt3-175b")
+    return fence(shown + "\n" + out)
+
+
+def _best_plan(d: Docs) -> str:
+    import json
+
+    _, out = d.autoplan("plan", *MAIN_JOB, "--json")
+    d.best_plan = json.loads(out)["best"]["plan_string"]
+    return d.best_plan
+
+
+def _emitted(d: Docs, name: str) -> str:
+    path = d.work / "runs" / "gpt3-175b" / name
+    if not path.is_file():
+        emit_output(d)
+    return fence(d.clean(path.read_text()), "bash")
+
+
+def emit_launch(d: Docs) -> str:
+    """the emitted launch.sh"""
+    return _emitted(d, "launch.sh")
+
+
+def emit_slurm(d: Docs) -> str:
+    """the emitted slurm.sbatch"""
+    return _emitted(d, "slurm.sbatch")
+
+
+def run_output(d: Docs) -> str:
+    """autoplan emit + autoplan run of the tiny model on localhost-cpu (about a minute)"""
+    shown_e, out_e = d.autoplan("emit", *CPU_RUN, "-o", "runs/tiny")
+    shown_r, out_r = d.autoplan("run", "runs/tiny")
+    cores = os.cpu_count()
+    return fence(f"{shown_e}\n{out_e}\n{shown_r}\n{out_r}") + (
+        f"\n<sub>Generated on a machine with {cores} CPU core{'s' if cores != 1 else ''} "
+        f"running the plan's 4 processes.</sub>\n")
+
+
+def calibrate_output(d: Docs) -> str:
+    """autoplan calibrate --device cpu --quick and the start of the profiles it writes"""
+    shown, out = d.autoplan("calibrate", "--device", "cpu", "--quick", "-o", "my-cpu.yaml")
+    gpu = (d.work / "my-cpu.yaml").read_text().splitlines()
+    node = (d.work / "my-cpu-node.yaml").read_text().splitlines()
+    table_at = next((i for i, line in enumerate(gpu) if line.strip().startswith("table:")), len(gpu))
+    gpu_part = gpu[: table_at + 4] + [f"    # ... {len(gpu) - table_at - 4} more lines: the measured GEMM table, elementwise-op and host-copy rates"]
+    node_part = [line for line in node if not line.startswith("#   ")][:14]
+    return (fence(f"{shown}\n{out}") + "\n`my-cpu.yaml` (start):\n\n" + fence(d.clean("\n".join(gpu_part)), "yaml")
+            + "\n`my-cpu-node.yaml` (start):\n\n" + fence(d.clean("\n".join(node_part)), "yaml"))
+
+
+MY_CLUSTER = """\
+# my-cluster.yaml: 32 DGX H100 nodes behind a 2:1 oversubscribed fat-tree
+name: my-cluster
+nodes: 32
+node: dgx-h100            # a built-in node name, or a node file such as hwprofiles/nodes/my-gpu-node.yaml
+network:
+  topology: fat-tree      # fat-tree | rail-optimized | single-switch
+  oversubscription: 2.0
+"""
+
+
+def cluster_example(d: Docs) -> str:
+    """a cluster file and autoplan simulate on it"""
+    (d.work / "my-cluster.yaml").write_text(MY_CLUSTER)
+    shown, out = d.autoplan("simulate", "--model", "llama2-70b", "--cluster", "my-cluster.yaml", "--global-batch", "512",
+                            "--plan", "t=8,p=4,mb=1,zero=1,ckpt=selective,sp=1")
+    return fence(MY_CLUSTER, "yaml") + "\n" + fence(shown + "\n" + out)
+
+
+HF_CONFIG = """\
+{
+  "model_type": "mistral",
+  "hidden_size": 4096,
+  "intermediate_size": 14336,
+  "num_hidden_layers": 32,
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "vocab_size": 32000,
+  "max_position_embeddings": 32768,
+  "hidden_act": "silu",
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "tie_word_embeddings": false
+}
+"""
+
+
+def hf_config_example(d: Docs) -> str:
+    """a Hugging Face config.json and autoplan simulate on it"""
+    (d.work / "config.json").write_text(HF_CONFIG)
+    shown, out = d.autoplan("simulate", "--model", "config.json", "--seq-len", "4096", "--cluster", "dgx-h100",
+                            "--nodes", "2", "--global-batch", "256", "--plan", "t=2,zero=1", "--fidelity", "analytic")
+    head = "\n".join(out.splitlines()[:8])
+    return fence(HF_CONFIG, "json") + "\n" + fence(shown + "\n" + head)
+
+
+def _file(path: str, lang: str = "yaml") -> Callable[[Docs], str]:
+    def gen(d: Docs) -> str:
+        return fence((REPO / path).read_text(), lang)
+    gen.__doc__ = f"the file {path}"
+    return gen
+
+
+# ------------------------------------------------------------------------------ gallery plots
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+WHAT_IF_NODES = {
+    "dgx-a100-80gb": ("DGX A100 80GB (NVSwitch, 8x200 Gb/s IB)", "#4C72B0"),
+    "dgx-h100": ("DGX H100 (NVSwitch, 8x400 Gb/s IB)", "#55A868"),
+    "pcie-a100-80gb": ("A100 PCIe, no NVLink (2x200 Gb/s IB)", "#C44E52"),
+}
+WHAT_IF_GPUS = [16, 32, 64, 128, 256, 512, 1024]
+WHAT_IF_MODEL, WHAT_IF_BATCH = "llama2-70b", 1024
+
+
+def gallery_what_if(d: Docs) -> str:
+    """notebooks/02_what_if.ipynb's first figure, condensed: the planner's best plan per cluster size."""
+    from autoplan.report import table
+    from autoplan.search import NoPlanFits, SearchOptions, search
+    from hwprofiles.load import load_cluster
+    from simulator.specs import load_model
+
+    plt = _plt()
+    model = load_model(WHAT_IF_MODEL)
+    opts = SearchOptions(fidelity="analytic", top=1, max_finalists=1, partition=False, jobs=os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    best: dict[tuple[str, int], object] = {}
+    for node in WHAT_IF_NODES:
+        per_node = load_cluster(node).gpus_per_node
+        for g in WHAT_IF_GPUS:
+            try:
+                best[node, g] = search(model, load_cluster(node, nodes=g // per_node), WHAT_IF_BATCH, opts).best_result
+            except NoPlanFits:
+                best[node, g] = None
+    log(f"  what-if sweep: {len(best)} searches in {time.perf_counter() - t0:.1f} s")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=90)
+    for node, (label, color) in WHAT_IF_NODES.items():
+        pts = [(g, best[node, g]) for g in WHAT_IF_GPUS if best[node, g] is not None]
+        xs = [g for g, _ in pts]
+        axes[0].plot(xs, [r.tokens_per_s for _, r in pts], "o-", color=color, label=label)
+        axes[1].plot(xs, [100 * r.mfu for _, r in pts], "o-", color=color, label=label)
+        axes[2].plot(xs, [r.job.plan.t * r.job.plan.p for _, r in pts], "o-", color=color, label=label)
+        for g, r in pts:
+            p = r.job.plan
+            axes[2].annotate(f"t{p.t}p{p.p}\nz{p.zero}" + ("+off" if p.offload != "none" else ""), (g, p.t * p.p),
+                             textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6.5, color=color)
+    axes[0].set(yscale="log", ylabel="predicted tokens/s (whole cluster)", title=f"throughput (global batch {WHAT_IF_BATCH} x 4096 tokens)")
+    axes[1].set(ylabel="MFU (%)", title="model FLOPs utilization", ylim=(0, 100))
+    axes[2].set(yscale="log", ylabel="model-parallel size t x p", title="chosen plan (z = ZeRO stage, +off = offload)", ylim=(0.7, 16))
+    axes[2].set_yticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    for ax in axes:
+        ax.set(xscale="log", xlabel="GPUs")
+        ax.set_xticks(WHAT_IF_GPUS, [str(g) for g in WHAT_IF_GPUS])
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"What if: {WHAT_IF_MODEL} on three kinds of node, 16 to 1,024 GPUs (autoplan plan --fidelity analytic)")
+    fig.tight_layout()
+    png = IMAGES / "what-if-scaling.png"
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    shrink_png(png)
+    rows = []
+    for (node, g), r in best.items():
+        if g in (16, 128, 1024):
+            rows.append((node, g, "no plan fits") if r is None else
+                        (node, g, r.job.plan.to_string().replace(",v=1,schedule=1f1b", "").replace(",offload=none", ""),
+                         round(r.tokens_per_s), f"{100 * r.mfu:.1f}%"))
+    return fence(table(["node", "GPUs", "best plan (analytic)", "tokens/s", "MFU"], rows))
+
+
+def gallery_validation(d: Docs) -> str:
+    """notebooks/03_validation.ipynb, condensed: Megatron-LM rows and the vTrain runs, error per point."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _accuracy_data as data
+    from autoplan.report import table
+    from autoplan.search import SearchOptions, search
+    from simulator import analytic
+    from simulator.api import simulate
+    from simulator.specs import NO_DP_OVERLAP
+
+    if not (data.VALIDATION_DIR / "published.yaml").is_file():
+        raise SystemExit(f"make_docs: the validation data is not at {data.VALIDATION_DIR} (set AUTOPLAN_VALIDATION_DIR)")
+    plt = _plt()
+    pct = lambda pred, ref: 100.0 * (pred / ref - 1.0)  # noqa: E731
+    mega = []
+    for row in data.published_rows():
+        found = search(row.model, data.selene(row.gpus), row.batch,
+                       SearchOptions(fix=f"t={row.t},p={row.p},zero=0,ckpt=full,sp=0", fidelity="analytic", top=4,
+                                     runtime=NO_DP_OVERLAP))
+        best = found.best_result
+        mega.append((row, best, simulate(best.job, "des")))
+    groups: dict[str, list[tuple[float, float]]] = {"single node, fit subset": [], "single node, held out": [],
+                                                    "multi-node (64-512 GPUs)": []}
+    for name in data.VTRAIN_FILES:
+        for r in data.vtrain_rows(name):
+            pred = analytic.estimate(dataclasses.replace(r.job, runtime=NO_DP_OVERLAP)).step_time
+            g = "multi-node (64-512 GPUs)" if "multi" in name else ("single node, fit subset" if r.fit_subset else "single node, held out")
+            groups[g].append((r.measured_s, pred))
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=90, gridspec_kw={"width_ratios": [1.1, 1, 1.1]})
+    x = range(len(mega))
+    labels = [f"{row.params_B:g}B\n{row.gpus} GPUs" for row, _, _ in mega]
+    axes[0].bar([i - 0.2 for i in x], [row.tflops_per_gpu for row, _, _ in mega], 0.4, color="#8C8C8C", label="published")
+    axes[0].bar([i + 0.2 for i in x], [b.tflops_per_gpu for _, b, _ in mega], 0.4, color="#4C72B0", label="autoplan (analytic)")
+    for i, (row, b, _) in enumerate(mega):
+        axes[0].text(i + 0.2, b.tflops_per_gpu + 3, f"{pct(b.tflops_per_gpu, row.tflops_per_gpu):+.1f}%", ha="center", fontsize=8)
+    axes[0].set_xticks(list(x), labels, fontsize=8)
+    axes[0].set(ylabel="TFLOP/s per GPU", title="Megatron-LM 2021 on Selene: published vs predicted", ylim=(0, 215))
+    axes[0].legend(fontsize=8, loc="lower right")
+    style = {"single node, fit subset": ("#BBBBBB", 5), "single node, held out": ("#4C72B0", 7), "multi-node (64-512 GPUs)": ("#C44E52", 14)}
+    lo, hi = 0.05, 100
+    for g, pts in groups.items():
+        color, size = style[g]
+        mape = 100 * sum(abs(p / m - 1) for m, p in pts) / len(pts)
+        axes[1].scatter([m for m, _ in pts], [p for _, p in pts], s=size, color=color, alpha=0.7, label=f"{g}: {len(pts)}, MAPE {mape:.1f}%")
+        axes[2].scatter([m for m, _ in pts], [pct(p, m) for m, p in pts], s=size, color=color, alpha=0.7, label=g)
+    axes[1].plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    axes[1].plot([lo, hi], [1.1 * lo, 1.1 * hi], "k:", lw=0.8)
+    axes[1].plot([lo, hi], [0.9 * lo, 0.9 * hi], "k:", lw=0.8)
+    axes[1].set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration time (s)",
+                ylabel="predicted iteration time (s)", title="vTrain: 1,549 measured A100 runs (dotted: ±10%)")
+    axes[1].legend(fontsize=7, loc="upper left")
+    axes[2].axhspan(-10, 10, color="#55A868", alpha=0.1)
+    axes[2].axhline(0, color="k", lw=0.8)
+    axes[2].set(xscale="log", xlabel="measured iteration time (s)", ylabel="prediction error (%)", title="vTrain: error per run (band: ±10%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png = IMAGES / "validation.png"
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    shrink_png(png)
+    t1 = table(["model", "GPUs", "t", "p", "batch", "published TFLOP/s", "predicted", "error", "DES", "error"],
+               [(f"{row.params_B:g}B", row.gpus, row.t, row.p, row.batch, row.tflops_per_gpu, b.tflops_per_gpu,
+                 f"{pct(b.tflops_per_gpu, row.tflops_per_gpu):+.1f}%", des.tflops_per_gpu,
+                 f"{pct(des.tflops_per_gpu, row.tflops_per_gpu):+.1f}%") for row, b, des in mega])
+    t2 = table(["vTrain runs", "count", "MAPE", "within 10%"],
+               [(g, len(pts), f"{100 * sum(abs(p / m - 1) for m, p in pts) / len(pts):.1f}%",
+                 f"{100 * sum(abs(p / m - 1) <= 0.1 for m, p in pts) / len(pts):.0f}%") for g, pts in groups.items()])
+    return fence(t1 + "\n\n" + t2)
+
+
+# ------------------------------------------------------------------------------ driver
+
+SECTIONS: dict[str, Callable[[Docs], str]] = {
+    "plan-output": plan_output,
+    "simulate-output": simulate_output,
+    "simulate-json": simulate_json,
+    "gallery-what-if": gallery_what_if,
+    "gallery-validation": gallery_validation,
+    "model-yaml": _file("autoplan/models/gpt3-175b.yaml"),
+    "hf-config": hf_config_example,
+    "gpu-yaml": _file("hwprofiles/gpus/a100-sxm4-80gb.yaml"),
+    "node-yaml": _file("hwprofiles/nodes/dgx-a100-80gb.yaml"),
+    "cluster-example": cluster_example,
+    "emit-output": emit_output,
+    "emit-launch": emit_launch,
+    "emit-slurm": emit_slurm,
+    "run-output": run_output,
+    "calibrate-output": calibrate_output,
+}
+
+
+def fill(readme: str, bodies: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        body = bodies.get(name, m.group(2))
+        return f"<!-- BEGIN: {name} -->\n{body.rstrip()}\n<!-- END: {name} -->"
+
+    return MARKER.sub(sub, readme)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated section names (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the sections and exit")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    a = ap.parse_args(argv)
+    if a.list:
+        for name, fn in SECTIONS.items():
+            print(f"{name:20} {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}")
+        return 0
+    readme = README.read_text()
+    in_readme = MARKER.findall(readme)
+    names = [n for n, _ in in_readme]
+    missing = [n for n in SECTIONS if n not in names]
+    unknown = [n for n in names if n not in SECTIONS]
+    if missing or unknown or len(set(names)) != len(names):
+        raise SystemExit(f"make_docs: README markers and generators differ: no marker for {missing}, "
+                         f"no generator for {unknown}, duplicates {sorted({n for n in names if names.count(n) > 1})}")
+    only = [s for s in a.only.split(",") if s]
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        raise SystemExit(f"make_docs: unknown section(s) {bad} (see --list)")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="autoplan-docs-"))
+    t0 = time.perf_counter()
+    bodies: dict[str, str] = {}
+    try:
+        d = Docs(work)
+        for name, gen in SECTIONS.items():
+            if only and name not in only:
+                continue
+            log(f"[{name}]")
+            bodies[name] = gen(d)
+    finally:
+        if a.keep:
+            log(f"scratch folder kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    README.write_text(fill(readme, bodies))
+    sizes = {p.name: p.stat().st_size for p in sorted(IMAGES.glob("*.png"))}
+    log(f"updated {len(bodies)} README section(s) in {time.perf_counter() - t0:.0f} s; images: "
+        + ", ".join(f"{k} {v / 1e3:.0f} KB" for k, v in sizes.items()) + f" (total {sum(sizes.values()) / 1e3:.0f} KB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
