@@ -17,9 +17,9 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 * with p > 1 and tied embeddings the first and last stages all-reduce the word-embedding
   gradient (V/t x h, e bytes) between them before the step (Megatron-LM
   ``_allreduce_embedding_grads``; DeepSpeed pipeline ``_exec_reduce_tied_grads``);
-* ZeRO-3 gathers parameters in forward and again in backward and reduce-scatters
-  gradients for every microbatch (1.5x the all-reduce volume at m = 1), prefetched under
-  the compute of that pass;
+* ZeRO-2 and ZeRO-3 keep only a gradient shard, so they reduce-scatter every microbatch's
+  gradients under its backward; ZeRO-3 also gathers parameters in forward and again in
+  backward (1.5x the all-reduce volume at m = 1), prefetched under the compute of that pass;
 * the mixed-precision optimizer step streams OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
   local parameter through HBM (Megatron-LM FP16 optimizer / DeepSpeed FP16_Optimizer):
   fp16 grads to fp32 main grads (read 2, write 4), unscale and inf/nan check (4 + 4),
@@ -83,26 +83,33 @@ def _dp_link(cluster: ClusterSpec, plan: Plan) -> commcost.GroupLink:
     return commcost.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
 
 
-def zero3_exposed(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> tuple[float, float]:
-    """(communication time, exposed time) per microbatch of ZeRO-3: all-gather the stage's
-    parameters for forward and for backward, reduce-scatter its gradients."""
-    if plan.zero != 3 or plan.d == 1:
+def per_microbatch_dp(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int, overlap: bool) -> tuple[float, float]:
+    """(communication time, exposed time) per microbatch of the ZeRO stages that keep only a
+    gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
+    DeepSpeed and FSDP both do): overlapped with that microbatch's backward when the
+    runtime overlaps. ZeRO-3 also all-gathers the stage's parameters for the forward and
+    again for the backward, prefetched under that pass's compute."""
+    if plan.zero < 2 or plan.d == 1:
         return 0.0, 0.0
-    pbytes = cost.params * min(e, 2)
-    gather = commcost.allgather_time(pbytes, plan.d, link)
-    scatter = commcost.reducescatter_time(pbytes, plan.d, link)
-    exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - cost.backward - cost.recompute)
+    scatter = commcost.reducescatter_time(cost.params * e, plan.d, link)
+    bwd = cost.backward + cost.recompute
+    if plan.zero == 2:
+        return scatter, max(0.0, scatter - bwd) if overlap else scatter
+    gather = commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
+    exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
     return 2 * gather + scatter, exposed
 
 
 def dp_times(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> tuple[float, float]:
-    """(gradient reduction, parameter all-gather after the step) for ZeRO 0-2, seconds."""
+    """(gradient reduction at the end of the step, parameter all-gather after the optimizer
+    step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`)."""
     if plan.d == 1 or plan.zero == 3:
         return 0.0, 0.0
     gbytes = cost.params * e
     if plan.zero == 0:
         return commcost.allreduce_time(gbytes, plan.d, link), 0.0
-    return commcost.reducescatter_time(gbytes, plan.d, link), commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
+    gather = commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
+    return (commcost.reducescatter_time(gbytes, plan.d, link) if plan.zero == 1 else 0.0), gather
 
 
 OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many sub-groups
@@ -205,7 +212,7 @@ def estimate(job: Job) -> SimResult:
 
     per_mb, z3_comm, sends = [], [], []
     for _, c, _ in groups:
-        z3_exp = zero3_exposed(c, plan, link, e)[1] if link else 0.0
+        z3_exp = per_microbatch_dp(c, plan, link, e, runtime.dp_overlap)[1] if link else 0.0
         if plan.offload != "none" and plan.zero == 3:
             fetch = offloaded_param_fetch(job, c)
             z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)

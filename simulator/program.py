@@ -289,6 +289,7 @@ class ProgramBuilder:
         zero3 = plan.zero == 3 and (plan.d > 1 or plan.offload != "none")  # offloaded params are fetched even at d = 1
         dp_sync = plan.d > 1 and plan.zero < 3
         overlap = dp_sync and self.job.runtime.dp_overlap
+        per_mb = dp_sync and plan.zero == 2  # ZeRO-2 keeps a gradient shard: reduce every microbatch
         pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
         self.pieces_of[dev.idx] = pieces
         count = dev.idx == 0
@@ -304,7 +305,7 @@ class ProgramBuilder:
             if rep:
                 self.recomputed["full"] += rec_f
                 self.recomputed["selective"] += rec_s
-            bucketed = overlap and op.kind == "B" and last_b[op.chunk] == k
+            bucketed = overlap and op.kind == "B" and (per_mb or last_b[op.chunk] == k)
             split = "layers" if zero3 else "buckets" if bucketed else "whole"
             for gi, pc in enumerate(self.pieces(op.kind, j, norec, split)):
                 gather = self._zero3_gather(dev, pc.first_params, pieces) if zero3 else -1
@@ -325,7 +326,10 @@ class ProgramBuilder:
                 elif bucketed:
                     self._reduce(dev, pc.params, tid, nred)
                     nred += 1
-        if dp_sync and not overlap:
+            if per_mb and not overlap and op.kind == "B":
+                self._reduce(dev, self.chunk_params(j), pieces[-1], nred)
+                nred += 1
+        if dp_sync and not overlap and not per_mb:
             self._reduce(dev, self.device_params(dev), pieces[-1], nred)
 
     def _pbytes(self) -> int:

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from hwprofiles.errors import InputError
+from hwprofiles.load import load_cluster
+from simulator.specs import Job, load_model, parse_plan
 
+from autoplan.emit.writer import write_run_dir
 from autoplan.verify import run_and_verify
-
-from tests.test_runtime_equivalence import TINY, emit_run_dir
 
 CLI = [sys.executable, "-m", "autoplan"]
 
@@ -34,6 +35,16 @@ nics_per_node: 0
 host_memory_GiB: 512
 """)
     return path
+
+
+def emit_data_parallel_run_dir(tmp_path: Path) -> Path:
+    """A run dir for the tiny model with plan d=2,zero=1 (two processes)."""
+    base = load_cluster("dgx-a100-80gb")
+    cluster = base.model_copy(update={"node": base.node.model_copy(update={"gpus_per_node": 2})})
+    model = load_model("tiny")
+    plan, _ = parse_plan("d=2,zero=1", model, 2, 4)
+    write_run_dir(Job(model, cluster, plan, 4), {}, tmp_path / "run")
+    return tmp_path / "run"
 
 
 def test_missing_run_dir_is_bad_input(tmp_path):
@@ -67,7 +78,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.timeout(240)
 def test_killed_worker_fails_the_run_with_the_rank_named(tmp_path):
-    run_dir = emit_run_dir(tmp_path, TINY, "d=2,zero=1")
+    run_dir = emit_data_parallel_run_dir(tmp_path)
     log = run_dir / "results" / "rank1.log"
     start = time.monotonic()
     proc = subprocess.Popen(CLI + ["run", str(run_dir), "--steps", "100000", "--timeout", "180"],

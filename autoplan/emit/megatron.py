@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from simulator.specs import Job
 
+from autoplan.emit.launch import node_shape
 from autoplan.runtime.config import TrainSettings
 
 
@@ -108,10 +109,11 @@ def megatron_args_text(job: Job, train: TrainSettings) -> str:
     ``shlex.split(text, comments=True)`` or ``grep -v '^#' megatron_args.txt | xargs``."""
     args, notes = megatron_args(job, train)
     world = job.plan.gpus
+    nodes, per_node = node_shape(job)
     lines = [
         f"# Megatron-LM pretrain_gpt.py arguments for model {job.model.name}, plan {job.plan.to_string()}",
-        f"# launch on {world} GPUs (data-parallel size = {world} / (t*p) = {job.plan.d}), e.g.:",
-        "#   torchrun --nproc-per-node 8 ... pretrain_gpt.py $(grep -v '^#' megatron_args.txt)",
+        f"# launch on {world} GPUs (data-parallel size = {world} / (t*p) = {job.plan.d}), e.g. on each of {nodes} node(s):",
+        f"#   torchrun --nnodes {nodes} --nproc-per-node {per_node} ... pretrain_gpt.py $(grep -v '^#' megatron_args.txt)",
     ] + [f"# note: {n}" for n in notes]
     i = 0
     while i < len(args):
