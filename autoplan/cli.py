@@ -28,12 +28,13 @@ EXAMPLES = {
   autoplan simulate --model my-model.yaml --cluster my-cluster.yaml --global-batch 256 --plan t=4,p=2,schedule=interleaved,v=2 --fidelity analytic --json""",
     "emit": """examples:
   autoplan emit --model tiny --cluster localhost-cpu --global-batch 8 --plan t=2,p=2 -o runs/tiny-t2p2
+  autoplan emit --model tiny --cluster localhost-cpu --gpus-per-node 2 --global-batch 8 --plan t=2 -o runs/tiny-t2
   autoplan emit --model llama2-7b --cluster dgx-h100 --nodes 2 --global-batch 256 --plan t=4,p=2,zero=1,ckpt=selective -o runs/llama7b""",
     "run": """examples:
   autoplan run runs/tiny-t2p2 --steps 5
   autoplan run runs/tiny-t2p2 --json > measured.json""",
     "calibrate": """examples:
-  autoplan calibrate --device cpu -o my-cpu.yaml
+  autoplan calibrate --device cpu --ranks 4 -o my-cpu.yaml --node-out my-node.yaml
   autoplan calibrate --device cuda -o hwprofiles/gpus/h200-measured.yaml
   autoplan calibrate --device cpu --quick -o /tmp/quick.yaml""",
 }
@@ -84,6 +85,7 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
     p.add_argument("--model", required=True, help="built-in model name, model YAML, or Hugging Face config.json")
     p.add_argument("--cluster", required=True, help="cluster name or file, or a node name/file")
     p.add_argument("--nodes", type=_positive_int, help="number of nodes (overrides the cluster file)")
+    p.add_argument("--gpus-per-node", type=_positive_int, help="use only this many GPUs (ranks) of each node")
     p.add_argument("--global-batch", type=_positive_int, required=True, help="global batch B in sequences")
     p.add_argument("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     if plan_required:
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", type=Path, required=True, help="profile YAML to write")
     p.add_argument("--quick", action="store_true", help="a fast, coarse measurement (under a minute)")
     p.add_argument("--ranks", type=_positive_int, default=2, help="processes for the collective benchmarks (default 2)")
+    p.add_argument("--node-out", type=Path, help="node profile to write (default: <stem>-node.yaml beside -o)")
     return root
 
 
@@ -147,7 +150,7 @@ def _load_job_inputs(a: argparse.Namespace):
     from simulator.specs import load_model
 
     model = load_model(a.model, a.seq_len)
-    cluster = load_cluster(a.cluster, a.nodes)
+    cluster = load_cluster(a.cluster, a.nodes, a.gpus_per_node)
     return model, cluster
 
 
@@ -287,7 +290,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from hwprofiles.calibrate import run_calibration
 
-    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=True)
+    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=True, node_out=a.node_out)
     for f in files:
         print(f)
     return EXIT_OK

@@ -26,6 +26,7 @@ from simulator.specs import ModelSpec, Plan
 from simulator.stagecost import block_times, device_chunks
 
 US = 1e6          # seconds -> integer microseconds
+HEADROOM = 0.01   # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly
 MIB = float(2**20)
 
 
@@ -91,15 +92,18 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
         mdl.Add(tm == sum(per_layer * n[c] + full_extra * f[c] + sel_extra * s[c] for c in ids)
                 + (emb if first else 0) + (head if last else 0))
         times.append(tm)
-        inflight = memory.in_flight_microbatches(plan.schedule, i, p, m, v)
         fixed = _fixed_stage_bytes(model, cluster, plan, m, first, last, e)
         any_full = mdl.NewBoolVar(f"anyfull{i}")
         mdl.Add(sum(f[c] for c in ids) == 0).OnlyEnforceIf(any_full.Not())
-        coef_n = round((layer_states + inflight * a_none) / MIB * 1000)
-        coef_f = round(inflight * (a_full - a_none) / MIB * 1000)
-        coef_s = round(inflight * (a_sel - a_none) / MIB * 1000)
-        mdl.Add(sum(coef_n * n[c] + coef_f * f[c] + coef_s * s[c] for c in ids)
-                + round(a_none / MIB * 1000) * any_full + round(fixed / MIB * 1000) <= int(cap / MIB * 1000))
+
+        def coef(x: float) -> int:
+            return round(x / MIB * 1000)
+
+        # one constraint per reachable per-chunk occupancy of the schedule (memory.chunk_occupancy)
+        for vec in memory.chunk_occupancy(plan.schedule, i, p, m, v):
+            mdl.Add(sum(coef(layer_states + k_ * a_none) * n[c] + coef(k_ * (a_full - a_none)) * f[c]
+                        + coef(k_ * (a_sel - a_none)) * s[c] for k_, c in zip(vec, ids))
+                    + coef(a_none) * any_full + coef(fixed) <= coef(cap * (1 - HEADROOM)))
     worst = mdl.NewIntVar(0, horizon, "worst")
     mdl.AddMaxEquality(worst, times)
     if plan.schedule == "interleaved" and v > 1:

@@ -130,14 +130,25 @@ def _cluster_of_node(node: NodeProfile, nodes: int | None, source: str) -> Clust
     return build(ClusterSpec, {"name": f"{node.name}-x{nodes or 1}", "nodes": nodes or 1, "node": node}, source)
 
 
-def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:
+def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterSpec:
     """``ref`` is a cluster file path, a built-in cluster name, or a node name/path.
 
     A node becomes a cluster of ``nodes`` (default 1) such nodes on one fat-tree.
-    ``nodes`` overrides the node count of a cluster file.
+    ``nodes`` overrides the node count of a cluster file; ``gpus_per_node`` uses only that
+    many GPUs of each node (e.g. 2 ranks of the 4-rank localhost-cpu node), at most all.
     """
     if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
         raise InputError(f"--nodes: expected a positive integer, got {nodes!r}")
+    cluster = _load_cluster(ref, nodes)
+    if gpus_per_node is None or gpus_per_node == cluster.gpus_per_node:
+        return cluster
+    if not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= cluster.gpus_per_node:
+        raise InputError(f"--gpus-per-node: expected 1 to {cluster.gpus_per_node} (the node's GPUs), got {gpus_per_node!r}")
+    node = cluster.node.model_copy(update={"gpus_per_node": gpus_per_node})
+    return cluster.model_copy(update={"node": node, "name": f"{cluster.name}-{gpus_per_node}gpn"})
+
+
+def _load_cluster(ref: str, nodes: int | None) -> ClusterSpec:
     p = Path(ref)
     if p.suffix in (".yaml", ".yml", ".json") or is_file(p):
         data = read_yaml(p)

@@ -34,13 +34,15 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 
 from __future__ import annotations
 
+
 from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory
 from simulator.ops import dtype_bytes
+from simulator.idcache import IdentityCache
 from simulator.result import SimResult
-from simulator.specs import Job, Plan
+from simulator.specs import Job, ModelSpec, Plan
 from simulator.stagecost import StageCost, StageMemory, block_times, stage_groups, stage_memory
-from simulator.workload import (executed_flops_per_iteration, layer_param_tensors, model_flops_per_iteration,
+from simulator.workload import (executed_flops_per_iteration, layer_param_tensors,
                                 padded_vocab_size)
 
 ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
@@ -55,7 +57,22 @@ def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
     return 0 if plan.p == 1 else 2 * plan.v - int(first) - int(last)
 
 
+_FLOPS = IdentityCache(4096)
+_P2P = IdentityCache(4096)
+
+
+def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
+    """Executed FLOPs per sequence (both are linear in the batch, workload.executed_flops_per_iteration)."""
+    return _FLOPS.get_or_make((model,), (full, sel), lambda: executed_flops_per_iteration(model, 1, full, sel))
+
+
 def p2p_exposed(job: Job) -> float:
+    """Seconds of one pipeline send (cached per model, cluster and layout; see _p2p_time)."""
+    plan = job.plan
+    return _P2P.get_or_make((job.model, job.cluster), (plan.t, plan.sp, plan.mb, plan.p, plan.d), lambda: _p2p_time(job))
+
+
+def _p2p_time(job: Job) -> float:
     """Seconds of one pipeline send (b*s*h elements). With t > 1 across nodes each TP rank
     sends b*s*h/t over its own NIC and the receivers all-gather over NVLink (Megatron's
     scatter/gather optimization, Narayanan et al. 2021, section 4.1)."""
@@ -281,8 +298,8 @@ def estimate(job: Job) -> SimResult:
         time_breakdown=breakdown,
         memory_breakdown={"params": pm.params, "grads": pm.grads, "optimizer": pm.optimizer,
                           "activations": pm.activations, "buffers": pm.buffers},
-        executed_flops=executed_flops_per_iteration(model, job.global_batch, full, sel),
-        model_flops=model_flops_per_iteration(model, job.global_batch),
+        executed_flops=_per_sequence_flops(model, full, sel) * job.global_batch,
+        model_flops=_per_sequence_flops(model, 0, 0) * job.global_batch,
         bubble_fraction=(t_pipe - steady) / steady if steady > 0 else 0.0,
         fidelity="analytic",
         extra=extra,

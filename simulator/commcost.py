@@ -14,6 +14,7 @@ that leave the node at the same time, and never more than the intra-node link.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     return GroupLink(bw, max(lat, intra.latency_s))
 
 
+@functools.lru_cache(maxsize=1024)
 def _latency_steps(n: int, ring_steps: int) -> int:
     return min(ring_steps, 2 * math.ceil(math.log2(n))) if n > 1 else 0
 

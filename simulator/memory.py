@@ -5,6 +5,7 @@ All functions return bytes and are pure. Sources are named in each docstring.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from simulator.specs import ModelSpec
@@ -91,15 +92,41 @@ def in_flight_microbatches(schedule: str, stage: int, p: int, m: int, v: int = 1
 
     GPipe: all m (Huang et al. 2019).  1F1B: min(p - stage, m) (Narayanan et al. 2021,
     PipeDream-Flush).  Interleaved 1F1B (Megatron-LM schedule): a rank runs
-    (p - stage - 1)*2 + (v - 1)*p warm-up chunk-forwards plus one in steady state,
-    capped by the m*v chunk-forwards it has in all; each chunk holds 1/v of the stage.
+    (p - stage - 1)*2 + (v - 1)*p warm-up chunk-forwards plus one in steady state (all m*v
+    forwards first when m = p), capped by the m*v chunk-forwards it has in all; each chunk
+    holds 1/v of the stage. Equals max(sum(vec)) / v over :func:`chunk_occupancy`.
     """
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and v > 1:
-        warmup = (p - stage - 1) * 2 + (v - 1) * p
+        warmup = m * v if m == p else (p - stage - 1) * 2 + (v - 1) * p
         return min(warmup + 1, m * v) / v
     return float(min(p - stage, m))
+
+
+@functools.lru_cache(maxsize=2048)
+def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
+    """The per-chunk in-flight microbatch counts a device can reach (local chunk order),
+    replayed from its pass order (:func:`simulator.schedules.device_order`): after every
+    forward, the vector of forwards not yet matched by their backward, per chunk. Only the
+    vectors no other one dominates are kept; the activation peak is the largest of
+    sum_k count_k * held_k over them. With v = 1 this is the single count of
+    :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last
+    chunk, and which chunk peaks matters when chunks differ (uneven recomputation)."""
+    from simulator.schedules import device_order
+
+    counts = [0] * v
+    seen: set[tuple[int, ...]] = set()
+    for op in device_order(schedule, p, m, v, stage):
+        counts[op.chunk] += 1 if op.kind == "F" else -1
+        if op.kind == "F":
+            seen.add(tuple(counts))
+    vecs = sorted(seen, key=sum, reverse=True)
+    keep: list[tuple[int, ...]] = []
+    for vec in vecs:
+        if not any(all(a >= b for a, b in zip(k, vec)) for k in keep):
+            keep.append(vec)
+    return tuple(keep)
 
 
 def logits_buffer_bytes(model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None) -> float:

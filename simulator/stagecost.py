@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator import commcost, layout, memory, params
+from simulator.idcache import IdentityCache
 from simulator.ops import PassTimes, dtype_bytes, pass_times
 from simulator.specs import ModelSpec, Plan
 from simulator.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
@@ -31,7 +32,11 @@ class BlockTimes:
     act_bytes: float  # b*s*h*e: one boundary activation
 
 
-_CACHE: dict[tuple, tuple[GpuProfile, BlockTimes]] = {}
+_BLOCKS = IdentityCache(4096)
+_STAGES = IdentityCache(8192)
+_ACTIVATIONS = IdentityCache(4096)
+_ACT_PEAK = IdentityCache(16384)
+_LAYER_PARAMS = IdentityCache(1024)
 
 
 def compute_slowdown(cluster: ClusterSpec) -> float:
@@ -49,11 +54,11 @@ def host_async(cluster: ClusterSpec) -> bool:
 def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
     """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
     The head's vocabulary is Megatron's padded one (workload.padded_vocab_size)."""
+    return _BLOCKS.get_or_make((model, cluster), (t, sp, mb), lambda: _block_times(model, cluster, t, sp, mb))
+
+
+def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
     gpu = cluster.gpu
-    key = (model, id(gpu), id(cluster.node), t, sp, mb)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is gpu:
-        return hit[1]
     e = dtype_bytes(gpu)
     slow = compute_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
@@ -70,9 +75,6 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: in
         tp_allreduce=commcost.allreduce_time(act, t, link),
         act_bytes=act,
     )
-    if len(_CACHE) > 4096:
-        _CACHE.clear()
-    _CACHE[key] = (gpu, bt)
     return bt
 
 
@@ -102,8 +104,6 @@ def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
     return [list(range(dev, chunks, plan.p)) for dev in range(plan.p)]
 
 
-_STAGE_CACHE: dict[tuple, tuple[ClusterSpec, list[StageCost], list[tuple[int, StageCost, int]]]] = {}
-
 
 def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
     """Cost of each pipeline device per microbatch. TP: 2 all-reduces of b*s*h forward and 2
@@ -123,10 +123,11 @@ def stage_groups(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tup
 
 
 def _stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    key = (model, id(cluster), plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute)
-    hit = _STAGE_CACHE.get(key)
-    if hit is not None and hit[0] is cluster:
-        return hit[1], hit[2]
+    rest = (plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute)
+    return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan))
+
+
+def _make_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
     sizes = plan.chunk_layers(model.num_layers)
     rec = plan.chunk_recompute(model.num_layers)
@@ -161,15 +162,12 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[St
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]
     uniq = [tuple(g) for g in groups.values()]
-    if len(_STAGE_CACHE) > 8192:
-        _STAGE_CACHE.clear()
-    _STAGE_CACHE[key] = (cluster, out, uniq)
     return out, uniq
 
 
-@functools.lru_cache(maxsize=4096)
 def _layer_activations(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> tuple[float, float, float]:
-    return tuple(memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none"))
+    return _ACTIVATIONS.get_or_make((model,), (b, t, sp, e), lambda: tuple(
+        memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none")))
 
 
 @dataclass(frozen=True)
@@ -198,21 +196,39 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, sta
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.state_bytes_per_param(e)
     states = memory.model_state_bytes(cost.params, plan.d, plan.zero, plan.offload, pb, gb, k)
+    # the activations do not depend on d, ZeRO or offload: shared by those variants
+    act = _ACT_PEAK.get_or_make((cost, model, cluster), (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp),
+                                lambda: _activation_peak(model, cluster, plan, m, stage, cost))
     sp, b, t = bool(plan.sp), plan.mb, plan.t
-    per_full, per_sel, per_none = _layer_activations(model, b, t, sp, e)
-    none_layers = cost.layers - cost.full_layers - cost.selective_layers
-    held = cost.full_layers * per_full + cost.selective_layers * per_sel + none_layers * per_none
-    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-    act = inflight * held + (per_none if cost.full_layers else 0.0)
-    if plan.schedule == "gpipe" and m > 1:
-        act += cost.full_layers * (per_none - per_full) + cost.selective_layers * (per_none - per_sel)
     s, h = model.seq_length, model.hidden_size
-    if cost.first:
-        act += inflight * memory.embedding_activation_bytes(b, s, h, t, sp)
+    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
     buffers = memory.gradient_bucket_bytes(cost.params) if plan.d > 1 or plan.offload != "none" else 0.0
     if plan.zero == 3:
-        buffers += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, t))
+        buffers += memory.zero3_working_set_bytes(_LAYER_PARAMS.get_or_make((model,), t, lambda: params.layer_params_per_rank(model, t)))
     if cost.last:
         buffers += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t))
     buffers += memory.pipeline_buffer_bytes(b, s, h, e, plan.p)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
+
+
+def _activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, cost: StageCost) -> float:
+    """Activation bytes of one rank of device ``stage`` at its peak (see stage_memory)."""
+    e = dtype_bytes(cluster.gpu)
+    sp, b, t = bool(plan.sp), plan.mb, plan.t
+    per_full, per_sel, per_none = _layer_activations(model, b, t, sp, e)
+    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+    if plan.v == 1 or (plan.layers is None and plan.recompute is None):  # equal chunks
+        none_layers = cost.layers - cost.full_layers - cost.selective_layers
+        act = inflight * (cost.full_layers * per_full + cost.selective_layers * per_sel + none_layers * per_none)
+    else:  # chunks of the device may differ: the schedule's worst per-chunk occupancy
+        sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
+        held = [f * per_full + s_ * per_sel + (n - f - s_) * per_none
+                for (f, s_), n in ((rec[c], sizes[c]) for c in range(stage, plan.p * plan.v, plan.p))]
+        act = max(sum(k * x for k, x in zip(vec, held))
+                  for vec in memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v))
+    act += per_none if cost.full_layers else 0.0
+    if plan.schedule == "gpipe" and m > 1:
+        act += cost.full_layers * (per_none - per_full) + cost.selective_layers * (per_none - per_sel)
+    if cost.first:
+        act += inflight * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
+    return act

@@ -32,7 +32,8 @@ def write_yaml(path, data) -> str:
 def test_every_shipped_gpu_profile_loads(name):
     g = load_gpu(name)
     assert g.name == name
-    assert g.peak_flops() > 1e12 and 0 < g.usable_memory_bytes < g.memory_GiB * GiB
+    floor = 1e10 if g.name == "cpu" else 1e12  # one CPU core (measured) vs any accelerator
+    assert g.peak_flops() > floor and 0 < g.usable_memory_bytes < g.memory_GiB * GiB
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in NODE_DIR.glob("*.yaml")))
