@@ -13,12 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+from matplotlib.artist import setp
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from simulator.result import GiB, SimResult  # noqa: E402
+from simulator.result import GiB, SimResult
 
 COLORS = {
     "fwd": "#4C72B0",
@@ -60,7 +59,7 @@ def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> 
     T = rec.step_time * scale
     lane_h = 0.55 if n > 8 else 0.8
     fig_h = 1.6 + lane_h * n + 2.6
-    fig = plt.figure(figsize=(16, fig_h), dpi=110)
+    fig = Figure(figsize=(16, fig_h), dpi=110)  # no pyplot: leaves the caller's backend alone
     gs = fig.add_gridspec(2, 1, height_ratios=[lane_h * n + 0.6, 2.4], hspace=0.28)
     ax = fig.add_subplot(gs[0])
     axm = fig.add_subplot(gs[1], sharex=ax)
@@ -116,9 +115,9 @@ def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> 
     order = [k for k in COLORS if k in used]
     ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in order], loc="upper center",
               bbox_to_anchor=(0.5, -0.04), ncol=min(len(order), 10), fontsize=8, frameon=False)
-    plt.setp(ax.get_xticklabels(), visible=False)
+    setp(ax.get_xticklabels(), visible=False)
 
-    cmap = plt.get_cmap("viridis")
+    cmap = matplotlib.colormaps["viridis"]
     for row, dev in enumerate(devs):
         mem = rec.memory[dev.idx]
         xs = [t * scale for t in mem.times] + [T]
@@ -135,4 +134,3 @@ def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> 
     axm.grid(alpha=0.3)
     axm.legend(fontsize=7, ncol=min(n, 8), loc="lower right")
     fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
