@@ -26,6 +26,7 @@ import yaml
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
+from simulator.result import SimResult
 from simulator.specs import Job, ModelSpec, Plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,6 +114,29 @@ def published_rows() -> list[PublishedRow]:
 
 def selene(gpus: int) -> ClusterSpec:
     return load_cluster(SELENE_NODE, nodes=gpus // 8)
+
+
+def megatron_1f1b_best(row: PublishedRow, max_mb: int = 16) -> tuple[Job, SimResult] | None:
+    """The row as Megatron-LM 2021 ran it: its t and p, zero=0, ckpt=full, sp=0, 1F1B and no
+    data-parallel overlap (local DDP); of the microbatch sizes <= max_mb that fit, the one with
+    the highest analytic tflops_per_gpu. None when none fits. (benchmarks/accuracy.py lets the
+    planner choose the schedule too.)"""
+    from simulator.analytic import estimate
+    from simulator.specs import NO_DP_OVERLAP, validate_plan
+
+    cluster = selene(row.gpus)
+    d = row.gpus // (row.t * row.p)
+    best = None
+    for mb in range(1, min(max_mb, row.batch // d) + 1):
+        if (row.batch // d) % mb:
+            continue
+        plan = Plan(t=row.t, p=row.p, d=d, mb=mb, zero=0, ckpt="full", schedule="1f1b")
+        validate_plan(row.model, plan, cluster.num_gpus, row.batch)
+        job = Job(row.model, cluster, plan, row.batch, NO_DP_OVERLAP)
+        r = estimate(job)
+        if r.fits and (best is None or r.tflops_per_gpu > best[1].tflops_per_gpu):
+            best = (job, r)
+    return best
 
 
 # ----------------------------------------------------------------------------------- fit

@@ -16,16 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _accuracy_data as data  # noqa: E402
 
 from hwprofiles.load import load_cluster
-from simulator.analytic import estimate
 from simulator.des import simulate_des
-from simulator.specs import Job, ModelSpec, Plan, load_model, parse_plan, validate_plan
+from simulator.specs import Job, load_model, parse_plan
 
 TARGET_S = 2.0
 MAX_MB = 16
-PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published.yaml"
 
 
 def speed(repeat: int) -> bool:
@@ -55,38 +55,25 @@ def speed(repeat: int) -> bool:
     return ok
 
 
-def megatron_rows(path: Path) -> None:
-    rows = yaml.safe_load(path.read_text())["megatron_2021_throughput"]
+def megatron_rows() -> None:
     print(f"{'params':>8s} {'t':>2s} {'p':>3s} {'d':>4s} {'gpus':>5s} {'B':>5s} {'mb':>3s} {'published':>9s} "
           f"{'analytic':>9s} {'err':>7s} {'DES':>9s} {'err':>7s} {'DES wall':>8s}")
     errs_a, errs_d = [], []
-    for row in rows:
-        model = ModelSpec(name=f"megatron-{row['params_B']}b", num_layers=row["layers"], hidden_size=row["hidden"],
-                          num_attention_heads=row["heads"], vocab_size=51200, seq_length=2048)
-        cluster = load_cluster("dgx-a100-80gb", row["gpus"] // 8)
-        t, p, B = row["t"], row["p"], row["batch"]
-        d = row["gpus"] // (t * p)
-        best = None
-        for mb in range(1, min(MAX_MB, B // d) + 1):
-            if (B // d) % mb:
-                continue
-            plan = Plan(t=t, p=p, d=d, mb=mb, zero=0, ckpt="full", schedule="1f1b")
-            validate_plan(model, plan, cluster.num_gpus, B)
-            a = estimate(Job(model, cluster, plan, B))
-            if a.fits and (best is None or a.tflops_per_gpu > best[1].tflops_per_gpu):
-                best = (plan, a)
-        if best is None:
-            print(f"{row['params_B']:7.1f}B: no microbatch size fits")
+    for row in data.published_rows():
+        found = data.megatron_1f1b_best(row)
+        if found is None:
+            print(f"{row.params_B:7.1f}B: no microbatch size fits")
             continue
-        plan, a = best
+        job, a = found
         w0 = time.perf_counter()
-        r = simulate_des(Job(model, cluster, plan, B))
+        r = simulate_des(job)
         wall = time.perf_counter() - w0
-        pub = row["tflops_per_gpu"]
+        pub = row.tflops_per_gpu
         ea, ed = 100 * (a.tflops_per_gpu - pub) / pub, 100 * (r.tflops_per_gpu - pub) / pub
         errs_a.append(abs(ea))
         errs_d.append(abs(ed))
-        print(f"{row['params_B']:7.1f}B {t:2d} {p:3d} {d:4d} {row['gpus']:5d} {B:5d} {plan.mb:3d} {pub:9.1f} "
+        plan = job.plan
+        print(f"{row.params_B:7.1f}B {plan.t:2d} {plan.p:3d} {plan.d:4d} {row.gpus:5d} {row.batch:5d} {plan.mb:3d} {pub:9.1f} "
               f"{a.tflops_per_gpu:9.1f} {ea:+6.1f}% {r.tflops_per_gpu:9.1f} {ed:+6.1f}% {wall:7.2f}s")
     if errs_d:
         print(f"mean |error|: analytic {sum(errs_a) / len(errs_a):.1f}%, DES {sum(errs_d) / len(errs_d):.1f}%; "
@@ -96,18 +83,14 @@ def megatron_rows(path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="warm runs (the best is reported)")
-    ap.add_argument("--published", type=Path, default=PUBLISHED, help="path of published.yaml")
     ap.add_argument("--skip-rows", action="store_true", help="only the speed benchmark")
     args = ap.parse_args()
     print("== DES speed ==")
     ok = speed(args.repeat)
     if not args.skip_rows:
         print()
-        print("== Megatron-LM 2021 (Table 1) rows: DES and analytic vs published tflops_per_gpu ==")
-        if args.published.is_file():
-            megatron_rows(args.published)
-        else:
-            print(f"(skipped: {args.published} not found)")
+        print("== Megatron-LM 2021 (Table 1) rows as run then (1F1B, sp=0, no DP overlap): DES and analytic vs published ==")
+        megatron_rows()
     return 0 if ok else 1
 
 

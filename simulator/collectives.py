@@ -99,7 +99,7 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
     for g in order:
         nodes.setdefault(g // G, []).append(g)
     members = list(nodes.values())
-    k, N = len(members[0]), len(members)
+    k = len(members[0])
 
     def intra(op2: CollOp) -> PhasePlan:
         flows: list[tuple[int, int, float]] = []

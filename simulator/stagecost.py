@@ -8,10 +8,9 @@ for the same ones thousands of times.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-from hwprofiles.schema import ClusterSpec, GpuProfile
+from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory, params
 from simulator.idcache import IdentityCache
 from simulator.ops import PassTimes, dtype_bytes, pass_times
@@ -199,7 +198,7 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, sta
     # the activations do not depend on d, ZeRO or offload: shared by those variants
     act = _ACT_PEAK.get_or_make((cost, model, cluster), (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp),
                                 lambda: _activation_peak(model, cluster, plan, m, stage, cost))
-    sp, b, t = bool(plan.sp), plan.mb, plan.t
+    b, t = plan.mb, plan.t
     s, h = model.seq_length, model.hidden_size
     inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
     buffers = memory.gradient_bucket_bytes(cost.params) if plan.d > 1 or plan.offload != "none" else 0.0
