@@ -59,6 +59,7 @@ def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
 
 _FLOPS = IdentityCache(4096)
 _P2P = IdentityCache(4096)
+_TIED = IdentityCache(4096)
 
 
 def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
@@ -72,6 +73,16 @@ def p2p_exposed(job: Job) -> float:
     return _P2P.get_or_make((job.model, job.cluster), (plan.t, plan.sp, plan.mb, plan.p, plan.d), lambda: _p2p_time(job))
 
 
+def _pipeline_link(cluster: ClusterSpec, plan: Plan) -> tuple[float, float, bool]:
+    """(bytes/s, latency, crosses nodes) of the link joining two pipeline stages: a GPU's share
+    of its node's NICs when some stage boundary crosses nodes, else the intra-node link."""
+    node = cluster.node
+    gpn = cluster.gpus_per_node
+    if layout.pp_crosses_nodes(plan.t, plan.p, plan.d, gpn) and node.nic is not None and node.nics_per_node:
+        return node.nic.bytes_per_s * min(1.0, node.nics_per_node / gpn), node.nic.latency_s, True
+    return node.intra_node.bytes_per_s, node.intra_node.latency_s, False
+
+
 def _p2p_time(job: Job) -> float:
     """Seconds of one pipeline send (b*s*h elements). With t > 1 across nodes each TP rank
     sends b*s*h/t over its own NIC and the receivers all-gather over NVLink (Megatron's
@@ -80,20 +91,11 @@ def _p2p_time(job: Job) -> float:
     if plan.p == 1:
         return 0.0
     bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb)
-    node = cluster.node
-    gpn = cluster.gpus_per_node
-    if layout.pp_crosses_nodes(plan.t, plan.p, plan.d, gpn) and node.nic is not None and node.nics_per_node:
-        nic_bw = node.nic.bytes_per_s * min(1.0, node.nics_per_node / gpn)
-        lat = node.nic.latency_s
-        if plan.t > 1 and not plan.sp:
-            intra = commcost.group_link(cluster, layout.tp_shape(plan.t, gpn))
-            one = commcost.p2p_time(bt.act_bytes / plan.t, nic_bw, lat) + commcost.allgather_time(bt.act_bytes, plan.t, intra)
-        else:
-            one = commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), nic_bw, lat)
-    else:
-        link = node.intra_node
-        one = commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), link.bytes_per_s, link.latency_s)
-    return one
+    bw, lat, crosses = _pipeline_link(cluster, plan)
+    if crosses and plan.t > 1 and not plan.sp:
+        intra = commcost.group_link(cluster, layout.tp_shape(plan.t, cluster.gpus_per_node))
+        return commcost.p2p_time(bt.act_bytes / plan.t, bw, lat) + commcost.allgather_time(bt.act_bytes, plan.t, intra)
+    return commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), bw, lat)
 
 
 def _dp_link(cluster: ClusterSpec, plan: Plan) -> commcost.GroupLink:
@@ -176,9 +178,6 @@ def pipeline_time(worst: float, total: float, m: int, schedule: str, v: int) -> 
     return (m - 1) * worst + total
 
 
-_TIED_CACHE: dict[tuple, tuple[ClusterSpec, float]] = {}
-
-
 def tied_embedding_time(job: Job) -> float:
     """All-reduce of the word-embedding gradient (V/t x h, e bytes; V padded) between the first
     and the last pipeline stage when p > 1 and the embeddings are tied: a 2-rank all-reduce
@@ -187,24 +186,13 @@ def tied_embedding_time(job: Job) -> float:
     model, cluster, plan = job.model, job.cluster, job.plan
     if plan.p == 1 or not model.tie_embeddings:
         return 0.0
-    key = (model, id(cluster), plan.t, plan.p, plan.d)
-    hit = _TIED_CACHE.get(key)
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    e = dtype_bytes(cluster.gpu)
-    size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * e
-    node = cluster.node
-    gpn = cluster.gpus_per_node
-    if layout.pp_crosses_nodes(plan.t, plan.p, plan.d, gpn) and node.nic is not None and node.nics_per_node:
-        bw = node.nic.bytes_per_s * min(1.0, node.nics_per_node / gpn)
-        lat = node.nic.latency_s
-    else:
-        bw, lat = node.intra_node.bytes_per_s, node.intra_node.latency_s
-    t = commcost.allreduce_time(size, 2, commcost.GroupLink(bw, lat))
-    if len(_TIED_CACHE) > 4096:
-        _TIED_CACHE.clear()
-    _TIED_CACHE[key] = (cluster, t)
-    return t
+    return _TIED.get_or_make((model, cluster), (plan.t, plan.p, plan.d), lambda: _tied_allreduce(model, cluster, plan))
+
+
+def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
+    size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * dtype_bytes(cluster.gpu)
+    bw, lat, _ = _pipeline_link(cluster, plan)
+    return commcost.allreduce_time(size, 2, commcost.GroupLink(bw, lat))
 
 
 def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:

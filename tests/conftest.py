@@ -15,6 +15,16 @@ REPO = Path(__file__).resolve().parents[1]
 VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "shared" / "validation"))
 
 
+# A DGX A100-like node as an inline mapping, for tests that write or vary node files.
+NODE_MAPPING = {
+    "name": "test-node", "gpu": "a100-sxm4-80gb", "gpus_per_node": 8,
+    "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
+    "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
+    "nics_per_node": 8, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
+    "host_memory_GiB": 2048,
+}
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m autoplan ARGS`` in a subprocess (no AUTOPLAN_DEBUG, so no traceback on purpose)."""
     env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}

@@ -9,16 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
+from conftest import NODE_MAPPING as NODE
 from conftest import run_cli
 
 MODEL = {"name": "m", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512, "seq_length": 64}
-NODE = {
-    "name": "n", "gpu": "a100-sxm4-80gb", "gpus_per_node": 8,
-    "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
-    "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
-    "nics_per_node": 8, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
-    "host_memory_GiB": 2048,
-}
 CLUSTER = {"name": "c", "nodes": 2, "node": "dgx-a100-80gb"}
 
 # Input files: name -> text. "{dir}" in a case's arguments is the directory holding them.

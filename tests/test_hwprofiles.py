@@ -9,18 +9,14 @@ from hwprofiles import InputError, load_cluster, load_gpu, load_node
 from hwprofiles.load import GPU_DIR, NODE_DIR, cluster_from_mapping, node_from_mapping
 from hwprofiles.schema import GiB, GpuProfile, Link, NodeProfile
 
+from conftest import NODE_MAPPING
+
 # DESIGN.md section 2: profiles that must ship (the CPU profile / localhost-cpu node are checked
 # by the verification tests of whoever adds them)
 REQUIRED_GPUS = ["v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb"]
 REQUIRED_NODES = ["dgx2-v100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "pcie-a100-80gb"]
 
-NODE = {
-    "name": "test-node", "gpu": "a100-sxm4-80gb", "gpus_per_node": 8,
-    "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
-    "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
-    "nics_per_node": 8, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
-    "host_memory_GiB": 2048,
-}
+NODE = NODE_MAPPING
 
 
 def write_yaml(path, data) -> str:
