@@ -7,6 +7,13 @@ reduce-scatter are timed over every group size of ``group_sizes(ranks)``: all ra
 with 4 or more (an even number), also pairs (0,1), (2,3), ... all running at once, as the
 tensor- or data-parallel pairs of a 4-rank plan do. Send/recv is a ping-pong (half the round
 trip) between ranks 0 and 1, or between all pairs at once when there are 4 or more.
+On CPU the ranks also measure the host's compute slots: for 2, 3, ... all ranks busy, the
+aggregate throughput of a single-threaded GEMM loop run by that many ranks at once, in units of
+its throughput run by rank 0 alone (cores that share a physical core or a host's memory
+bandwidth give less than one slot each; ranks beyond the cores add nothing, and time-sliced
+ranks evict each other's caches, which costs more). Then the ranks time the tensor-parallel reference layer's host work
+(``calibrate_eager.tp_layer_host``) in groups of 2 (all ranks when their number is odd),
+every group at once, the mean over ranks.
 Each measurement: n back-to-back calls between barriers, the slowest rank's mean per call,
 best of the timed loops (``calibrate_timing.Timing``), at every message size (as in
 ``calibrate_fit.CollectiveSample``; fp32 payloads). ``calibrate_fit.fit_link`` then fits the
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import queue as queue_mod
 import tempfile
 import time
@@ -28,8 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hwprofiles.calibrate_eager import PassHost, tp_layer_host
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
-from hwprofiles.calibrate_host import resident_GiB
+from hwprofiles.calibrate_host import cpu_cores, resident_GiB
 from hwprofiles.calibrate_settings import Timing
 
 _MAX_CALLS = 10_000
@@ -43,6 +52,8 @@ class CommResult:
     ranks: int
     samples: list[CollectiveSample]
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
+    tp_layer: PassHost        # host time of the tensor-parallel reference layer (mean over ranks)
+    compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo GEMM throughput (None on CUDA)
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
@@ -123,12 +134,75 @@ def _schedule(world: int) -> list[tuple[str, int]]:
 
 
 def comm_items(ranks: int, n_sizes: int) -> int:
-    """Progress-bar items of ``measure_collectives``."""
-    return len(_schedule(ranks)) * n_sizes
+    """Progress-bar items of ``measure_collectives`` (the last one: the TP layer)."""
+    return len(_schedule(ranks)) * n_sizes + 1
+
+
+def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    dist.all_reduce(t)
+    return [float(x) / dist.get_world_size() for x in t.tolist()]
+
+
+_SLOT_GEMM = 256
+
+
+def _gemm_loop(calls: int) -> tuple[float, float]:
+    """(start, end) wall-clock times of ``calls`` single-threaded GEMMs."""
+    a, b = torch.randn(_SLOT_GEMM, _SLOT_GEMM), torch.randn(_SLOT_GEMM, _SLOT_GEMM)
+    for _ in range(5):
+        a @ b
+    t0 = time.time()
+    for _ in range(calls):
+        a @ b
+    return t0, time.time()
+
+
+def _slots_round(rank: int, busy: int, calls: int, device: torch.device) -> float:
+    """One alternation: rank 0's loop alone, then ranks 0..busy-1 at once; the throughput ratio."""
+    world = dist.get_world_size()
+    dist.barrier()
+    solo = 0.0
+    if rank == 0:
+        t0, t1 = _gemm_loop(calls)
+        solo = t1 - t0
+    dist.barrier()
+    start, end = _gemm_loop(calls) if rank < busy else (math.inf, -math.inf)
+    solo = _mean_over_ranks([solo], device)[0] * world
+    first = torch.tensor([start], dtype=torch.float64)
+    last = torch.tensor([end], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    dist.all_reduce(last, op=dist.ReduceOp.MAX)
+    return busy * solo / max(float(last.item() - first.item()), 1e-9)
+
+
+def _compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int = 5) -> dict[int, float]:
+    """For every number of busy ranks from 2 to all: the throughput of their GEMM loops at once
+    (all the work over the span from the first start to the last end) in units of rank 0's loop
+    alone (module docstring); the median over ``rounds`` alternations of the two, as a shared
+    host's speed drifts, capped at the busy ranks and at the cores this process may use."""
+    t0, t1 = _gemm_loop(10)
+    calls = max(10, int(loop_s / max((t1 - t0) / 10, 1e-9)))
+    slots = {}
+    for busy in range(2, dist.get_world_size() + 1):
+        ratio = statistics.median(_slots_round(rank, busy, calls, device) for _ in range(rounds))
+        slots[busy] = min(float(busy), float(cpu_cores()), ratio)
+    return slots
+
+
+def _tp_layer(world: int, device: torch.device, repeats: int) -> PassHost:
+    """Every rank times the TP reference layer in its group of 2 (module docstring)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    tp = 2 if world % 2 == 0 else world
+    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    host = tp_layer_host(mesh["tp"], device.type, repeats)
+    fwd, bwd = _mean_over_ranks([host.forward_s, host.backward_s], device)
+    return PassHost(fwd, bwd)
 
 
 def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tuple[int, ...],
-            timing: Timing, out: Any) -> None:
+            timing: Timing, eager_repeats: int, out: Any) -> None:
     """One rank: join the group, time every (collective, size), rank 0 reports to ``out``."""
     if device_type == "cuda":
         torch.cuda.set_device(rank)
@@ -147,33 +221,36 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
                 t = _time_collective(fn, device, timing) / msgs
                 if rank == 0:
                     out.put(("sample", op, nbytes, size, t))
+        slots = _compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
+        tp = _tp_layer(world, device, eager_repeats)
         dist.barrier()
         if rank == 0:
-            out.put(("done", resident_GiB()))
+            out.put(("done", resident_GiB(), tp.forward_s, tp.backward_s, slots))
     finally:
         dist.destroy_process_group()
 
 
-def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> float | None:
-    """Record one message from rank 0; returns rank 0's RSS on the final message."""
+def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
+    """Record one message from rank 0; returns (rank 0's RSS, TP layer host time) on the final one."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
         tick(f"{op} {nbytes} B x{size}")
         return None
-    return float(msg[1])
+    tick("tensor-parallel layer host time")
+    return float(msg[1]), PassHost(float(msg[2]), float(msg[3])), msg[4]
 
 
-def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing,
+def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int,
                         tick: Callable[[str], None]) -> CommResult:
     """Spawn ``ranks`` processes and time the collectives (module docstring)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     samples: list[CollectiveSample] = []
-    rss: float | None = None
+    final: tuple | None = None
     with tempfile.TemporaryDirectory(prefix="autoplan-calibrate-") as tmp:
         procs = mp.start_processes(
-            _worker, args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, out),
+            _worker, args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, eager_repeats, out),
             nprocs=ranks, join=False, start_method="spawn")
         try:
             finished = False
@@ -184,11 +261,11 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
                         msg = out.get_nowait()
                     except queue_mod.Empty:
                         break
-                    rss = _handle(msg, samples, tick) or rss
+                    final = _handle(msg, samples, tick) or final
             deadline = time.monotonic() + _DONE_WAIT_S
-            while rss is None and time.monotonic() < deadline:
+            while final is None and time.monotonic() < deadline:
                 try:
-                    rss = _handle(out.get(timeout=1.0), samples, tick) or rss
+                    final = _handle(out.get(timeout=1.0), samples, tick) or final
                 except queue_mod.Empty:
                     continue
         except mp.ProcessRaisedException as e:
@@ -200,7 +277,7 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
                 if p.is_alive():
                     p.terminate()
                 p.join()
-    if rss is None:
+    if final is None:
         raise RuntimeError("collective benchmark: rank 0 did not report its results")
     return CommResult(backend="nccl" if device == "cuda" else "gloo", ranks=ranks, samples=samples,
-                      rank_resident_GiB=rss)
+                      rank_resident_GiB=final[0], tp_layer=final[1], compute_slots=final[2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hwprofiles.calibrate_eager import EagerResult
 from hwprofiles.calibrate_fit import CollectiveSample, GemmFit, LinkFit
 from hwprofiles.schema import GemmPoint
 
@@ -36,6 +37,7 @@ class Calibration:
     memory_GiB: float
     memory_reserved_GiB: float
     reserved_how: str
+    eager: Optional[EagerResult]  # host time of eager blocks (None: not measured)
     # host and node
     copy_h2d_GBps: float
     copy_d2h_GBps: float
@@ -43,6 +45,7 @@ class Calibration:
     cpu_adam_GBps: float
     host_memory_GiB: float
     cpu_cores: int
+    compute_slots: Optional[dict[int, float]]  # busy ranks -> slots, measured by the ranks (CPU); None: not measured
     gpus_per_node: int
     intra_kind: str             # Link.kind of the measured intra-node link
     # collectives (None when fewer than 2 ranks were measured)

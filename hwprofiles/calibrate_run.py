@@ -1,13 +1,15 @@
 """Run every ``autoplan calibrate`` benchmark in order and gather a :class:`Calibration`.
 
 Order: per-op overhead, GEMM grid, memory-bound ops and attention, host copies, host Adam,
-then the collectives in ``ranks`` spawned processes. One tqdm bar on stderr counts the
+the eager blocks' host time, then the collectives (and the tensor-parallel layer's host
+time) in ``ranks`` spawned processes. One tqdm bar on stderr counts the
 benchmarks. CPU benchmarks run with ``torch.set_num_threads(1)`` (one rank per core, as the
 CPU verification runs with OMP_NUM_THREADS=1); the caller's thread count is restored after.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from datetime import date
 
@@ -16,6 +18,7 @@ from tqdm import tqdm
 
 from hwprofiles import calibrate_host as host
 from hwprofiles.calibrate_comm import comm_items, measure_collectives
+from hwprofiles.calibrate_eager import measure_eager, median_result
 from hwprofiles.calibrate_fit import COLLECTIVES, fit_gemm_curve, fit_link
 from hwprofiles.calibrate_gemm import measure_gemm, peak_by_dtype, supported_dtypes
 from hwprofiles.calibrate_memory import measure_memory
@@ -43,7 +46,9 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
             torch.set_num_threads(1)
         used_threads = torch.get_num_threads()
         ovh = measure_overhead(device, s.timing, s.passes, tick)
+        eager_rounds = [measure_eager(device, s.eager_repeats, tick)]
         points = measure_gemm(s, tick)
+        eager_rounds.append(measure_eager(device, s.eager_repeats, tick))
         dtypes = supported_dtypes(s)
         default_dtype = dtypes[0]
         peaks = peak_by_dtype(points)
@@ -51,8 +56,10 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         mem = measure_memory(s, default_dtype, tick)
         copies = host.measure_copies(s, tick)
         adam = host.measure_host_adam(s, tick)
+        eager_rounds.append(measure_eager(device, s.eager_repeats, tick))
+        eager = median_result(eager_rounds)
         reserved, how = _reserved(device, baseline_rss)
-        comm = (measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, tick)
+        comm = (measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, s.eager_repeats, tick)
                 if ranks >= 2 else None)
     finally:
         torch.set_num_threads(threads)
@@ -64,6 +71,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         by_op = {op: fit_link([x for x in comm.samples if x.op == op]) for op in COLLECTIVES}
         if device == "cpu":
             reserved, how = comm.rank_resident_GiB, f"resident memory of a {comm.backend} rank after its collectives"
+        eager = dataclasses.replace(eager, tp_layer=comm.tp_layer)
     return Calibration(
         date=date.today().isoformat(), device=device, device_name=host.device_name(device),
         torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",
@@ -76,9 +84,10 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         memory_GiB=host.device_memory_GiB(device, ranks), memory_reserved_GiB=reserved, reserved_how=how,
         copy_h2d_GBps=copies.h2d_GBps, copy_d2h_GBps=copies.d2h_GBps, copy_latency_us=copies.latency_us,
         cpu_adam_GBps=adam, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
+        compute_slots=comm.compute_slots if comm is not None else None,
         gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
         intra_kind=_intra_kind(device), ranks=ranks, backend="nccl" if device == "cuda" else "gloo",
-        link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],
+        eager=eager, link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],
     )
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from itertools import product
 
 MIN_REPEATS = 3
+#: rounds of the eager host-time benchmark: at the start, after the GEMM grid, after the host Adam step
+EAGER_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -50,18 +52,23 @@ class Settings:
     comm_timing: Timing                   # timed loops of the collectives
 
     @property
+    def eager_repeats(self) -> int:
+        """Timed loops per block of the eager host-time benchmark (calibrate_eager)."""
+        return 3 if self.quick else 9
+
+    @property
     def gemm_shapes(self) -> list[tuple[int, int, int]]:
         return [(m, n, k) for m, n, k in product(self.gemm_dims_m, self.gemm_dims_nk, self.gemm_dims_nk)]
 
     def compute_items(self) -> int:
         """Progress-bar items of the single-process part (the ticks of calibrate_run.measure before
         the collectives: overhead 2, one per GEMM, memory op x size and attention shape, the
-        copies (CUDA: bandwidth and latency), the host Adam step)."""
+        copies (CUDA: bandwidth and latency), the host Adam step, the eager blocks' rounds)."""
         overhead = 2
         gemm = len(self.gemm_shapes) * len(self.gemm_dtypes) * self.passes
         memory = len(MEMORY_OPS) * len(self.mem_elements) * self.passes
         copies = 2 if self.device == "cuda" else 1
-        return overhead + gemm + memory + len(self.attention_shapes) + copies + 1
+        return overhead + gemm + memory + len(self.attention_shapes) + copies + 1 + EAGER_ROUNDS
 
 
 #: memory-bound ops timed at every size of ``mem_elements`` (copy sets memory_bandwidth_GBps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from hwprofiles.calibrate_result import Calibration
+from hwprofiles.calibrate_settings import EAGER_ROUNDS
 
 
 def num(x: float, sig: int = 4) -> str:
@@ -48,7 +49,6 @@ def _measured_lines(c: Calibration) -> list[str]:
         "autograd_backward_op_us": num(c.backward_op_us),
         "gemm_fit_rms_log_error": num(c.gemm_fit.rms_log_error),
     }
-    items.update({f"bandwidth_{op}_GBps": num(v) for op, v in c.memory_by_op_GBps.items()})
     items.update({f"attention_{shape}_tflops": num(v) for shape, v in c.attention_tflops.items()})
     return [f"  {k}: {_q(v)}" for k, v in items.items()]
 
@@ -71,8 +71,37 @@ def _gpu_header(c: Calibration) -> list[str]:
         f"# {c.device_name}: profile of {what},",
         f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
         f"# GEMM and memory-op rates are work alone ({work});",
-        "# the simulator adds kernel_launch_us per op.",
+        "# the simulator adds the eager section's host time per block pass (kernel_launch_us per op without it).",
     ]
+
+
+def _elementwise_lines(c: Calibration) -> list[str]:
+    s = _stamp(c)
+    lines = ["elementwise_GBps:   # achieved (read+write bytes)/work time per op, median over tensor sizes"]
+    lines += [f"  {op}: {num(v)}   # {s}" for op, v in c.memory_by_op_GBps.items() if op != "copy"]
+    return lines
+
+
+def _eager_lines(c: Calibration) -> list[str]:
+    """The ``eager`` section: host microseconds per pass of each block (calibrate_eager)."""
+    e = c.eager
+    if e is None:
+        return []
+    s = _stamp(c)
+    lines = ["eager:   # host time (thread CPU time) of eager PyTorch per pass at negligible arithmetic "
+             "(hidden 16, 8 tokens), median of timed loops, single-process blocks: median of "
+             f"{EAGER_ROUNDS} rounds spread over the calibration"]
+    blocks = [("layer", e.layer, "pre-norm GPT layer"), ("embedding", e.embedding, "token + position embedding"),
+              ("head", e.head, "final LayerNorm, output Linear, cross-entropy")]
+    if e.tp_layer is not None:
+        blocks.insert(1, ("tp_layer", e.tp_layer, f"the layer under DTensor tensor parallelism, 2-rank groups of "
+                                                   f"{c.ranks} {c.backend} ranks, collective waits excluded, mean over ranks"))
+    for key, p, what in blocks:
+        lines.append(f"  {key}_forward_us: {num(p.forward_s * 1e6)}   # {what}; {s}")
+        lines.append(f"  {key}_backward_us: {num(p.backward_s * 1e6)}   # same, backward; {s}")
+    lines.append(f"  optimizer_tensor_us: {num(e.optimizer_tensor_s * 1e6)}   # AdamW step + global grad norm + "
+                 f"clipping, per parameter tensor; {s}")
+    return lines
 
 
 def render_gpu(c: Calibration, name: str) -> str:
@@ -97,6 +126,8 @@ def render_gpu(c: Calibration, name: str) -> str:
         f"  half_dim_k: {num(fit.half_dim_k)}   # same fit; {s}",
         "  table:   # C[m,n] = A[m,k] @ B[k,n] with torch.mm, best of timed loops, TFLOP/s = 2mnk / work time",
         *_table_lines(c),
+        *_elementwise_lines(c),
+        *_eager_lines(c),
         "measured:",
         *_measured_lines(c),
     ]
@@ -141,7 +172,11 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         (f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # torch.optim.Adam.step, 12 B/param of fp32 state / step time, "
          f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"),
     ]
-    if c.device == "cpu":
+    if c.device == "cpu" and c.compute_slots:
+        slots = ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(c.compute_slots.items()))
+        lines.append(f"compute_slots: {{{slots}}}   # busy ranks: throughput of single-threaded GEMM loops on that "
+                     f"many ranks at once / on one alone, median of 5 ({c.cpu_cores} cores usable); {s}")
+    elif c.device == "cpu":
         lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
                      f"ranks beyond that share cores; {s}")
     return "\n".join(lines + _sample_lines(c)) + "\n"

@@ -49,6 +49,38 @@ class GemmModel(_Strict):
     table: list[GemmPoint] = Field(default_factory=list)
 
 
+class EagerHost(_Strict):
+    """Host time of PyTorch eager training per pass of a block, at negligible arithmetic
+    (``autoplan calibrate``, ``hwprofiles.calibrate_eager``): Python module calls, the
+    dispatcher, autograd bookkeeping and, under tensor parallelism, DTensor's sharding
+    propagation and redistribution. The simulator charges a pass
+        synchronous (a CPU rank): sum of its ops' work + host time
+        asynchronous (a GPU):    max(sum of its ops' work, host time)
+    instead of ``kernel_launch_us`` per op. ``tp_layer_*``: the layer under Megatron-style
+    DTensor tensor parallelism, collectives excluded (the simulator prices them on the link).
+    ``optimizer_tensor_us``: AdamW step, global gradient norm and clipping, per parameter tensor."""
+
+    layer_forward_us: float = Field(ge=0)
+    layer_backward_us: float = Field(ge=0)
+    tp_layer_forward_us: Optional[float] = Field(default=None, ge=0)
+    tp_layer_backward_us: Optional[float] = Field(default=None, ge=0)
+    embedding_forward_us: float = Field(ge=0)
+    embedding_backward_us: float = Field(ge=0)
+    head_forward_us: float = Field(ge=0)
+    head_backward_us: float = Field(ge=0)
+    optimizer_tensor_us: float = Field(ge=0)
+
+    def layer_us(self, tensor_parallel: bool) -> tuple[float, float]:
+        """(forward, backward) host time of a layer; with TP, the TP figures when measured."""
+        if tensor_parallel and self.tp_layer_forward_us is not None and self.tp_layer_backward_us is not None:
+            return self.tp_layer_forward_us, self.tp_layer_backward_us
+        return self.layer_forward_us, self.layer_backward_us
+
+
+#: elementwise op kinds a profile may give a measured bandwidth for (``elementwise_GBps``)
+ELEMENTWISE_KINDS = ("add", "scale", "gelu", "dropout", "layer_norm", "softmax")
+
+
 class GpuProfile(_Strict):
     """One accelerator: dense peak throughput per dtype, memory, and kernel efficiency."""
 
@@ -62,7 +94,22 @@ class GpuProfile(_Strict):
     memory_reserved_GiB: float = Field(ge=0, default=1.0, description="CUDA context, NCCL and library workspaces")
     allocator_fragmentation: float = Field(ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator")
     default_dtype: str = "fp16"
+    elementwise_GBps: dict[str, float] = Field(
+        default_factory=dict,
+        description="achieved bandwidth (bytes read+written / time) per elementwise op kind; "
+                    "ops without an entry run at memory_bandwidth_GBps * memory_efficiency")
+    eager: Optional[EagerHost] = None
     measured: Optional[dict[str, str]] = None
+
+    @field_validator("elementwise_GBps")
+    @classmethod
+    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if k not in ELEMENTWISE_KINDS:
+                raise ValueError(f"unknown elementwise op kind {k!r} (known: {', '.join(ELEMENTWISE_KINDS)})")
+            if not (x > 0 and math.isfinite(x)):
+                raise ValueError(f"bandwidth of {k!r} must be a positive number, got {x!r}")
+        return v
 
     @field_validator("peak_tflops")
     @classmethod
@@ -135,10 +182,32 @@ class NodeProfile(_Strict):
     cpu_adam_GBps: float = Field(gt=0, default=20.0, description="host optimizer-step throughput over fp32 optimizer state")
     nvme: Optional[Nvme] = None
     backend: Literal["nccl", "gloo"] = "nccl"
-    compute_slots: Optional[int] = Field(
-        default=None, ge=1,
-        description="ranks that can compute at once (CPU cores of a localhost-cpu node); None: one per GPU",
+    compute_slots: Optional[float | dict[int, float]] = Field(
+        default=None,
+        description="ranks' worth of compute the node delivers at once: a number, or per number of busy ranks "
+                    "(a localhost-cpu node measured by calibrate: cores times their parallel efficiency, which "
+                    "drops when more ranks than cores evict each other's caches); None: one per GPU",
     )
+
+    @field_validator("compute_slots")
+    @classmethod
+    def _slots_at_least_one(cls, v: float | dict[int, float] | None) -> float | dict[int, float] | None:
+        values = v.values() if isinstance(v, dict) else [] if v is None else [v]
+        if any(not (x >= 1 and math.isfinite(x)) for x in values):
+            raise ValueError(f"compute slots must be numbers >= 1, got {v!r}")
+        if isinstance(v, dict) and any(k < 1 for k in v):
+            raise ValueError(f"compute_slots keys are numbers of ranks (>= 1), got {sorted(v)}")
+        return v
+
+    def slots_for(self, ranks: int) -> float | None:
+        """Compute slots when ``ranks`` ranks of this node compute at once: the measured entry
+        for that many ranks, else that of the nearest smaller count measured (at most ``ranks``),
+        else ``ranks`` itself (fewer ranks than any measured count share nothing); None: no limit."""
+        slots = self.compute_slots
+        if slots is None or not isinstance(slots, dict):
+            return slots
+        below = [k for k in slots if k <= ranks]
+        return min(float(ranks), slots[max(below)]) if below else float(ranks)
 
     @model_validator(mode="after")
     def _nic_present(self) -> "NodeProfile":

@@ -9,7 +9,9 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
   which for equal stages gives a bubble of (p - 1)/m (resp. (p - 1)/(v m)) of the ideal
   m * c (Narayanan et al. 2021, section 2.2);
 * DP gradient reduction (all-reduce; reduce-scatter for ZeRO-1/2) is bucketed and overlaps
-  the last microbatch's backward on its stage; stage i finishes i backward steps before
+  the last microbatch's backward on its stage, except its last bucket (DDP's 25 MB buckets
+  fill in backward order; the last one, the remainder, is reduced after the backward ends):
+  exposed = max(reduce - slack, reduce(last bucket)); stage i finishes i backward steps before
   stage 0, which hides that much more; ZeRO-1/2 then all-gather the updated parameters.
   Without bucketing (``job.runtime.dp_overlap`` False: Megatron-LM's "local" DDP of 2021, or
   Megatron-DeepSpeed with gradient bucketing off) the whole reduction starts after the
@@ -34,6 +36,8 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 
 from __future__ import annotations
 
+import math
+
 
 from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory
@@ -41,7 +45,7 @@ from simulator.ops import dtype_bytes
 from simulator.idcache import IdentityCache
 from simulator.result import SimResult
 from simulator.specs import Job, ModelSpec, Plan
-from simulator.stagecost import StageCost, StageMemory, block_times, stage_groups, stage_memory
+from simulator.stagecost import StageCost, StageMemory, block_times, compute_slowdown, stage_groups, stage_memory
 from simulator.workload import (executed_flops_per_iteration, layer_param_tensors,
                                 padded_vocab_size)
 
@@ -117,6 +121,26 @@ def per_microbatch_dp(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: 
     gather = commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
     exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
     return 2 * gather + scatter, exposed
+
+
+DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default bucket (as simulator.program.BUCKET_BYTES)
+
+
+def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = DP_BUCKET_BYTES) -> float:
+    """Bytes of the last gradient bucket to fill: the remainder of whole buckets, in (0, bucket]."""
+    if grad_bytes <= bucket_bytes:
+        return grad_bytes
+    rest = math.fmod(grad_bytes, bucket_bytes)
+    return rest if rest > 0 else bucket_bytes
+
+
+def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> float:
+    """Reduction of the stage's last gradient bucket (all-reduce; reduce-scatter with ZeRO-1)."""
+    if plan.d == 1 or plan.zero >= 2:
+        return 0.0
+    last = last_bucket_bytes(cost.params * e)
+    reduce = commcost.allreduce_time if plan.zero == 0 else commcost.reducescatter_time
+    return reduce(last, plan.d, link)
 
 
 def dp_times(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> tuple[float, float]:
@@ -197,11 +221,14 @@ def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float
 
 def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
-    tensors: HBM streaming (module docstring) plus one host launch per tensor."""
+    tensors: HBM streaming (module docstring) plus host time per tensor: the profile's measured
+    eager ``optimizer_tensor_us`` (AdamW, grad norm, clipping), else one launch. Ranks sharing
+    a processor slow each other (stagecost.compute_slowdown)."""
     gpu = job.cluster.gpu
     per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
     stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
-    return stream + param_tensors * gpu.kernel_launch_us * 1e-6
+    per_tensor_us = gpu.eager.optimizer_tensor_us if gpu.eager else gpu.kernel_launch_us
+    return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)
 
 
 def estimate(job: Job) -> SimResult:
@@ -237,7 +264,8 @@ def estimate(job: Job) -> SimResult:
         for i, c, _ in groups:
             reduce_t, gather_t = dp_times(c, plan, link, e)
             slack = (c.backward + c.recompute if runtime.dp_overlap else 0.0) + i * (c.backward + c.recompute + p2p)
-            dp_exposed = max(dp_exposed, reduce_t - slack)
+            tail = last_bucket_reduce_time(c, plan, link, e) - i * (c.backward + c.recompute + p2p)
+            dp_exposed = max(dp_exposed, reduce_t - slack, tail)
             gather_after = max(gather_after, gather_t)
         dp_exposed = max(0.0, dp_exposed)
 

@@ -4,7 +4,15 @@
 (Williams et al. 2009, "Roofline"). ``eff`` comes from the profile's measured GEMM table
 when it has one (``autoplan calibrate``), else from its saturating curve.
 
-Per-op overhead:
+Elementwise ops of a kind the profile measured (``elementwise_GBps``: layer norms, softmax,
+GELU/SwiGLU) run at that bandwidth instead of ``memory_bandwidth_GBps * memory_efficiency``.
+
+Host overhead, with a profile's measured ``eager`` host times (``autoplan calibrate``): a
+block's forward or backward pass costs
+    synchronous (a CPU rank): sum of work(op) + host(pass)
+    asynchronous (a GPU):     max(sum of work(op), host(pass))
+where host(pass) is the eager framework's measured time for the whole pass (Python, dispatcher,
+autograd, DTensor under tensor parallelism). Without it, per-op overhead:
 * synchronous execution (a CPU rank computes its own ops: the gloo/localhost-cpu case):
       time(op) = work(op) + kernel_launch_us
   per op of the simulator's op lists (the unit ``autoplan calibrate`` measures it in);
@@ -66,10 +74,26 @@ def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | 
     return measured if measured is not None else curve_efficiency(gpu, m, n, k)
 
 
+#: simulator elementwise op (forward name) -> the measured kind of ``GpuProfile.elementwise_GBps``
+ELEMENTWISE_KIND = {"ln1": "layer_norm", "ln2": "layer_norm", "final_norm": "layer_norm", "softmax": "softmax",
+                    "gelu": "gelu", "swiglu": "gelu"}
+
+
+def elementwise_bandwidth(op: Op, gpu: GpuProfile) -> float:
+    """Bytes/s an elementwise op achieves: its kind's measured bandwidth, else the profile's
+    typical one (memory_bandwidth_GBps * memory_efficiency)."""
+    kind = ELEMENTWISE_KIND.get(op.name.removesuffix("_bwd"))
+    measured = gpu.elementwise_GBps.get(kind) if kind else None
+    return measured * 1e9 if measured else gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency
+
+
 def work_time(op: Op, gpu: GpuProfile, dtype: str | None = None) -> float:
     """Roofline device time of one op, no launch overhead (all ``count`` instances batched)."""
     dtype = dtype or gpu.default_dtype
-    mem = op.bytes / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    if op.kind == "elementwise" and gpu.elementwise_GBps:
+        mem = op.bytes / elementwise_bandwidth(op, gpu)
+    else:
+        mem = op.bytes / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
     if op.kind == "elementwise":
         comp = op.flops / (gpu.peak_tflops.get("fp32", gpu.peak_flops(dtype) / 1e12) * 1e12)
     else:
@@ -119,15 +143,23 @@ ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v")
 
 
 def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0, backward_extra: tuple[Op, ...] | list[Op] = (),
-               host_async: bool = False) -> PassTimes:
+               host_async: bool = False, host_us: tuple[float, float] | None = None) -> PassTimes:
     """Forward, backward and attention-core times of a block's ops; ``slowdown`` >= 1 scales
     compute when ranks share a processor (more ranks than compute slots on a CPU host).
     ``backward_extra``: backward-only ops (bias-gradient reductions, gradient accumulation).
     ``host_async``: the device runs asynchronously to its host (a GPU): each pass is a kernel
     stream (:func:`stream_time`, charging ``kernels`` launches per op); otherwise (a CPU rank)
-    ops add up (:func:`serial_time`)."""
+    ops add up (:func:`serial_time`). ``host_us``: the block's measured eager host time per
+    (forward, backward) pass, which replaces the per-op overhead (module docstring)."""
     bwd_ops = [b for o in ops for b in backward_ops(o)]
     core_ops = [o for o in ops if o.name in ATTENTION_CORE]
+    if host_us is not None:
+        work_f = sum(work_time(o, gpu) for o in ops)
+        work_b = sum(work_time(o, gpu) for o in bwd_ops + list(backward_extra))
+        host_f, host_b = host_us[0] * 1e-6, host_us[1] * 1e-6
+        combine = max if host_async else (lambda w, h: w + h)
+        core = sum(work_time(o, gpu) for o in core_ops)
+        return PassTimes(combine(work_f, host_f) * slowdown, combine(work_b, host_b) * slowdown, core * slowdown)
     if host_async:
         return PassTimes(stream_time(ops, gpu) * slowdown, stream_time(bwd_ops + list(backward_extra), gpu) * slowdown,
                          stream_time(core_ops, gpu) * slowdown)

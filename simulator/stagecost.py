@@ -39,8 +39,9 @@ _LAYER_PARAMS = IdentityCache(1024)
 
 
 def compute_slowdown(cluster: ClusterSpec) -> float:
-    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots)."""
-    slots = cluster.node.compute_slots
+    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots at that
+    many ranks)."""
+    slots = cluster.node.slots_for(cluster.gpus_per_node)
     return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
 
 
@@ -65,12 +66,16 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     asy = host_async(cluster)
     vocab = padded_vocab_size(model, t)
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
+    eager = gpu.eager
     bt = BlockTimes(
-        layer=pass_times(layer_forward_ops(model, mb, t, sp, e), gpu, slow, layer_extra, asy),
+        layer=pass_times(layer_forward_ops(model, mb, t, sp, e), gpu, slow, layer_extra, asy,
+                         eager.layer_us(t > 1) if eager else None),
         embedding=pass_times(embedding_forward_ops(model, mb, t, sp, e), gpu, slow,
-                             embedding_backward_extra_ops(model, t, e, vocab), asy),
+                             embedding_backward_extra_ops(model, t, e, vocab), asy,
+                             (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None),
         head=pass_times(head_forward_ops(model, mb, t, sp, e, vocab), gpu, slow,
-                        head_backward_extra_ops(model, t, e, vocab), asy),
+                        head_backward_extra_ops(model, t, e, vocab), asy,
+                        (eager.head_forward_us, eager.head_backward_us) if eager else None),
         tp_allreduce=commcost.allreduce_time(act, t, link),
         act_bytes=act,
     )

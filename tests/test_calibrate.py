@@ -17,6 +17,8 @@ from hwprofiles.calibrate_fit import CollectiveSample, bus_factor, fit_gemm_curv
 from hwprofiles.calibrate_yaml import num
 from hwprofiles.load import GPU_DIR, NODE_DIR
 from hwprofiles.schema import GemmPoint
+from simulator.analytic import estimate
+from simulator.specs import Job, load_model, parse_plan
 
 GRID = (64, 128, 256, 512, 1024, 2048)
 
@@ -137,7 +139,9 @@ def test_committed_cpu_profiles_are_measured_and_load():
     node = load_node("localhost-cpu")
     assert node.gpu.name == "cpu" and node.gpus_per_node == 4 and node.backend == "gloo"
     assert node.intra_node.kind == "loopback" and node.pcie.kind == "loopback" and node.nics_per_node == 0
-    assert node.intra_node.efficiency == 1.0 and node.compute_slots >= 1
+    assert node.intra_node.efficiency == 1.0
+    assert set(node.compute_slots) == {2, 3, 4} and all(1 <= v <= 4 for v in node.compute_slots.values())
+    assert node.gpu.eager is not None and node.gpu.eager.tp_layer_forward_us is not None
     cluster = load_cluster("localhost-cpu")
     assert cluster.nodes == 1 and cluster.network.topology == "single-switch" and cluster.num_gpus == 4
 
@@ -171,6 +175,15 @@ def check_sane_gpu(path):
     assert 0.05 < g.kernel_launch_us < 5000
     assert 0.01 < g.memory_reserved_GiB < 16 and 0 < g.memory_GiB
     assert g.measured["torch"] and g.measured["host"] and g.measured["mode"] == "quick"
+    e = g.eager
+    assert e is not None
+    # an eager layer is ~100 aten ops (tens of us to ms of host work); DTensor adds more; the
+    # backward costs more than the forward
+    assert 20 < e.layer_forward_us < e.layer_backward_us < 50_000
+    assert e.tp_layer_forward_us is not None and e.tp_layer_forward_us > e.layer_forward_us
+    assert 0 < e.embedding_forward_us < e.layer_forward_us and 0 < e.head_forward_us < e.layer_forward_us
+    assert 0 < e.optimizer_tensor_us < 5_000
+    assert set(g.elementwise_GBps) == {"add", "scale", "gelu", "dropout", "layer_norm", "softmax"}
     return g
 
 
@@ -186,7 +199,16 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     assert node.gpu == g and node.gpus_per_node == 2 and node.backend == "gloo"
     assert 1e-3 < node.intra_node.bandwidth_GBps < 1000 and 0 < node.intra_node.latency_us < 1e5
     assert 0 < node.pcie.bandwidth_GBps < 1000 and node.cpu_adam_GBps > 0 and node.host_memory_GiB > 0
+    assert set(node.compute_slots) == {2} and 1 <= node.compute_slots[2] <= 2  # capped at the busy ranks
     cluster = load_cluster(str(written[1]))               # --cluster <node file> works
     assert cluster.num_gpus == 2
+    # the measured host times change predictions: without them the per-op launch model is used
+    plan, _ = parse_plan("t=2", load_model("tiny"), 2, 8)
+    job = Job(load_model("tiny"), cluster, plan, 8)
+    bare_gpu = g.model_copy(update={"eager": None, "elementwise_GBps": {}})
+    bare = cluster.model_copy(update={"node": cluster.node.model_copy(update={"gpu": bare_gpu})})
+    with_eager = estimate(job).step_time
+    without = estimate(Job(job.model, bare, plan, 8)).step_time
+    assert with_eager > 1.5 * without                     # DTensor's host work dominates a tiny t=2 step
     assert elapsed < 120, f"--quick took {elapsed:.0f} s (meant to be well under a minute on 2 idle cores)"
 

@@ -133,7 +133,8 @@ class Trainer:
         if self.plan.zero == 1 and self.mode == "ddp":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            return ZeroRedundancyOptimizer(self.params, optimizer_class=cls, process_group=self.dp_group, **kw), None
+            return ZeroRedundancyOptimizer(self.params, optimizer_class=cls, process_group=self.dp_group,
+                                           parameters_as_bucket_view=True, **kw), None
         if self.plan.zero == 1 and self.mode == "manual":
             return None, Zero1Optimizer(self.params, lambda ps: cls(_param_groups(ps), **kw), self.dp_group)
         return cls(_param_groups(self.params), **kw), None

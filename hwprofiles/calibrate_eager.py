@@ -1,0 +1,206 @@
+"""Host time of eager PyTorch training for ``autoplan calibrate`` (``GpuProfile.eager``).
+
+A CPU rank runs each op on the thread that issues it, so its step time is the arithmetic
+plus the framework's host work: Python module calls, the dispatcher, autograd bookkeeping,
+and under tensor parallelism DTensor's sharding propagation and redistribution. Per-op
+overhead on the simulator's op lists (Megatron's fused kernels, about 15 per layer) misses
+most of it: an eager layer runs about a hundred aten ops forward and backward, and a
+DTensor layer several times that much host work. So the blocks a GPT training step runs are
+timed whole, at a size where the arithmetic is negligible (hidden 16, 8 tokens), and the
+time is all host work:
+
+* layer: pre-norm GPT layer (LayerNorm; q, k, v, o Linear; causal scaled-dot-product
+  attention; LayerNorm; Linear, tanh-GELU, Linear; two residual adds), as
+  ``autoplan.runtime`` and Megatron-LM order it;
+* tp_layer: the same layer under Megatron tensor parallelism with DTensor
+  (``parallelize_module``: q, k, v, fc1 column-parallel, o, fc2 row-parallel, the attention
+  and MLP inputs redistributed once each) on 2 ranks, rank 0's thread CPU time, which leaves
+  out the time it waits in collectives: the simulator prices those on the link;
+* embedding: token plus learned position embedding; head: LayerNorm, Linear to the
+  vocabulary, cross-entropy;
+* optimizer_tensor: one AdamW step (torch's default foreach implementation) with the global
+  gradient norm and clipping, over many small tensors, per tensor.
+
+Clock: the thread's CPU time (``time.thread_time``): host work only, without the time other
+processes hold the core (the simulator's compute slowdown accounts for shared cores).
+Forward and backward (``loss.backward()`` of the block output's sum) are timed separately,
+loops of ``_CALLS`` calls, the median over ``repeats`` loops. A shared host's speed drifts by
+tens of percent over minutes (a virtual machine's cores share physical cores with other
+tenants), so ``calibrate_run`` measures the single-process blocks in
+``calibrate_settings.EAGER_ROUNDS`` rounds
+spread over the calibration and keeps the median of each figure (:func:`median_result`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_H, _S, _HEADS, _VOCAB = 16, 8, 2, 32   # negligible arithmetic: every block is all host work
+_CALLS = 20
+_OPT_TENSORS = 64
+
+
+@dataclass(frozen=True)
+class PassHost:
+    """Host seconds of one forward and one backward pass."""
+
+    forward_s: float
+    backward_s: float
+
+
+class _Attention(nn.Module):
+    def __init__(self, h: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, -1, x.shape[-1] // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class _Mlp(nn.Module):
+    def __init__(self, h: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class ReferenceLayer(nn.Module):
+    """The pre-norm GPT layer whose host time is measured (module docstring)."""
+
+    def __init__(self, h: int = _H, heads: int = _HEADS):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.attn, self.mlp = _Attention(h, heads), _Mlp(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
+    """Megatron's column/row split of ``layer`` over a 1-D DeviceMesh, in place."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   parallelize_module)
+
+    gather = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
+    plan = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")}
+    plan.update({"attn.o": RowwiseParallel(), "mlp.fc2": RowwiseParallel(), "attn": gather, "mlp": gather})
+    parallelize_module(layer, mesh, plan)
+    return layer
+
+
+def time_passes(forward: Callable[[], torch.Tensor], repeats: int) -> PassHost:
+    """Median over ``repeats`` loops of the mean host time of a forward and of its backward."""
+    for _ in range(3):
+        forward().sum().backward()
+    fwd, bwd = [], []
+    for _ in range(repeats):
+        tf = tb = 0.0
+        for _ in range(_CALLS):
+            t0 = time.thread_time()
+            loss = forward().sum()
+            t1 = time.thread_time()
+            loss.backward()
+            t2 = time.thread_time()
+            tf, tb = tf + t1 - t0, tb + t2 - t1
+        fwd.append(tf / _CALLS)
+        bwd.append(tb / _CALLS)
+    return PassHost(statistics.median(fwd), statistics.median(bwd))
+
+
+def _activation(device: str) -> torch.Tensor:
+    return torch.randn(1, _S, _H, device=device, requires_grad=True)
+
+
+def layer_host(device: str, repeats: int) -> PassHost:
+    layer = ReferenceLayer().to(device)
+    x = _activation(device)
+    return time_passes(lambda: layer(x), repeats)
+
+
+def tp_layer_host(mesh: Any, device: str, repeats: int) -> PassHost:
+    """Host time of the DTensor tensor-parallel layer; call on every rank of ``mesh``."""
+    layer = tensor_parallel(ReferenceLayer().to(device), mesh)
+    x = _activation(device)
+    return time_passes(lambda: layer(x), repeats)
+
+
+def embedding_host(device: str, repeats: int) -> PassHost:
+    tok, pos = nn.Embedding(_VOCAB, _H).to(device), nn.Embedding(_S, _H).to(device)
+    ids = torch.randint(0, _VOCAB, (1, _S), device=device)
+    positions = torch.arange(_S, device=device)
+    return time_passes(lambda: tok(ids) + pos(positions), repeats)
+
+
+def head_host(device: str, repeats: int) -> PassHost:
+    norm, out = nn.LayerNorm(_H).to(device), nn.Linear(_H, _VOCAB, bias=False).to(device)
+    x = _activation(device)
+    targets = torch.randint(0, _VOCAB, (_S,), device=device)
+    return time_passes(lambda: F.cross_entropy(out(norm(x)).float().view(-1, _VOCAB), targets), repeats)
+
+
+def optimizer_tensor_host(device: str, repeats: int) -> float:
+    """Host seconds per parameter tensor of AdamW step + global norm + clipping."""
+    params = [torch.zeros(_H, device=device, requires_grad=True) for _ in range(_OPT_TENSORS)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    for _ in range(3):
+        step()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        for _ in range(_CALLS):
+            step()
+        samples.append((time.thread_time() - t0) / _CALLS / _OPT_TENSORS)
+    return statistics.median(samples)
+
+
+@dataclass(frozen=True)
+class EagerResult:
+    layer: PassHost
+    embedding: PassHost
+    head: PassHost
+    optimizer_tensor_s: float
+    tp_layer: PassHost | None = None   # filled in by the collective benchmark's ranks
+
+
+def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> EagerResult:
+    """The single-process blocks (the TP layer is timed by ``calibrate_comm``'s ranks)."""
+    layer = layer_host(device, repeats)
+    emb = embedding_host(device, repeats)
+    head = head_host(device, repeats)
+    opt = optimizer_tensor_host(device, repeats)
+    tick("eager host time per block")
+    return EagerResult(layer, emb, head, opt)
+
+
+def median_result(rounds: list[EagerResult]) -> EagerResult:
+    """Each figure's median over measurement rounds (module docstring)."""
+    def med(get: Callable[[EagerResult], float]) -> float:
+        return statistics.median(get(r) for r in rounds)
+
+    def passes(get: Callable[[EagerResult], PassHost]) -> PassHost:
+        return PassHost(med(lambda r: get(r).forward_s), med(lambda r: get(r).backward_s))
+
+    return EagerResult(passes(lambda r: r.layer), passes(lambda r: r.embedding), passes(lambda r: r.head),
+                       med(lambda r: r.optimizer_tensor_s))
