@@ -175,8 +175,11 @@ def calibrate_output(d: Docs) -> str:
     gpu = (d.work / "my-cpu.yaml").read_text().splitlines()
     node = (d.work / "my-cpu-node.yaml").read_text().splitlines()
     table_at = next((i for i, line in enumerate(gpu) if line.strip().startswith("table:")), len(gpu))
-    gpu_part = gpu[: table_at + 4] + [f"    # ... {len(gpu) - table_at - 4} more lines: the rest of the GEMM table and a "
-                                      "'measured:' block (raw rates: dispatch, per-op bandwidths, attention)"]
+    after = next((i for i in range(table_at + 1, len(gpu)) if not gpu[i].startswith("    ")), len(gpu))
+    measured_at = next((i for i, line in enumerate(gpu) if line.startswith("measured:")), len(gpu))
+    gpu_part = (gpu[: table_at + 4] + [f"    # ... {after - table_at - 4} more lines of the GEMM table"]
+                + gpu[after:measured_at]
+                + [f"# ... {len(gpu) - measured_at} more lines: a 'measured:' block (raw rates: dispatch, attention)"])
     end = next((i for i, line in enumerate(node) if line.startswith("# Collective times")), len(node))
     node_part = node[:end] + [f"# ... {len(node) - end} more lines: the measured collective times next to the link model's"]
     return (fence(f"{shown}\n{out}") + "\n`my-cpu.yaml` (start):\n\n" + fence(d.clean("\n".join(gpu_part)), "yaml")
