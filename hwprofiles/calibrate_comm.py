@@ -11,9 +11,9 @@ On CPU the ranks also measure the host's compute slots: for 2, 3, ... all ranks 
 aggregate throughput of a single-threaded GEMM loop run by that many ranks at once, in units of
 its throughput run by rank 0 alone (cores that share a physical core or a host's memory
 bandwidth give less than one slot each; ranks beyond the cores add nothing, and time-sliced
-ranks evict each other's caches, which costs more). Then the ranks time the tensor-parallel reference layer's host work
-(``calibrate_eager.tp_layer_host``) in groups of 2 (all ranks when their number is odd),
-every group at once, the mean over ranks.
+ranks evict each other's caches, which costs more). Then the ranks time the tensor-parallel
+reference layer's host work (``calibrate_eager.tp_layer_host``) in groups of 2 (all ranks
+when their number is odd), every group at once, the mean over ranks.
 Each measurement: n back-to-back calls between barriers, the slowest rank's mean per call,
 best of the timed loops (``calibrate_timing.Timing``), at every message size (as in
 ``calibrate_fit.CollectiveSample``; fp32 payloads). ``calibrate_fit.fit_link`` then fits the
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import queue as queue_mod
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -231,7 +231,8 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
 
 
 def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
-    """Record one message from rank 0; returns (rank 0's RSS, TP layer host time) on the final one."""
+    """Record one message from rank 0; on the final one returns (rank 0's RSS, the TP layer's
+    host time, the compute slots)."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))

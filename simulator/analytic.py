@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 
-
 from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory
 from simulator.ops import dtype_bytes
@@ -123,7 +122,7 @@ def per_microbatch_dp(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: 
     return 2 * gather + scatter, exposed
 
 
-DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default bucket (as simulator.program.BUCKET_BYTES)
+DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default bucket (simulator.program's too)
 
 
 def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = DP_BUCKET_BYTES) -> float:

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from simulator.analytic import CPU_ADAM_STATE_BYTES, optimizer_time
+from simulator.analytic import CPU_ADAM_STATE_BYTES, DP_BUCKET_BYTES, optimizer_time
 from simulator.engine import Engine
 from simulator.layout import rank_of, tp_shape
 from simulator.commcost import allgather_time, group_link
@@ -52,7 +52,7 @@ from simulator.topology import Topology
 from simulator.transfers import RoutedPhase, Transfers, copy_index
 from simulator.workload import layer_param_tensors, padded_vocab_size
 
-BUCKET_BYTES = 25e6  # PyTorch DDP's default bucket (as simulator.memory.gradient_bucket_bytes)
+BUCKET_BYTES = DP_BUCKET_BYTES  # PyTorch DDP's default bucket (as simulator.memory.gradient_bucket_bytes)
 OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many parameter sub-groups
 
 
