@@ -243,7 +243,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
     model, cluster = _load_job_inputs(a)
     opts = SearchOptions(fix=a.fix, top=a.top, jobs=a.jobs or os.cpu_count() or 1, objective=a.objective,
-                         fidelity=a.fidelity, progress=sys.stderr.isatty(), runtime=_runtime(a))
+                         fidelity=a.fidelity, progress=sys.stderr.isatty(), runtime=_runtime(a),
+                         keep_timeline=bool(a.plot or a.trace))
     try:
         found = search(model, cluster, a.global_batch, opts)
     except NoPlanFits as e:

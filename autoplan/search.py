@@ -26,7 +26,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.analytic import estimate, memory_only
 from simulator.api import simulate
 from simulator.result import SimResult
-from simulator.specs import OVERLAPPED, Job, ModelSpec, Plan, Runtime
+from simulator.specs import OVERLAPPED, Job, ModelSpec, Plan, Runtime, num_microbatches
 
 from autoplan import space
 from autoplan.partition import optimize_partition
@@ -51,6 +51,7 @@ class SearchOptions:
     partition: bool = True
     partition_time_s: float = 0.5  # CP-SAT time limit per finalist
     runtime: Runtime = OVERLAPPED  # how the program reduces gradients (see simulator.specs.Runtime)
+    keep_timeline: bool = False    # keep each finalist's DES record (for plots and traces; megabytes each)
 
 
 @dataclass
@@ -202,12 +203,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     finalists = [s for i, s in enumerate(feasible)
                  if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)][: max(opts.top, opts.max_finalists)]
 
-    # CP-SAT partition / recompute for the finalists, then the DES, in the worker pool
+    # CP-SAT partition / recompute, then the DES, of each finalist in the worker pool; the
+    # costliest simulations first (longest-processing-time order balances the workers)
+    order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
     with _Pool(opts.jobs if len(finalists) > 1 else 1) as pool:
-        refined = pool.map(_refine, [(s.nodes, s.plan, s.step_time) for s in finalists])
-        final_plans = [(nodes, plan) for nodes, plan, _ in refined]
-        gains = [g for _, _, g in refined if g]
-        simulated = pool.map(_simulate_one, final_plans)
+        done = pool.map(_refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order])
+    gains = [g for g, _ in done if g]
+    simulated = [r for _, r in done]
     fitting = [r for r in simulated if r.fits] or simulated
     fitting.sort(key=lambda r: _objective(r, opts.objective, gpn))
     return SearchResult(
@@ -261,10 +263,20 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     return nodes, part.plan, gain
 
 
-def _simulate_one(args: tuple[int, Plan]) -> SimResult:
-    nodes, plan = args
+def _refine_and_simulate(args: tuple[int, Plan, float]) -> tuple[dict[str, Any] | None, SimResult]:
+    """One finalist: CP-SAT refinement (:func:`_refine`), then the simulation of the result."""
+    nodes, plan, gain = _refine(args)
     opts = _WORK["opts"]
-    return simulate(Job(_WORK["model"], _WORK["clusters"][nodes], plan, _WORK["B"], opts.runtime), opts.fidelity)
+    result = simulate(Job(_WORK["model"], _WORK["clusters"][nodes], plan, _WORK["B"], opts.runtime), opts.fidelity)
+    if not opts.keep_timeline:  # a DES record is megabytes to send back from a worker; plots re-simulate
+        result.extra.pop("_des", None)
+    return gain, result
+
+
+def _simulation_cost(s: Scored, global_batch: int) -> float:
+    """Relative DES cost of a finalist: its tasks grow with the pipeline's stages x chunks x
+    microbatches (one pipeline is simulated, by symmetry)."""
+    return s.plan.p * s.plan.v * num_microbatches(s.plan, global_batch)
 
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:

@@ -152,3 +152,17 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
         extra=extra,
         host_fits=host_fits,
     )
+
+
+def des_record(result: SimResult, trace: bool = False) -> DesRecord:
+    """The DES record of a result (``extra['_des']``); a DES result that dropped it (the planner
+    does not send records back from its workers) is simulated again (deterministic), as is one
+    without link series when ``trace`` needs them."""
+    rec = result.extra.get("_des")
+    if rec is None and result.fidelity != "des":
+        raise ValueError("the result has no DES record (simulate with fidelity 'des')")
+    if rec is None or (trace and not rec.links_recorded):
+        full = rec.full if rec is not None else result.extra.get("simulated_ranks", 0) >= result.job.cluster.num_gpus > 1
+        options = rec.options if rec is not None else None
+        rec = simulate_des(result.job, full=full, trace=trace, options=options).extra["_des"]
+    return rec

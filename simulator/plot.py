@@ -17,6 +17,7 @@ from matplotlib.artist import setp
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from simulator.des import des_record
 from simulator.result import GiB, SimResult
 
 COLORS = {
@@ -49,9 +50,7 @@ def _time_unit(step: float) -> tuple[float, str]:
 
 def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> None:
     """Draw the timeline PNG of a DES result to ``path``."""
-    rec = result.extra.get("_des")
-    if rec is None:
-        raise ValueError("the result has no DES record (simulate with fidelity 'des')")
+    rec = des_record(result)
     eng = rec.engine
     devs = [d for d in rec.devices if d.dp == 0 and d.tp == 0][:max_stages]
     n = len(devs)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from simulator.des import des_record
 from simulator.result import GiB, SimResult
 
 # lane -> (thread id, thread name)
@@ -50,14 +51,7 @@ def _task_name(kind: str, info: Any) -> str:
 
 def trace_events(result: SimResult) -> list[dict[str, Any]]:
     """The trace events of a DES result (see module docstring)."""
-    rec = result.extra.get("_des")
-    if rec is None:
-        raise ValueError("the result has no DES record (simulate with fidelity 'des')")
-    if not rec.links_recorded:
-        # the run did not keep link series: repeat it (deterministic) with them
-        from simulator.des import simulate_des
-
-        rec = simulate_des(result.job, full=rec.full, trace=True, options=rec.options).extra["_des"]
+    rec = des_record(result, trace=True)
     eng = rec.engine
     ev: list[dict[str, Any]] = []
     for dev in rec.devices:
@@ -112,7 +106,7 @@ def write_trace(result: SimResult, path: str | Path) -> None:
             "cluster": result.job.cluster.name,
             "plan": result.job.plan.to_string(),
             "step_time_s": result.step_time,
-            "simulated_ranks": len(result.extra["_des"].devices),
+            "simulated_ranks": result.extra.get("simulated_ranks"),
         },
     }
     Path(path).write_text(json.dumps(doc, separators=(",", ":")))

@@ -125,3 +125,20 @@ def test_gpt3_on_128_nodes_keeps_tp_in_node():
     ref_plan, _ = parse_plan("t=8,p=16,mb=1,ckpt=full", model, cluster.num_gpus, 1536)
     ref = simulate(Job(model, cluster, ref_plan, 1536), "des")
     assert found.best_result.step_time <= ref.step_time
+
+
+def test_finalists_drop_des_records_and_pictures_simulate_again(tmp_path):
+    """The planner's workers do not send DES records (megabytes each) back unless asked;
+    a plot or trace of such a result simulates the plan again, deterministically."""
+    from simulator.plot import plot_timeline
+    from simulator.trace import trace_events
+
+    cluster = small_cluster(nodes=1, gpus_per_node=4)
+    lean = search(SMALL, cluster, 16, SearchOptions(fix="offload=none,zero=0", top=2)).best_result
+    kept = search(SMALL, cluster, 16, SearchOptions(fix="offload=none,zero=0", top=2, keep_timeline=True)).best_result
+    assert "_des" not in lean.extra and "_des" in kept.extra
+    assert lean.step_time == kept.step_time
+    plot_timeline(lean, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 10_000
+    events = trace_events(lean)
+    assert any(e["ph"] == "X" for e in events) and any(e["ph"] == "C" for e in events)
