@@ -208,8 +208,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
     with _Pool(opts.jobs if len(finalists) > 1 else 1) as pool:
         done = pool.map(_refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order])
-    gains = [g for g, _ in done if g]
-    simulated = [r for _, r in done]
+    in_rank_order = [x for _, x in sorted(zip(order, done), key=lambda pair: pair[0])]
+    gains = [g for g, _ in in_rank_order if g]
+    simulated = [r for _, r in in_rank_order]
     fitting = [r for r in simulated if r.fits] or simulated
     fitting.sort(key=lambda r: _objective(r, opts.objective, gpn))
     return SearchResult(
