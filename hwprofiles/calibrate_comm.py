@@ -8,8 +8,9 @@ with 4 or more (an even number), also pairs (0,1), (2,3), ... all running at onc
 tensor- or data-parallel pairs of a 4-rank plan do. Send/recv is a ping-pong (half the round
 trip) between ranks 0 and 1, or between all pairs at once when there are 4 or more.
 On CPU the ranks also measure the host's compute slots: for 2, 3, ... all ranks busy, the
-aggregate throughput of a single-threaded GEMM loop run by that many ranks at once, in units of
-its throughput run by rank 0 alone (cores that share a physical core or a host's memory
+aggregate throughput of a single-threaded training loop (forward and backward of the reference
+GPT layer, hidden 256, 128 tokens) run by that many ranks at once, in units of its throughput
+run by rank 0 alone (cores that share a physical core or a host's memory
 bandwidth give less than one slot each; ranks beyond the cores add nothing, and time-sliced
 ranks evict each other's caches, which costs more). Then the ranks time the tensor-parallel
 reference layer's host work (``calibrate_eager.tp_layer_host``) in groups of 2 (all ranks
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hwprofiles.calibrate_eager import PassHost, tp_layer_host
+from hwprofiles.calibrate_eager import PassHost, ReferenceLayer, tp_layer_host
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import cpu_cores, resident_GiB
 from hwprofiles.calibrate_settings import Timing
@@ -53,7 +54,7 @@ class CommResult:
     samples: list[CollectiveSample]
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
     tp_layer: PassHost        # host time of the tensor-parallel reference layer (mean over ranks)
-    compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo GEMM throughput (None on CUDA)
+    compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
@@ -144,17 +145,19 @@ def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [float(x) / dist.get_world_size() for x in t.tolist()]
 
 
-_SLOT_GEMM = 256
+_SLOT_HIDDEN, _SLOT_TOKENS = 256, 128
 
 
-def _gemm_loop(calls: int) -> tuple[float, float]:
-    """(start, end) wall-clock times of ``calls`` single-threaded GEMMs."""
-    a, b = torch.randn(_SLOT_GEMM, _SLOT_GEMM), torch.randn(_SLOT_GEMM, _SLOT_GEMM)
-    for _ in range(5):
-        a @ b
+def _layer_loop(calls: int) -> tuple[float, float]:
+    """(start, end) wall-clock times of ``calls`` forward+backward passes of the reference GPT
+    layer (hidden 256, 128 tokens): GEMMs, elementwise ops and eager host work, as training."""
+    layer = ReferenceLayer(_SLOT_HIDDEN, 4)
+    x = torch.randn(1, _SLOT_TOKENS, _SLOT_HIDDEN, requires_grad=True)
+    for _ in range(3):
+        layer(x).sum().backward()
     t0 = time.time()
     for _ in range(calls):
-        a @ b
+        layer(x).sum().backward()
     return t0, time.time()
 
 
@@ -164,10 +167,10 @@ def _slots_round(rank: int, busy: int, calls: int, device: torch.device) -> floa
     dist.barrier()
     solo = 0.0
     if rank == 0:
-        t0, t1 = _gemm_loop(calls)
+        t0, t1 = _layer_loop(calls)
         solo = t1 - t0
     dist.barrier()
-    start, end = _gemm_loop(calls) if rank < busy else (math.inf, -math.inf)
+    start, end = _layer_loop(calls) if rank < busy else (math.inf, -math.inf)
     solo = _mean_over_ranks([solo], device)[0] * world
     first = torch.tensor([start], dtype=torch.float64)
     last = torch.tensor([end], dtype=torch.float64)
@@ -177,12 +180,12 @@ def _slots_round(rank: int, busy: int, calls: int, device: torch.device) -> floa
 
 
 def _compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int = 5) -> dict[int, float]:
-    """For every number of busy ranks from 2 to all: the throughput of their GEMM loops at once
+    """For every number of busy ranks from 2 to all: the throughput of their layer loops at once
     (all the work over the span from the first start to the last end) in units of rank 0's loop
     alone (module docstring); the median over ``rounds`` alternations of the two, as a shared
     host's speed drifts, capped at the busy ranks and at the cores this process may use."""
-    t0, t1 = _gemm_loop(10)
-    calls = max(10, int(loop_s / max((t1 - t0) / 10, 1e-9)))
+    t0, t1 = _layer_loop(5)
+    calls = max(5, int(loop_s / max((t1 - t0) / 5, 1e-9)))
     slots = {}
     for busy in range(2, dist.get_world_size() + 1):
         ratio = statistics.median(_slots_round(rank, busy, calls, device) for _ in range(rounds))

@@ -174,8 +174,8 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
     ]
     if c.device == "cpu" and c.compute_slots:
         slots = ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(c.compute_slots.items()))
-        lines.append(f"compute_slots: {{{slots}}}   # busy ranks: throughput of single-threaded GEMM loops on that "
-                     f"many ranks at once / on one alone, median of 5 ({c.cpu_cores} cores usable); {s}")
+        lines.append(f"compute_slots: {{{slots}}}   # busy ranks: throughput of single-threaded training loops (a GPT "
+                     f"layer's forward+backward) on that many ranks at once / on one alone, median of 5 ({c.cpu_cores} cores usable); {s}")
     elif c.device == "cpu":
         lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
                      f"ranks beyond that share cores; {s}")
