@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 from hwprofiles.calibrate_eager import PassHost, ReferenceLayer, tp_layer_host
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import cpu_cores, resident_GiB
-from hwprofiles.calibrate_settings import Timing
+from hwprofiles.calibrate_settings import SLOT_ROUNDS, Timing
 
 _MAX_CALLS = 10_000
 _JOIN_POLL_S = 0.2
@@ -179,7 +179,7 @@ def _slots_round(rank: int, busy: int, calls: int, device: torch.device) -> floa
     return busy * solo / max(float(last.item() - first.item()), 1e-9)
 
 
-def _compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int = 5) -> dict[int, float]:
+def _compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int = SLOT_ROUNDS) -> dict[int, float]:
     """For every number of busy ranks from 2 to all: the throughput of their layer loops at once
     (all the work over the span from the first start to the last end) in units of rank 0's loop
     alone (module docstring); the median over ``rounds`` alternations of the two, as a shared

@@ -17,6 +17,8 @@ from itertools import product
 MIN_REPEATS = 3
 #: rounds of the eager host-time benchmark: at the start, after the GEMM grid, after the host Adam step
 EAGER_ROUNDS = 3
+#: alternations (one rank alone, then several at once) behind each compute-slots figure; the median is kept
+SLOT_ROUNDS = 5
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from hwprofiles.calibrate_result import Calibration
-from hwprofiles.calibrate_settings import EAGER_ROUNDS
+from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS
 
 
 def num(x: float, sig: int = 4) -> str:
@@ -175,7 +175,7 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
     if c.device == "cpu" and c.compute_slots:
         slots = ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(c.compute_slots.items()))
         lines.append(f"compute_slots: {{{slots}}}   # busy ranks: throughput of single-threaded training loops (a GPT "
-                     f"layer's forward+backward) on that many ranks at once / on one alone, median of 5 ({c.cpu_cores} cores usable); {s}")
+                     f"layer's forward+backward) on that many ranks at once / on one alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}")
     elif c.device == "cpu":
         lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
                      f"ranks beyond that share cores; {s}")

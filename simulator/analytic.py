@@ -133,11 +133,16 @@ def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = DP_BUCKET_BYTES) 
     return rest if rest > 0 else bucket_bytes
 
 
-def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> float:
-    """Reduction of the stage's last gradient bucket (all-reduce; reduce-scatter with ZeRO-1)."""
+def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int, whole: float) -> float:
+    """Reduction of the stage's last gradient bucket (all-reduce; reduce-scatter with ZeRO-1);
+    ``whole``: the reduction of all its gradients (:func:`dp_times`), which it is when they fit
+    in one bucket."""
     if plan.d == 1 or plan.zero >= 2:
         return 0.0
-    last = last_bucket_bytes(cost.params * e)
+    grad_bytes = cost.params * e
+    last = last_bucket_bytes(grad_bytes)
+    if last >= grad_bytes:
+        return whole
     reduce = commcost.allreduce_time if plan.zero == 0 else commcost.reducescatter_time
     return reduce(last, plan.d, link)
 
@@ -262,8 +267,9 @@ def estimate(job: Job) -> SimResult:
     if link is not None and plan.zero < 3:
         for i, c, _ in groups:
             reduce_t, gather_t = dp_times(c, plan, link, e)
-            slack = (c.backward + c.recompute if runtime.dp_overlap else 0.0) + i * (c.backward + c.recompute + p2p)
-            tail = last_bucket_reduce_time(c, plan, link, e) - i * (c.backward + c.recompute + p2p)
+            behind = i * (c.backward + c.recompute + p2p)  # stage i's head start over stage 0
+            slack = (c.backward + c.recompute if runtime.dp_overlap else 0.0) + behind
+            tail = last_bucket_reduce_time(c, plan, link, e, reduce_t) - behind
             dp_exposed = max(dp_exposed, reduce_t - slack, tail)
             gather_after = max(gather_after, gather_t)
         dp_exposed = max(0.0, dp_exposed)
