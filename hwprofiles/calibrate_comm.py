@@ -8,13 +8,17 @@ with 4 or more (an even number), also pairs (0,1), (2,3), ... all running at onc
 tensor- or data-parallel pairs of a 4-rank plan do. Send/recv is a ping-pong (half the round
 trip) between ranks 0 and 1, or between all pairs at once when there are 4 or more.
 On CPU the ranks also measure the host's compute slots: for 2, 3, ... all ranks busy, the
-aggregate throughput of a single-threaded training loop (forward and backward of the reference
-GPT layer, hidden 256, 128 tokens) run by that many ranks at once, in units of its throughput
+aggregate throughput of a single-threaded training loop (forward, backward and AdamW step of
+the reference GPT layer, hidden 256, 128 tokens) run by that many ranks at once, in units of its throughput
 run by rank 0 alone (cores that share a physical core or a host's memory
 bandwidth give less than one slot each; ranks beyond the cores add nothing, and time-sliced
-ranks evict each other's caches, which costs more). Then the ranks time the tensor-parallel
+ranks evict each other's caches, which costs more). As in training, the busy ranks
+synchronize after every pass (a scalar all-reduce), so a rank the scheduler left behind holds
+the others up; the time of the same all-reduces alone is taken out (the simulator prices
+collectives on the link). Then the ranks time the tensor-parallel
 reference layer's host work (``calibrate_eager.tp_layer_host``) in groups of 2 (all ranks
-when their number is odd), every group at once, the mean over ranks.
+when their number is odd), one group at a time so that its ranks have cores of their own,
+in ``EAGER_ROUNDS`` turns: per rank the median, then the mean over ranks.
 Each measurement: n back-to-back calls between barriers, the slowest rank's mean per call,
 best of the timed loops (``calibrate_timing.Timing``), at every message size (as in
 ``calibrate_fit.CollectiveSample``; fp32 payloads). ``calibrate_fit.fit_link`` then fits the
@@ -40,7 +44,7 @@ import torch.multiprocessing as mp
 from hwprofiles.calibrate_eager import PassHost, ReferenceLayer, tp_layer_host
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import cpu_cores, resident_GiB
-from hwprofiles.calibrate_settings import SLOT_ROUNDS, Timing
+from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS, Timing
 
 _MAX_CALLS = 10_000
 _JOIN_POLL_S = 0.2
@@ -54,6 +58,7 @@ class CommResult:
     samples: list[CollectiveSample]
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
     tp_layer: PassHost        # host time of the tensor-parallel reference layer (mean over ranks)
+    tp_optimizer_tensor_s: float  # its optimizer step per parameter tensor (mean over ranks)
     compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
 
 
@@ -145,63 +150,103 @@ def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [float(x) / dist.get_world_size() for x in t.tolist()]
 
 
-_SLOT_HIDDEN, _SLOT_TOKENS = 256, 128
+_SLOT_HIDDEN, _SLOT_TOKENS, _SLOT_HEADS = 256, 128, 4
 
 
-def _layer_loop(calls: int) -> tuple[float, float]:
-    """(start, end) wall-clock times of ``calls`` forward+backward passes of the reference GPT
-    layer (hidden 256, 128 tokens): GEMMs, elementwise ops and eager host work, as training."""
-    layer = ReferenceLayer(_SLOT_HIDDEN, 4)
+def _layer_loop(calls: int, sync: Callable[[], None] | None = None) -> tuple[float, float]:
+    """(start, end) wall-clock times of ``calls`` training steps of the reference GPT layer
+    (hidden 256, 128 tokens): forward, backward and an AdamW step, so GEMMs, elementwise ops,
+    eager host work and the optimizer's memory passes, as training; ``sync`` after each step
+    (the busy ranks' scalar all-reduce)."""
+    layer = ReferenceLayer(_SLOT_HIDDEN, _SLOT_HEADS)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
     x = torch.randn(1, _SLOT_TOKENS, _SLOT_HIDDEN, requires_grad=True)
-    for _ in range(3):
+
+    def step() -> None:
         layer(x).sum().backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
     t0 = time.time()
     for _ in range(calls):
-        layer(x).sum().backward()
+        step()
+        if sync is not None:
+            sync()
     return t0, time.time()
 
 
-def _slots_round(rank: int, busy: int, calls: int, device: torch.device) -> float:
-    """One alternation: rank 0's loop alone, then ranks 0..busy-1 at once; the throughput ratio."""
+def _all_reduces(calls: int, flag: torch.Tensor, group: Any) -> float:
+    """Seconds of ``calls`` back-to-back scalar all-reduces over ``group``."""
+    t0 = time.time()
+    for _ in range(calls):
+        dist.all_reduce(flag, group=group)
+    return time.time() - t0
+
+
+def _slots_round(rank: int, busy: int, calls: int, device: torch.device, group: Any) -> float:
+    """One alternation: rank 0's loop alone; ranks 0..busy-1 at once, each synchronizing the
+    busy ranks with a scalar all-reduce after every pass (as training steps do); the same
+    all-reduces alone. The throughput ratio: busy * solo / (span - all-reduces alone)."""
     world = dist.get_world_size()
+    flag = torch.zeros(1)
     dist.barrier()
     solo = 0.0
     if rank == 0:
         t0, t1 = _layer_loop(calls)
         solo = t1 - t0
     dist.barrier()
-    start, end = _layer_loop(calls) if rank < busy else (math.inf, -math.inf)
-    solo = _mean_over_ranks([solo], device)[0] * world
+    start, end = (_layer_loop(calls, lambda: dist.all_reduce(flag, group=group)) if rank < busy
+                  else (math.inf, -math.inf))
+    dist.barrier()
+    alone = _all_reduces(calls, flag, group) if rank < busy else 0.0
+    solo, alone = (x * world for x in _mean_over_ranks([solo, alone / busy], device))
     first = torch.tensor([start], dtype=torch.float64)
     last = torch.tensor([end], dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MIN)
     dist.all_reduce(last, op=dist.ReduceOp.MAX)
-    return busy * solo / max(float(last.item() - first.item()), 1e-9)
+    return busy * solo / max(float(last.item() - first.item()) - alone, 1e-9)
 
 
 def _compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int = SLOT_ROUNDS) -> dict[int, float]:
-    """For every number of busy ranks from 2 to all: the throughput of their layer loops at once
-    (all the work over the span from the first start to the last end) in units of rank 0's loop
-    alone (module docstring); the median over ``rounds`` alternations of the two, as a shared
-    host's speed drifts, capped at the busy ranks and at the cores this process may use."""
+    """For every number of busy ranks from 2 to all: the throughput of their synchronized layer
+    loops at once in units of rank 0's loop alone (module docstring); the median over
+    ``rounds`` alternations of the two, as a shared host's speed drifts, capped at the busy
+    ranks and at the cores this process may use."""
     t0, t1 = _layer_loop(5)
-    calls = max(5, int(loop_s / max((t1 - t0) / 5, 1e-9)))
+    calls_t = torch.tensor([max(5, int(loop_s / max((t1 - t0) / 5, 1e-9)))])
+    dist.all_reduce(calls_t, op=dist.ReduceOp.MAX)  # the same number on every rank: they synchronize
+    calls = int(calls_t.item())
+    world = dist.get_world_size()
+    groups = {busy: dist.new_group(list(range(busy))) for busy in range(2, world + 1)}  # every rank creates each
     slots = {}
-    for busy in range(2, dist.get_world_size() + 1):
-        ratio = statistics.median(_slots_round(rank, busy, calls, device) for _ in range(rounds))
+    for busy in range(2, world + 1):
+        ratio = statistics.median(_slots_round(rank, busy, calls, device, groups[busy]) for _ in range(rounds))
         slots[busy] = min(float(busy), float(cpu_cores()), ratio)
     return slots
 
 
-def _tp_layer(world: int, device: torch.device, repeats: int) -> PassHost:
-    """Every rank times the TP reference layer in its group of 2 (module docstring)."""
+def _tp_layer(world: int, device: torch.device, repeats: int, rounds: int = EAGER_ROUNDS) -> tuple[PassHost, float]:
+    """Every rank times the TP reference layer (passes, optimizer step per tensor) in its group
+    of 2, one group at a time (the others wait at a barrier, so the group's ranks do not share
+    cores: the simulator applies the compute slowdown of shared cores itself), ``rounds`` turns
+    each; per rank the median, then the mean over ranks (module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     tp = 2 if world % 2 == 0 else world
     mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    host = tp_layer_host(mesh["tp"], device.type, repeats)
-    fwd, bwd = _mean_over_ranks([host.forward_s, host.backward_s], device)
-    return PassHost(fwd, bwd)
+    mine = dist.get_rank() // tp
+    fwd, bwd, opt = [], [], []
+    for _ in range(rounds):
+        for group in range(world // tp):
+            if group == mine:
+                host, per_tensor = tp_layer_host(mesh["tp"], device.type, repeats)
+                fwd.append(host.forward_s)
+                bwd.append(host.backward_s)
+                opt.append(per_tensor)
+            dist.barrier()
+    f, b, o = _mean_over_ranks([statistics.median(fwd), statistics.median(bwd), statistics.median(opt)], device)
+    return PassHost(f, b), o
 
 
 def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tuple[int, ...],
@@ -225,24 +270,24 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
                 if rank == 0:
                     out.put(("sample", op, nbytes, size, t))
         slots = _compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
-        tp = _tp_layer(world, device, eager_repeats)
+        tp, tp_opt = _tp_layer(world, device, eager_repeats)
         dist.barrier()
         if rank == 0:
-            out.put(("done", resident_GiB(), tp.forward_s, tp.backward_s, slots))
+            out.put(("done", resident_GiB(), tp.forward_s, tp.backward_s, tp_opt, slots))
     finally:
         dist.destroy_process_group()
 
 
 def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
     """Record one message from rank 0; on the final one returns (rank 0's RSS, the TP layer's
-    host time, the compute slots)."""
+    host time, its optimizer step per tensor, the compute slots)."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
         tick(f"{op} {nbytes} B x{size}")
         return None
     tick("tensor-parallel layer host time")
-    return float(msg[1]), PassHost(float(msg[2]), float(msg[3])), msg[4]
+    return float(msg[1]), PassHost(float(msg[2]), float(msg[3])), float(msg[4]), msg[5]
 
 
 def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int,
@@ -284,4 +329,5 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
     if final is None:
         raise RuntimeError("collective benchmark: rank 0 did not report its results")
     return CommResult(backend="nccl" if device == "cuda" else "gloo", ranks=ranks, samples=samples,
-                      rank_resident_GiB=final[0], tp_layer=final[1], compute_slots=final[2])
+                      rank_resident_GiB=final[0], tp_layer=final[1], tp_optimizer_tensor_s=final[2],
+                      compute_slots=final[3])

@@ -14,12 +14,19 @@ time is all host work:
   ``autoplan.runtime`` and Megatron-LM order it;
 * tp_layer: the same layer under Megatron tensor parallelism with DTensor
   (``parallelize_module``: q, k, v, fc1 column-parallel, o, fc2 row-parallel, the attention
-  and MLP inputs redistributed once each) on 2 ranks, rank 0's thread CPU time, which leaves
-  out the time it waits in collectives: the simulator prices those on the link;
+  and MLP inputs redistributed once each) on 2 ranks, each rank's thread CPU time, which
+  leaves out the time it waits in collectives: the simulator prices those on the link;
 * embedding: token plus learned position embedding; head: LayerNorm, Linear to the
   vocabulary, cross-entropy;
-* optimizer_tensor: one AdamW step (torch's default foreach implementation) with the global
-  gradient norm and clipping, over many small tensors, per tensor.
+* tp_optimizer_tensor: the AdamW step over the TP layer's parameters (DTensors where sharded,
+  every op a DTensor dispatch) with the norm of their local gradients, per tensor;
+* optimizer_tensor: one AdamW step (torch's default implementation for the device) with the
+  global gradient norm and clipping (``clip_grad_norm_``), over many small tensors, per tensor;
+* optimizer_param: the same step over a few large tensors (4 x 2^18 elements), per parameter:
+  on a CPU the thread's CPU time less the tensors' share of optimizer_tensor (eager AdamW
+  makes about a dozen passes over each tensor, several times the 28 bytes per parameter of a
+  fused kernel); on a GPU the wall-clock time with the device synchronized (the host's
+  per-tensor work overlaps the kernels there).
 
 Clock: the thread's CPU time (``time.thread_time``): host work only, without the time other
 processes hold the core (the simulator's compute slowdown accounts for shared cores).
@@ -45,6 +52,7 @@ from torch import nn
 _H, _S, _HEADS, _VOCAB = 16, 8, 2, 32   # negligible arithmetic: every block is all host work
 _CALLS = 20
 _OPT_TENSORS = 64
+_OPT_LARGE_ELEMENTS, _OPT_LARGE_TENSORS, _OPT_LARGE_CALLS = 1 << 18, 4, 5
 
 
 @dataclass(frozen=True)
@@ -132,11 +140,26 @@ def layer_host(device: str, repeats: int) -> PassHost:
     return time_passes(lambda: layer(x), repeats)
 
 
-def tp_layer_host(mesh: Any, device: str, repeats: int) -> PassHost:
-    """Host time of the DTensor tensor-parallel layer; call on every rank of ``mesh``."""
+def tp_layer_host(mesh: Any, device: str, repeats: int) -> tuple[PassHost, float]:
+    """Host time of the DTensor tensor-parallel layer's passes, and per parameter tensor of its
+    optimizer step (module docstring); call on every rank of ``mesh``."""
+    from torch.distributed.tensor import DTensor
+
     layer = tensor_parallel(ReferenceLayer().to(device), mesh)
     x = _activation(device)
-    return time_passes(lambda: layer(x), repeats)
+    passes = time_passes(lambda: layer(x), repeats)   # leaves every parameter with a gradient
+    params = list(layer.parameters())
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def step() -> None:
+        torch.nn.utils.get_total_norm(grads)   # the runtime's norm runs on the local shards
+        opt.step()
+
+    for _ in range(3):
+        step()
+    per_tensor = _per_call(step, _CALLS, repeats, time.thread_time, lambda: None) / len(params)
+    return passes, per_tensor
 
 
 def embedding_host(device: str, repeats: int) -> PassHost:
@@ -153,9 +176,9 @@ def head_host(device: str, repeats: int) -> PassHost:
     return time_passes(lambda: F.cross_entropy(out(norm(x)).float().view(-1, _VOCAB), targets), repeats)
 
 
-def optimizer_tensor_host(device: str, repeats: int) -> float:
-    """Host seconds per parameter tensor of AdamW step + global norm + clipping."""
-    params = [torch.zeros(_H, device=device, requires_grad=True) for _ in range(_OPT_TENSORS)]
+def _optimizer_step(elements: int, tensors: int, device: str) -> Callable[[], None]:
+    """AdamW with global-norm clipping over ``tensors`` parameters of ``elements`` each."""
+    params = [torch.zeros(elements, device=device, requires_grad=True) for _ in range(tensors)]
     for p in params:
         p.grad = torch.ones_like(p)
     opt = torch.optim.AdamW(params, lr=1e-4)
@@ -166,13 +189,37 @@ def optimizer_tensor_host(device: str, repeats: int) -> float:
 
     for _ in range(3):
         step()
+    return step
+
+
+def _per_call(step: Callable[[], None], calls: int, repeats: int, clock: Callable[[], float],
+              sync: Callable[[], None]) -> float:
+    """Median over ``repeats`` loops of ``calls`` calls of the mean time per call."""
     samples = []
     for _ in range(repeats):
-        t0 = time.thread_time()
-        for _ in range(_CALLS):
+        sync()
+        t0 = clock()
+        for _ in range(calls):
             step()
-        samples.append((time.thread_time() - t0) / _CALLS / _OPT_TENSORS)
+        sync()
+        samples.append((clock() - t0) / calls)
     return statistics.median(samples)
+
+
+def optimizer_tensor_host(device: str, repeats: int) -> float:
+    """Host seconds per parameter tensor of AdamW step + global norm + clipping."""
+    step = _optimizer_step(_H, _OPT_TENSORS, device)
+    return _per_call(step, _CALLS, repeats, time.thread_time, lambda: None) / _OPT_TENSORS
+
+
+def optimizer_param_time(device: str, repeats: int, per_tensor_s: float) -> float:
+    """Seconds per parameter of the same step on large tensors (module docstring)."""
+    step = _optimizer_step(_OPT_LARGE_ELEMENTS, _OPT_LARGE_TENSORS, device)
+    n = _OPT_LARGE_ELEMENTS * _OPT_LARGE_TENSORS
+    if device == "cuda":
+        return _per_call(step, _OPT_LARGE_CALLS, repeats, time.perf_counter, torch.cuda.synchronize) / n
+    t = _per_call(step, _OPT_LARGE_CALLS, repeats, time.thread_time, lambda: None)
+    return max(0.0, t - _OPT_LARGE_TENSORS * per_tensor_s) / n
 
 
 @dataclass(frozen=True)
@@ -181,7 +228,9 @@ class EagerResult:
     embedding: PassHost
     head: PassHost
     optimizer_tensor_s: float
+    optimizer_param_s: float
     tp_layer: PassHost | None = None   # filled in by the collective benchmark's ranks
+    tp_optimizer_tensor_s: float | None = None   # the same
 
 
 def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> EagerResult:
@@ -190,8 +239,9 @@ def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> Eag
     emb = embedding_host(device, repeats)
     head = head_host(device, repeats)
     opt = optimizer_tensor_host(device, repeats)
+    opt_param = optimizer_param_time(device, repeats, opt)
     tick("eager host time per block")
-    return EagerResult(layer, emb, head, opt)
+    return EagerResult(layer, emb, head, opt, opt_param)
 
 
 def median_result(rounds: list[EagerResult]) -> EagerResult:
@@ -203,4 +253,4 @@ def median_result(rounds: list[EagerResult]) -> EagerResult:
         return PassHost(med(lambda r: get(r).forward_s), med(lambda r: get(r).backward_s))
 
     return EagerResult(passes(lambda r: r.layer), passes(lambda r: r.embedding), passes(lambda r: r.head),
-                       med(lambda r: r.optimizer_tensor_s))
+                       med(lambda r: r.optimizer_tensor_s), med(lambda r: r.optimizer_param_s))

@@ -19,11 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-import math
-
 import numpy as np
 from scipy.optimize import least_squares
 
+from hwprofiles.algorithms import latency_steps
 from hwprofiles.schema import GemmPoint
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -79,9 +78,10 @@ def fit_gemm_curve(points: Sequence[GemmPoint], peak_tflops: float) -> GemmFit:
     return GemmFit(max_efficiency=e, half_dim_m=hm, half_dim_n=hn, half_dim_k=hk, rms_log_error=rms)
 
 
-def ring_steps(op: str, ranks: int) -> int:
+def ring_steps(op: str, ranks: int, trees: bool = True) -> int:
     """Latency terms of a collective over ``ranks`` ranks: the ring's steps (all-reduce 2(n-1),
-    all-gather/reduce-scatter n-1) or 2*ceil(log2 n) when fewer; send/recv one hop."""
+    all-gather/reduce-scatter n-1), or with ``trees`` (NCCL) 2*ceil(log2 n) when fewer
+    (hwprofiles.algorithms); send/recv one hop."""
     if op == "send_recv":
         return 1
     if op == "all_reduce":
@@ -90,7 +90,7 @@ def ring_steps(op: str, ranks: int) -> int:
         ring = ranks - 1
     else:
         raise ValueError(f"unknown collective {op!r}")
-    return min(ring, 2 * math.ceil(math.log2(ranks))) if ranks > 1 else 0
+    return latency_steps(ranks, ring, trees)
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -117,19 +117,22 @@ class CollectiveSample:
 
 @dataclass(frozen=True)
 class LinkFit:
-    """Alpha-beta fit: one-hop latency (s), bus bandwidth (bytes/s), rms relative error."""
+    """Alpha-beta fit: one-hop latency (s), bus bandwidth (bytes/s), rms relative error;
+    ``trees``: whether the backend's latency-bound collectives run as trees (NCCL)."""
 
     latency_s: float
     bandwidth_Bps: float
     rms_rel_error: float
     samples: int
+    trees: bool = True
 
     def predict(self, op: str, nbytes: float, ranks: int) -> float:
-        return ring_steps(op, ranks) * self.latency_s + bus_factor(op, ranks) * nbytes / self.bandwidth_Bps
+        return ring_steps(op, ranks, self.trees) * self.latency_s + bus_factor(op, ranks) * nbytes / self.bandwidth_Bps
 
 
-def fit_link(samples: Iterable[CollectiveSample]) -> LinkFit:
-    """Fit (latency, bandwidth) of the ring model to ``samples`` by least squares on t_model/t - 1.
+def fit_link(samples: Iterable[CollectiveSample], trees: bool = True) -> LinkFit:
+    """Fit (latency, bandwidth) of the ring model to ``samples`` by least squares on t_model/t - 1,
+    counting latency steps as the backend runs them (``trees``: NCCL; gloo runs rings only).
 
     Parameterized as (latency in us, seconds per GB) so both are O(1)..O(1e3) for the solver.
     """
@@ -138,7 +141,7 @@ def fit_link(samples: Iterable[CollectiveSample]) -> LinkFit:
         raise ValueError("no collective samples to fit")
     if any(s.ranks < 2 for s in rows):
         raise ValueError("a collective sample needs at least 2 ranks")
-    steps = np.array([ring_steps(s.op, s.ranks) for s in rows], dtype=float)
+    steps = np.array([ring_steps(s.op, s.ranks, trees) for s in rows], dtype=float)
     gbytes = np.array([bus_factor(s.op, s.ranks) * s.nbytes / 1e9 for s in rows], dtype=float)
     t = np.array([s.seconds for s in rows], dtype=float)
 
@@ -153,4 +156,4 @@ def fit_link(samples: Iterable[CollectiveSample]) -> LinkFit:
                         x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
     lat_us, s_per_gb = float(sol.x[0]), float(sol.x[1])
     rms = float(np.sqrt(np.mean(residual(sol.x) ** 2)))
-    return LinkFit(latency_s=lat_us * 1e-6, bandwidth_Bps=1e9 / s_per_gb, rms_rel_error=rms, samples=len(rows))
+    return LinkFit(latency_s=lat_us * 1e-6, bandwidth_Bps=1e9 / s_per_gb, rms_rel_error=rms, samples=len(rows), trees=trees)

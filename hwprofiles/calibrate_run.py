@@ -19,6 +19,7 @@ from tqdm import tqdm
 from hwprofiles import calibrate_host as host
 from hwprofiles.calibrate_comm import comm_items, measure_collectives
 from hwprofiles.calibrate_eager import measure_eager, median_result
+from hwprofiles.algorithms import uses_trees
 from hwprofiles.calibrate_fit import COLLECTIVES, fit_gemm_curve, fit_link
 from hwprofiles.calibrate_gemm import measure_gemm, peak_by_dtype, supported_dtypes
 from hwprofiles.calibrate_memory import measure_memory
@@ -67,11 +68,12 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
 
     link, by_op = None, {}
     if comm is not None:
-        link = fit_link(comm.samples)
-        by_op = {op: fit_link([x for x in comm.samples if x.op == op]) for op in COLLECTIVES}
+        trees = uses_trees(comm.backend)
+        link = fit_link(comm.samples, trees)
+        by_op = {op: fit_link([x for x in comm.samples if x.op == op], trees) for op in COLLECTIVES}
         if device == "cpu":
             reserved, how = comm.rank_resident_GiB, f"resident memory of a {comm.backend} rank after its collectives"
-        eager = dataclasses.replace(eager, tp_layer=comm.tp_layer)
+        eager = dataclasses.replace(eager, tp_layer=comm.tp_layer, tp_optimizer_tensor_s=comm.tp_optimizer_tensor_s)
     return Calibration(
         date=date.today().isoformat(), device=device, device_name=host.device_name(device),
         torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",

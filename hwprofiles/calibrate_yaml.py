@@ -95,12 +95,21 @@ def _eager_lines(c: Calibration) -> list[str]:
               ("head", e.head, "final LayerNorm, output Linear, cross-entropy")]
     if e.tp_layer is not None:
         blocks.insert(1, ("tp_layer", e.tp_layer, f"the layer under DTensor tensor parallelism, 2-rank groups of "
-                                                   f"{c.ranks} {c.backend} ranks, collective waits excluded, mean over ranks"))
+                                                   f"{c.ranks} {c.backend} ranks one group at a time, collective waits excluded, "
+                                                   f"median of {EAGER_ROUNDS} turns, mean over ranks"))
     for key, p, what in blocks:
         lines.append(f"  {key}_forward_us: {num(p.forward_s * 1e6)}   # {what}; {s}")
         lines.append(f"  {key}_backward_us: {num(p.backward_s * 1e6)}   # same, backward; {s}")
     lines.append(f"  optimizer_tensor_us: {num(e.optimizer_tensor_s * 1e6)}   # AdamW step + global grad norm + "
                  f"clipping, per parameter tensor; {s}")
+    if e.tp_optimizer_tensor_s is not None:
+        lines.append(f"  tp_optimizer_tensor_us: {num(e.tp_optimizer_tensor_s * 1e6)}   # AdamW step over the tensor-parallel "
+                     f"layer's parameters (DTensors where sharded) + norm of the local gradients, per tensor, same "
+                     f"groups and turns as tp_layer; {s}")
+    how = ("wall-clock, device synchronized" if c.device == "cuda"
+           else "thread CPU time less the tensors' optimizer_tensor_us")
+    lines.append(f"  optimizer_param_ns: {num(e.optimizer_param_s * 1e9)}   # the same step on 4 x 2^18-element "
+                 f"tensors, per parameter ({how}); {s}")
     return lines
 
 
@@ -142,6 +151,11 @@ def _link_comment(c: Calibration) -> str:
             f"send/recv (rms error {num(c.link.rms_rel_error * 100, 2)}%; per op: {per_op}); {_stamp(c)}")
 
 
+def _slots(slots: dict[int, float]) -> str:
+    """A {busy ranks: slots} flow mapping, each at least one slot."""
+    return "{" + ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(slots.items())) + "}"
+
+
 def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
     """The node profile (hwprofiles.schema.NodeProfile) of a calibration with collectives."""
     assert c.link is not None, "a node profile needs measured collectives"
@@ -173,9 +187,10 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
          f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"),
     ]
     if c.device == "cpu" and c.compute_slots:
-        slots = ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(c.compute_slots.items()))
-        lines.append(f"compute_slots: {{{slots}}}   # busy ranks: throughput of single-threaded training loops (a GPT "
-                     f"layer's forward+backward) on that many ranks at once / on one alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}")
+        lines.append(f"compute_slots: {_slots(c.compute_slots)}   # busy ranks: throughput of single-threaded training "
+                     f"loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the busy ranks synchronized "
+                     f"by a scalar all-reduce after each, its time alone taken out) on that many ranks at once / on one "
+                     f"alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}")
     elif c.device == "cpu":
         lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
                      f"ranks beyond that share cores; {s}")

@@ -58,7 +58,11 @@ class EagerHost(_Strict):
         asynchronous (a GPU):    max(sum of its ops' work, host time)
     instead of ``kernel_launch_us`` per op. ``tp_layer_*``: the layer under Megatron-style
     DTensor tensor parallelism, collectives excluded (the simulator prices them on the link).
-    ``optimizer_tensor_us``: AdamW step, global gradient norm and clipping, per parameter tensor."""
+    ``optimizer_tensor_us``: AdamW step, global gradient norm and clipping, per parameter tensor;
+    ``optimizer_param_ns``: the same step per parameter on large tensors (its arithmetic and
+    memory passes, beyond the per-tensor host time); without it the simulator streams the
+    optimizer's bytes at the elementwise bandwidth. ``tp_optimizer_tensor_us``: the step per
+    tensor of the tensor-parallel layer's parameters (DTensor dispatch on every op)."""
 
     layer_forward_us: float = Field(ge=0)
     layer_backward_us: float = Field(ge=0)
@@ -69,6 +73,14 @@ class EagerHost(_Strict):
     head_forward_us: float = Field(ge=0)
     head_backward_us: float = Field(ge=0)
     optimizer_tensor_us: float = Field(ge=0)
+    optimizer_param_ns: Optional[float] = Field(default=None, ge=0)
+    tp_optimizer_tensor_us: Optional[float] = Field(default=None, ge=0)
+
+    def optimizer_us(self, tensor_parallel: bool) -> float:
+        """Optimizer host time per parameter tensor; with TP the DTensor figure when measured."""
+        if tensor_parallel and self.tp_optimizer_tensor_us is not None:
+            return self.tp_optimizer_tensor_us
+        return self.optimizer_tensor_us
 
     def layer_us(self, tensor_parallel: bool) -> tuple[float, float]:
         """(forward, backward) host time of a layer; with TP, the TP figures when measured."""
@@ -168,6 +180,14 @@ class Nvme(_Strict):
     bandwidth_GBps: float = Field(gt=0, description="per drive, sequential")
 
 
+def _slots_at(slots: float | dict[int, float] | None, ranks: int) -> float | None:
+    """A slots entry for ``ranks`` busy ranks (NodeProfile.slots_for)."""
+    if slots is None or not isinstance(slots, dict):
+        return slots
+    below = [k for k in slots if k <= ranks]
+    return min(float(ranks), slots[max(below)]) if below else float(ranks)
+
+
 class NodeProfile(_Strict):
     """A server: GPUs, the fabric between them, PCIe, NICs, host memory and NVMe."""
 
@@ -203,11 +223,7 @@ class NodeProfile(_Strict):
         """Compute slots when ``ranks`` ranks of this node compute at once: the measured entry
         for that many ranks, else that of the nearest smaller count measured (at most ``ranks``),
         else ``ranks`` itself (fewer ranks than any measured count share nothing); None: no limit."""
-        slots = self.compute_slots
-        if slots is None or not isinstance(slots, dict):
-            return slots
-        below = [k for k in slots if k <= ranks]
-        return min(float(ranks), slots[max(below)]) if below else float(ranks)
+        return _slots_at(self.compute_slots, ranks)
 
     @model_validator(mode="after")
     def _nic_present(self) -> "NodeProfile":

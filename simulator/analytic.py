@@ -16,6 +16,8 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
   Without bucketing (``job.runtime.dp_overlap`` False: Megatron-LM's "local" DDP of 2021, or
   Megatron-DeepSpeed with gradient bucketing off) the whole reduction starts after the
   stage's last backward and only the i backward steps of slack remain;
+* every step all-reduces two scalars (the gradient norm over all ranks, the loss over the
+  data-parallel group), latency-bound (``step_sync_time``);
 * with p > 1 and tied embeddings the first and last stages all-reduce the word-embedding
   gradient (V/t x h, e bytes) between them before the step (Megatron-LM
   ``_allreduce_embedding_grads``; DeepSpeed pipeline ``_exec_reduce_tied_grads``);
@@ -28,7 +30,9 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
   gradient norm for clipping (4), clip/unscale multiply (4 + 4), Adam (read grad, master,
   m, v, write master, m, v: 28), fp32 master back to the fp16 parameters (4 + 2); fp32
   training (e = 4: no master copy) streams Adam's 28 bytes; plus one host launch per
-  parameter tensor (the per-tensor casts and copies);
+  parameter tensor (the per-tensor casts and copies); a profile with a calibrated eager
+  optimizer (``eager.optimizer_param_ns``) gives the step's per-parameter and per-tensor
+  times instead (``optimizer_time``);
 * offload (ZeRO-Offload / ZeRO-Infinity): gradient shards down and parameter shards up
   over each GPU's PCIe link, Adam on the host CPU (all of a node's ranks share it),
   NVMe reads and writes the optimizer state.
@@ -38,13 +42,15 @@ from __future__ import annotations
 
 import math
 
+from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator import commcost, layout, memory
 from simulator.ops import dtype_bytes
 from simulator.idcache import IdentityCache
 from simulator.result import SimResult
 from simulator.specs import Job, ModelSpec, Plan
-from simulator.stagecost import StageCost, StageMemory, block_times, compute_slowdown, stage_groups, stage_memory
+from simulator.stagecost import (StageCost, StageMemory, block_times, compute_slowdown, host_async, stage_groups,
+                                stage_memory)
 from simulator.workload import (executed_flops_per_iteration, layer_param_tensors,
                                 padded_vocab_size)
 
@@ -63,6 +69,7 @@ def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
 _FLOPS = IdentityCache(4096)
 _P2P = IdentityCache(4096)
 _TIED = IdentityCache(4096)
+_SYNC = IdentityCache(4096)
 
 
 def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
@@ -220,18 +227,50 @@ def tied_embedding_time(job: Job) -> float:
 def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * dtype_bytes(cluster.gpu)
     bw, lat, _ = _pipeline_link(cluster, plan)
-    return commcost.allreduce_time(size, 2, commcost.GroupLink(bw, lat))
+    return commcost.allreduce_time(size, 2, commcost.GroupLink(bw, lat, uses_trees(cluster.node.backend)))
+
+
+GRAD_NORM_BYTES, LOSS_BYTES = 8, 4  # fp64 squared norm, fp32 loss
+
+
+def step_sync_time(job: Job) -> float:
+    """The two scalar all-reduces of every step, latency-bound: the squared gradient norm
+    for clipping over all t*p*d ranks (autoplan.runtime.grads.clip_global_norm; DeepSpeed
+    reduces it over the world, Megatron-LM over the model-parallel group after the data-
+    parallel reduction) and, with d > 1, the loss average over the data-parallel group
+    (Megatron-LM ``average_losses_across_data_parallel_group``). Each costs its group's latency
+    steps (rings on gloo, trees on NCCL: hwprofiles.algorithms) times the link latency."""
+    plan, cluster = job.plan, job.cluster
+    return _SYNC.get_or_make((cluster,), (plan.t, plan.p, plan.d), lambda: _step_sync_time(cluster, plan))
+
+
+def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
+    world = plan.t * plan.p * plan.d
+    world_link = commcost.group_link(cluster, layout.group_shape(world, 1, cluster.gpus_per_node))
+    norm = commcost.allreduce_time(GRAD_NORM_BYTES, world, world_link)
+    loss = commcost.allreduce_time(LOSS_BYTES, plan.d, _dp_link(cluster, plan)) if plan.d > 1 else 0.0
+    return norm + loss
 
 
 def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
-    tensors: HBM streaming (module docstring) plus host time per tensor: the profile's measured
-    eager ``optimizer_tensor_us`` (AdamW, grad norm, clipping), else one launch. Ranks sharing
-    a processor slow each other (stagecost.compute_slowdown)."""
+    tensors. With a calibrated eager optimizer (``eager.optimizer_param_ns``):
+        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us with t > 1),
+        work = psi_local * optimizer_param_ns,
+        step = host + work on a CPU rank, max(host, work) on a GPU (as ops.pass_times);
+    otherwise HBM streaming (module docstring) plus per tensor the eager
+    ``optimizer_tensor_us`` when measured, else one launch. Ranks sharing a processor slow
+    each other (stagecost.compute_slowdown)."""
     gpu = job.cluster.gpu
+    eager = gpu.eager
+    if eager is not None and eager.optimizer_param_ns is not None:
+        host = param_tensors * eager.optimizer_us(job.plan.t > 1) * 1e-6
+        work = psi_local * eager.optimizer_param_ns * 1e-9
+        step = max(host, work) if host_async(job.cluster) else host + work
+        return step * compute_slowdown(job.cluster)
     per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
     stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
-    per_tensor_us = gpu.eager.optimizer_tensor_us if gpu.eager else gpu.kernel_launch_us
+    per_tensor_us = eager.optimizer_us(job.plan.t > 1) if eager else gpu.kernel_launch_us
     return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)
 
 
@@ -285,7 +324,7 @@ def estimate(job: Job) -> SimResult:
     else:
         opt, off = 0.0, offload_time(job, psi_local)
     tied = tied_embedding_time(job)
-    dp_exposed += tied
+    dp_exposed += tied + step_sync_time(job)
     step = t_pipe + dp_exposed + gather_after + opt + off
 
     c = groups[crit][1]

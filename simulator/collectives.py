@@ -18,16 +18,16 @@ Algorithm choice (what NCCL picks for the group's shape):
   a flat ring, with the inter-node share split over the node's NICs.
 * irregular shapes (unequal members per node): a flat ring ordered by node.
 Latency: per step the slowest edge's route latency; the number of steps is the ring's, or the
-double binary tree's 2*ceil(log2 n) when that is fewer (NCCL uses trees when latency-bound),
-the same rule as :mod:`simulator.commcost`.
+double binary tree's 2*ceil(log2 n) when that is fewer (NCCL uses trees when latency-bound;
+gloo runs rings only), the same rule as :mod:`simulator.commcost` (hwprofiles.algorithms).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
+from hwprofiles.algorithms import latency_steps, uses_trees
 from simulator.topology import Topology
 
 CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "p2p"]
@@ -39,11 +39,6 @@ class PhasePlan:
 
     flows: tuple[tuple[int, int, float], ...]
     steps: int
-
-
-def latency_steps(n: int, ring_steps: int) -> int:
-    """Ring steps, or 2*ceil(log2 n) (double binary tree) when fewer (as simulator.commcost)."""
-    return min(ring_steps, 2 * math.ceil(math.log2(n))) if n > 1 else 0
 
 
 def algorithm(topo: Topology, gpus: list[int]) -> str:
@@ -67,17 +62,18 @@ def _ring(order: list[int], per_edge: float, closed: bool = True) -> tuple[tuple
     return tuple((order[i], order[(i + 1) % n], per_edge) for i in range(edges))
 
 
-def ring_phases(op: CollOp, order: list[int], size: float) -> list[PhasePlan]:
-    """A single ring (or chain for broadcast) through ``order``."""
+def ring_phases(op: CollOp, order: list[int], size: float, trees: bool = True) -> list[PhasePlan]:
+    """A single ring (or chain for broadcast) through ``order``; ``trees``: latency steps as NCCL
+    counts them (module docstring)."""
     n = len(order)
     if n <= 1 or size <= 0:
         return []
     if op == "allreduce":
-        return [PhasePlan(_ring(order, 2 * (n - 1) / n * size), latency_steps(n, 2 * (n - 1)))]
+        return [PhasePlan(_ring(order, 2 * (n - 1) / n * size), latency_steps(n, 2 * (n - 1), trees))]
     if op in ("reducescatter", "allgather"):
-        return [PhasePlan(_ring(order, (n - 1) / n * size), latency_steps(n, n - 1))]
+        return [PhasePlan(_ring(order, (n - 1) / n * size), latency_steps(n, n - 1, trees))]
     if op == "broadcast":
-        return [PhasePlan(_ring(order, size, closed=False), latency_steps(n, n - 1))]
+        return [PhasePlan(_ring(order, size, closed=False), latency_steps(n, n - 1, trees))]
     raise ValueError(f"unknown collective {op!r}")
 
 
@@ -92,8 +88,9 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
         return [PhasePlan(((gpus[0], gpus[1], size),), 1)]
     algo = algorithm(topo, gpus)
     order = sorted(gpus)
+    trees = uses_trees(topo.cluster.node.backend)
     if algo != "hierarchical" or op == "broadcast":
-        return ring_phases(op, order, size)
+        return ring_phases(op, order, size, trees)
     G = topo.gpus_per_node
     nodes: dict[int, list[int]] = {}
     for g in order:
@@ -105,7 +102,7 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
         flows: list[tuple[int, int, float]] = []
         ph = None
         for mem in members:
-            ph = ring_phases(op2, mem, size)[0]
+            ph = ring_phases(op2, mem, size, trees)[0]
             flows.extend(ph.flows)
         assert ph is not None
         return PhasePlan(tuple(flows), ph.steps)
@@ -114,7 +111,7 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
         flows = []
         ph = None
         for j in range(k):
-            ph = ring_phases(op2, [mem[j] for mem in members], size / k)[0]
+            ph = ring_phases(op2, [mem[j] for mem in members], size / k, trees)[0]
             flows.extend(ph.flows)
         assert ph is not None
         return PhasePlan(tuple(flows), ph.steps)

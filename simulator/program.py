@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from simulator.analytic import CPU_ADAM_STATE_BYTES, DP_BUCKET_BYTES, optimizer_time
+from simulator.analytic import CPU_ADAM_STATE_BYTES, DP_BUCKET_BYTES, optimizer_time, step_sync_time
 from simulator.engine import Engine
 from simulator.layout import rank_of, tp_shape
 from simulator.commcost import allgather_time, group_link
@@ -461,6 +461,9 @@ class ProgramBuilder:
         psi = self.device_params(dev)
         shard = psi / plan.d if plan.zero >= 1 else psi
         deps = self.dp_done[dev.idx] + [self.pieces_of[dev.idx][-1]]
+        sync = 0.0 if self.opt.free_comm else step_sync_time(self.job)
+        if sync > 0:  # the gradient-norm and loss scalar all-reduces (analytic.step_sync_time)
+            deps = [self.eng.task(self.stream(dev, "dp"), sync, "dp", deps, (dev.idx, -1, -1, "norm and loss all-reduce"))]
         if plan.offload == "none":
             tensors = self.device_layers(dev) * layer_param_tensors(self.job.model) + 4
             dur = optimizer_time(self.job, shard, tensors)

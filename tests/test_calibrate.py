@@ -65,6 +65,7 @@ def test_collective_model_counts_steps_like_the_simulator():
     assert [ring_steps("all_reduce", n) for n in (2, 4, 8)] == [2, 4, 6]   # min(2(n-1), 2*ceil(log2 n))
     assert [ring_steps("all_gather", n) for n in (2, 4, 8)] == [1, 3, 6]
     assert ring_steps("send_recv", 2) == 1
+    assert [ring_steps("all_reduce", n, trees=False) for n in (2, 4, 8)] == [2, 6, 14]   # gloo: rings only
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("reduce_scatter", 4) == 0.75
 
 
@@ -77,6 +78,12 @@ def test_link_fit_recovers_latency_and_bandwidth():
     assert fit.latency_s == pytest.approx(lat, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
     # by hand: 1 MB all-reduce over 4 ranks = 4 steps * 50 us + 1.5 * 1e6 B / 2e9 B/s = 200 + 750 us
     assert fit.predict("all_reduce", 1e6, 4) == pytest.approx(950e-6, rel=1e-6)
+    # gloo rings: samples timed with ring steps only are recovered when fitted as rings
+    rings = [CollectiveSample(x.op, x.nbytes, x.ranks, ring_steps(x.op, x.ranks, False) * lat + bus_factor(x.op, x.ranks) * x.nbytes / bw)
+             for x in samples]
+    gloo = fit_link(rings, trees=False)
+    assert gloo.latency_s == pytest.approx(lat, rel=1e-6) and gloo.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
+    assert gloo.predict("all_reduce", 1e6, 4) == pytest.approx(6 * 50e-6 + 750e-6, rel=1e-6)
 
 
 @pytest.mark.parametrize("x", [1.315e-20, 3.2e-5, 0.08912, 1.0, 61.23, 1411.8, 12345678.9])
@@ -183,6 +190,9 @@ def check_sane_gpu(path):
     assert e.tp_layer_forward_us is not None and e.tp_layer_forward_us > e.layer_forward_us
     assert 0 < e.embedding_forward_us < e.layer_forward_us and 0 < e.head_forward_us < e.layer_forward_us
     assert 0 < e.optimizer_tensor_us < 5_000
+    # eager AdamW + clipping: several passes over 16 bytes of fp32 state per parameter, well
+    # under a microsecond and over a tenth of a nanosecond each
+    assert e.optimizer_param_ns is not None and 0.1 < e.optimizer_param_ns < 1_000
     assert set(g.elementwise_GBps) == {"add", "scale", "gelu", "dropout", "layer_norm", "softmax"}
     return g
 

@@ -7,8 +7,8 @@ import pytest
 
 from hwprofiles import load_cluster
 from hwprofiles.schema import Network as NetworkSpec
-from simulator.collectives import algorithm, bytes_sent_per_rank, collective_phases, latency_steps
-from simulator.commcost import _latency_steps
+from hwprofiles.algorithms import latency_steps
+from simulator.collectives import algorithm, bytes_sent_per_rank, collective_phases
 from simulator.engine import Engine, FlowSpec, Phase
 from simulator.network import Network
 from simulator.topology import Topology
@@ -40,10 +40,14 @@ def test_ring_allreduce_time_in_a_node(dgx4, n):
     assert t == pytest.approx(2 * (n - 1) / n * S / beta + latency_steps(n, 2 * (n - 1)) * lat, rel=1e-9)
 
 
-def test_latency_rule_matches_the_analytic():
-    for n in range(2, 130):
-        assert latency_steps(n, 2 * (n - 1)) == _latency_steps(n, 2 * (n - 1))
-        assert latency_steps(n, n - 1) == _latency_steps(n, n - 1)
+def test_gloo_collectives_are_rings_at_any_size():
+    """gloo (the localhost-cpu node) never switches to trees: 4 ranks take 2(n-1) = 6 all-reduce
+    steps and n-1 = 3 all-gather steps; NCCL nodes take min(ring, 2*ceil(log2 n)) = 4 and 3."""
+    gloo = Topology(load_cluster("localhost-cpu"))
+    assert [p.steps for p in collective_phases(gloo, "allreduce", [0, 1, 2, 3], 8.0)] == [6]
+    assert [p.steps for p in collective_phases(gloo, "allgather", [0, 1, 2, 3], 8.0)] == [3]
+    nccl = Topology(load_cluster("dgx-a100-80gb", 1))
+    assert [p.steps for p in collective_phases(nccl, "allreduce", [0, 1, 2, 3], 8.0)] == [4]
 
 
 def test_algorithm_choice(dgx4):

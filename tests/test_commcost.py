@@ -42,6 +42,10 @@ def test_latency_steps():
     assert commcost.allgather_time(S, 2, link) == pytest.approx(0.5 * S / BW + lat)
     # n = 1000: tree 2*10 = 20 steps
     assert commcost.allreduce_time(S, 1000, link) == pytest.approx(2 * 999 / 1000 * S / BW + 20 * lat)
+    # gloo runs rings only: n = 8 all-reduce 14 steps, all-gather 7
+    rings = GroupLink(BW, lat, trees=False)
+    assert commcost.allreduce_time(S, 8, rings) == pytest.approx(2 * 7 / 8 * S / BW + 14 * lat)
+    assert commcost.allgather_time(S, 8, rings) == pytest.approx(7 / 8 * S / BW + 7 * lat)
 
 
 def test_degenerate_collectives_are_free():

@@ -52,21 +52,23 @@ def clip_global_norm(
 ) -> float:
     """Global L2 norm of all gradients (each weighted by 1/replicas); scale them to ``max_norm``.
 
-    Same arithmetic as ``torch.nn.utils.clip_grad_norm_``: coef = max_norm / (norm + 1e-6),
+    Same arithmetic as ``torch.nn.utils.clip_grad_norm_``: the norm of the tensors' norms
+    (``torch.nn.utils.get_total_norm``, one foreach kernel per device and dtype), here per
+    replica weight, their weighted squares summed in fp64; coef = max_norm / (norm + 1e-6),
     clamped to 1.
     """
-    parts: dict[torch.device, torch.Tensor] = {}  # per device: offloaded gradients live on the CPU
+    groups: dict[tuple[torch.device, float], list[torch.Tensor]] = {}  # offloaded gradients live on the CPU
     for p, w in weighted:
         if p.grad is not None and w > 0:
             g = local(p.grad)
-            parts[g.device] = parts.get(g.device, 0) + g.double().pow(2).sum() * w
+            groups.setdefault((g.device, w), []).append(g)
     sq = torch.zeros((), dtype=torch.float64, device=device)
-    for part in parts.values():
-        sq += part.to(device)
+    for (_, w), grads in groups.items():
+        sq += (torch.nn.utils.get_total_norm(grads).double() ** 2 * w).to(device)
     dist.all_reduce(sq)
     norm = math.sqrt(float(sq))
-    if max_norm is not None:
-        coef = min(1.0, max_norm / (norm + 1e-6))
+    coef = min(1.0, max_norm / (norm + 1e-6)) if max_norm is not None else 1.0
+    if coef < 1.0:  # a factor of 1 (clamped) leaves the gradients as they are
         for p, _ in weighted:
             if p.grad is not None:
                 local(p.grad).mul_(coef)
