@@ -230,7 +230,7 @@ class EagerResult:
     optimizer_tensor_s: float
     optimizer_param_s: float
     tp_layer: PassHost | None = None   # filled in by the collective benchmark's ranks
-    tp_optimizer_tensor_s: float | None = None   # the same
+    tp_optimizer_tensor_s: float | None = None   # also filled in by those ranks
 
 
 def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> EagerResult:
