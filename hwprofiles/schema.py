@@ -180,14 +180,6 @@ class Nvme(_Strict):
     bandwidth_GBps: float = Field(gt=0, description="per drive, sequential")
 
 
-def _slots_at(slots: float | dict[int, float] | None, ranks: int) -> float | None:
-    """A slots entry for ``ranks`` busy ranks (NodeProfile.slots_for)."""
-    if slots is None or not isinstance(slots, dict):
-        return slots
-    below = [k for k in slots if k <= ranks]
-    return min(float(ranks), slots[max(below)]) if below else float(ranks)
-
-
 class NodeProfile(_Strict):
     """A server: GPUs, the fabric between them, PCIe, NICs, host memory and NVMe."""
 
@@ -223,7 +215,11 @@ class NodeProfile(_Strict):
         """Compute slots when ``ranks`` ranks of this node compute at once: the measured entry
         for that many ranks, else that of the nearest smaller count measured (at most ``ranks``),
         else ``ranks`` itself (fewer ranks than any measured count share nothing); None: no limit."""
-        return _slots_at(self.compute_slots, ranks)
+        slots = self.compute_slots
+        if slots is None or not isinstance(slots, dict):
+            return slots
+        below = [k for k in slots if k <= ranks]
+        return min(float(ranks), slots[max(below)]) if below else float(ranks)
 
     @model_validator(mode="after")
     def _nic_present(self) -> "NodeProfile":

@@ -129,10 +129,7 @@ def per_microbatch_dp(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: 
     return 2 * gather + scatter, exposed
 
 
-DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default bucket (simulator.program's too)
-
-
-def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = DP_BUCKET_BYTES) -> float:
+def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> float:
     """Bytes of the last gradient bucket to fill: the remainder of whole buckets, in (0, bucket]."""
     if grad_bytes <= bucket_bytes:
         return grad_bytes

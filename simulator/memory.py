@@ -141,7 +141,10 @@ def zero3_working_set_bytes(layer_params_rank: float, prefetch_layers: int = 2, 
     return prefetch_layers * layer_params_rank * param_bytes
 
 
-def gradient_bucket_bytes(psi: float, bucket_bytes: float = 25e6, grad_bytes: int = GRAD_BYTES) -> float:
+DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``)
+
+
+def gradient_bucket_bytes(psi: float, bucket_bytes: float = DP_BUCKET_BYTES, grad_bytes: int = GRAD_BYTES) -> float:
     """Fused gradient buckets for the overlapped all-reduce / reduce-scatter (PyTorch DDP's
     default 25 MB bucket, two in flight), capped by the gradients themselves."""
     return min(psi * grad_bytes, 2 * bucket_bytes)

@@ -39,11 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from simulator.analytic import CPU_ADAM_STATE_BYTES, DP_BUCKET_BYTES, optimizer_time, step_sync_time
+from simulator.analytic import CPU_ADAM_STATE_BYTES, optimizer_time, step_sync_time
 from simulator.engine import Engine
 from simulator.layout import rank_of, tp_shape
 from simulator.commcost import allgather_time, group_link
-from simulator.memory import gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
+from simulator.memory import DP_BUCKET_BYTES, gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
 from simulator.memtimeline import MemoryTimeline
 from simulator.passes import Costs, Piece, bucket_groups, layer_modes, make_piece, pass_items
 from simulator.schedules import PipeOp, device_order
@@ -52,7 +52,6 @@ from simulator.topology import Topology
 from simulator.transfers import RoutedPhase, Transfers, copy_index
 from simulator.workload import layer_param_tensors, padded_vocab_size
 
-BUCKET_BYTES = DP_BUCKET_BYTES  # PyTorch DDP's default bucket (as simulator.memory.gradient_bucket_bytes)
 OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many parameter sub-groups
 
 
@@ -69,7 +68,7 @@ class DesOptions:
     free_comm: bool = False
     skip_embedding_head: bool = False
     blocking_p2p: bool = True
-    bucket_bytes: float = BUCKET_BYTES
+    bucket_bytes: float = DP_BUCKET_BYTES
     record_links: bool = False
 
 

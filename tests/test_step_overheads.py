@@ -11,9 +11,10 @@ from simulator.des import simulate_des
 from simulator.specs import Job, Plan, load_model
 
 
-def cpu_cluster(**eager_update):
-    """The committed localhost-cpu node with the given eager optimizer figures."""
-    c = load_cluster("localhost-cpu")
+def cpu_cluster(gpus_per_node: int | None = None, **eager_update):
+    """The committed localhost-cpu node (``gpus_per_node`` of its ranks) with the given eager
+    optimizer figures."""
+    c = load_cluster("localhost-cpu", None, gpus_per_node)
     eager = c.gpu.eager.model_copy(update=eager_update)
     gpu = c.gpu.model_copy(update={"eager": eager})
     return c.model_copy(update={"node": c.node.model_copy(update={"gpu": gpu})})
@@ -23,7 +24,7 @@ def test_calibrated_optimizer_is_tensors_plus_parameters_on_a_cpu_rank():
     c = cpu_cluster(optimizer_tensor_us=50.0, optimizer_param_ns=4.0)
     job = Job.make(load_model("tiny"), c, Plan(t=1, p=1, d=4), 4)
     # 52 tensors * 50 us + 1e6 params * 4 ns = 2.6 ms + 4 ms, one rank alone: no slowdown
-    one = c.model_copy(update={"node": c.node.model_copy(update={"gpus_per_node": 1})})
+    one = cpu_cluster(1, optimizer_tensor_us=50.0, optimizer_param_ns=4.0)
     assert optimizer_time(Job.make(load_model("tiny"), one, Plan(t=1, p=1, d=1), 1), 1e6, 52) == pytest.approx(6.6e-3)
     # four ranks on the node's slots: the same times the slowdown 4 / slots(4)
     slowdown = 4 / c.node.slots_for(4)
@@ -53,7 +54,7 @@ def test_step_syncs_on_gloo_are_ring_latency_bound():
     # no data parallelism: only the norm, over t*p = 4 ranks
     assert step_sync_time(Job.make(load_model("tiny"), c, Plan(t=2, p=2, d=1), 8)) == pytest.approx(norm)
     # one rank: nothing to reduce
-    one = c.model_copy(update={"node": c.node.model_copy(update={"gpus_per_node": 1})})
+    one = load_cluster("localhost-cpu", None, 1)
     assert step_sync_time(Job.make(load_model("tiny"), one, Plan(t=1, p=1, d=1), 8)) == 0.0
 
 
