@@ -16,9 +16,9 @@ ranks evict each other's caches, which costs more). As in training, the busy ran
 synchronize after every pass (a scalar all-reduce), so a rank the scheduler left behind holds
 the others up; the time of the same all-reduces alone is taken out (the simulator prices
 collectives on the link). Then the ranks time the tensor-parallel
-reference layer's host work (``calibrate_eager.tp_layer_host``) in groups of 2 (all ranks
-when their number is odd), one group at a time so that its ranks have cores of their own,
-in ``EAGER_ROUNDS`` turns: per rank the median, then the mean over ranks.
+reference layer's host work against the plain layer's (``calibrate_eager.tp_layer_ratios``)
+in groups of 2 (all ranks when their number is odd), one group at a time so that its ranks
+have cores of their own, in ``EAGER_ROUNDS`` turns: per rank the median, then the mean over ranks.
 Each measurement: n back-to-back calls between barriers, the slowest rank's mean per call,
 best of the timed loops (``calibrate_timing.Timing``), at every message size (as in
 ``calibrate_fit.CollectiveSample``; fp32 payloads). ``calibrate_fit.fit_link`` then fits the
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hwprofiles.calibrate_eager import PassHost, ReferenceLayer, tp_layer_host
+from hwprofiles.calibrate_eager import ReferenceLayer, TpRatios, tp_layer_ratios
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import cpu_cores, resident_GiB
 from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS, Timing
@@ -57,8 +57,7 @@ class CommResult:
     ranks: int
     samples: list[CollectiveSample]
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
-    tp_layer: PassHost        # host time of the tensor-parallel reference layer (mean over ranks)
-    tp_optimizer_tensor_s: float  # its optimizer step per parameter tensor (mean over ranks)
+    tp_ratios: TpRatios       # the tensor-parallel reference layer's host time over the plain one's (mean over ranks)
     compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
 
 
@@ -226,27 +225,24 @@ def _compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int =
     return slots
 
 
-def _tp_layer(world: int, device: torch.device, repeats: int, rounds: int = EAGER_ROUNDS) -> tuple[PassHost, float]:
-    """Every rank times the TP reference layer (passes, optimizer step per tensor) in its group
-    of 2, one group at a time (the others wait at a barrier, so the group's ranks do not share
-    cores: the simulator applies the compute slowdown of shared cores itself), ``rounds`` turns
-    each; per rank the median, then the mean over ranks (module docstring)."""
+def _tp_ratios(world: int, device: torch.device, repeats: int, rounds: int = EAGER_ROUNDS) -> TpRatios:
+    """Every rank times the TP reference layer against the plain one (passes, optimizer step per
+    tensor: ``calibrate_eager.tp_layer_ratios``) in its group of 2, one group at a time (the
+    others wait at a barrier, so the group's ranks have cores of their own), ``rounds`` turns
+    each; per rank the median of each ratio, then the mean over ranks (module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     tp = 2 if world % 2 == 0 else world
     mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
     mine = dist.get_rank() // tp
-    fwd, bwd, opt = [], [], []
+    turns: list[TpRatios] = []
     for _ in range(rounds):
         for group in range(world // tp):
             if group == mine:
-                host, per_tensor = tp_layer_host(mesh["tp"], device.type, repeats)
-                fwd.append(host.forward_s)
-                bwd.append(host.backward_s)
-                opt.append(per_tensor)
+                turns.append(tp_layer_ratios(mesh["tp"], device.type, repeats))
             dist.barrier()
-    f, b, o = _mean_over_ranks([statistics.median(fwd), statistics.median(bwd), statistics.median(opt)], device)
-    return PassHost(f, b), o
+    medians = [statistics.median(getattr(r, k) for r in turns) for k in ("forward", "backward", "optimizer")]
+    return TpRatios(*_mean_over_ranks(medians, device))
 
 
 def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tuple[int, ...],
@@ -270,24 +266,24 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
                 if rank == 0:
                     out.put(("sample", op, nbytes, size, t))
         slots = _compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
-        tp, tp_opt = _tp_layer(world, device, eager_repeats)
+        tp = _tp_ratios(world, device, eager_repeats)
         dist.barrier()
         if rank == 0:
-            out.put(("done", resident_GiB(), tp.forward_s, tp.backward_s, tp_opt, slots))
+            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots))
     finally:
         dist.destroy_process_group()
 
 
 def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
     """Record one message from rank 0; on the final one returns (rank 0's RSS, the TP layer's
-    host time, its optimizer step per tensor, the compute slots)."""
+    host time ratios, the compute slots)."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
         tick(f"{op} {nbytes} B x{size}")
         return None
     tick("tensor-parallel layer host time")
-    return float(msg[1]), PassHost(float(msg[2]), float(msg[3])), float(msg[4]), msg[5]
+    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5]
 
 
 def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int,
@@ -329,5 +325,4 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
     if final is None:
         raise RuntimeError("collective benchmark: rank 0 did not report its results")
     return CommResult(backend="nccl" if device == "cuda" else "gloo", ranks=ranks, samples=samples,
-                      rank_resident_GiB=final[0], tp_layer=final[1], tp_optimizer_tensor_s=final[2],
-                      compute_slots=final[3])
+                      rank_resident_GiB=final[0], tp_ratios=final[1], compute_slots=final[2])

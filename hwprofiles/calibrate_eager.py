@@ -15,11 +15,17 @@ time is all host work:
 * tp_layer: the same layer under Megatron tensor parallelism with DTensor
   (``parallelize_module``: q, k, v, fc1 column-parallel, o, fc2 row-parallel, the attention
   and MLP inputs redistributed once each) on 2 ranks, each rank's thread CPU time, which
-  leaves out the time it waits in collectives: the simulator prices those on the link;
+  leaves out the time it waits in collectives (the simulator prices those on the link). Two
+  busy ranks slow each other by an amount that drifts with the host (cores shared with
+  other tenants, hyperthread siblings): timed alone, the TP figure moved by 40% between two
+  calibrations minutes apart while the single-process layer moved by 2%. So the ranks time
+  the plain layer right after the TP layer, and the profile gets the ratio of the two times
+  the single-process layer (:func:`tp_layer_ratios`), in which that slowdown cancels;
 * embedding: token plus learned position embedding; head: LayerNorm, Linear to the
   vocabulary, cross-entropy;
 * tp_optimizer_tensor: the AdamW step over the TP layer's parameters (DTensors where sharded,
-  every op a DTensor dispatch) with the norm of their local gradients, per tensor;
+  every op a DTensor dispatch) with the norm of their local gradients, per tensor: its ratio
+  to the same step over the plain layer's parameters, times optimizer_tensor;
 * optimizer_tensor: one AdamW step (torch's default implementation for the device) with the
   global gradient norm and clipping (``clip_grad_norm_``), over many small tensors, per tensor;
 * optimizer_param: the same step over a few large tensors (4 x 2^18 elements), per parameter:
@@ -140,12 +146,20 @@ def layer_host(device: str, repeats: int) -> PassHost:
     return time_passes(lambda: layer(x), repeats)
 
 
-def tp_layer_host(mesh: Any, device: str, repeats: int) -> tuple[PassHost, float]:
-    """Host time of the DTensor tensor-parallel layer's passes, and per parameter tensor of its
-    optimizer step (module docstring); call on every rank of ``mesh``."""
+@dataclass(frozen=True)
+class TpRatios:
+    """Host time under DTensor TP relative to the plain layer, measured by the same ranks in the
+    same turn: forward, backward, and the optimizer step per parameter tensor."""
+
+    forward: float
+    backward: float
+    optimizer: float
+
+
+def _layer_host(layer: nn.Module, device: str, repeats: int) -> tuple[PassHost, float]:
+    """Passes of ``layer`` and its AdamW step + gradient norm per parameter tensor."""
     from torch.distributed.tensor import DTensor
 
-    layer = tensor_parallel(ReferenceLayer().to(device), mesh)
     x = _activation(device)
     passes = time_passes(lambda: layer(x), repeats)   # leaves every parameter with a gradient
     params = list(layer.parameters())
@@ -158,8 +172,17 @@ def tp_layer_host(mesh: Any, device: str, repeats: int) -> tuple[PassHost, float
 
     for _ in range(3):
         step()
-    per_tensor = _per_call(step, _CALLS, repeats, time.thread_time, lambda: None) / len(params)
-    return passes, per_tensor
+    return passes, _per_call(step, _CALLS, repeats, time.thread_time, lambda: None) / len(params)
+
+
+def tp_layer_ratios(mesh: Any, device: str, repeats: int) -> TpRatios:
+    """The TP layer's host time over the plain layer's, both timed now by this rank while the
+    other ranks of ``mesh`` do the same: the cores' current speed and sharing cancel out, and
+    the ratios times the single-process figures give the TP figures (module docstring).
+    Call on every rank of ``mesh``."""
+    tp, tp_opt = _layer_host(tensor_parallel(ReferenceLayer().to(device), mesh), device, repeats)
+    plain, plain_opt = _layer_host(ReferenceLayer().to(device), device, repeats)
+    return TpRatios(tp.forward_s / plain.forward_s, tp.backward_s / plain.backward_s, tp_opt / plain_opt)
 
 
 def embedding_host(device: str, repeats: int) -> PassHost:

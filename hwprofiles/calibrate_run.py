@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from hwprofiles import calibrate_host as host
 from hwprofiles.calibrate_comm import comm_items, measure_collectives
-from hwprofiles.calibrate_eager import measure_eager, median_result
+from hwprofiles.calibrate_eager import PassHost, measure_eager, median_result
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.calibrate_fit import COLLECTIVES, fit_gemm_curve, fit_link
 from hwprofiles.calibrate_gemm import measure_gemm, peak_by_dtype, supported_dtypes
@@ -73,7 +73,10 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         by_op = {op: fit_link([x for x in comm.samples if x.op == op], trees) for op in COLLECTIVES}
         if device == "cpu":
             reserved, how = comm.rank_resident_GiB, f"resident memory of a {comm.backend} rank after its collectives"
-        eager = dataclasses.replace(eager, tp_layer=comm.tp_layer, tp_optimizer_tensor_s=comm.tp_optimizer_tensor_s)
+        r = comm.tp_ratios
+        eager = dataclasses.replace(
+            eager, tp_layer=PassHost(r.forward * eager.layer.forward_s, r.backward * eager.layer.backward_s),
+            tp_optimizer_tensor_s=r.optimizer * eager.optimizer_tensor_s)
     return Calibration(
         date=date.today().isoformat(), device=device, device_name=host.device_name(device),
         torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",

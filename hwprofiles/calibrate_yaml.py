@@ -94,9 +94,10 @@ def _eager_lines(c: Calibration) -> list[str]:
     blocks = [("layer", e.layer, "pre-norm GPT layer"), ("embedding", e.embedding, "token + position embedding"),
               ("head", e.head, "final LayerNorm, output Linear, cross-entropy")]
     if e.tp_layer is not None:
-        blocks.insert(1, ("tp_layer", e.tp_layer, f"the layer under DTensor tensor parallelism, 2-rank groups of "
-                                                   f"{c.ranks} {c.backend} ranks one group at a time, collective waits excluded, "
-                                                   f"median of {EAGER_ROUNDS} turns, mean over ranks"))
+        blocks.insert(1, ("tp_layer", e.tp_layer, f"the layer under DTensor tensor parallelism over the plain layer, "
+                                                   f"both timed by 2-rank groups of {c.ranks} {c.backend} ranks one group at "
+                                                   f"a time (collective waits excluded; median of {EAGER_ROUNDS} turns, mean "
+                                                   f"over ranks), times layer_*_us"))
     for key, p, what in blocks:
         lines.append(f"  {key}_forward_us: {num(p.forward_s * 1e6)}   # {what}; {s}")
         lines.append(f"  {key}_backward_us: {num(p.backward_s * 1e6)}   # same, backward; {s}")
@@ -104,8 +105,8 @@ def _eager_lines(c: Calibration) -> list[str]:
                  f"clipping, per parameter tensor; {s}")
     if e.tp_optimizer_tensor_s is not None:
         lines.append(f"  tp_optimizer_tensor_us: {num(e.tp_optimizer_tensor_s * 1e6)}   # AdamW step over the tensor-parallel "
-                     f"layer's parameters (DTensors where sharded) + norm of the local gradients, per tensor, same "
-                     f"groups and turns as tp_layer; {s}")
+                     f"layer's parameters (DTensors where sharded) + norm of the local gradients, per tensor, over the "
+                     f"same step on the plain layer's, same groups and turns as tp_layer, times optimizer_tensor_us; {s}")
     how = ("wall-clock, device synchronized" if c.device == "cuda"
            else "thread CPU time less the tensors' optimizer_tensor_us")
     lines.append(f"  optimizer_param_ns: {num(e.optimizer_param_s * 1e9)}   # the same step on 4 x 2^18-element "
@@ -186,6 +187,11 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         (f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # torch.optim.Adam.step, 12 B/param of fp32 state / step time, "
          f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"),
     ]
+    if _own_fits(c):
+        lines.append(f"collectives:   # each collective's own ring alpha-beta fit (gloo runs each with its own code); {s}")
+        for op, f in c.link_by_op.items():
+            lines.append(f"  {op}: {{bandwidth_GBps: {num(f.bandwidth_Bps / 1e9)}, latency_us: {num(f.latency_s * 1e6)}}}"
+                         f"   # rms error {num(f.rms_rel_error * 100, 2)}% over {f.samples} samples")
     if c.device == "cpu" and c.compute_slots:
         lines.append(f"compute_slots: {_slots(c.compute_slots)}   # busy ranks: throughput of single-threaded training "
                      f"loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the busy ranks synchronized "
@@ -197,13 +203,21 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
     return "\n".join(lines + _sample_lines(c)) + "\n"
 
 
+def _own_fits(c: Calibration) -> bool:
+    """Whether the node gets per-collective fits: gloo, whose collectives differ in speed (NCCL
+    runs them all as the same rings and trees, so one link fits them)."""
+    return c.backend == "gloo" and bool(c.link_by_op)
+
+
 def _sample_lines(c: Calibration) -> list[str]:
-    """The collective measurements behind intra_node, as comments: op, group size, bytes,
-    measured time and the fitted link's time for it."""
+    """The collective measurements behind the node's link figures, as comments: op, group size,
+    bytes, measured time and the model's time for it (the collective's own fit when written)."""
     assert c.link is not None
-    out = [f"# Collective times {_stamp(c)} (best loop mean of the slowest rank; model: the intra_node link above):",
+    own = _own_fits(c)
+    what = "each collective's own fit above" if own else "the intra_node link above"
+    out = [f"# Collective times {_stamp(c)} (best loop mean of the slowest rank; model: {what}):",
            "#   op              ranks        bytes   measured_us      model_us"]
     for x in c.collective_samples:
-        model = c.link.predict(x.op, x.nbytes, x.ranks)
+        model = (c.link_by_op[x.op] if own else c.link).predict(x.op, x.nbytes, x.ranks)
         out.append(f"#   {x.op:<15} {x.ranks:>5} {x.nbytes:>12} {x.seconds * 1e6:>13.1f} {model * 1e6:>13.1f}")
     return out

@@ -175,6 +175,27 @@ class Link(_Strict):
         return self.latency_us * 1e-6
 
 
+#: collectives a node may carry its own alpha-beta fit for (``NodeProfile.collectives``)
+COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+
+
+class CollectiveFit(_Strict):
+    """One collective's own ring alpha-beta fit inside a node: bus bandwidth and per-step latency
+    (hwprofiles.calibrate_fit.fit_link over that collective's samples only)."""
+
+    bandwidth_GBps: float = Field(gt=0)
+    latency_us: float = Field(ge=0)
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_GBps * 1e9
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
 class Nvme(_Strict):
     count: int = Field(ge=1)
     bandwidth_GBps: float = Field(gt=0, description="per drive, sequential")
@@ -201,6 +222,13 @@ class NodeProfile(_Strict):
                     "drops when more ranks than cores evict each other's caches); None: one per GPU",
     )
 
+    collectives: Optional[dict[CollectiveName, CollectiveFit]] = Field(
+        default=None,
+        description="per-collective fits inside the node, replacing intra_node's bandwidth and latency for "
+                    "that collective (gloo runs each collective with its own code and speed: on a 4-rank host "
+                    "its reduce-scatter moves bytes at a third of its send/recv's rate); written by calibrate",
+    )
+
     @field_validator("compute_slots")
     @classmethod
     def _slots_at_least_one(cls, v: float | dict[int, float] | None) -> float | dict[int, float] | None:
@@ -220,6 +248,14 @@ class NodeProfile(_Strict):
             return slots
         below = [k for k in slots if k <= ranks]
         return min(float(ranks), slots[max(below)]) if below else float(ranks)
+
+    def intra_figures(self, collective: str) -> tuple[float, float]:
+        """(bus bytes/s, per-step latency in s) of ``collective`` inside this node: its own fit
+        when the node has one, else the intra-node link's."""
+        fit = self.collectives.get(collective) if self.collectives else None
+        if fit is not None:
+            return fit.bytes_per_s, fit.latency_s
+        return self.intra_node.bytes_per_s, self.intra_node.latency_s
 
     @model_validator(mode="after")
     def _nic_present(self) -> "NodeProfile":

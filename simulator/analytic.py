@@ -85,12 +85,13 @@ def p2p_exposed(job: Job) -> float:
 
 def _pipeline_link(cluster: ClusterSpec, plan: Plan) -> tuple[float, float, bool]:
     """(bytes/s, latency, crosses nodes) of the link joining two pipeline stages: a GPU's share
-    of its node's NICs when some stage boundary crosses nodes, else the intra-node link."""
+    of its node's NICs when some stage boundary crosses nodes, else send/recv's figures inside
+    the node."""
     node = cluster.node
     gpn = cluster.gpus_per_node
     if layout.pp_crosses_nodes(plan.t, plan.p, plan.d, gpn) and node.nic is not None and node.nics_per_node:
         return node.nic.bytes_per_s * min(1.0, node.nics_per_node / gpn), node.nic.latency_s, True
-    return node.intra_node.bytes_per_s, node.intra_node.latency_s, False
+    return (*node.intra_figures("send_recv"), False)
 
 
 def _p2p_time(job: Job) -> float:
@@ -223,8 +224,9 @@ def tied_embedding_time(job: Job) -> float:
 
 def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * dtype_bytes(cluster.gpu)
-    bw, lat, _ = _pipeline_link(cluster, plan)
-    return commcost.allreduce_time(size, 2, commcost.GroupLink(bw, lat, uses_trees(cluster.node.backend)))
+    bw, lat, crosses = _pipeline_link(cluster, plan)
+    link = commcost.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else commcost.node_link(cluster)
+    return commcost.allreduce_time(size, 2, link)
 
 
 GRAD_NORM_BYTES, LOSS_BYTES = 8, 4  # fp64 squared norm, fp32 loss

@@ -20,6 +20,8 @@ Algorithm choice (what NCCL picks for the group's shape):
 Latency: per step the slowest edge's route latency; the number of steps is the ring's, or the
 double binary tree's 2*ceil(log2 n) when that is fewer (NCCL uses trees when latency-bound;
 gloo runs rings only), the same rule as :mod:`simulator.commcost` (hwprofiles.algorithms).
+Inside a node whose profile fits a collective on its own (gloo: NodeProfile.collectives), that
+collective loads the links and pays latency at its fitted rates (:func:`own_fit`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,36 @@ from simulator.topology import Topology
 CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "p2p"]
 
 
+#: the names calibrate fits these collectives under (hwprofiles.schema.NodeProfile.collectives)
+FITTED_NAMES: dict[str, str] = {"allreduce": "all_reduce", "allgather": "all_gather",
+                                "reducescatter": "reduce_scatter", "p2p": "send_recv"}
+
+
 @dataclass(frozen=True)
 class PhasePlan:
-    """One phase of a collective: (src GPU, dst GPU, bytes) flows and the number of steps."""
+    """One phase of a collective: (src GPU, dst GPU, bytes) flows and the number of latency
+    steps; ``load``: link time per byte relative to the link's bandwidth (a collective slower
+    than its link, fitted on its own, loads the links with ``load`` times its bytes)."""
 
     flows: tuple[tuple[int, int, float], ...]
-    steps: int
+    steps: float
+    load: float = 1.0
+
+
+def own_fit(topo: Topology, op: CollOp, gpus: list[int], phases: list[PhasePlan]) -> list[PhasePlan]:
+    """``phases`` priced with the node's own fit of ``op`` when the group sits in one node and
+    calibrate fitted that collective (NodeProfile.collectives): bytes load the links at
+    intra_node bandwidth / fitted bandwidth each, and every step costs the fitted latency
+    instead of the link's (steps scaled by fitted / link latency)."""
+    node = topo.cluster.node
+    name = FITTED_NAMES.get(op)
+    if not node.collectives or name not in node.collectives or len({g // topo.gpus_per_node for g in gpus}) > 1:
+        return phases
+    bw, lat = node.intra_figures(name)
+    link_lat = node.intra_node.latency_s
+    load = node.intra_node.bytes_per_s / bw
+    steps = lat / link_lat if link_lat > 0 else 1.0
+    return [PhasePlan(ph.flows, ph.steps * steps, ph.load * load) for ph in phases]
 
 
 def algorithm(topo: Topology, gpus: list[int]) -> str:
@@ -85,12 +111,12 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
     if op == "p2p":
         if n != 2:
             raise ValueError("p2p needs exactly two GPUs")
-        return [PhasePlan(((gpus[0], gpus[1], size),), 1)]
+        return own_fit(topo, op, gpus, [PhasePlan(((gpus[0], gpus[1], size),), 1)])
     algo = algorithm(topo, gpus)
     order = sorted(gpus)
     trees = uses_trees(topo.cluster.node.backend)
     if algo != "hierarchical" or op == "broadcast":
-        return ring_phases(op, order, size, trees)
+        return own_fit(topo, op, gpus, ring_phases(op, order, size, trees))
     G = topo.gpus_per_node
     nodes: dict[int, list[int]] = {}
     for g in order:

@@ -9,8 +9,10 @@ NCCL switches to tree (double binary tree) algorithms when latency dominates; we
 ring bandwidth term with the smaller of the ring and tree latency terms (2*ceil(log2 n) steps);
 gloo runs rings only (hwprofiles.algorithms).
 The bus bandwidth of a group comes from where it sits (simulator.layout): inside a node the
-GPU's NVLink/NVSwitch (or PCIe) link; across nodes the node's NICs shared by the groups
-that leave the node at the same time, and never more than the intra-node link.
+GPU's NVLink/NVSwitch (or PCIe) link, or the node's own fit of that collective where calibrate
+measured one (gloo's collectives differ in speed: NodeProfile.collectives); across nodes the
+node's NICs shared by the groups that leave the node at the same time, and never more than
+the intra-node link.
 """
 
 from __future__ import annotations
@@ -27,6 +29,21 @@ class GroupLink:
     bandwidth: float    # bytes/s of bus bandwidth per rank
     latency: float      # seconds per algorithm step
     trees: bool = True  # latency-bound collectives run as trees (NCCL; gloo: rings only)
+    per_collective: tuple[tuple[str, float, float], ...] = ()  # (name, bytes/s, latency): own fits inside a node
+
+    def figures(self, collective: str) -> tuple[float, float]:
+        """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.COLLECTIVE_NAMES)."""
+        for name, bw, lat in self.per_collective:
+            if name == collective:
+                return bw, lat
+        return self.bandwidth, self.latency
+
+
+def node_link(cluster: ClusterSpec) -> GroupLink:
+    """The link of a group inside one node, with the node's per-collective fits when calibrated."""
+    node = cluster.node
+    fits = tuple((name, *node.intra_figures(name)) for name in sorted(node.collectives or ()))
+    return GroupLink(node.intra_node.bytes_per_s, node.intra_node.latency_s, uses_trees(node.backend), fits)
 
 
 def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
@@ -35,7 +52,7 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     intra = node.intra_node
     trees = uses_trees(node.backend)
     if shape.nodes <= 1:
-        return GroupLink(intra.bytes_per_s, intra.latency_s, trees)
+        return node_link(cluster)
     if node.nic is None or node.nics_per_node == 0:
         raise ValueError(f"node {node.name} has no NICs but the group spans {shape.nodes} nodes")
     inter = node.nics_per_node * node.nic.bytes_per_s / shape.concurrent
@@ -47,17 +64,25 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
 def allreduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * size_bytes / link.bandwidth + latency_steps(n, 2 * (n - 1), link.trees) * link.latency
+    bw, lat = link.figures("all_reduce")
+    return 2 * (n - 1) / n * size_bytes / bw + latency_steps(n, 2 * (n - 1), link.trees) * lat
+
+
+def _ring_pass(collective: str, size_bytes: float, n: int, link: GroupLink) -> float:
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    bw, lat = link.figures(collective)
+    return (n - 1) / n * size_bytes / bw + latency_steps(n, n - 1, link.trees) * lat
 
 
 def allgather_time(size_bytes: float, n: int, link: GroupLink) -> float:
-    """All-gather (or reduce-scatter) where ``size_bytes`` is the full (gathered) buffer."""
-    if n <= 1 or size_bytes <= 0:
-        return 0.0
-    return (n - 1) / n * size_bytes / link.bandwidth + latency_steps(n, n - 1, link.trees) * link.latency
+    """All-gather where ``size_bytes`` is the full (gathered) buffer."""
+    return _ring_pass("all_gather", size_bytes, n, link)
 
 
-reducescatter_time = allgather_time
+def reducescatter_time(size_bytes: float, n: int, link: GroupLink) -> float:
+    """Reduce-scatter where ``size_bytes`` is the full (input) buffer."""
+    return _ring_pass("reduce_scatter", size_bytes, n, link)
 
 
 def p2p_time(size_bytes: float, bandwidth: float, latency: float) -> float:

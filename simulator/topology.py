@@ -133,11 +133,11 @@ class Topology:
                         if a != b:
                             mesh[(a, b)] = self._link(pre + f"gpu{a}", pre + f"gpu{b}", "nvlink", k, intra.bytes_per_s, intra.latency_s)
             else:
-                sw = pre + ("nvswitch" if self.intra_kind != "pcie" else "p2p")
+                sw = pre + {"pcie": "p2p", "loopback": "loopback"}.get(self.intra_kind, "nvswitch")
                 self.graph.add_node(sw, kind="nvswitch", node=k)
                 for g in range(G):
-                    ups.append(self._link(pre + f"gpu{g}", sw, "nvlink", k, intra.bytes_per_s, intra.latency_s))
-                    downs.append(self._link(sw, pre + f"gpu{g}", "nvlink", k, intra.bytes_per_s, 0.0))
+                    ups.append(self._link(pre + f"gpu{g}", sw, self.intra_kind, k, intra.bytes_per_s, intra.latency_s))
+                    downs.append(self._link(sw, pre + f"gpu{g}", self.intra_kind, k, intra.bytes_per_s, 0.0))
             self._nvl_up.append(ups)
             self._nvl_down.append(downs)
             self._mesh.append(mesh)

@@ -27,8 +27,8 @@ from simulator.engine import FlowSpec, Phase
 from simulator.layout import rank_of
 from simulator.topology import Topology
 
-# one phase of one copy: ((src gpu, links, unit bytes), ...), steps, extra seconds
-RoutedPhase = tuple[tuple[tuple[int, tuple[int, ...], float], ...], int, float]
+# one phase of one copy: ((src gpu, links, unit bytes), ...), steps, extra seconds, link load per byte
+RoutedPhase = tuple[tuple[tuple[int, tuple[int, ...], float], ...], float, float, float]
 Weighted = list[tuple[tuple[FlowSpec, ...], float, tuple[tuple[int, float], ...]]]
 
 
@@ -76,17 +76,17 @@ class Transfers:
             self._classes[key] = got
         return got
 
-    def _latency(self, flows: tuple, steps: int, extra: float) -> float:
+    def _latency(self, flows: tuple, steps: float, extra: float) -> float:
         return steps * max((self.topo.latency(links) for (_, links, _) in flows), default=0.0) + extra
 
     def _unweighted(self, copy: list[RoutedPhase]) -> Weighted:
-        return [(tuple(FlowSpec(links, (1.0,) * len(links), b) for (_, links, b) in flows),
+        return [(tuple(FlowSpec(links, (1.0,) * len(links), b * load) for (_, links, b) in flows),
                  self._latency(flows, steps, extra), tuple((s, b) for (s, _, b) in flows))
-                for flows, steps, extra in copy]
+                for flows, steps, extra, load in copy]
 
     def _weigh(self, copies: list[list[RoutedPhase]], rep_gpu: int) -> Weighted:
         out: Weighted = []
-        for pi, (flows, steps, extra) in enumerate(copies[0]):
+        for pi, (flows, steps, extra, load) in enumerate(copies[0]):
             total: dict[int, float] = {}
             for cp in copies:
                 for (_, links, b) in cp[pi][0]:
@@ -97,15 +97,16 @@ class Transfers:
             for (_, links, b) in mine_flows:
                 for lid in links:
                     mine[lid] = mine.get(lid, 0.0) + b
-            specs = tuple(FlowSpec(links, tuple(total[lid] / mine[lid] for lid in links), b) for (_, links, b) in mine_flows)
+            specs = tuple(FlowSpec(links, tuple(total[lid] / mine[lid] for lid in links), b * load)
+                          for (_, links, b) in mine_flows)
             lat = self._latency(flows, steps, extra)
             out.append((specs, lat, tuple((s, b) for (s, _, b) in flows)))
         return out
 
     def _routed(self, phases: list[PhasePlan], extra: float = 0.0) -> list[RoutedPhase]:
         route = self.topo.route
-        return [(tuple((s, route(s, d), b) for (s, d, b) in ph.flows), ph.steps, extra if i == len(phases) - 1 else 0.0)
-                for i, ph in enumerate(phases)]
+        return [(tuple((s, route(s, d), b) for (s, d, b) in ph.flows), ph.steps, extra if i == len(phases) - 1 else 0.0,
+                 ph.load) for i, ph in enumerate(phases)]
 
     # ------------------------------------------------------------------ class makers
 
@@ -120,7 +121,7 @@ class Transfers:
         """Every (dp, tp) rank of stage s0 sends to its peer of stage s1 (copy = dp*t + tp);
         ``extra``: the receivers' all-gather after a scattered send."""
         def make() -> list[list[RoutedPhase]]:
-            return [self._routed([PhasePlan(((self.gpu(s0, dp, tp), self.gpu(s1, dp, tp), 1.0),), 1)], extra)
+            return [self._routed(collective_phases(self.topo, "p2p", [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0), extra)
                     for dp in range(self.d) for tp in range(self.t)]
         return make
 
@@ -151,7 +152,7 @@ class Transfers:
             for dp in range(self.d):
                 for tp in range(self.t):
                     g = self.gpu(stage, dp, tp)
-                    out.append([(((g, links_of(g), 1.0),), 1, 0.0)])
+                    out.append([(((g, links_of(g), 1.0),), 1, 0.0, 1.0)])
             return out
         return make
 

@@ -18,6 +18,8 @@ from hwprofiles.calibrate_yaml import num
 from hwprofiles.load import GPU_DIR, NODE_DIR
 from hwprofiles.schema import GemmPoint
 from simulator.analytic import estimate
+from simulator.commcost import group_link
+from simulator.layout import dp_shape
 from simulator.specs import Job, load_model, parse_plan
 
 GRID = (64, 128, 256, 512, 1024, 2048)
@@ -148,6 +150,7 @@ def test_committed_cpu_profiles_are_measured_and_load():
     assert node.intra_node.kind == "loopback" and node.pcie.kind == "loopback" and node.nics_per_node == 0
     assert node.intra_node.efficiency == 1.0
     assert set(node.compute_slots) == {2, 3, 4} and all(1 <= v <= 4 for v in node.compute_slots.values())
+    assert set(node.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
     assert node.gpu.eager is not None and node.gpu.eager.tp_layer_forward_us is not None
     cluster = load_cluster("localhost-cpu")
     assert cluster.nodes == 1 and cluster.network.topology == "single-switch" and cluster.num_gpus == 4
@@ -210,6 +213,11 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     assert 1e-3 < node.intra_node.bandwidth_GBps < 1000 and 0 < node.intra_node.latency_us < 1e5
     assert 0 < node.pcie.bandwidth_GBps < 1000 and node.cpu_adam_GBps > 0 and node.host_memory_GiB > 0
     assert set(node.compute_slots) == {2} and 1 <= node.compute_slots[2] <= 2  # capped at the busy ranks
+    # gloo: each collective gets its own fit, and the simulator prices it with that fit
+    assert set(node.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    rs = node.collectives["reduce_scatter"]
+    link = group_link(load_cluster(str(written[1])), dp_shape(1, 2, 2))
+    assert link.figures("reduce_scatter") == (rs.bytes_per_s, rs.latency_s)
     cluster = load_cluster(str(written[1]))               # --cluster <node file> works
     assert cluster.num_gpus == 2
     # the measured host times change predictions: without them the per-op launch model is used

@@ -24,7 +24,7 @@ def run_phases(topo: Topology, phases) -> float:
     """Time of a collective alone on the topology (every flow instantiated)."""
     eng = Engine(Network(topo.cap))
     s = eng.add_stream("c")
-    ph = [Phase(tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n) for a, b, n in p.flows),
+    ph = [Phase(tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n * p.load) for a, b, n in p.flows),
                 p.steps * max(topo.latency(topo.route(a, b)) for a, b, _ in p.flows)) for p in phases]
     x = eng.transfer(s, ph, "dp")
     eng.run()
@@ -43,11 +43,40 @@ def test_ring_allreduce_time_in_a_node(dgx4, n):
 def test_gloo_collectives_are_rings_at_any_size():
     """gloo (the localhost-cpu node) never switches to trees: 4 ranks take 2(n-1) = 6 all-reduce
     steps and n-1 = 3 all-gather steps; NCCL nodes take min(ring, 2*ceil(log2 n)) = 4 and 3."""
-    gloo = Topology(load_cluster("localhost-cpu"))
+    gloo = Topology(without_own_fits(load_cluster("localhost-cpu")))
     assert [p.steps for p in collective_phases(gloo, "allreduce", [0, 1, 2, 3], 8.0)] == [6]
     assert [p.steps for p in collective_phases(gloo, "allgather", [0, 1, 2, 3], 8.0)] == [3]
     nccl = Topology(load_cluster("dgx-a100-80gb", 1))
     assert [p.steps for p in collective_phases(nccl, "allreduce", [0, 1, 2, 3], 8.0)] == [4]
+
+
+def without_own_fits(cluster):
+    """``cluster`` whose node prices every collective with its intra_node link."""
+    return cluster.model_copy(update={"node": cluster.node.model_copy(update={"collectives": None})})
+
+
+def test_own_collective_fits_inside_a_gloo_node():
+    """A collective the node fitted on its own (NodeProfile.collectives) runs at its fitted bus
+    bandwidth and per-step latency: a 4-rank reduce-scatter of S bytes takes
+    (n-1)/n * S / B_rs + (n-1) * a_rs, an all-reduce 2(n-1)/n * S / B_ar + 2(n-1) * a_ar,
+    and send/recv S / B_sr + a_sr; broadcast, fitted by none, keeps the link's figures."""
+    cluster = load_cluster("localhost-cpu")
+    fits = cluster.node.collectives
+    assert set(fits) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    topo = Topology(cluster)
+    S, n = 4e6, 4
+    rs, ar, sr = fits["reduce_scatter"], fits["all_reduce"], fits["send_recv"]
+    t = run_phases(topo, collective_phases(topo, "reducescatter", [0, 1, 2, 3], S))
+    assert t == pytest.approx((n - 1) / n * S / rs.bytes_per_s + (n - 1) * rs.latency_s, rel=1e-9)
+    t = run_phases(topo, collective_phases(topo, "allreduce", [0, 1, 2, 3], S))
+    assert t == pytest.approx(2 * (n - 1) / n * S / ar.bytes_per_s + 2 * (n - 1) * ar.latency_s, rel=1e-9)
+    t = run_phases(topo, collective_phases(topo, "p2p", [1, 2], S))
+    assert t == pytest.approx(S / sr.bytes_per_s + sr.latency_s, rel=1e-9)
+    link = cluster.node.intra_node
+    t = run_phases(topo, collective_phases(topo, "broadcast", [0, 1, 2, 3], S))
+    assert t == pytest.approx(S / link.bytes_per_s + (n - 1) * link.latency_s, rel=1e-9)
+    # the bytes a rank sends are the collective's, whatever its speed
+    assert bytes_sent_per_rank(collective_phases(topo, "reducescatter", [0, 1, 2, 3], S), 0) == pytest.approx(0.75 * S)
 
 
 def test_algorithm_choice(dgx4):

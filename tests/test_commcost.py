@@ -117,3 +117,29 @@ def test_allreduce_over_nics_reference_value():
     t = commcost.allreduce_time(1e9, 16, link)
     assert t == pytest.approx(2 * 15 / 16 * 1e9 / 23e9 + 8 * link.latency, rel=1e-9)
     assert 2 * math.ceil(math.log2(16)) == 8
+
+
+def test_own_collective_fits_price_each_collective_inside_a_node():
+    """A link with per-collective fits prices each collective at its own figures (hand values:
+    4 ranks, 1 MB; all-reduce at 1 GB/s, 500 us: 2*3/4 * 1e6 / 1e9 + 6 * 500e-6 = 4.5 ms;
+    reduce-scatter at 0.4 GB/s, 700 us: 3/4 * 1e6 / 0.4e9 + 3 * 700e-6 = 3.975 ms); a collective
+    without a fit (all-gather here) keeps the link's 2 GB/s, 100 us: 0.375 ms + 0.3 ms."""
+    link = GroupLink(2e9, 100e-6, trees=False,
+                     per_collective=(("all_reduce", 1e9, 500e-6), ("reduce_scatter", 0.4e9, 700e-6)))
+    assert commcost.allreduce_time(1e6, 4, link) == pytest.approx(4.5e-3, rel=1e-12)
+    assert commcost.reducescatter_time(1e6, 4, link) == pytest.approx(3.975e-3, rel=1e-12)
+    assert commcost.allgather_time(1e6, 4, link) == pytest.approx(0.675e-3, rel=1e-12)
+
+
+def test_node_fits_apply_inside_the_node_only():
+    """group_link gives a one-node group the node's per-collective fits (localhost-cpu has them);
+    a group that crosses nodes is priced by the NICs, where those fits were never measured."""
+    c = load_cluster("localhost-cpu")
+    link = commcost.group_link(c, layout.dp_shape(1, 4, 4))
+    fit = c.node.collectives["reduce_scatter"]
+    assert link.figures("reduce_scatter") == (fit.bytes_per_s, fit.latency_s)
+    assert link.figures("all_reduce") == (c.node.collectives["all_reduce"].bytes_per_s,
+                                         c.node.collectives["all_reduce"].latency_s)
+    dgx = load_cluster("dgx-a100-80gb", 4)
+    across = commcost.group_link(dgx, layout.dp_shape(8, 4, 8))
+    assert across.per_collective == () and across.figures("all_reduce") == (across.bandwidth, across.latency)

@@ -170,6 +170,19 @@ def test_wrong_type_and_negative_values(tmp_path):
         cluster_from_mapping({"name": "c", "nodes": 0, "node": "dgx-a100-80gb"}, "c.yaml")
 
 
+def test_per_collective_fits(tmp_path):
+    """``collectives`` takes the four calibrated collectives only; intra_figures gives a fitted
+    collective its own figures and any other the intra_node link's."""
+    fits = {"reduce_scatter": {"bandwidth_GBps": 0.4, "latency_us": 700}}
+    node = node_from_mapping(dict(NODE, collectives=fits), "n.yaml")
+    assert node.intra_figures("reduce_scatter") == pytest.approx((0.4e9, 700e-6))
+    assert node.intra_figures("all_reduce") == (node.intra_node.bytes_per_s, node.intra_node.latency_s)
+    with pytest.raises(InputError, match=r"key 'collectives.broadcast.*should be 'all_reduce'"):
+        node_from_mapping(dict(NODE, collectives={"broadcast": {"bandwidth_GBps": 1, "latency_us": 1}}), "n.yaml")
+    with pytest.raises(InputError, match=r"key 'collectives.all_reduce.bandwidth_GBps'"):
+        node_from_mapping(dict(NODE, collectives={"all_reduce": {"bandwidth_GBps": 0, "latency_us": 1}}), "n.yaml")
+
+
 def test_nics_needed_by_nics_per_node():
     with pytest.raises(InputError, match="nic"):
         node_from_mapping({k: v for k, v in NODE.items() if k != "nic"}, "n.yaml")

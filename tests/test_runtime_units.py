@@ -13,7 +13,7 @@ from simulator.specs import ModelSpec, Plan, load_model
 from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
 from autoplan.runtime.layout import Layout, chunk_layer_ids
 from autoplan.runtime.support import unsupported_reason
-from autoplan.runtime.zero1 import assign_owners
+from autoplan.runtime.zero1 import shard_pieces
 
 LLAMA_LIKE = ModelSpec(
     name="tiny-llama", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
@@ -62,10 +62,30 @@ def test_chunk_layers_and_recompute_modes():
     assert modes == {0: "full", 1: "full", 2: "selective", 3: "none"}
 
 
-def test_zero1_owners_balance_sizes():
-    owners = assign_owners([100, 10, 60, 40, 10, 10], 2)
-    loads = [sum(s for s, o in zip([100, 10, 60, 40, 10, 10], owners) if o == r) for r in range(2)]
-    assert sorted(loads) == [110, 120]
+def test_zero1_shards_cover_every_value_once():
+    """Sizes 5, 3, 4 (12 values) over 5 ranks pad to 15, shards of 3: rank 0 holds p0[0:3];
+    rank 1 p0[3:5] + p1[0:1]; rank 2 p1[1:3] + p2[0:1]; rank 3 p2[1:4]; rank 4 only padding."""
+    sizes = [5, 3, 4]
+    got = [shard_pieces(sizes, 5, r) for r in range(5)]
+    assert {length for length, _ in got} == {3}
+    assert [[(pc.index, pc.param_start, pc.shard_start, pc.length) for pc in pieces] for _, pieces in got] == [
+        [(0, 0, 0, 3)],
+        [(0, 3, 0, 2), (1, 0, 2, 1)],
+        [(1, 1, 0, 2), (2, 0, 2, 1)],
+        [(2, 1, 0, 3)],
+        [],
+    ]
+    # every value of every parameter lands in exactly one shard, for any split
+    for ranks in (1, 2, 3, 4, 7, 16):
+        seen = [[0] * n for n in sizes]
+        for r in range(ranks):
+            length, pieces = shard_pieces(sizes, ranks, r)
+            assert length * ranks >= sum(sizes) > (length - 1) * ranks
+            for pc in pieces:
+                assert 0 <= pc.shard_start and pc.shard_start + pc.length <= length
+                for k in range(pc.param_start, pc.param_start + pc.length):
+                    seen[pc.index][k] += 1
+        assert all(c == 1 for row in seen for c in row)
 
 
 @pytest.mark.parametrize("spec", [load_model("tiny").model_copy(update={"seq_length": 16}), LLAMA_LIKE])

@@ -45,7 +45,7 @@ def test_calibrated_optimizer_on_a_gpu_overlaps_host_and_kernels():
 
 def test_step_syncs_on_gloo_are_ring_latency_bound():
     c = load_cluster("localhost-cpu")
-    lat, bw = c.node.intra_node.latency_s, c.node.intra_node.bytes_per_s
+    bw, lat = c.node.intra_figures("all_reduce")   # the node's own all-reduce fit
     job = Job.make(load_model("tiny"), c, Plan(t=1, p=1, d=4), 8)
     # gloo rings, 4 ranks: 6 steps each; norm 8 B and loss 4 B over the same 4 ranks
     norm = 6 * lat + 2 * 3 / 4 * 8 / bw

@@ -8,11 +8,10 @@
   ``CPUOffloadPolicy`` on GPU (on a CPU device the state already is in host memory, and FSDP2
   refuses the policy there: "Cannot access accelerator device when none is available").
   Composes with tensor parallelism (2-D) and pipelining.
-* ``ddp``   -- ZeRO-0/1 with pure data parallelism: ``DistributedDataParallel``, plus
-  ``ZeroRedundancyOptimizer`` for ZeRO-1.
-* ``manual`` -- ZeRO-0/1 combined with TP or PP, where DDP and ZeroRedundancyOptimizer do
-  not work on this torch version: a bucketed all-reduce of the local gradient shards
-  (ZeRO-0), or reduce-to-owner / owner step / broadcast (ZeRO-1, see ``zero1``).
+* ``ddp``   -- ZeRO-0 with pure data parallelism: ``DistributedDataParallel``.
+* ``manual`` -- ZeRO-0 combined with TP or PP, where DDP does not work on this torch
+  version: a bucketed all-reduce of the local gradient shards; and ZeRO-1 for any layout:
+  reduce-scatter of the gradients, shard step, all-gather of the parameters (``zero1``).
 * ``none``  -- d = 1.
 """
 
@@ -40,7 +39,7 @@ def dp_mode(plan: Plan) -> str:
         return "fsdp"
     if plan.d == 1:
         return "none"
-    if plan.t == 1 and plan.p == 1:
+    if plan.t == 1 and plan.p == 1 and plan.zero == 0:
         return "ddp"
     return "manual"
 

@@ -2,16 +2,16 @@
 
 Build order per local pipeline chunk: construct on the meta device, tensor-parallelize
 (DTensor), materialize on the device, initialize (layout-independent values), then wrap for
-data parallelism (FSDP2 / DDP). Then the optimizer (plain, ZeroRedundancyOptimizer or the
-manual ZeRO-1), the tied-embedding sync, and the pipeline schedule when p > 1.
+data parallelism (FSDP2 / DDP). Then the optimizer (plain, or ZeRO-1's sharded one), the
+tied-embedding sync, and the pipeline schedule when p > 1.
 
 One step: forward/backward over the rank's microbatches (pipelined or accumulated), tied
-embedding gradient sum, data-parallel reduction when not done by DDP/FSDP, global grad
-norm (and clipping), optimizer step. Returns the step's global mean loss (on ranks that
+embedding gradient sum, TP partial sums settled, data-parallel reduction when not done by
+DDP/FSDP, global grad norm (and clipping), optimizer step. Returns the step's global mean loss (on ranks that
 hold the last stage) and the global gradient norm.
 
-Pipelining, tensor parallelism and ZeroRedundancyOptimizer are imported only by plans that
-use them: they are the slowest torch modules to import and every worker pays for them.
+Pipelining and tensor parallelism are imported only by plans that use them: they are the
+slowest torch modules to import and every worker pays for them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.runtime.config import RunSpec
 from autoplan.runtime.data import local_batch
-from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, dp_mode
+from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, dp_mode, local
 from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
 from autoplan.runtime.init import init_parameters
 from autoplan.runtime.layout import Layout, chunk_layer_ids
@@ -130,11 +130,6 @@ class Trainer:
             cls, kw = torch.optim.SGD, {"lr": tr.check_lr}
         else:
             cls, kw = torch.optim.AdamW, {"lr": tr.lr, "betas": tr.betas, "eps": tr.eps, "weight_decay": tr.weight_decay}
-        if self.plan.zero == 1 and self.mode == "ddp":
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            return ZeroRedundancyOptimizer(self.params, optimizer_class=cls, process_group=self.dp_group,
-                                           parameters_as_bucket_view=True, **kw), None
         if self.plan.zero == 1 and self.mode == "manual":
             return None, Zero1Optimizer(self.params, lambda ps: cls(_param_groups(ps), **kw), self.dp_group)
         return cls(_param_groups(self.params), **kw), None
@@ -192,12 +187,15 @@ class Trainer:
         loss = self._forward_backward(x, y)
         if self.tied is not None:
             self.tied()
+        settle_partial_grads(self.params)
         if self.manual_allreduce is not None:
             self.manual_allreduce()
         if self.zero1 is not None:
             self.zero1.reduce_grads()
-        settle_partial_grads(self.params)
-        norm = clip_global_norm(self.norm_weights, max_norm, self.env.device)
+            grads = self.zero1.weighted_grads([w for _, w in self.norm_weights])
+        else:
+            grads = [(local(p.grad), w) for p, w in self.norm_weights if p.grad is not None]
+        norm = clip_global_norm(grads, max_norm, self.env.device)
         if self.zero1 is not None:
             self.zero1.step()
         else:

@@ -48,19 +48,18 @@ def settle_partial_grads(params: list[nn.Parameter]) -> None:
 
 @torch.no_grad()
 def clip_global_norm(
-    weighted: list[tuple[nn.Parameter, float]], max_norm: Optional[float], device: torch.device
+    weighted: list[tuple[torch.Tensor, float]], max_norm: Optional[float], device: torch.device
 ) -> float:
-    """Global L2 norm of all gradients (each weighted by 1/replicas); scale them to ``max_norm``.
+    """Global L2 norm of all local gradients (each weighted by 1/replicas); scale them to ``max_norm``.
 
     Same arithmetic as ``torch.nn.utils.clip_grad_norm_``: the norm of the tensors' norms
     (``torch.nn.utils.get_total_norm``, one foreach kernel per device and dtype), here per
     replica weight, their weighted squares summed in fp64; coef = max_norm / (norm + 1e-6),
-    clamped to 1.
+    clamped to 1. A weight of 0 (a duplicate copy) leaves the tensor out of the norm only.
     """
     groups: dict[tuple[torch.device, float], list[torch.Tensor]] = {}  # offloaded gradients live on the CPU
-    for p, w in weighted:
-        if p.grad is not None and w > 0:
-            g = local(p.grad)
+    for g, w in weighted:
+        if w > 0:
             groups.setdefault((g.device, w), []).append(g)
     sq = torch.zeros((), dtype=torch.float64, device=device)
     for (_, w), grads in groups.items():
@@ -69,9 +68,8 @@ def clip_global_norm(
     norm = math.sqrt(float(sq))
     coef = min(1.0, max_norm / (norm + 1e-6)) if max_norm is not None else 1.0
     if coef < 1.0:  # a factor of 1 (clamped) leaves the gradients as they are
-        for p, _ in weighted:
-            if p.grad is not None:
-                local(p.grad).mul_(coef)
+        for g, _ in weighted:
+            g.mul_(coef)
     return norm
 
 

@@ -1,33 +1,56 @@
-"""ZeRO-1 for layouts where ``ZeroRedundancyOptimizer`` cannot be used (with TP or PP).
+"""ZeRO-1 as Megatron-LM's distributed optimizer: reduce-scatter the gradients, all-gather the parameters.
 
-Each data-parallel rank owns whole parameters (their local TP shards), assigned greedily
-by size so the optimizer state is balanced. After backward, each owner receives the sum of
-its parameters' gradients (one ``reduce`` per owner bucket) and averages it; only owners
-keep gradients and optimizer state. After the owner's optimizer step, the updated values
-are broadcast back to the other data-parallel ranks.
+A rank's local parameter values (their DTensor shards under TP) lie end to end in one flat
+buffer of N values, padded to a multiple of the data-parallel size d; data-parallel rank r
+owns the contiguous shard [r*N/d, (r+1)*N/d). After backward every rank flattens its
+gradients into the buffer and one reduce-scatter (sum, then / d) leaves it the averaged
+gradient of its shard; its optimizer holds state for those N/d values only and updates a
+master copy of the shard; one all-gather into the same buffer gives every rank all updated
+values, copied back into the parameters. That is the communication the simulator prices for
+zero=1 -- a reduce-scatter of the gradients and an all-gather of the parameters
+(Rajbhandari et al. 2020, P_os) -- for any layout, with or without TP and PP.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from autoplan.runtime.data_parallel import buckets, local
+from autoplan.runtime.data_parallel import local
+
+# torch 2.13 renamed the flat collectives; older releases only have the first names
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def assign_owners(sizes: list[int], ranks: int) -> list[int]:
-    """Owner rank of each parameter: largest first, each to the least-loaded rank."""
-    load = [0] * ranks
-    owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        r = min(range(ranks), key=lambda r: (load[r], r))
-        owner[i] = r
-        load[r] += sizes[i]
-    return owner
+@dataclass(frozen=True)
+class Piece:
+    """Where parameter ``index`` overlaps this rank's shard: ``length`` values from
+    ``param_start`` in the parameter's flattened local values, at ``shard_start`` in the shard."""
+
+    index: int
+    param_start: int
+    shard_start: int
+    length: int
+
+
+def shard_pieces(sizes: list[int], ranks: int, rank: int) -> tuple[int, list[Piece]]:
+    """(shard length, the pieces of the parameters in ``rank``'s shard) for parameters of
+    ``sizes`` values laid end to end and padded to a multiple of ``ranks``."""
+    total = sum(sizes)
+    length = -(-total // ranks)
+    lo, hi = rank * length, (rank + 1) * length
+    pieces, start = [], 0
+    for i, n in enumerate(sizes):
+        a, b = max(start, lo), min(start + n, hi)
+        if a < b:
+            pieces.append(Piece(i, a - start, a - lo, b - a))
+        start += n
+    return length, pieces
 
 
 class Zero1Optimizer:
@@ -39,48 +62,57 @@ class Zero1Optimizer:
         make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
         group: dist.ProcessGroup,
     ):
-        self.params = params
-        self.group = group
+        values = [local(p).detach() for p in params]
+        dtypes = {v.dtype for v in values}
+        if len(dtypes) != 1:
+            raise ValueError(f"ZeRO-1 needs parameters of one dtype, got {sorted(map(str, dtypes))}")
+        self.params, self.group = params, group
         self.size = dist.get_world_size(group)
-        self.me = dist.get_rank(group)
-        self.global_ranks = dist.get_process_group_ranks(group)
-        owner = assign_owners([local(p).numel() for p in params], self.size)
-        self.by_owner: dict[int, list[nn.Parameter]] = {r: [] for r in range(self.size)}
-        for p, r in zip(params, owner):
-            self.by_owner[r].append(p)
-        self.owned = self.by_owner[self.me]
-        self.optimizer: Optional[torch.optim.Optimizer] = make_optimizer(self.owned) if self.owned else None
+        self.sizes = [v.numel() for v in values]
+        self.total = sum(self.sizes)
+        self.shard_len, self.pieces = shard_pieces(self.sizes, self.size, dist.get_rank(group))
+        self.flat = torch.zeros(self.shard_len * self.size, dtype=values[0].dtype, device=values[0].device)
+        self.flat[: self.total] = torch.cat([v.reshape(-1) for v in values])
+        lo = dist.get_rank(group) * self.shard_len
+        self.master = nn.Parameter(self.flat[lo : lo + self.shard_len].clone())
+        self.optimizer = make_optimizer([self.master])
 
     @torch.no_grad()
     def reduce_grads(self) -> None:
-        """Sum each owner's gradients onto it and average; drop gradients this rank does not own."""
-        for r, ps in self.by_owner.items():
-            grads = [local(p.grad) for p in ps if p.grad is not None]
-            for bucket in buckets(grads):
-                flat = _flatten_dense_tensors(bucket)
-                dist.reduce(flat, dst=self.global_ranks[r], group=self.group)
-                if r == self.me:
-                    flat.div_(self.size)
-                    for g, s in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                        g.copy_(s)
-            if r != self.me:
-                for p in ps:
-                    p.grad = None
+        """Average the gradients over the group into this rank's shard; drop the full gradients."""
+        offset = 0
+        for p, n in zip(self.params, self.sizes):
+            dst = self.flat[offset : offset + n]
+            if p.grad is None:
+                dst.zero_()
+            else:
+                dst.copy_(local(p.grad).reshape(-1))
+            offset += n
+        self.flat[self.total :].zero_()
+        shard = torch.empty(self.shard_len, dtype=self.flat.dtype, device=self.flat.device)
+        _reduce_scatter(shard, self.flat, group=self.group)
+        self.master.grad = shard.div_(self.size)
+        for p in self.params:
+            p.grad = None
+
+    def weighted_grads(self, weights: list[float]) -> list[tuple[torch.Tensor, float]]:
+        """The shard's gradient, cut per parameter, each piece with its parameter's weight in the
+        global norm (``weights[i]`` for ``params[i]``)."""
+        g = self.master.grad
+        if g is None:
+            return []
+        return [(g[pc.shard_start : pc.shard_start + pc.length], weights[pc.index]) for pc in self.pieces]
 
     @torch.no_grad()
     def step(self) -> None:
-        """Owners update their parameters, then every owner broadcasts its updated values."""
-        if self.optimizer is not None:
-            self.optimizer.step()
-        for r, ps in self.by_owner.items():
-            values = [local(p) for p in ps]
-            for bucket in buckets(values):
-                flat = _flatten_dense_tensors(bucket)
-                dist.broadcast(flat, src=self.global_ranks[r], group=self.group)
-                if r != self.me:
-                    for v, s in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                        v.copy_(s)
+        """Update the shard, all-gather every rank's shard and copy the values into the parameters."""
+        self.optimizer.step()
+        _all_gather(self.flat, self.master.detach(), group=self.group)
+        dsts = [local(p).detach() for p in self.params]
+        srcs = [s.view_as(d) for s, d in zip(torch.split(self.flat[: self.total], self.sizes), dsts)]
+        torch._foreach_copy_(dsts, srcs)
 
     def zero_grad(self) -> None:
+        self.master.grad = None
         for p in self.params:
             p.grad = None
