@@ -259,13 +259,14 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def cmd_emit(a: argparse.Namespace) -> int:
     from autoplan.emit.writer import write_run_dir
-    from autoplan.runtime.support import unsupported_reason
+    from autoplan.runtime.support import program_job, unsupported_reason
     from simulator.api import simulate
 
     job = _make_job(a)
     reason = unsupported_reason(job.model, job.plan, job.m)
     if reason:
         raise CliError(f"--plan: the runtime cannot run this plan correctly: {reason}", EXIT_BAD_INPUT)
+    job = program_job(job)
     prediction = simulate(job, "analytic").to_dict()
     files = write_run_dir(job, prediction, a.out)
     _log(f"wrote {len(files)} files to {a.out}; run it with: autoplan run {a.out}")

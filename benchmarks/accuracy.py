@@ -16,9 +16,10 @@
    that fit) and the held-out rest; the worst rows of each file.
 3. CPU runs (autoplan emit + autoplan run on the localhost-cpu node): measured vs predicted
    step time, when autoplan.verify, the localhost-cpu profiles and torch are available.
-   ``--cpu-repeats N`` runs every plan N times, one pass over the plans after another, and
-   prints every run: a shared host's speed drifts by tens of percent over minutes, and the
-   spread shows how much of an error is the host's.
+   Each run times about 5 s of steps (:func:`cpu_steps`); ``--cpu-repeats N`` runs every plan
+   N times, one pass over the plans after another, and prints every run: a shared host's
+   speed drifts by tens of percent over minutes, and the spread shows how much of an error
+   is the host's.
 
 Both 1 and 2 model what those programs did: data-parallel gradient reduction after the last
 backward with no overlap (Megatron-LM's 2021 "local" DDP; Megatron-DeepSpeed with gradient
@@ -172,24 +173,35 @@ def vtrain_section(use_des: bool, worst: int, out: Callable[[str], None]) -> dic
 # --------------------------------------------------------------------------- 3. CPU runs
 
 CPU_PLANS = ("t=1,p=1,d=4", "t=2,p=1,d=2", "t=1,p=2,d=2", "t=2,p=2,d=1", "t=1,p=1,d=4,zero=1", "t=1,p=4,d=1,ckpt=full")
-CPU_MODEL, CPU_BATCH, CPU_STEPS = "tiny", 8, 6
+CPU_MODEL, CPU_BATCH = "tiny", 8
+CPU_TIMED_S, CPU_MIN_STEPS, CPU_MAX_STEPS = 5.0, 6, 60   # each run times about 5 s of steps
 
 
-def _cpu_run(text: str, model: Any, cluster: Any, run_dir: Path) -> tuple[float, float]:
-    """(measured, predicted) step time of one emitted CPU plan."""
+def cpu_steps(predicted_s: float) -> int:
+    """Timed steps of a CPU run: enough for about ``CPU_TIMED_S`` seconds at the predicted step
+    time, within [CPU_MIN_STEPS, CPU_MAX_STEPS] (a 0.08 s step would otherwise be timed over
+    half a second, a window in which this host's speed alone moves by 20%)."""
+    return max(CPU_MIN_STEPS, min(CPU_MAX_STEPS, math.ceil(CPU_TIMED_S / predicted_s)))
+
+
+def _cpu_run(text: str, model: Any, cluster: Any, run_dir: Path) -> tuple[float, float, int]:
+    """(measured, predicted) step time of one emitted CPU plan, and the steps timed."""
     from autoplan.emit.writer import write_run_dir
+    from autoplan.runtime.support import program_job
     from autoplan.verify import run_and_verify
     from simulator.api import simulate
     from simulator.specs import parse_plan
 
     plan, _ = parse_plan(text, model, cluster.num_gpus, CPU_BATCH)
-    job = Job(model, cluster, plan, CPU_BATCH)
-    write_run_dir(job, simulate(job, "analytic").to_dict(), run_dir)
-    r = run_and_verify(run_dir, steps=CPU_STEPS, timeout_s=600, log=lambda m: None, check_steps=0)
+    job = program_job(Job(model, cluster, plan, CPU_BATCH))
+    prediction = simulate(job, "analytic").to_dict()
+    write_run_dir(job, prediction, run_dir)
+    steps = cpu_steps(prediction["step_time_s"])
+    r = run_and_verify(run_dir, steps=steps, timeout_s=600, log=lambda m: None, check_steps=0)
     meas, pred = r.get("measured_step_time_s"), r.get("predicted_step_time_s")
     if not meas or not pred:
         raise RuntimeError("no measurement or prediction")
-    return meas, pred
+    return meas, pred, steps
 
 
 def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
@@ -204,18 +216,18 @@ def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
         out(f"   not run: {type(e).__name__}: {e}")
         return {"ran": False, "reason": str(e)}
     errs: dict[str, list[float]] = {text: [] for text in CPU_PLANS}
-    out(f"   {'plan':<28} {'run':>3} {'measured':>9} {'predicted':>9} {'error':>8}")
+    out(f"   {'plan':<28} {'run':>3} {'steps':>5} {'measured':>9} {'predicted':>9} {'error':>8}")
     with tempfile.TemporaryDirectory(prefix="autoplan-acc-") as tmp:
         for k in range(repeats):
             for i, text in enumerate(CPU_PLANS):
                 try:
-                    meas, pred = _cpu_run(text, model, cluster, Path(tmp) / f"run{k}-{i}")
+                    meas, pred, steps = _cpu_run(text, model, cluster, Path(tmp) / f"run{k}-{i}")
                 except Exception as e:  # noqa: BLE001
                     out(f"   {text:<28} {k + 1:>3} failed: {type(e).__name__}: {str(e)[:120]}")
                     continue
                 e = pct(pred, meas)
                 errs[text].append(e)
-                out(f"   {text:<28} {k + 1:>3} {meas:>8.4f}s {pred:>8.4f}s {fmt_pct(e)}")
+                out(f"   {text:<28} {k + 1:>3} {steps:>5} {meas:>8.4f}s {pred:>8.4f}s {fmt_pct(e)}")
     every = [x for xs in errs.values() for x in xs]
     if not every:
         out("   no CPU run completed")

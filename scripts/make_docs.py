@@ -181,7 +181,7 @@ def calibrate_output(d: Docs) -> str:
                 + gpu[after:measured_at]
                 + [f"# ... {len(gpu) - measured_at} more lines: a 'measured:' block (raw rates: dispatch, attention)"])
     end = next((i for i, line in enumerate(node) if line.startswith("# Collective times")), len(node))
-    node_part = node[:end] + [f"# ... {len(node) - end} more lines: the measured collective times next to the link model's"]
+    node_part = node[:end] + [f"# ... {len(node) - end} more lines: the measured collective times next to the model's"]
     return (fence(f"{shown}\n{out}") + "\n`my-cpu.yaml` (start):\n\n" + fence(d.clean("\n".join(gpu_part)), "yaml")
             + "\n`my-cpu-node.yaml` (start):\n\n" + fence(d.clean("\n".join(node_part)), "yaml"))
 

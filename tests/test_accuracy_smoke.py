@@ -65,3 +65,10 @@ def test_megatron_vocab_padding():
 
     m = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=50257, seq_length=16)
     assert [workload.padded_vocab_size(m, t) for t in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
+
+
+def test_cpu_runs_time_about_five_seconds_of_steps():
+    """ceil(5 s / predicted step), within [6, 60]: 0.5 s -> 10 steps, 0.3 s -> 17, 0.05 s -> 100
+    capped at 60, 2 s -> 3 raised to 6."""
+    accuracy = pytest.importorskip("accuracy")
+    assert [accuracy.cpu_steps(x) for x in (0.5, 0.3, 0.05, 2.0)] == [10, 17, 60, 6]

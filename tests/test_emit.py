@@ -158,3 +158,27 @@ def test_launch_sh_single_and_multi_node(tmp_path):
     assert tail[:3] == ["autoplan.runtime.train", "--", "--run-dir"] and tail[-2:] == ["--steps", "3"]
     wrong = _launch_command(out, NNODES="3")
     assert wrong.returncode == 2 and "needs t*p*d = 16" in wrong.stderr
+
+
+@pytest.mark.parametrize("plan_text,mode,overlap", [
+    ("d=8", "ddp", True),                      # DDP reduces bucket by bucket during the backward
+    ("d=8,zero=2", "fsdp", True),              # FSDP2 reduce-scatters per layer during the backward
+    ("t=2,d=4", "manual", False),              # manual all-reduce after the last backward
+    ("d=8,zero=1", "manual", False),           # ZeRO-1's reduce-scatter after the last backward
+    ("t=8", "none", True),                     # nothing to reduce
+])
+def test_prediction_of_the_emitted_program_prices_its_reduction(plan_text, mode, overlap):
+    """The run dir's prediction is for the program as emitted: no DP overlap where it reduces
+    after the backward, and a slower step than the overlapped estimate when gradients fill
+    more than one bucket (llama2-7b, 8 x A100: its 2 x 7e9/t bytes of gradients span many)."""
+    from autoplan.runtime.support import dp_mode, program_job
+    from simulator.analytic import estimate
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-a100-80gb")
+    plan, _ = parse_plan(plan_text, model, 8, 64)
+    job = Job(model, cluster, plan, 64)
+    assert dp_mode(plan) == mode
+    emitted = program_job(job)
+    assert emitted.runtime.dp_overlap is overlap
+    if not overlap and plan.d > 1:
+        assert estimate(emitted).step_time > estimate(job).step_time

@@ -1,18 +1,14 @@
-"""How gradients and optimizer state are handled over the data-parallel group.
+"""How gradients and optimizer state are handled over the data-parallel group (which
+mechanism a plan gets: ``autoplan.runtime.support.dp_mode``).
 
-``dp_mode`` picks the mechanism for a plan:
-
-* ``fsdp``  -- ZeRO-2 / ZeRO-3: FSDP2 ``fully_shard`` over the dp mesh dimension, one unit per
+* ZeRO-2 / ZeRO-3: FSDP2 ``fully_shard`` over the dp mesh dimension, one unit per
   transformer layer plus the root; ZeRO-2 keeps parameters unsharded between forward and
   backward (``reshard_after_forward=False``), ZeRO-3 reshards them. ``offload=cpu`` adds
   ``CPUOffloadPolicy`` on GPU (on a CPU device the state already is in host memory, and FSDP2
   refuses the policy there: "Cannot access accelerator device when none is available").
   Composes with tensor parallelism (2-D) and pipelining.
-* ``ddp``   -- ZeRO-0 with pure data parallelism: ``DistributedDataParallel``.
-* ``manual`` -- ZeRO-0 combined with TP or PP, where DDP does not work on this torch
-  version: a bucketed all-reduce of the local gradient shards; and ZeRO-1 for any layout:
-  reduce-scatter of the gradients, shard step, all-gather of the parameters (``zero1``).
-* ``none``  -- d = 1.
+* ZeRO-0 with TP or PP: a bucketed all-reduce of the local gradient shards after the last
+  backward (``ManualGradAllReduce``); ZeRO-1 for any layout: ``zero1``.
 """
 
 from __future__ import annotations
@@ -26,22 +22,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from simulator.specs import Plan
-
 from autoplan.runtime.model import GPT
 
 BUCKET_BYTES = 25 * 2**20
-
-
-def dp_mode(plan: Plan) -> str:
-    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring)."""
-    if plan.zero >= 2 and (plan.d > 1 or plan.offload == "cpu"):
-        return "fsdp"
-    if plan.d == 1:
-        return "none"
-    if plan.t == 1 and plan.p == 1 and plan.zero == 0:
-        return "ddp"
-    return "manual"
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

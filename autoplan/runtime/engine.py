@@ -7,8 +7,8 @@ tied-embedding sync, and the pipeline schedule when p > 1.
 
 One step: forward/backward over the rank's microbatches (pipelined or accumulated), tied
 embedding gradient sum, TP partial sums settled, data-parallel reduction when not done by
-DDP/FSDP, global grad norm (and clipping), optimizer step. Returns the step's global mean loss (on ranks that
-hold the last stage) and the global gradient norm.
+DDP/FSDP, global grad norm (and clipping), optimizer step. Returns the step's global mean
+loss (on ranks that hold the last stage) and the global gradient norm.
 
 Pipelining and tensor parallelism are imported only by plans that use them: they are the
 slowest torch modules to import and every worker pays for them.
@@ -29,11 +29,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.runtime.config import RunSpec
 from autoplan.runtime.data import local_batch
-from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, dp_mode, local
+from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, local
 from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
 from autoplan.runtime.init import init_parameters
 from autoplan.runtime.layout import Layout, chunk_layer_ids
 from autoplan.runtime.model import GPT, layer_recompute, lm_loss
+from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
 
 

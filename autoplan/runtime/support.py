@@ -1,15 +1,47 @@
-"""Which plans the runtime can run *correctly* on this torch version (pure Python, no torch).
+"""Which plans the runtime can run *correctly* on this torch version, and how it reduces
+gradients (pure Python, no torch).
 
 Anything refused here is refused by ``autoplan emit`` (exit 2) rather than run wrong.
 What is supported and how: see ``autoplan.runtime.data_parallel`` (ZeRO), ``pipeline``
 (schedules) and ``tensor_parallel`` (TP/SP).
+
+``dp_mode`` picks the data-parallel mechanism for a plan:
+
+* ``fsdp``  -- ZeRO-2 / ZeRO-3: FSDP2 ``fully_shard`` (``data_parallel.apply_fsdp``);
+* ``ddp``   -- ZeRO-0 with pure data parallelism: ``DistributedDataParallel``;
+* ``manual`` -- ZeRO-0 combined with TP or PP, where DDP does not work on this torch
+  version: a bucketed all-reduce of the local gradient shards after the last backward; and
+  ZeRO-1 for any layout: reduce-scatter of the gradients, shard step, all-gather of the
+  parameters (``zero1``);
+* ``none``  -- d = 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
-from simulator.specs import ModelSpec, Plan
+from simulator.specs import NO_DP_OVERLAP, Job, ModelSpec, Plan
+
+
+def dp_mode(plan: Plan) -> str:
+    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring)."""
+    if plan.zero >= 2 and (plan.d > 1 or plan.offload == "cpu"):
+        return "fsdp"
+    if plan.d == 1:
+        return "none"
+    if plan.t == 1 and plan.p == 1 and plan.zero == 0:
+        return "ddp"
+    return "manual"
+
+
+def program_job(job: Job) -> Job:
+    """``job`` as the emitted program runs it: DDP and FSDP2 reduce gradients bucket by bucket
+    during the backward, the manual modes after the last backward (no overlap), which the
+    prediction stored with the program must price."""
+    if dp_mode(job.plan) == "manual" and job.runtime.dp_overlap:
+        return dataclasses.replace(job, runtime=NO_DP_OVERLAP)
+    return job
 
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> Optional[str]:
