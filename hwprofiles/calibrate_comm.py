@@ -19,6 +19,8 @@ collectives on the link). Then the ranks time the tensor-parallel
 reference layer's host work against the plain layer's (``calibrate_eager.tp_layer_ratios``)
 in groups of 2 (all ranks when their number is odd), one group at a time so that its ranks
 have cores of their own, in ``EAGER_ROUNDS`` turns: per rank the median, then the mean over ranks.
+Last, on CPU with 3 or more ranks, how long a message waits for a core while the other ranks
+compute (``calibrate_wait``).
 Each measurement: n back-to-back calls between barriers, the slowest rank's mean per call,
 best of the timed loops (``calibrate_timing.Timing``), at every message size (as in
 ``calibrate_fit.CollectiveSample``; fp32 payloads). ``calibrate_fit.fit_link`` then fits the
@@ -45,6 +47,7 @@ from hwprofiles.calibrate_eager import ReferenceLayer, TpRatios, tp_layer_ratios
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import cpu_cores, resident_GiB
 from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS, Timing
+from hwprofiles.calibrate_wait import busy_wait_s
 
 _MAX_CALLS = 10_000
 _JOIN_POLL_S = 0.2
@@ -59,6 +62,7 @@ class CommResult:
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
     tp_ratios: TpRatios       # the tensor-parallel reference layer's host time over the plain one's (mean over ranks)
     compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
+    busy_wait_s: float | None = None  # CPU, 3+ ranks: extra message latency while the other ranks compute
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
@@ -267,23 +271,24 @@ def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tupl
                     out.put(("sample", op, nbytes, size, t))
         slots = _compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
         tp = _tp_ratios(world, device, eager_repeats)
+        wait = busy_wait_s(rank, world) if device.type == "cpu" else None
         dist.barrier()
         if rank == 0:
-            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots))
+            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots, wait))
     finally:
         dist.destroy_process_group()
 
 
 def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
     """Record one message from rank 0; on the final one returns (rank 0's RSS, the TP layer's
-    host time ratios, the compute slots)."""
+    host time ratios, the compute slots, the busy wait)."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
         tick(f"{op} {nbytes} B x{size}")
         return None
     tick("tensor-parallel layer host time")
-    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5]
+    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5], msg[6]
 
 
 def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int,
@@ -325,4 +330,4 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
     if final is None:
         raise RuntimeError("collective benchmark: rank 0 did not report its results")
     return CommResult(backend="nccl" if device == "cuda" else "gloo", ranks=ranks, samples=samples,
-                      rank_resident_GiB=final[0], tp_ratios=final[1], compute_slots=final[2])
+                      rank_resident_GiB=final[0], tp_ratios=final[1], compute_slots=final[2], busy_wait_s=final[3])

@@ -46,6 +46,7 @@ class Calibration:
     host_memory_GiB: float
     cpu_cores: int
     compute_slots: Optional[dict[int, float]]  # busy ranks -> slots, measured by the ranks (CPU); None: not measured
+    busy_wait_s: Optional[float]  # extra message latency while the other ranks compute (CPU, 3+ ranks); None: not measured
     gpus_per_node: int
     intra_kind: str             # Link.kind of the measured intra-node link
     # collectives (None when fewer than 2 ranks were measured)

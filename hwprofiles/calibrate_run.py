@@ -90,6 +90,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         copy_h2d_GBps=copies.h2d_GBps, copy_d2h_GBps=copies.d2h_GBps, copy_latency_us=copies.latency_us,
         cpu_adam_GBps=adam, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
         compute_slots=comm.compute_slots if comm is not None else None,
+        busy_wait_s=comm.busy_wait_s if comm is not None else None,
         gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
         intra_kind=_intra_kind(device), ranks=ranks, backend="nccl" if device == "cuda" else "gloo",
         eager=eager, link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],

@@ -19,6 +19,8 @@ MIN_REPEATS = 3
 EAGER_ROUNDS = 3
 #: alternations (one rank alone, then several at once) behind each compute-slots figure; the median is kept
 SLOT_ROUNDS = 5
+#: rounds (idle, then busy ping-pong) behind the busy-core message wait (calibrate_wait); the median is kept
+WAIT_ROUNDS = 5
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from hwprofiles.calibrate_result import Calibration
-from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS
+from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
 
 
 def num(x: float, sig: int = 4) -> str:
@@ -197,7 +197,11 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
                      f"loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the busy ranks synchronized "
                      f"by a scalar all-reduce after each, its time alone taken out) on that many ranks at once / on one "
                      f"alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}")
-    elif c.device == "cpu":
+    if c.device == "cpu" and c.busy_wait_s is not None:
+        lines.append(f"busy_latency_us: {{{c.ranks}: {num(c.busy_wait_s * 1e6)}}}   # with this many ranks: extra one-way "
+                     f"latency of a 16 KiB send/recv between two ranks while the others run training steps (a woken "
+                     f"rank waits for a core), median of {WAIT_ROUNDS} rounds of busy minus idle; {s}")
+    if c.device == "cpu" and not c.compute_slots:
         lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
                      f"ranks beyond that share cores; {s}")
     return "\n".join(lines + _sample_lines(c)) + "\n"

@@ -229,6 +229,26 @@ class NodeProfile(_Strict):
                     "its reduce-scatter moves bytes at a third of its send/recv's rate); written by calibrate",
     )
 
+    busy_latency_us: Optional[dict[int, float]] = Field(
+        default=None,
+        description="per number of ranks on the node: extra one-way latency of a message while the other ranks "
+                    "compute (CPU ranks that outnumber the cores: a woken rank waits for a core); written by calibrate",
+    )
+
+    @field_validator("busy_latency_us")
+    @classmethod
+    def _busy_latency_keys(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        if v and (any(k < 1 for k in v) or any(not (x >= 0 and math.isfinite(x)) for x in v.values())):
+            raise ValueError(f"busy_latency_us maps numbers of ranks (>= 1) to microseconds >= 0, got {v!r}")
+        return v
+
+    def busy_latency_s(self, ranks: int) -> float:
+        """Extra latency of a message sent inside a pass while ``ranks`` ranks of this node run:
+        the entry measured with the most ranks up to ``ranks``; 0 below every measured count
+        (fewer ranks than the calibration had keep cores free) or when not measured."""
+        below = [k for k in (self.busy_latency_us or {}) if k <= ranks]
+        return self.busy_latency_us[max(below)] * 1e-6 if below else 0.0
+
     @field_validator("compute_slots")
     @classmethod
     def _slots_at_least_one(cls, v: float | dict[int, float] | None) -> float | dict[int, float] | None:

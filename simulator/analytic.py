@@ -97,7 +97,8 @@ def _pipeline_link(cluster: ClusterSpec, plan: Plan) -> tuple[float, float, bool
 def _p2p_time(job: Job) -> float:
     """Seconds of one pipeline send (b*s*h elements). With t > 1 across nodes each TP rank
     sends b*s*h/t over its own NIC and the receivers all-gather over NVLink (Megatron's
-    scatter/gather optimization, Narayanan et al. 2021, section 4.1)."""
+    scatter/gather optimization, Narayanan et al. 2021, section 4.1). Inside a node the
+    receiver may wait for a busy core (commcost.in_pass_wait)."""
     plan, cluster = job.plan, job.cluster
     if plan.p == 1:
         return 0.0
@@ -106,7 +107,8 @@ def _p2p_time(job: Job) -> float:
     if crosses and plan.t > 1 and not plan.sp:
         intra = commcost.group_link(cluster, layout.tp_shape(plan.t, cluster.gpus_per_node))
         return commcost.p2p_time(bt.act_bytes / plan.t, bw, lat) + commcost.allgather_time(bt.act_bytes, plan.t, intra)
-    return commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), bw, lat)
+    wait = 0.0 if crosses else commcost.in_pass_wait(cluster)
+    return commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), bw, lat) + wait
 
 
 def _dp_link(cluster: ClusterSpec, plan: Plan) -> commcost.GroupLink:

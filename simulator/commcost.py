@@ -61,6 +61,25 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     return GroupLink(bw, max(lat, intra.latency_s), trees)
 
 
+def in_pass_wait(cluster: ClusterSpec) -> float:
+    """Extra latency of each message step of a collective or send issued inside a forward or
+    backward pass, while the node's other ranks compute: on a node whose CPU ranks outnumber
+    the cores, a rank woken by a message waits for a core (NodeProfile.busy_latency_us, measured
+    by calibrate); 0 elsewhere."""
+    return cluster.node.busy_latency_s(cluster.gpus_per_node)
+
+
+def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
+    """:func:`group_link` for a collective inside a pass (tensor-parallel all-reduces): every
+    step pays :func:`in_pass_wait` more when the group sits in one node."""
+    link = group_link(cluster, shape)
+    wait = in_pass_wait(cluster) if shape.nodes <= 1 else 0.0
+    if not wait:
+        return link
+    return GroupLink(link.bandwidth, link.latency + wait, link.trees,
+                     tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective))
+
+
 def allreduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0

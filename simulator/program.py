@@ -42,7 +42,7 @@ from typing import Callable, Optional
 from simulator.analytic import CPU_ADAM_STATE_BYTES, optimizer_time, step_sync_time
 from simulator.engine import Engine
 from simulator.layout import rank_of, tp_shape
-from simulator.commcost import allgather_time, group_link
+from simulator.commcost import allgather_time, group_link, in_pass_wait
 from simulator.memory import DP_BUCKET_BYTES, gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
 from simulator.memtimeline import MemoryTimeline
 from simulator.passes import Costs, Piece, bucket_groups, layer_modes, make_piece, pass_items
@@ -393,7 +393,8 @@ class ProgramBuilder:
     # pipeline ------------------------------------------------------------------------
 
     def _pp_size(self, s0: int, s1: int) -> tuple[float, float]:
-        """(bytes each TP rank sends, receivers' all-gather seconds) across one boundary."""
+        """(bytes each TP rank sends, extra seconds: the receivers' all-gather across nodes, or
+        inside a node the wait of a receiver for a busy core) across one boundary."""
         got = self._pp_cache.get((s0, s1))
         if got is None:
             job, plan = self.job, self.plan
@@ -401,12 +402,13 @@ class ProgramBuilder:
             t = plan.t
             G = self.topo.gpus_per_node
             cross = self.xfer.gpu(s0, 0, 0) // G != self.xfer.gpu(s1, 0, 0) // G
+            wait = 0.0 if cross else in_pass_wait(job.cluster)   # a woken receiver waits for a busy core
             if t == 1:
-                got = (S, 0.0)
+                got = (S, wait)
             elif plan.sp:
-                got = (S / t, 0.0)
+                got = (S / t, wait)
             elif not cross:
-                got = (S, 0.0)
+                got = (S, wait)
             else:
                 got = (S / t, allgather_time(S, t, group_link(job.cluster, tp_shape(t, G))))
             self._pp_cache[(s0, s1)] = got

@@ -62,7 +62,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     e = dtype_bytes(gpu)
     slow = compute_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
-    link = commcost.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    link = commcost.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
     vocab = padded_vocab_size(model, t)
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))

@@ -151,6 +151,7 @@ def test_committed_cpu_profiles_are_measured_and_load():
     assert node.intra_node.efficiency == 1.0
     assert set(node.compute_slots) == {2, 3, 4} and all(1 <= v <= 4 for v in node.compute_slots.values())
     assert set(node.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    assert set(node.busy_latency_us) == {4} and 0 < node.busy_latency_us[4] < 1e5
     assert node.gpu.eager is not None and node.gpu.eager.tp_layer_forward_us is not None
     cluster = load_cluster("localhost-cpu")
     assert cluster.nodes == 1 and cluster.network.topology == "single-switch" and cluster.num_gpus == 4

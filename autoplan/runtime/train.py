@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.runtime.config import RunSpec, load_run_spec
-from autoplan.runtime.engine import DistEnv, Trainer
+from autoplan.runtime.engine import DistEnv, Trainer, import_plan_modules
 from autoplan.runtime.layout import Layout
 from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, reset_peak, rss_bytes
 
@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> None:
     env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, mesh=mesh, layout=layout)
     log(f"{backend} on {device}; plan {plan.to_string()}; pp={layout.pp_rank} dp={layout.dp_rank} "
         f"tp={layout.tp_rank} chunks={layout.chunks}")
+    import_plan_modules(plan)
     warm_up_runtime(device)
     result: dict[str, Any] = {
         "rank": rank, "pid": os.getpid(), "device": device.type, "backend": backend,
