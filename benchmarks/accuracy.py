@@ -16,9 +16,7 @@
    that fit) and the held-out rest; the worst rows of each file.
 3. CPU runs (autoplan emit + autoplan run on the localhost-cpu node): measured vs predicted
    step time, when autoplan.verify, the localhost-cpu profiles and torch are available.
-   An untimed warm-up run comes first (printed, not counted: in 5 of 7 passes tried, the first
-   launch of a benchmark process ran 10-40% slower than the same plan later). Each run times
-   about 5 s of steps (:func:`cpu_steps`); ``--cpu-repeats N`` runs every plan
+   Each run times about 5 s of steps (:func:`cpu_steps`); ``--cpu-repeats N`` runs every plan
    N times, one pass over the plans after another, and prints every run: a shared host's
    speed drifts by tens of percent over minutes, and the spread shows how much of an error
    is the host's.
@@ -220,12 +218,6 @@ def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
     errs: dict[str, list[float]] = {text: [] for text in CPU_PLANS}
     out(f"   {'plan':<28} {'run':>3} {'steps':>5} {'measured':>9} {'predicted':>9} {'error':>8}")
     with tempfile.TemporaryDirectory(prefix="autoplan-acc-") as tmp:
-        try:   # warm-up: the first launch of a benchmark process ran slow in 5 of 7 passes tried
-            meas, pred, steps = _cpu_run(CPU_PLANS[0], model, cluster, Path(tmp) / "warm-up")
-            out(f"   {CPU_PLANS[0]:<28} {'-':>3} {steps:>5} {meas:>8.4f}s {pred:>8.4f}s {fmt_pct(pct(pred, meas))}"
-                "  (warm-up, not counted)")
-        except Exception as e:  # noqa: BLE001
-            out(f"   warm-up run failed: {type(e).__name__}: {str(e)[:120]}")
         for k in range(repeats):
             for i, text in enumerate(CPU_PLANS):
                 try:
