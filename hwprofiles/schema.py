@@ -176,7 +176,6 @@ class Link(_Strict):
 
 
 #: collectives a node may carry its own alpha-beta fit for (``NodeProfile.collectives``)
-COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
 
 

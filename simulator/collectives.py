@@ -55,7 +55,8 @@ def own_fit(topo: Topology, op: CollOp, gpus: list[int], phases: list[PhasePlan]
     """``phases`` priced with the node's own fit of ``op`` when the group sits in one node and
     calibrate fitted that collective (NodeProfile.collectives): bytes load the links at
     intra_node bandwidth / fitted bandwidth each, and every step costs the fitted latency
-    instead of the link's (steps scaled by fitted / link latency)."""
+    instead of the link's (steps scaled by fitted / link latency; a link without latency has
+    none to scale, so a profile that fits collectives gives its link a latency, as calibrate does)."""
     node = topo.cluster.node
     name = FITTED_NAMES.get(op)
     if not node.collectives or name not in node.collectives or len({g // topo.gpus_per_node for g in gpus}) > 1:

@@ -32,7 +32,7 @@ class GroupLink:
     per_collective: tuple[tuple[str, float, float], ...] = ()  # (name, bytes/s, latency): own fits inside a node
 
     def figures(self, collective: str) -> tuple[float, float]:
-        """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.COLLECTIVE_NAMES)."""
+        """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.CollectiveName)."""
         for name, bw, lat in self.per_collective:
             if name == collective:
                 return bw, lat
