@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hwprofiles.calibrate_eager import ReferenceLayer, TpRatios, tp_layer_ratios
+from hwprofiles.calibrate_eager import TpRatios, layer_training_step, tp_layer_ratios
 from hwprofiles.calibrate_fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate_host import cpu_cores, resident_GiB
 from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS, Timing
@@ -153,22 +153,11 @@ def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [float(x) / dist.get_world_size() for x in t.tolist()]
 
 
-_SLOT_HIDDEN, _SLOT_TOKENS, _SLOT_HEADS = 256, 128, 4
-
-
 def _layer_loop(calls: int, sync: Callable[[], None] | None = None) -> tuple[float, float]:
     """(start, end) wall-clock times of ``calls`` training steps of the reference GPT layer
-    (hidden 256, 128 tokens): forward, backward and an AdamW step, so GEMMs, elementwise ops,
-    eager host work and the optimizer's memory passes, as training; ``sync`` after each step
-    (the busy ranks' scalar all-reduce)."""
-    layer = ReferenceLayer(_SLOT_HIDDEN, _SLOT_HEADS)
-    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
-    x = torch.randn(1, _SLOT_TOKENS, _SLOT_HIDDEN, requires_grad=True)
-
-    def step() -> None:
-        layer(x).sum().backward()
-        opt.step()
-
+    (``calibrate_eager.layer_training_step``), after 3 untimed; ``sync`` after each step (the
+    busy ranks' scalar all-reduce)."""
+    step = layer_training_step()
     for _ in range(3):
         step()
     t0 = time.time()

@@ -104,6 +104,24 @@ class ReferenceLayer(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+TRAINING_HIDDEN, TRAINING_HEADS, TRAINING_TOKENS = 256, 4, 128
+
+
+def layer_training_step() -> Callable[[], None]:
+    """One single-threaded training step of the reference layer at hidden 256, 128 tokens:
+    forward, backward and an AdamW step (GEMMs, elementwise ops, eager host work and the
+    optimizer's memory passes, as training). The work of calibrate's busy ranks."""
+    layer = ReferenceLayer(TRAINING_HIDDEN, TRAINING_HEADS)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
+    x = torch.randn(1, TRAINING_TOKENS, TRAINING_HIDDEN, requires_grad=True)
+
+    def step() -> None:
+        layer(x).sum().backward()
+        opt.step()
+
+    return step
+
+
 def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
     """Megatron's column/row split of ``layer`` over a 1-D DeviceMesh, in place."""
     from torch.distributed.tensor import Replicate

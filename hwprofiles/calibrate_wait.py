@@ -6,8 +6,8 @@ before it runs. Inside a training step that happens at every tensor-parallel all
 every pipeline send, while the other ranks compute; the collective benchmark never sees it,
 because there every rank communicates. Measured: ranks 0 and 1 ping-pong a 16 KiB message
 (half the round trip per message) while the other ranks sit at a barrier, then while they
-run training steps of the reference GPT layer (hidden 256, 128 tokens, as the compute-slots
-loop), each for 8 times the idle ping-pong's duration, so that they stay busy to its end. The extra one-way
+run training steps of the reference GPT layer (``calibrate_eager.layer_training_step``, as
+the compute-slots loop), each for 8 times the idle ping-pong's duration, so that they stay busy to its end. The extra one-way
 latency is the median over rounds of busy minus idle (on this 2-core host: ~120 us idle,
 ~370-670 us with the two other ranks computing). Call on every rank.
 """
@@ -20,13 +20,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from hwprofiles.calibrate_eager import ReferenceLayer
+from hwprofiles.calibrate_eager import layer_training_step
 from hwprofiles.calibrate_settings import WAIT_ROUNDS
 
 MESSAGE_BYTES = 16384
 PINGS = 200
 BUSY_FACTOR = 8.0   # the busy ranks compute this many idle ping-pong durations
-_HIDDEN, _HEADS, _TOKENS = 256, 4, 128
 
 
 def _ping_pong(rank: int, x: torch.Tensor) -> float:
@@ -44,13 +43,10 @@ def _ping_pong(rank: int, x: torch.Tensor) -> float:
 
 def _compute_for(seconds: float) -> None:
     """Single-threaded training steps of the reference layer for ``seconds``."""
-    layer = ReferenceLayer(_HIDDEN, _HEADS)
-    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
-    x = torch.randn(1, _TOKENS, _HIDDEN, requires_grad=True)
+    step = layer_training_step()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        layer(x).sum().backward()
-        opt.step()
+        step()
 
 
 def busy_wait_s(rank: int, world: int, rounds: int = WAIT_ROUNDS) -> float | None:

@@ -200,6 +200,13 @@ class Nvme(_Strict):
     bandwidth_GBps: float = Field(gt=0, description="per drive, sequential")
 
 
+def _measured_at(table: dict[int, float], ranks: int) -> Optional[float]:
+    """The entry of a per-rank-count table measured with the most ranks up to ``ranks``; None
+    when every entry was measured with more."""
+    below = [k for k in table if k <= ranks]
+    return table[max(below)] if below else None
+
+
 class NodeProfile(_Strict):
     """A server: GPUs, the fabric between them, PCIe, NICs, host memory and NVMe."""
 
@@ -245,8 +252,8 @@ class NodeProfile(_Strict):
         """Extra latency of a message sent inside a pass while ``ranks`` ranks of this node run:
         the entry measured with the most ranks up to ``ranks``; 0 below every measured count
         (fewer ranks than the calibration had keep cores free) or when not measured."""
-        below = [k for k in (self.busy_latency_us or {}) if k <= ranks]
-        return self.busy_latency_us[max(below)] * 1e-6 if below else 0.0
+        us = _measured_at(self.busy_latency_us or {}, ranks)
+        return us * 1e-6 if us is not None else 0.0
 
     @field_validator("compute_slots")
     @classmethod
@@ -265,8 +272,8 @@ class NodeProfile(_Strict):
         slots = self.compute_slots
         if slots is None or not isinstance(slots, dict):
             return slots
-        below = [k for k in slots if k <= ranks]
-        return min(float(ranks), slots[max(below)]) if below else float(ranks)
+        got = _measured_at(slots, ranks)
+        return min(float(ranks), got) if got is not None else float(ranks)
 
     def intra_figures(self, collective: str) -> tuple[float, float]:
         """(bus bytes/s, per-step latency in s) of ``collective`` inside this node: its own fit

@@ -402,15 +402,10 @@ class ProgramBuilder:
             t = plan.t
             G = self.topo.gpus_per_node
             cross = self.xfer.gpu(s0, 0, 0) // G != self.xfer.gpu(s1, 0, 0) // G
-            wait = 0.0 if cross else in_pass_wait(job.cluster)   # a woken receiver waits for a busy core
-            if t == 1:
-                got = (S, wait)
-            elif plan.sp:
-                got = (S / t, wait)
-            elif not cross:
-                got = (S, wait)
-            else:
+            if cross and t > 1 and not plan.sp:
                 got = (S / t, allgather_time(S, t, group_link(job.cluster, tp_shape(t, G))))
+            else:   # inside a node a woken receiver waits for a busy core
+                got = (S / t if plan.sp else S, 0.0 if cross else in_pass_wait(job.cluster))
             self._pp_cache[(s0, s1)] = got
         return got
 

@@ -73,6 +73,8 @@ class Zero1Optimizer:
         self.shard_len, self.pieces = shard_pieces(self.sizes, self.size, dist.get_rank(group))
         self.flat = torch.zeros(self.shard_len * self.size, dtype=values[0].dtype, device=values[0].device)
         self.flat[: self.total] = torch.cat([v.reshape(-1) for v in values])
+        # each parameter's place in the flat buffer, shaped as its local values
+        self.views = [s.view_as(v) for s, v in zip(torch.split(self.flat[: self.total], self.sizes), values)]
         lo = dist.get_rank(group) * self.shard_len
         self.master = nn.Parameter(self.flat[lo : lo + self.shard_len].clone())
         self.optimizer = make_optimizer([self.master])
@@ -80,14 +82,11 @@ class Zero1Optimizer:
     @torch.no_grad()
     def reduce_grads(self) -> None:
         """Average the gradients over the group into this rank's shard; drop the full gradients."""
-        offset = 0
-        for p, n in zip(self.params, self.sizes):
-            dst = self.flat[offset : offset + n]
+        for p, view in zip(self.params, self.views):
             if p.grad is None:
-                dst.zero_()
+                view.zero_()
             else:
-                dst.copy_(local(p.grad).reshape(-1))
-            offset += n
+                view.copy_(local(p.grad))
         self.flat[self.total :].zero_()
         shard = torch.empty(self.shard_len, dtype=self.flat.dtype, device=self.flat.device)
         _reduce_scatter(shard, self.flat, group=self.group)
@@ -108,9 +107,7 @@ class Zero1Optimizer:
         """Update the shard, all-gather every rank's shard and copy the values into the parameters."""
         self.optimizer.step()
         _all_gather(self.flat, self.master.detach(), group=self.group)
-        dsts = [local(p).detach() for p in self.params]
-        srcs = [s.view_as(d) for s, d in zip(torch.split(self.flat[: self.total], self.sizes), dsts)]
-        torch._foreach_copy_(dsts, srcs)
+        torch._foreach_copy_([local(p).detach() for p in self.params], self.views)
 
     def zero_grad(self) -> None:
         self.master.grad = None
