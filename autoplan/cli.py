@@ -186,12 +186,12 @@ def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
     if result.fidelity != "des":
         raise CliError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)", EXIT_BAD_INPUT)
     if trace:
-        from simulator.trace import write_trace
+        from simulator.des.trace import write_trace
 
         write_trace(result, trace)
         _log(f"wrote trace {trace} (open in https://ui.perfetto.dev)")
     if plot:
-        from simulator.plot import plot_timeline
+        from simulator.des.plot import plot_timeline
 
         plot_timeline(result, plot)
         _log(f"wrote timeline {plot}")
@@ -199,7 +199,7 @@ def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
 
 def cmd_simulate(a: argparse.Namespace) -> int:
     from autoplan.report import format_result
-    from simulator.api import simulate
+    from simulator import simulate
 
     job = _make_job(a)
     if a.full and a.fidelity != "des":
@@ -260,7 +260,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 def cmd_emit(a: argparse.Namespace) -> int:
     from autoplan.emit.writer import write_run_dir
     from autoplan.runtime.support import program_job, unsupported_reason
-    from simulator.api import simulate
+    from simulator import simulate
 
     job = _make_job(a)
     reason = unsupported_reason(job.model, job.plan, job.m)

@@ -9,7 +9,7 @@ with F, B the layer's forward/backward compute, T one TP all-reduce, A the atten
 Memory of device i (bytes, scaled to MiB):
     mem_i = states(sum n_c) + k_i * sum_{c on i} [ f_c*a_full + s_c*a_sel + (n_c - f_c - s_c)*a_none ]
             + a_none * [f on i > 0] + fixed_i  <=  capacity
-where k_i is the device's in-flight microbatches from the schedule (simulator.memory), so
+where k_i is the device's in-flight microbatches from the schedule (simulator.cost.memory), so
 stage 0 of 1F1B, which holds p microbatches, gets fewer layers or more recomputation.
 Objective: the pipeline time (m - 1) * max_i time_i + sum_i time_i (interleaved:
 m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ties.
@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec
-from simulator import memory, params
-from simulator.ops import dtype_bytes
+from simulator.cost import memory
+from simulator.cost import params
+from simulator.cost.ops import dtype_bytes
 from simulator.specs import ModelSpec, Plan
-from simulator.stagecost import block_times, device_chunks
+from simulator.cost.stage import block_times, device_chunks
 
 US = 1e6          # seconds -> integer microseconds
 HEADROOM = 0.01   # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly

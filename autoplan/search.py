@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from hwprofiles.errors import InputError
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic import estimate, memory_only
-from simulator.api import simulate
+from simulator import simulate
 from simulator.result import SimResult
 from simulator.specs import OVERLAPPED, Job, ModelSpec, Plan, Runtime, num_microbatches
 

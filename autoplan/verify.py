@@ -215,7 +215,7 @@ def predict(spec: RunSpec, device: str, stored: Optional[dict[str, Any]], log: C
         return stored
     try:
         from hwprofiles.load import load_cluster
-        from simulator.api import simulate
+        from simulator import simulate
         from simulator.specs import Job
     except ImportError as e:
         log(f"autoplan run: no prediction ({e})")

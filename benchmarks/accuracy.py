@@ -24,7 +24,7 @@
 Both 1 and 2 model what those programs did: data-parallel gradient reduction after the last
 backward with no overlap (Megatron-LM's 2021 "local" DDP; Megatron-DeepSpeed with gradient
 bucketing off): simulator.simulator.specs.NO_DP_OVERLAP. Predictions use the analytic estimator
-and, where simulator.des is importable, the discrete-event simulator (DES columns).
+and, where simulator.des.simulate is importable, the discrete-event simulator (DES columns).
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}   # DESIGN.md section
 
 def des_available() -> bool:
     try:
-        import simulator.des  # noqa: F401
+        import simulator.des.simulate  # noqa: F401
     except ImportError:
         return False
     return True
 
 
 def predict(job: Job, fidelity: str) -> SimResult:
-    from simulator.api import simulate
+    from simulator import simulate
 
     return simulate(dataclasses.replace(job, runtime=RUNTIME), fidelity)
 
@@ -189,7 +189,7 @@ def _cpu_run(text: str, model: Any, cluster: Any, run_dir: Path) -> tuple[float,
     from autoplan.emit.writer import write_run_dir
     from autoplan.runtime.support import program_job
     from autoplan.verify import run_and_verify
-    from simulator.api import simulate
+    from simulator import simulate
     from simulator.specs import parse_plan
 
     plan, _ = parse_plan(text, model, cluster.num_gpus, CPU_BATCH)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = lambda s: print(s, flush=True)  # noqa: E731
     use_des = not a.no_des and des_available()
-    des_note = "; DES columns: simulator.des)" if use_des else ("; DES columns off)" if a.no_des else "; simulator.des not importable)")
+    des_note = "; DES columns: simulator.des.simulate)" if use_des else ("; DES columns off)" if a.no_des else "; simulator.des.simulate not importable)")
     out("autoplan accuracy benchmark (analytic estimator" + des_note)
     gpu = load_cluster(data.SELENE_NODE).gpu
     out(f"A100 profile {gpu.name}: kernel_launch_us={gpu.kernel_launch_us}, gemm.max_efficiency={gpu.gemm.max_efficiency} "

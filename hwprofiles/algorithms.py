@@ -6,8 +6,8 @@ latency-bound (Sanders et al. 2009; NCCL 2.4 release notes), which takes 2*ceil(
 so an NCCL group pays the fewer of the two. Gloo's all-reduce, all-gather and reduce-scatter
 are rings whatever the size (gloo/allreduce.cc: the unspecified algorithm is the ring), so a
 gloo group always pays the ring's steps. One rule for the calibration fit
-(hwprofiles.calibrate_fit), the closed form (simulator.commcost) and the DES
-(simulator.collectives).
+(hwprofiles.calibrate_fit), the closed form (simulator.cost.collectives) and the DES
+(simulator.des.flows).
 """
 
 from __future__ import annotations

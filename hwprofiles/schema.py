@@ -39,7 +39,7 @@ class GemmModel(_Strict):
     one costs nothing. This is the shape of cuBLAS throughput-vs-size plots (e.g. NVIDIA's
     "Matrix Multiplication Background" guide); the constants come from the profile's source.
     When ``table`` holds measurements (from ``autoplan calibrate``), the simulator
-    interpolates them instead (see ``simulator.ops.gemm_efficiency``).
+    interpolates them instead (see ``simulator.cost.ops.gemm_efficiency``).
     """
 
     max_efficiency: float = Field(gt=0, le=1)

@@ -325,7 +325,7 @@ def gallery_validation(d: Docs) -> str:
     from autoplan.report import table
     from autoplan.search import SearchOptions, search
     from simulator import analytic
-    from simulator.api import simulate
+    from simulator import simulate
     from simulator.specs import NO_DP_OVERLAP
 
     if not (data.VALIDATION_DIR / "published.yaml").is_file():

@@ -1,1 +1,48 @@
-"""Workload, memory, analytic and discrete-event models of one training iteration."""
+"""Predictions of one training iteration: the public API that ``autoplan`` uses.
+
+Layout (docs/design.md section 4), in the order a prediction flows:
+
+* :mod:`simulator.specs`, :mod:`simulator.result` -- what goes in (model, plan, job) and what
+  comes out (step time, memory, breakdowns);
+* :mod:`simulator.cost` -- pure cost functions, the one home of every rule: the work of a
+  layer op by op, op times, parameter counts, memory, collective times, schedules, rank
+  layout, per-stage costs and the step's orchestration rules;
+* :mod:`simulator.analytic` -- the closed-form estimate over those functions;
+* :mod:`simulator.des` -- the discrete-event simulation over the same functions: engine,
+  topology, flows, the program of one iteration, memory timeline, attribution, trace, plot.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from simulator.result import SimResult
+from simulator.specs import NO_DP_OVERLAP, OVERLAPPED, Job, ModelSpec, Plan, Runtime, load_model, parse_plan
+
+Fidelity = Literal["des", "analytic"]
+FIDELITIES: tuple[Fidelity, ...] = ("des", "analytic")
+
+__all__ = ["FIDELITIES", "NO_DP_OVERLAP", "OVERLAPPED", "Fidelity", "Job", "ModelSpec", "Plan", "Runtime",
+           "SimResult", "load_model", "memory_only", "parse_plan", "simulate"]
+
+
+def simulate(job: Job, fidelity: Fidelity = "des", full: bool = False, trace: bool = False) -> SimResult:
+    """Predict one iteration. ``des``: discrete-event simulation (``full``: every rank rather
+    than one pipeline by symmetry; ``trace``: also record link utilisation for the Perfetto
+    trace); ``analytic``: the closed-form estimate."""
+    if fidelity == "analytic":
+        from simulator.analytic import estimate
+
+        return estimate(job)
+    if fidelity == "des":
+        from simulator.des import simulate_des
+
+        return simulate_des(job, full=full, trace=trace)
+    raise ValueError(f"unknown fidelity {fidelity!r} (expected one of {', '.join(FIDELITIES)})")
+
+
+def memory_only(job: Job) -> float:
+    """Peak bytes of the plan's most loaded rank (closed form; the planner prunes with it)."""
+    from simulator.analytic import memory_only as peak
+
+    return peak(job)

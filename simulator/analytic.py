@@ -44,14 +44,16 @@ import math
 
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
-from simulator import commcost, layout, memory
-from simulator.ops import dtype_bytes
-from simulator.idcache import IdentityCache
+from simulator.cost import collectives
+from simulator.cost import layout
+from simulator.cost import memory
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.cache import IdentityCache
 from simulator.result import SimResult
 from simulator.specs import Job, ModelSpec, Plan
-from simulator.stagecost import (StageCost, StageMemory, block_times, compute_slowdown, host_async, stage_groups,
+from simulator.cost.stage import (StageCost, StageMemory, block_times, compute_slowdown, host_async, stage_groups,
                                 stage_memory)
-from simulator.workload import (executed_flops_per_iteration, layer_param_tensors,
+from simulator.cost.workload import (executed_flops_per_iteration, layer_param_tensors,
                                 padded_vocab_size)
 
 ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
@@ -98,24 +100,24 @@ def _p2p_time(job: Job) -> float:
     """Seconds of one pipeline send (b*s*h elements). With t > 1 across nodes each TP rank
     sends b*s*h/t over its own NIC and the receivers all-gather over NVLink (Megatron's
     scatter/gather optimization, Narayanan et al. 2021, section 4.1). Inside a node the
-    receiver may wait for a busy core (commcost.in_pass_wait)."""
+    receiver may wait for a busy core (collectives.in_pass_wait)."""
     plan, cluster = job.plan, job.cluster
     if plan.p == 1:
         return 0.0
     bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb)
     bw, lat, crosses = _pipeline_link(cluster, plan)
     if crosses and plan.t > 1 and not plan.sp:
-        intra = commcost.group_link(cluster, layout.tp_shape(plan.t, cluster.gpus_per_node))
-        return commcost.p2p_time(bt.act_bytes / plan.t, bw, lat) + commcost.allgather_time(bt.act_bytes, plan.t, intra)
-    wait = 0.0 if crosses else commcost.in_pass_wait(cluster)
-    return commcost.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), bw, lat) + wait
+        intra = collectives.group_link(cluster, layout.tp_shape(plan.t, cluster.gpus_per_node))
+        return collectives.p2p_time(bt.act_bytes / plan.t, bw, lat) + collectives.allgather_time(bt.act_bytes, plan.t, intra)
+    wait = 0.0 if crosses else collectives.in_pass_wait(cluster)
+    return collectives.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), bw, lat) + wait
 
 
-def _dp_link(cluster: ClusterSpec, plan: Plan) -> commcost.GroupLink:
-    return commcost.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
+def _dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
+    return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
 
 
-def per_microbatch_dp(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int, overlap: bool) -> tuple[float, float]:
+def per_microbatch_dp(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, overlap: bool) -> tuple[float, float]:
     """(communication time, exposed time) per microbatch of the ZeRO stages that keep only a
     gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
     DeepSpeed and FSDP both do): overlapped with that microbatch's backward when the
@@ -123,11 +125,11 @@ def per_microbatch_dp(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: 
     again for the backward, prefetched under that pass's compute."""
     if plan.zero < 2 or plan.d == 1:
         return 0.0, 0.0
-    scatter = commcost.reducescatter_time(cost.params * e, plan.d, link)
+    scatter = collectives.reducescatter_time(cost.params * e, plan.d, link)
     bwd = cost.backward + cost.recompute
     if plan.zero == 2:
         return scatter, max(0.0, scatter - bwd) if overlap else scatter
-    gather = commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
+    gather = collectives.allgather_time(cost.params * min(e, 2), plan.d, link)
     exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
     return 2 * gather + scatter, exposed
 
@@ -140,7 +142,7 @@ def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = memory.DP_BUCKET_
     return rest if rest > 0 else bucket_bytes
 
 
-def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int, whole: float) -> float:
+def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, whole: float) -> float:
     """Reduction of the stage's last gradient bucket (all-reduce; reduce-scatter with ZeRO-1);
     ``whole``: the reduction of all its gradients (:func:`dp_times`), which it is when they fit
     in one bucket."""
@@ -150,20 +152,20 @@ def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: commcost.GroupLin
     last = last_bucket_bytes(grad_bytes)
     if last >= grad_bytes:
         return whole
-    reduce = commcost.allreduce_time if plan.zero == 0 else commcost.reducescatter_time
+    reduce = collectives.allreduce_time if plan.zero == 0 else collectives.reducescatter_time
     return reduce(last, plan.d, link)
 
 
-def dp_times(cost: StageCost, plan: Plan, link: commcost.GroupLink, e: int) -> tuple[float, float]:
+def dp_times(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int) -> tuple[float, float]:
     """(gradient reduction at the end of the step, parameter all-gather after the optimizer
     step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`)."""
     if plan.d == 1 or plan.zero == 3:
         return 0.0, 0.0
     gbytes = cost.params * e
     if plan.zero == 0:
-        return commcost.allreduce_time(gbytes, plan.d, link), 0.0
-    gather = commcost.allgather_time(cost.params * min(e, 2), plan.d, link)
-    return (commcost.reducescatter_time(gbytes, plan.d, link) if plan.zero == 1 else 0.0), gather
+        return collectives.allreduce_time(gbytes, plan.d, link), 0.0
+    gather = collectives.allgather_time(cost.params * min(e, 2), plan.d, link)
+    return (collectives.reducescatter_time(gbytes, plan.d, link) if plan.zero == 1 else 0.0), gather
 
 
 OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many sub-groups
@@ -227,8 +229,8 @@ def tied_embedding_time(job: Job) -> float:
 def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * dtype_bytes(cluster.gpu)
     bw, lat, crosses = _pipeline_link(cluster, plan)
-    link = commcost.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else commcost.node_link(cluster)
-    return commcost.allreduce_time(size, 2, link)
+    link = collectives.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else collectives.node_link(cluster)
+    return collectives.allreduce_time(size, 2, link)
 
 
 GRAD_NORM_BYTES, LOSS_BYTES = 8, 4  # fp64 squared norm, fp32 loss
@@ -247,9 +249,9 @@ def step_sync_time(job: Job) -> float:
 
 def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
     world = plan.t * plan.p * plan.d
-    world_link = commcost.group_link(cluster, layout.group_shape(world, 1, cluster.gpus_per_node))
-    norm = commcost.allreduce_time(GRAD_NORM_BYTES, world, world_link)
-    loss = commcost.allreduce_time(LOSS_BYTES, plan.d, _dp_link(cluster, plan)) if plan.d > 1 else 0.0
+    world_link = collectives.group_link(cluster, layout.group_shape(world, 1, cluster.gpus_per_node))
+    norm = collectives.allreduce_time(GRAD_NORM_BYTES, world, world_link)
+    loss = collectives.allreduce_time(LOSS_BYTES, plan.d, _dp_link(cluster, plan)) if plan.d > 1 else 0.0
     return norm + loss
 
 

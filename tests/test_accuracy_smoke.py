@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator import analytic, workload
+from simulator import analytic
+from simulator.cost import workload
 from simulator.specs import NO_DP_OVERLAP, Job
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -6,11 +6,12 @@ import pytest
 
 from hwprofiles import load_cluster
 from hwprofiles.load import cluster_from_mapping, load_gpu
-from simulator import memory, params
+from simulator.cost import memory
+from simulator.cost import params
 from simulator.analytic import estimate, memory_only, pipeline_time
 from simulator.result import MEMORY_KEYS, TIME_KEYS
 from simulator.specs import Job, ModelSpec, Plan, load_model
-from simulator.workload import megatron_flops_with_recompute, model_flops_per_iteration
+from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
 
 FAST = 1e9  # GB/s: communication that costs nothing next to compute
 

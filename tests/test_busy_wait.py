@@ -11,11 +11,12 @@ import pytest
 
 from hwprofiles import load_cluster
 from hwprofiles.load import node_from_mapping
-from simulator import commcost, layout
+from simulator.cost import collectives
+from simulator.cost import layout
 from simulator.analytic import estimate, p2p_exposed
 from simulator.des import simulate_des
 from simulator.specs import Job, Plan, load_model
-from simulator.stagecost import block_times
+from simulator.cost.stage import block_times
 
 from conftest import NODE_MAPPING
 
@@ -48,7 +49,7 @@ def test_tensor_parallel_all_reduce_pays_the_wait_every_step():
     assert block_times(model, plain, 2, False, 1).tp_allreduce == pytest.approx(S / bw + 2 * lat, rel=1e-9)
     assert block_times(model, busy, 2, False, 1).tp_allreduce == pytest.approx(S / bw + 2 * (lat + 500e-6), rel=1e-9)
     # step-end collectives, when no rank computes, do not wait
-    link = commcost.group_link(busy, layout.dp_shape(1, 4, 4))
+    link = collectives.group_link(busy, layout.dp_shape(1, 4, 4))
     assert link.figures("all_reduce") == (bw, lat)
 
 
@@ -71,9 +72,9 @@ def test_pipeline_send_inside_a_node_pays_the_wait_in_both_simulators():
 
 def test_gpu_nodes_have_no_wait():
     c = load_cluster("dgx-a100-80gb")
-    assert commcost.in_pass_wait(c) == 0.0
+    assert collectives.in_pass_wait(c) == 0.0
     shape = layout.tp_shape(8, 8)
-    assert commcost.in_pass_link(c, shape) == commcost.group_link(c, shape)
+    assert collectives.in_pass_link(c, shape) == collectives.group_link(c, shape)
 
 
 def _free_port() -> int:

@@ -18,8 +18,8 @@ from hwprofiles.calibrate_yaml import num
 from hwprofiles.load import GPU_DIR, NODE_DIR
 from hwprofiles.schema import GemmPoint
 from simulator.analytic import estimate
-from simulator.commcost import group_link
-from simulator.layout import dp_shape
+from simulator.cost.collectives import group_link
+from simulator.cost.layout import dp_shape
 from simulator.specs import Job, load_model, parse_plan
 
 GRID = (64, 128, 256, 512, 1024, 2048)

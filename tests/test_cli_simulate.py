@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -10,10 +9,9 @@ import yaml
 
 from conftest import run_cli
 from simulator.specs import load_model
-from simulator.workload import megatron_flops_with_recompute, model_flops_per_iteration
+from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
 
-HAVE_DES = importlib.util.find_spec("simulator.des") is not None
-FIDELITIES = ["analytic", pytest.param("des", marks=pytest.mark.skipif(not HAVE_DES, reason="simulator/des.py not written yet"))]
+FIDELITIES = ["analytic", "des"]
 
 GPT3_ARGS = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128",
              "--global-batch", "1536", "--plan", "t=8,p=16,mb=1,ckpt=full", "--json"]

@@ -1,4 +1,4 @@
-"""simulator.collectives and simulator.topology: ring/hierarchical decomposition, algorithm
+"""simulator.des.flows and simulator.des.topology: ring/hierarchical decomposition, algorithm
 choice, volumes, times on the topology, routes, and NIC sharing by concurrent rings."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pytest
 from hwprofiles import load_cluster
 from hwprofiles.schema import Network as NetworkSpec
 from hwprofiles.algorithms import latency_steps
-from simulator.collectives import algorithm, bytes_sent_per_rank, collective_phases
-from simulator.engine import Engine, FlowSpec, Phase
-from simulator.network import Network
-from simulator.topology import Topology
-from simulator.transfers import Transfers
+from simulator.des.flows import algorithm, bytes_sent_per_rank, collective_phases
+from simulator.des.engine import Engine, FlowSpec, Phase
+from simulator.des.network import Network
+from simulator.des.topology import Topology
+from simulator.des.transfers import Transfers
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator.api import simulate
+from simulator import simulate
 from simulator.specs import Job, load_model, parse_plan
 
 from autoplan.emit.writer import write_run_dir

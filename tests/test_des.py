@@ -1,4 +1,4 @@
-"""simulator.des: communication volumes, memory from the schedule, symmetric vs full runs,
+"""simulator.des.simulate: communication volumes, memory from the schedule, symmetric vs full runs,
 the DESIGN section 3 result, agreement with the analytic estimate."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hwprofiles import load_cluster
 from simulator.analytic import estimate
 from simulator.specs import NO_DP_OVERLAP
 from simulator.des import simulate_des
-from simulator.passes import Costs
-from simulator.program import DesOptions
+from simulator.des.passes import Costs
+from simulator.des.program import DesOptions
 from simulator.result import MEMORY_KEYS, TIME_KEYS
 from simulator.specs import Job, ModelSpec, Plan
-from simulator.workload import megatron_flops_with_recompute
+from simulator.cost.workload import megatron_flops_with_recompute
 
 SMALL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)
 
@@ -57,7 +57,7 @@ def test_zero3_moves_one_and_a_half_times_the_allreduce():
 
 
 def _params(j: Job) -> float:
-    from simulator.params import stage_params_per_rank
+    from simulator.cost.params import stage_params_per_rank
     return stage_params_per_rank(j.model, j.plan.t, j.plan.p, j.model.num_layers, True, True)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from hwprofiles import load_cluster
 from simulator.des import simulate_des
-from simulator.program import DesOptions
+from simulator.des.program import DesOptions
 from simulator.specs import Job, ModelSpec, Plan
 
 MODEL = ModelSpec(name="uniform", num_layers=24, hidden_size=512, num_attention_heads=8, vocab_size=1024, seq_length=256)

@@ -1,11 +1,11 @@
-"""simulator.engine: streams run in order, dependencies hold, ties break deterministically."""
+"""simulator.des.engine: streams run in order, dependencies hold, ties break deterministically."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulator.engine import Engine, FlowSpec, Phase
-from simulator.network import Network
+from simulator.des.engine import Engine, FlowSpec, Phase
+from simulator.des.network import Network
 
 
 def test_stream_runs_in_issue_order_and_streams_overlap():

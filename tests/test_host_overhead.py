@@ -9,8 +9,8 @@ import pytest
 from hwprofiles import load_gpu
 from hwprofiles.schema import EagerHost
 from simulator.analytic import last_bucket_bytes
-from simulator.ops import elementwise_bandwidth, pass_times, work_time
-from simulator.workload import Op, elementwise, gemm
+from simulator.cost.ops import elementwise_bandwidth, pass_times, work_time
+from simulator.cost.workload import Op, elementwise, gemm
 
 EAGER = EagerHost(layer_forward_us=300, layer_backward_us=450, tp_layer_forward_us=4000, tp_layer_backward_us=6000,
                   embedding_forward_us=50, embedding_backward_us=90, head_forward_us=90, head_backward_us=140,

@@ -1,4 +1,4 @@
-"""simulator.layout: Megatron rank order and the shapes of TP / DP / PP groups on nodes."""
+"""simulator.cost.layout: Megatron rank order and the shapes of TP / DP / PP groups on nodes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from simulator import layout
-from simulator.layout import GroupShape
+from simulator.cost import layout
+from simulator.cost.layout import GroupShape
 
 
 def test_rank_order_tp_fastest_then_dp_then_pp():

@@ -1,4 +1,4 @@
-"""simulator.memory: ZeRO model states, activations, in-flight microbatches, buffers.
+"""simulator.cost.memory: ZeRO model states, activations, in-flight microbatches, buffers.
 
 Expected numbers come from the ZeRO paper (published.yaml) or are derived by hand in the
 comments (Korthikanti et al. 2022 for activations; Narayanan et al. 2021 for pipelines).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator import memory
+from simulator.cost import memory
 from simulator.specs import ModelSpec
 
 

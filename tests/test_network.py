@@ -1,11 +1,11 @@
-"""simulator.network: max-min fair sharing of links by concurrent flows."""
+"""simulator.des.network: max-min fair sharing of links by concurrent flows."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulator.engine import Engine, FlowSpec, Phase
-from simulator.network import Network, fair_rates
+from simulator.des.engine import Engine, FlowSpec, Phase
+from simulator.des.network import Network, fair_rates
 
 
 def test_two_flows_on_one_link_each_get_half():

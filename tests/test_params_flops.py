@@ -1,10 +1,11 @@
-"""simulator.params and the iteration FLOPs of simulator.workload against papers and model cards."""
+"""simulator.cost.params and the iteration FLOPs of simulator.cost.workload against papers and model cards."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulator import params, workload
+from simulator.cost import params
+from simulator.cost import workload
 from simulator.specs import ModelSpec, load_model
 
 V_MEGATRON, S_MEGATRON = 51200, 2048

@@ -1,11 +1,11 @@
-"""simulator.schedules: every pass once, forward before backward, in-flight microbatches."""
+"""simulator.cost.schedules: every pass once, forward before backward, in-flight microbatches."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulator.memory import in_flight_microbatches
-from simulator.schedules import device_order, global_chunk
+from simulator.cost.memory import in_flight_microbatches
+from simulator.cost.schedules import device_order, global_chunk
 
 
 def max_in_flight(order) -> int:

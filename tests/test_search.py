@@ -11,7 +11,7 @@ from autoplan import space
 from autoplan.search import NoPlanFits, SearchOptions, search
 from hwprofiles.load import cluster_from_mapping, load_cluster
 from simulator.analytic import estimate
-from simulator.api import simulate
+from simulator import simulate
 from simulator.specs import Job, ModelSpec, parse_plan
 
 
@@ -130,8 +130,8 @@ def test_gpt3_on_128_nodes_keeps_tp_in_node():
 def test_finalists_drop_des_records_and_pictures_simulate_again(tmp_path):
     """The planner's workers do not send DES records (megabytes each) back unless asked;
     a plot or trace of such a result simulates the plan again, deterministically."""
-    from simulator.plot import plot_timeline
-    from simulator.trace import trace_events
+    from simulator.des.plot import plot_timeline
+    from simulator.des.trace import trace_events
 
     cluster = small_cluster(nodes=1, gpus_per_node=4)
     lean = search(SMALL, cluster, 16, SearchOptions(fix="offload=none,zero=0", top=2)).best_result

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from hwprofiles import InputError
-from simulator import params
+from simulator.cost import params
 from simulator.specs import (Job, ModelSpec, Plan, builtin_models, load_model, parse_plan, parse_plan_items,
                              plan_errors, resolve_plan, validate_plan)
 

@@ -1,4 +1,4 @@
-"""simulator.trace and simulator.plot: a valid Chrome/Perfetto trace and a timeline PNG."""
+"""simulator.des.trace and simulator.des.plot: a valid Chrome/Perfetto trace and a timeline PNG."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from hwprofiles import load_cluster
 from simulator.des import simulate_des
-from simulator.plot import plot_timeline
+from simulator.des.plot import plot_timeline
 from simulator.specs import Job, ModelSpec, parse_plan
-from simulator.trace import write_trace
+from simulator.des.trace import write_trace
 
 MODEL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)
 

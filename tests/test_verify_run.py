@@ -105,7 +105,6 @@ def test_killed_worker_fails_the_run_with_the_rank_named(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_cli_emit_then_run_json(tmp_path):
-    pytest.importorskip("simulator.api")
     out = tmp_path / "run"
     emit = subprocess.run(CLI + ["emit", "--model", "tiny", "--cluster", str(node_file(tmp_path, 2)), "--global-batch", "4",
                                  "--plan", "t=2,ckpt=selective", "-o", str(out)], capture_output=True, text=True, timeout=120)

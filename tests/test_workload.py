@@ -1,11 +1,12 @@
-"""simulator.workload (ops, FLOPs) and simulator.ops (roofline op time), by hand."""
+"""simulator.cost.workload (ops, FLOPs) and simulator.cost.ops (roofline op time), by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from hwprofiles.schema import GpuProfile
-from simulator import ops, workload
+from simulator.cost import ops
+from simulator.cost import workload
 from simulator.specs import ModelSpec, load_model
 
 GEMM_KINDS = ("gemm", "bmm")

@@ -17,7 +17,7 @@ from matplotlib.artist import setp
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from simulator.des import des_record
+from simulator.des.simulate import des_record
 from simulator.result import GiB, SimResult
 
 COLORS = {

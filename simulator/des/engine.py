@@ -5,7 +5,7 @@
   compute) or a host CPU queue.
 * A *task* starts when it is at the head of its stream, the stream is idle, and all of its
   dependencies have finished. A task either has a fixed duration, or is a *transfer*: a
-  sequence of phases, each a set of flows on the network (:mod:`simulator.network`) followed
+  sequence of phases, each a set of flows on the network (:mod:`simulator.des.network`) followed
   by a fixed latency (the collective's per-step latencies); the next phase starts when the
   previous one is over.
 * Events are kept in a heap ordered by (time, sequence number): ties break in the order the
@@ -22,7 +22,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from simulator.network import Flow, Network
+from simulator.des.network import Flow, Network
 
 _FINISH, _PHASE_END, _NET = 0, 1, 2
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.des import des_record
+from simulator.des.simulate import des_record
 from simulator.result import GiB, SimResult
 
 # lane -> (thread id, thread name)

@@ -17,7 +17,7 @@ fused scale-mask-softmax, attention dropout, bmm, a permute copy of the context,
 TorchScript bias-dropout-add and bias-GeLU fusions (megatron/model/transformer.py,
 fused_bias_gelu.py, fused_softmax.py). Each Op records how many kernels it launches forward
 (``kernels``) and backward (``bwd_kernels``) and its backward traffic (``bwd_bytes``), so the
-op-time model can charge the host's per-kernel issue time (simulator.ops). Backward-only work
+op-time model can charge the host's per-kernel issue time (simulator.cost.ops). Backward-only work
 (bias-gradient reductions, gradient accumulation into the parameters' .grad) is listed by
 :func:`layer_backward_extra_ops`, :func:`embedding_backward_extra_ops` and
 :func:`head_backward_extra_ops`.
@@ -46,7 +46,7 @@ class Op:
     kernel. ``kernels``: kernel launches of the forward op (a fused elementwise op may take a
     few); ``bwd_kernels`` / ``bwd_bytes``: launches and HBM traffic of an elementwise op's
     backward (a negative ``bwd_bytes`` means twice the forward traffic; GEMM backwards are
-    always their dgrad and wgrad GEMMs, see simulator.ops.backward_ops)."""
+    always their dgrad and wgrad GEMMs, see simulator.cost.ops.backward_ops)."""
 
     name: str
     kind: OpKind

@@ -19,7 +19,7 @@ Algorithm choice (what NCCL picks for the group's shape):
 * irregular shapes (unequal members per node): a flat ring ordered by node.
 Latency: per step the slowest edge's route latency; the number of steps is the ring's, or the
 double binary tree's 2*ceil(log2 n) when that is fewer (NCCL uses trees when latency-bound;
-gloo runs rings only), the same rule as :mod:`simulator.commcost` (hwprofiles.algorithms).
+gloo runs rings only), the same rule as :mod:`simulator.cost.collectives` (hwprofiles.algorithms).
 Inside a node whose profile fits a collective on its own (gloo: NodeProfile.collectives), that
 collective loads the links and pays latency at its fitted rates (:func:`own_fit`).
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hwprofiles.algorithms import latency_steps, uses_trees
-from simulator.topology import Topology
+from simulator.des.topology import Topology
 
 CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "p2p"]
 

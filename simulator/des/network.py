@@ -3,7 +3,7 @@
 A flow moves ``bytes`` along a route of directed links. Each flow has a weight per link:
 the number of identical flows it stands for there (1 in a full simulation; in the symmetric
 simulation, the data-parallel replicas' and tensor ranks' identical copies that cross the
-same link, see :mod:`simulator.program`). Rates are the weighted max-min fair allocation,
+same link, see :mod:`simulator.des.program`). Rates are the weighted max-min fair allocation,
 computed by progressive filling (Bertsekas & Gallager, "Data Networks", section 6.5.2):
 raise every unfrozen flow's rate together; the first link to fill,
 ``residual(L) / sum of unfrozen weights on L``, fixes the rate of its flows; repeat.

@@ -8,7 +8,7 @@ n = ranks, B = bus bandwidth (bytes/s), a = per-step latency:
 NCCL switches to tree (double binary tree) algorithms when latency dominates; we take the
 ring bandwidth term with the smaller of the ring and tree latency terms (2*ceil(log2 n) steps);
 gloo runs rings only (hwprofiles.algorithms).
-The bus bandwidth of a group comes from where it sits (simulator.layout): inside a node the
+The bus bandwidth of a group comes from where it sits (simulator.cost.layout): inside a node the
 GPU's NVLink/NVSwitch (or PCIe) link, or the node's own fit of that collective where calibrate
 measured one (gloo's collectives differ in speed: NodeProfile.collectives); across nodes the
 node's NICs shared by the groups that leave the node at the same time, and never more than
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hwprofiles.algorithms import latency_steps, uses_trees
 from hwprofiles.schema import ClusterSpec
-from simulator.layout import GroupShape
+from simulator.cost.layout import GroupShape
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""simulator.commcost: alpha-beta ring collectives and the bus bandwidth of a placed group."""
+"""simulator.cost.collectives: alpha-beta ring collectives and the bus bandwidth of a placed group."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator import commcost, layout
-from simulator.commcost import GroupLink
+from simulator.cost import collectives
+from simulator.cost import layout
+from simulator.cost.collectives import GroupLink
 
 BW = 100e9          # bytes/s
 NO_LATENCY = GroupLink(BW, 0.0)
@@ -18,16 +19,16 @@ NO_LATENCY = GroupLink(BW, 0.0)
 def test_ring_allreduce_bandwidth_term(n):
     """Ring all-reduce moves 2(n-1)/n * S per rank."""
     S = 1e9
-    assert commcost.allreduce_time(S, n, NO_LATENCY) == pytest.approx(2 * (n - 1) / n * S / BW, rel=1e-12)
+    assert collectives.allreduce_time(S, n, NO_LATENCY) == pytest.approx(2 * (n - 1) / n * S / BW, rel=1e-12)
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 1024])
 def test_allgather_and_reducescatter_are_half_an_allreduce(n):
     S = 3e8
-    ag = commcost.allgather_time(S, n, NO_LATENCY)
+    ag = collectives.allgather_time(S, n, NO_LATENCY)
     assert ag == pytest.approx((n - 1) / n * S / BW, rel=1e-12)
-    assert commcost.reducescatter_time(S, n, NO_LATENCY) == ag
-    assert commcost.allreduce_time(S, n, NO_LATENCY) == pytest.approx(2 * ag)
+    assert collectives.reducescatter_time(S, n, NO_LATENCY) == ag
+    assert collectives.allreduce_time(S, n, NO_LATENCY) == pytest.approx(2 * ag)
 
 
 def test_latency_steps():
@@ -35,36 +36,36 @@ def test_latency_steps():
     link = GroupLink(BW, lat)
     S = 1e6
     # n = 8: ring all-reduce has 2*7 = 14 steps, tree 2*ceil(log2 8) = 6: the smaller counts
-    assert commcost.allreduce_time(S, 8, link) == pytest.approx(2 * 7 / 8 * S / BW + 6 * lat)
+    assert collectives.allreduce_time(S, 8, link) == pytest.approx(2 * 7 / 8 * S / BW + 6 * lat)
     # n = 2: ring 2 steps, tree 2
-    assert commcost.allreduce_time(S, 2, link) == pytest.approx(S / BW + 2 * lat)
+    assert collectives.allreduce_time(S, 2, link) == pytest.approx(S / BW + 2 * lat)
     # all-gather n = 2: ring 1 step < tree 2
-    assert commcost.allgather_time(S, 2, link) == pytest.approx(0.5 * S / BW + lat)
+    assert collectives.allgather_time(S, 2, link) == pytest.approx(0.5 * S / BW + lat)
     # n = 1000: tree 2*10 = 20 steps
-    assert commcost.allreduce_time(S, 1000, link) == pytest.approx(2 * 999 / 1000 * S / BW + 20 * lat)
+    assert collectives.allreduce_time(S, 1000, link) == pytest.approx(2 * 999 / 1000 * S / BW + 20 * lat)
     # gloo runs rings only: n = 8 all-reduce 14 steps, all-gather 7
     rings = GroupLink(BW, lat, trees=False)
-    assert commcost.allreduce_time(S, 8, rings) == pytest.approx(2 * 7 / 8 * S / BW + 14 * lat)
-    assert commcost.allgather_time(S, 8, rings) == pytest.approx(7 / 8 * S / BW + 7 * lat)
+    assert collectives.allreduce_time(S, 8, rings) == pytest.approx(2 * 7 / 8 * S / BW + 14 * lat)
+    assert collectives.allgather_time(S, 8, rings) == pytest.approx(7 / 8 * S / BW + 7 * lat)
 
 
 def test_degenerate_collectives_are_free():
     link = GroupLink(BW, 1e-5)
-    assert commcost.allreduce_time(1e9, 1, link) == 0.0
-    assert commcost.allreduce_time(0.0, 8, link) == 0.0
-    assert commcost.allgather_time(1e9, 1, link) == 0.0
-    assert commcost.p2p_time(0.0, BW, 1e-5) == 0.0
+    assert collectives.allreduce_time(1e9, 1, link) == 0.0
+    assert collectives.allreduce_time(0.0, 8, link) == 0.0
+    assert collectives.allgather_time(1e9, 1, link) == 0.0
+    assert collectives.p2p_time(0.0, BW, 1e-5) == 0.0
 
 
 def test_p2p():
-    assert commcost.p2p_time(1e9, BW, 2e-6) == pytest.approx(0.01 + 2e-6)
+    assert collectives.p2p_time(1e9, BW, 2e-6) == pytest.approx(0.01 + 2e-6)
 
 
 def test_allreduce_time_grows_with_size_and_ranks():
     link = GroupLink(BW, 5e-6)
     sizes = [1e3, 1e6, 1e9]
-    assert sorted(commcost.allreduce_time(s, 8, link) for s in sizes) == [commcost.allreduce_time(s, 8, link) for s in sizes]
-    times = [commcost.allreduce_time(1e8, n, link) for n in (2, 4, 8, 16, 64)]
+    assert sorted(collectives.allreduce_time(s, 8, link) for s in sizes) == [collectives.allreduce_time(s, 8, link) for s in sizes]
+    times = [collectives.allreduce_time(1e8, n, link) for n in (2, 4, 8, 16, 64)]
     assert times == sorted(times)
 
 
@@ -73,7 +74,7 @@ def test_allreduce_time_grows_with_size_and_ranks():
 
 def test_group_link_inside_a_node_is_nvswitch():
     c = load_cluster("dgx-a100-80gb", 4)
-    link = commcost.group_link(c, layout.tp_shape(8, 8))
+    link = collectives.group_link(c, layout.tp_shape(8, 8))
     nv = c.node.intra_node
     assert link.bandwidth == pytest.approx(nv.bandwidth_GBps * 1e9 * nv.efficiency)
     assert link.latency == pytest.approx(nv.latency_us * 1e-6)
@@ -87,34 +88,34 @@ def test_group_link_across_nodes_shares_the_nics():
     one_nic = nic.bandwidth_Gbps * 1e9 / 8 * nic.efficiency
     shape = layout.dp_shape(8, 16, 8)
     assert (shape.per_node, shape.nodes, shape.concurrent) == (1, 16, 8)
-    link = commcost.group_link(c, shape)
+    link = collectives.group_link(c, shape)
     assert link.bandwidth == pytest.approx(one_nic)
     assert link.latency >= nic.latency_us * 1e-6
     # t=2: 4 members per node, 2 groups share the node's 8 NICs -> 4 NICs' worth each
     shape = layout.dp_shape(2, 16, 8)
     assert (shape.per_node, shape.nodes, shape.concurrent) == (4, 4, 2)
-    assert commcost.group_link(c, shape).bandwidth == pytest.approx(4 * one_nic)
+    assert collectives.group_link(c, shape).bandwidth == pytest.approx(4 * one_nic)
 
 
 def test_group_link_never_faster_than_the_intra_node_link():
     c = load_cluster("dgx-a100-80gb", 4)
     shape = layout.GroupShape(size=32, per_node=8, nodes=4, concurrent=1)  # 8 NICs = 184 GB/s
     nv = c.node.intra_node
-    assert commcost.group_link(c, shape).bandwidth <= nv.bandwidth_GBps * 1e9 * nv.efficiency
+    assert collectives.group_link(c, shape).bandwidth <= nv.bandwidth_GBps * 1e9 * nv.efficiency
     pcie = load_cluster("pcie-a100-80gb", 4)
     shape = layout.dp_shape(1, 32, 8)
-    link = commcost.group_link(pcie, shape)
+    link = collectives.group_link(pcie, shape)
     assert link.bandwidth <= pcie.node.intra_node.bytes_per_s + 1e-6
     # and the inter-node hop of a 2-NIC server is much slower than a DGX's 8 NICs
-    assert link.bandwidth < commcost.group_link(load_cluster("dgx-a100-80gb", 4), shape).bandwidth
+    assert link.bandwidth < collectives.group_link(load_cluster("dgx-a100-80gb", 4), shape).bandwidth
 
 
 def test_allreduce_over_nics_reference_value():
     """1 GB gradient all-reduce over 16 nodes, one HDR NIC per rank (23 GB/s achieved):
     2 * 15/16 * 1e9 / 23e9 = 81.5 ms of bandwidth + 2*ceil(log2 16) = 8 latency steps."""
     c = load_cluster("dgx-a100-80gb", 16)
-    link = commcost.group_link(c, layout.dp_shape(8, 16, 8))
-    t = commcost.allreduce_time(1e9, 16, link)
+    link = collectives.group_link(c, layout.dp_shape(8, 16, 8))
+    t = collectives.allreduce_time(1e9, 16, link)
     assert t == pytest.approx(2 * 15 / 16 * 1e9 / 23e9 + 8 * link.latency, rel=1e-9)
     assert 2 * math.ceil(math.log2(16)) == 8
 
@@ -126,20 +127,20 @@ def test_own_collective_fits_price_each_collective_inside_a_node():
     without a fit (all-gather here) keeps the link's 2 GB/s, 100 us: 0.375 ms + 0.3 ms."""
     link = GroupLink(2e9, 100e-6, trees=False,
                      per_collective=(("all_reduce", 1e9, 500e-6), ("reduce_scatter", 0.4e9, 700e-6)))
-    assert commcost.allreduce_time(1e6, 4, link) == pytest.approx(4.5e-3, rel=1e-12)
-    assert commcost.reducescatter_time(1e6, 4, link) == pytest.approx(3.975e-3, rel=1e-12)
-    assert commcost.allgather_time(1e6, 4, link) == pytest.approx(0.675e-3, rel=1e-12)
+    assert collectives.allreduce_time(1e6, 4, link) == pytest.approx(4.5e-3, rel=1e-12)
+    assert collectives.reducescatter_time(1e6, 4, link) == pytest.approx(3.975e-3, rel=1e-12)
+    assert collectives.allgather_time(1e6, 4, link) == pytest.approx(0.675e-3, rel=1e-12)
 
 
 def test_node_fits_apply_inside_the_node_only():
     """group_link gives a one-node group the node's per-collective fits (localhost-cpu has them);
     a group that crosses nodes is priced by the NICs, where those fits were never measured."""
     c = load_cluster("localhost-cpu")
-    link = commcost.group_link(c, layout.dp_shape(1, 4, 4))
+    link = collectives.group_link(c, layout.dp_shape(1, 4, 4))
     fit = c.node.collectives["reduce_scatter"]
     assert link.figures("reduce_scatter") == (fit.bytes_per_s, fit.latency_s)
     assert link.figures("all_reduce") == (c.node.collectives["all_reduce"].bytes_per_s,
                                          c.node.collectives["all_reduce"].latency_s)
     dgx = load_cluster("dgx-a100-80gb", 4)
-    across = commcost.group_link(dgx, layout.dp_shape(8, 4, 8))
+    across = collectives.group_link(dgx, layout.dp_shape(8, 4, 8))
     assert across.per_collective == () and across.figures("all_reduce") == (across.bandwidth, across.latency)

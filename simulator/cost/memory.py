@@ -107,13 +107,13 @@ def in_flight_microbatches(schedule: str, stage: int, p: int, m: int, v: int = 1
 @functools.lru_cache(maxsize=2048)
 def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
     """The per-chunk in-flight microbatch counts a device can reach (local chunk order),
-    replayed from its pass order (:func:`simulator.schedules.device_order`): after every
+    replayed from its pass order (:func:`simulator.cost.schedules.device_order`): after every
     forward, the vector of forwards not yet matched by their backward, per chunk. Only the
     vectors no other one dominates are kept; the activation peak is the largest of
     sum_k count_k * held_k over them. With v = 1 this is the single count of
     :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last
     chunk, and which chunk peaks matters when chunks differ (uneven recomputation)."""
-    from simulator.schedules import device_order
+    from simulator.cost.schedules import device_order
 
     counts = [0] * v
     seen: set[tuple[int, ...]] = set()

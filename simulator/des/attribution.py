@@ -12,7 +12,7 @@ up to the rank's end time exactly.
 
 from __future__ import annotations
 
-from simulator.engine import Engine
+from simulator.des.engine import Engine
 from simulator.result import TIME_KEYS
 
 SEGMENT_CATEGORY = {"fwd": "compute", "bwd": "compute", "recompute": "recompute", "tp": "tp_comm", "opt": "optimizer"}

@@ -3,7 +3,7 @@ PCIe switches, host, CPU, NVMe, NICs and the leaf/spine fabric between nodes.
 
 Each directed edge of the networkx ``DiGraph`` carries one *link*: a capacity in bytes/s per
 direction and a one-way latency. Link ids index flat lists (``cap``, ``lat``) that the flow
-model (:mod:`simulator.network`) reads on its hot path.
+model (:mod:`simulator.des.network`) reads on its hot path.
 
 Layout of one node (``n{k}/...``):
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec
-from simulator import commcost, layout, memory, params
-from simulator.idcache import IdentityCache
-from simulator.ops import PassTimes, dtype_bytes, pass_times
+from simulator.cost import collectives
+from simulator.cost import layout
+from simulator.cost import memory
+from simulator.cost import params
+from simulator.cost.cache import IdentityCache
+from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.specs import ModelSpec, Plan
-from simulator.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
+from simulator.cost.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
                                 head_forward_ops, layer_backward_extra_ops, layer_forward_ops, padded_vocab_size)
 
 
@@ -62,7 +65,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     e = dtype_bytes(gpu)
     slow = compute_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
-    link = commcost.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
     vocab = padded_vocab_size(model, t)
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
@@ -76,7 +79,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
         head=pass_times(head_forward_ops(model, mb, t, sp, e, vocab), gpu, slow,
                         head_backward_extra_ops(model, t, e, vocab), asy,
                         (eager.head_forward_us, eager.head_backward_us) if eager else None),
-        tp_allreduce=commcost.allreduce_time(act, t, link),
+        tp_allreduce=collectives.allreduce_time(act, t, link),
         act_bytes=act,
     )
     return bt

@@ -4,7 +4,7 @@ For every simulated rank (symmetric mode: one per pipeline stage, standing for i
 group and every data-parallel replica; ``full``: every rank of the cluster):
 
 * compute: one task per pass of a microbatch through a pipeline chunk (forward, or
-  recompute + backward) made of per-layer segments (:mod:`simulator.passes`); TP
+  recompute + backward) made of per-layer segments (:mod:`simulator.des.passes`); TP
   collectives run synchronously on the compute stream as in Megatron-LM. A pass is split
   into per-layer tasks where something must happen between layers: gradient buckets of the
   chunk's last backward, ZeRO-3 parameter gathers.
@@ -40,17 +40,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from simulator.analytic import CPU_ADAM_STATE_BYTES, optimizer_time, step_sync_time
-from simulator.engine import Engine
-from simulator.layout import rank_of, tp_shape
-from simulator.commcost import allgather_time, group_link, in_pass_wait
-from simulator.memory import DP_BUCKET_BYTES, gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
-from simulator.memtimeline import MemoryTimeline
-from simulator.passes import Costs, Piece, bucket_groups, layer_modes, make_piece, pass_items
-from simulator.schedules import PipeOp, device_order
+from simulator.des.engine import Engine
+from simulator.cost.layout import rank_of, tp_shape
+from simulator.cost.collectives import allgather_time, group_link, in_pass_wait
+from simulator.cost.memory import DP_BUCKET_BYTES, gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
+from simulator.des.memtimeline import MemoryTimeline
+from simulator.des.passes import Costs, Piece, bucket_groups, layer_modes, make_piece, pass_items
+from simulator.cost.schedules import PipeOp, device_order
 from simulator.specs import Job
-from simulator.topology import Topology
-from simulator.transfers import RoutedPhase, Transfers, copy_index
-from simulator.workload import layer_param_tensors, padded_vocab_size
+from simulator.des.topology import Topology
+from simulator.des.transfers import RoutedPhase, Transfers, copy_index
+from simulator.cost.workload import layer_param_tensors, padded_vocab_size
 
 OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many parameter sub-groups
 
@@ -262,7 +262,7 @@ class ProgramBuilder:
 
     def _static_memory(self) -> None:
         """Model states (ZeRO, offload), gradient buckets, pipeline send/receive buffers
-        (as :func:`simulator.stagecost.stage_memory`)."""
+        (as :func:`simulator.cost.stage.stage_memory`)."""
         plan, c = self.plan, self.costs
         model = self.job.model
         pipe_buffers = pipeline_buffer_bytes(plan.mb, model.seq_length, model.hidden_size, c.e, plan.p)

@@ -1,7 +1,7 @@
 """The compute work of one pass of a microbatch through a pipeline chunk, layer by layer.
 
-Times come from :func:`simulator.stagecost.block_times` (the roofline op model of
-:mod:`simulator.ops` on :mod:`simulator.workload`'s op lists, Megatron's padded vocabulary,
+Times come from :func:`simulator.cost.stage.block_times` (the roofline op model of
+:mod:`simulator.cost.ops` on :mod:`simulator.cost.workload`'s op lists, Megatron's padded vocabulary,
 backward-only ops, host launch overhead): the same numbers the analytic estimator uses.
 Per layer and microbatch on one TP rank:
 
@@ -12,24 +12,24 @@ Per layer and microbatch on one TP rank:
 * the chunk's first layer carries the embedding (one TP all-reduce forward), the last layer
   the LM head (one TP all-reduce backward).
 
-Memory per layer and microbatch (:func:`simulator.memory.activation_bytes_per_layer`, the
+Memory per layer and microbatch (:func:`simulator.cost.memory.activation_bytes_per_layer`, the
 layer's recompute mode), the first stage's embedding dropout mask (1 byte per element of
 b*s*h, split by t with SP; its output is layer 0's input, counted with the layer; as
-:func:`simulator.stagecost.stage_memory`) and the last stage's logits buffer are allocated when
+:func:`simulator.cost.stage.stage_memory`) and the last stage's logits buffer are allocated when
 the forward starts and freed when the backward ends; a fully recomputed layer's full
-activations exist while it is recomputed and back-propagated (:mod:`simulator.stagecost`).
+activations exist while it is recomputed and back-propagated (:mod:`simulator.cost.stage`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.memory import activation_bytes_per_layer, embedding_activation_bytes, logits_buffer_bytes, state_bytes_per_param
-from simulator.ops import dtype_bytes
-from simulator.workload import padded_vocab_size
-from simulator.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from simulator.cost.memory import activation_bytes_per_layer, embedding_activation_bytes, logits_buffer_bytes, state_bytes_per_param
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.workload import padded_vocab_size
+from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from simulator.specs import Job
-from simulator.stagecost import block_times
+from simulator.cost.stage import block_times
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from simulator.collectives import PhasePlan, collective_phases
-from simulator.engine import FlowSpec, Phase
-from simulator.layout import rank_of
-from simulator.topology import Topology
+from simulator.des.flows import PhasePlan, collective_phases
+from simulator.des.engine import FlowSpec, Phase
+from simulator.cost.layout import rank_of
+from simulator.des.topology import Topology
 
 # one phase of one copy: ((src gpu, links, unit bytes), ...), steps, extra seconds, link load per byte
 RoutedPhase = tuple[tuple[tuple[int, tuple[int, ...], float], ...], float, float, float]

@@ -1,22 +1,22 @@
 """``simulate_des``: discrete-event simulation of one training iteration (DESIGN.md section 4).
 
-Builds the topology (:mod:`simulator.topology`), the flow network (:mod:`simulator.network`)
-and the iteration's task graph (:mod:`simulator.program`) on the event engine
-(:mod:`simulator.engine`), runs it, and turns what happened into a :class:`SimResult`
+Builds the topology (:mod:`simulator.des.topology`), the flow network (:mod:`simulator.des.network`)
+and the iteration's task graph (:mod:`simulator.des.program`) on the event engine
+(:mod:`simulator.des.engine`), runs it, and turns what happened into a :class:`SimResult`
 with ``fidelity = "des"``:
 
 * ``step_time``: when the last task of the iteration ends;
 * ``time_breakdown`` and ``bubble_fraction`` (= bubble / (compute + recompute + tp_comm))
-  of the rank that finishes last (:mod:`simulator.attribution`);
+  of the rank that finishes last (:mod:`simulator.des.attribution`);
 * ``peak_memory`` and ``memory_breakdown``: the highest point of any simulated rank's
-  memory timeline (:mod:`simulator.memtimeline`), against the GPU's usable memory;
+  memory timeline (:mod:`simulator.des.memtimeline`), against the GPU's usable memory;
 * ``executed_flops``: model FLOPs plus the recomputed forwards the schedule really ran.
 
 ``extra`` carries ``events``, ``simulated_ranks``, ``bottleneck_link`` (the link with the
 highest average utilization), ``comm_bytes_per_rank`` (what the first rank sends per
 iteration: TP, PP, DP and offload bytes), ``critical_rank``, and under the private key
 ``_des`` a :class:`DesRecord` (task records, memory timelines, link series) that
-:func:`simulator.trace.write_trace` and :func:`simulator.plot.plot_timeline` draw from.
+:func:`simulator.des.trace.write_trace` and :func:`simulator.des.plot.plot_timeline` draw from.
 Keys starting with "_" are not part of the JSON output.
 """
 
@@ -28,15 +28,15 @@ from typing import Any, Optional
 
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic import CPU_ADAM_STATE_BYTES
-from simulator.attribution import rank_breakdown
-from simulator.engine import Engine
-from simulator.memtimeline import RankMemory
-from simulator.network import Network
-from simulator.program import Device, DesOptions, ProgramBuilder
+from simulator.des.attribution import rank_breakdown
+from simulator.des.engine import Engine
+from simulator.des.memtimeline import RankMemory
+from simulator.des.network import Network
+from simulator.des.program import Device, DesOptions, ProgramBuilder
 from simulator.result import SimResult
 from simulator.specs import Job
-from simulator.topology import Topology
-from simulator.workload import layer_forward_flops, model_flops_per_iteration
+from simulator.des.topology import Topology
+from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
 
 _TOPO_CACHE: list[tuple[str, Topology]] = []
 
@@ -81,7 +81,7 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
                  options: Optional[DesOptions] = None) -> SimResult:
     """Simulate one iteration of ``job``. ``full`` simulates every rank instead of one
     pipeline; ``trace`` keeps link-utilization series for the Perfetto trace (task records
-    and memory timelines are always kept; :func:`simulator.trace.write_trace` re-runs the
+    and memory timelines are always kept; :func:`simulator.des.trace.write_trace` re-runs the
     simulation with ``trace=True`` when the series are missing)."""
     t0 = time.perf_counter()
     opts = options or DesOptions()
