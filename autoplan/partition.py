@@ -6,11 +6,12 @@ Per device i, per microbatch (microseconds, integers):
     time_i = sum_{c on i} [ n_c * (F + B + 4*T) + f_c * (F + 2*T) + s_c * A ] + E[i=0] + H[i=p-1]
 with F, B the layer's forward/backward compute, T one TP all-reduce, A the attention core
 (selective recompute), E/H the embedding and head passes.
-Memory of device i (bytes, scaled to MiB):
-    mem_i = states(sum n_c) + k_i * sum_{c on i} [ f_c*a_full + s_c*a_sel + (n_c - f_c - s_c)*a_none ]
-            + a_none * [f on i > 0] + fixed_i  <=  capacity
-where k_i is the device's in-flight microbatches from the schedule (simulator.cost.memory), so
-stage 0 of 1F1B, which holds p microbatches, gets fewer layers or more recomputation.
+with T's counts from simulator.cost.stage (TP_PER_LAYER, TP_PER_FULL_RECOMPUTE, TP_EMBEDDING, TP_HEAD).
+Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model,
+simulator.cost.stage_memory.DeviceMemoryModel, one constraint per reachable occupancy vector k
+of the schedule (simulator.cost.memory.chunk_occupancy):
+    mem_i = fixed_i + a_none * [f on i > 0] + sum_{c on i} [ cn_c(k) n_c + cf_c(k) f_c + cs_c(k) s_c ]  <=  capacity
+so stage 0 of 1F1B, which holds p microbatches, gets fewer layers or more recomputation.
 Objective: the pipeline time (m - 1) * max_i time_i + sum_i time_i (interleaved:
 m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ties.
 """
@@ -20,11 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import memory
-from simulator.cost import params
-from simulator.cost.ops import dtype_bytes
+from simulator.cost.stage import (TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times,
+                                  device_chunks)
+from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.specs import ModelSpec, Plan
-from simulator.cost.stage import block_times, device_chunks
 
 US = 1e6          # seconds -> integer microseconds
 HEADROOM = 0.01   # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly
@@ -51,20 +51,12 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     if L < chunks:
         return None
     bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
-    e = dtype_bytes(cluster.gpu)
     tp = bt.tp_allreduce
-    per_layer = round((bt.layer.forward + bt.layer.backward + 4 * tp) * US)
-    full_extra = round((bt.layer.forward + 2 * tp) * US)
+    per_layer = round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp) * US)
+    full_extra = round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp) * US)
     sel_extra = round(bt.layer.attention_core * US)
-    emb = round((bt.embedding.forward + bt.embedding.backward + tp) * US)
-    head = round((bt.head.forward + bt.head.backward + tp) * US)
-
-    sp, b, t = bool(plan.sp), plan.mb, plan.t
-    a_full = memory.activation_bytes_per_layer(model, b, t, sp, "full", e)
-    a_sel = memory.activation_bytes_per_layer(model, b, t, sp, "selective", e)
-    a_none = memory.activation_bytes_per_layer(model, b, t, sp, "none", e)
-    pb, gb, k = memory.state_bytes_per_param(e)
-    layer_states = memory.model_state_bytes(params.layer_params_per_rank(model, t), plan.d, plan.zero, plan.offload, pb, gb, k).total
+    emb = round((bt.embedding.forward + bt.embedding.backward + TP_EMBEDDING * tp) * US)
+    head = round((bt.head.forward + bt.head.backward + TP_HEAD * tp) * US)
     cap = cluster.gpu.usable_memory_bytes
 
     mdl = cp_model.CpModel()
@@ -93,18 +85,13 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
         mdl.Add(tm == sum(per_layer * n[c] + full_extra * f[c] + sel_extra * s[c] for c in ids)
                 + (emb if first else 0) + (head if last else 0))
         times.append(tm)
-        fixed = _fixed_stage_bytes(model, cluster, plan, m, first, last, e)
+        mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
         any_full = mdl.NewBoolVar(f"anyfull{i}")
         mdl.Add(sum(f[c] for c in ids) == 0).OnlyEnforceIf(any_full.Not())
-
-        def coef(x: float) -> int:
-            return round(x / MIB * 1000)
-
-        # one constraint per reachable per-chunk occupancy of the schedule (memory.chunk_occupancy)
-        for vec in memory.chunk_occupancy(plan.schedule, i, p, m, v):
-            mdl.Add(sum(coef(layer_states + k_ * a_none) * n[c] + coef(k_ * (a_full - a_none)) * f[c]
-                        + coef(k_ * (a_sel - a_none)) * s[c] for k_, c in zip(vec, ids))
-                    + coef(a_none) * any_full + coef(fixed) <= coef(cap * (1 - HEADROOM)))
+        for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
+            mdl.Add(sum(_coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
+                        for (cn, cf, cs), c in zip(mem.coefficients(vec), ids))
+                    + _coef(mem.a_none) * any_full + _coef(mem.fixed) <= _coef(cap * (1 - HEADROOM)))
     worst = mdl.NewIntVar(0, horizon, "worst")
     mdl.AddMaxEquality(worst, times)
     if plan.schedule == "interleaved" and v > 1:
@@ -136,6 +123,11 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     return PartitionResult(new, obj, "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE")
 
 
+def _coef(x: float) -> int:
+    """Bytes as an integer CP-SAT coefficient (thousandths of a MiB)."""
+    return round(x / MIB * 1000)
+
+
 def _summary_ckpt(rec: tuple[tuple[int, int], ...], layers: tuple[int, ...]) -> str:
     """'none'/'selective'/'full' when every layer got the same mode, else 'mixed'."""
     if all(f == 0 and s == 0 for f, s in rec):
@@ -145,23 +137,3 @@ def _summary_ckpt(rec: tuple[tuple[int, int], ...], layers: tuple[int, ...]) -> 
     if all(s == n for (_, s), n in zip(rec, layers)):
         return "selective"
     return "mixed"
-
-
-def _fixed_stage_bytes(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, first: bool, last: bool, e: int) -> float:
-    """Memory of a device that does not scale with its layer count: embedding/head
-    parameters and states, logits, gradient buckets, ZeRO-3 working set, p2p buffers."""
-    pb, gb, k = memory.state_bytes_per_param(e)
-    psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last)
-    total = memory.model_state_bytes(psi, plan.d, plan.zero, plan.offload, pb, gb, k).total
-    sbh = plan.mb * model.seq_length * model.hidden_size
-    if first:
-        total += memory.in_flight_microbatches(plan.schedule, 0, plan.p, m, plan.v) * sbh / (plan.t if plan.sp else 1)
-    if last:
-        total += memory.logits_buffer_bytes(model, plan.mb, plan.t, e)
-    if plan.d > 1 or plan.offload != "none":
-        total += memory.gradient_bucket_bytes(1e12)
-    if plan.zero == 3:
-        total += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
-    if plan.p > 1:
-        total += 2 * sbh * e
-    return total

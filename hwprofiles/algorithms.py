@@ -6,7 +6,7 @@ latency-bound (Sanders et al. 2009; NCCL 2.4 release notes), which takes 2*ceil(
 so an NCCL group pays the fewer of the two. Gloo's all-reduce, all-gather and reduce-scatter
 are rings whatever the size (gloo/allreduce.cc: the unspecified algorithm is the ring), so a
 gloo group always pays the ring's steps. One rule for the calibration fit
-(hwprofiles.calibrate_fit), the closed form (simulator.cost.collectives) and the DES
+(hwprofiles.calibrate.fit), the closed form (simulator.cost.collectives) and the DES
 (simulator.des.flows).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from enum import StrEnum
 
 
 def uses_trees(backend: str) -> bool:
@@ -28,3 +29,13 @@ def latency_steps(n: int, ring_steps: int, trees: bool = True) -> int:
     if n <= 1:
         return 0
     return min(ring_steps, 2 * math.ceil(math.log2(n))) if trees else ring_steps
+
+
+class Collective(StrEnum):
+    """The collectives autoplan prices, spelled as NodeProfile.collectives keys."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    SEND_RECV = "send_recv"
+    BROADCAST = "broadcast"

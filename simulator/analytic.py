@@ -24,15 +24,8 @@ Step time = pipeline time + exposed data-parallel time + optimizer + offload, wh
 * ZeRO-2 and ZeRO-3 keep only a gradient shard, so they reduce-scatter every microbatch's
   gradients under its backward; ZeRO-3 also gathers parameters in forward and again in
   backward (1.5x the all-reduce volume at m = 1), prefetched under the compute of that pass;
-* the mixed-precision optimizer step streams OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
-  local parameter through HBM (Megatron-LM FP16 optimizer / DeepSpeed FP16_Optimizer):
-  fp16 grads to fp32 main grads (read 2, write 4), unscale and inf/nan check (4 + 4),
-  gradient norm for clipping (4), clip/unscale multiply (4 + 4), Adam (read grad, master,
-  m, v, write master, m, v: 28), fp32 master back to the fp16 parameters (4 + 2); fp32
-  training (e = 4: no master copy) streams Adam's 28 bytes; plus one host launch per
-  parameter tensor (the per-tensor casts and copies); a profile with a calibrated eager
-  optimizer (``eager.optimizer_param_ns``) gives the step's per-parameter and per-tensor
-  times instead (``optimizer_time``);
+* the optimizer step of the rank's shard (simulator.cost.step.optimizer_time: the mixed-
+  precision step's HBM streaming, or the calibrated eager optimizer);
 * offload (ZeRO-Offload / ZeRO-Infinity): gradient shards down and parameter shards up
   over each GPU's PCIe link, Adam on the host CPU (all of a node's ranks share it),
   NVMe reads and writes the optimizer state.
@@ -44,21 +37,17 @@ import math
 
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives
-from simulator.cost import layout
-from simulator.cost import memory
-from simulator.cost.ops import dtype_bytes
+from simulator.cost import collectives, layout, memory
 from simulator.cost.cache import IdentityCache
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.stage import StageCost, block_times, stage_groups
+from simulator.cost.stage_memory import StageMemory, stage_memory
+from simulator.cost.step import (CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS, gradient_reduction, host_fits,
+                                 host_state_bytes, local_params, optimizer_time, optimizer_tensors, param_gather_bytes,
+                                 pipeline_send, step_sync_time, tied_embedding_bytes)
+from simulator.cost.workload import executed_flops_per_iteration
 from simulator.result import SimResult
 from simulator.specs import Job, ModelSpec, Plan
-from simulator.cost.stage import (StageCost, StageMemory, block_times, compute_slowdown, host_async, stage_groups,
-                                stage_memory)
-from simulator.cost.workload import (executed_flops_per_iteration, layer_param_tensors,
-                                padded_vocab_size)
-
-ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
-OPTIMIZER_STEP_BYTES_PER_PARAM = 60    # mixed-precision step with fp32 master weights (module docstring)
-CPU_ADAM_STATE_BYTES = 16  # fp32 master, momentum, variance and gradient per parameter
 
 
 def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
@@ -71,7 +60,6 @@ def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
 _FLOPS = IdentityCache(4096)
 _P2P = IdentityCache(4096)
 _TIED = IdentityCache(4096)
-_SYNC = IdentityCache(4096)
 
 
 def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
@@ -106,14 +94,12 @@ def _p2p_time(job: Job) -> float:
         return 0.0
     bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb)
     bw, lat, crosses = _pipeline_link(cluster, plan)
-    if crosses and plan.t > 1 and not plan.sp:
-        intra = collectives.group_link(cluster, layout.tp_shape(plan.t, cluster.gpus_per_node))
-        return collectives.p2p_time(bt.act_bytes / plan.t, bw, lat) + collectives.allgather_time(bt.act_bytes, plan.t, intra)
-    wait = 0.0 if crosses else collectives.in_pass_wait(cluster)
-    return collectives.p2p_time(bt.act_bytes / (plan.t if plan.sp else 1), bw, lat) + wait
+    size, extra = pipeline_send(cluster, plan, bt.act_bytes, crosses)
+    return collectives.p2p_time(size, bw, lat) + extra
 
 
 def _dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
+    """The link of the plan's data-parallel groups."""
     return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
 
 
@@ -129,7 +115,7 @@ def per_microbatch_dp(cost: StageCost, plan: Plan, link: collectives.GroupLink, 
     bwd = cost.backward + cost.recompute
     if plan.zero == 2:
         return scatter, max(0.0, scatter - bwd) if overlap else scatter
-    gather = collectives.allgather_time(cost.params * min(e, 2), plan.d, link)
+    gather = collectives.allgather_time(cost.params * param_gather_bytes(e), plan.d, link)
     exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
     return 2 * gather + scatter, exposed
 
@@ -152,8 +138,7 @@ def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: collectives.Group
     last = last_bucket_bytes(grad_bytes)
     if last >= grad_bytes:
         return whole
-    reduce = collectives.allreduce_time if plan.zero == 0 else collectives.reducescatter_time
-    return reduce(last, plan.d, link)
+    return collectives.collective_time(gradient_reduction(plan.zero), last, plan.d, link)
 
 
 def dp_times(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int) -> tuple[float, float]:
@@ -161,14 +146,11 @@ def dp_times(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int) -
     step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`)."""
     if plan.d == 1 or plan.zero == 3:
         return 0.0, 0.0
-    gbytes = cost.params * e
+    reduce = collectives.collective_time(gradient_reduction(plan.zero), cost.params * e, plan.d, link)
     if plan.zero == 0:
-        return collectives.allreduce_time(gbytes, plan.d, link), 0.0
-    gather = collectives.allgather_time(cost.params * min(e, 2), plan.d, link)
-    return (collectives.reducescatter_time(gbytes, plan.d, link) if plan.zero == 1 else 0.0), gather
-
-
-OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many sub-groups
+        return reduce, 0.0
+    gather = collectives.allgather_time(cost.params * param_gather_bytes(e), plan.d, link)
+    return (reduce if plan.zero == 1 else 0.0), gather
 
 
 def offload_time(job: Job, psi_local: float) -> float:
@@ -227,54 +209,10 @@ def tied_embedding_time(job: Job) -> float:
 
 
 def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
-    size = padded_vocab_size(model, plan.t) / plan.t * model.hidden_size * dtype_bytes(cluster.gpu)
+    size = tied_embedding_bytes(model, plan.t, dtype_bytes(cluster.gpu))
     bw, lat, crosses = _pipeline_link(cluster, plan)
     link = collectives.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else collectives.node_link(cluster)
     return collectives.allreduce_time(size, 2, link)
-
-
-GRAD_NORM_BYTES, LOSS_BYTES = 8, 4  # fp64 squared norm, fp32 loss
-
-
-def step_sync_time(job: Job) -> float:
-    """The two scalar all-reduces of every step, latency-bound: the squared gradient norm
-    for clipping over all t*p*d ranks (autoplan.runtime.grads.clip_global_norm; DeepSpeed
-    reduces it over the world, Megatron-LM over the model-parallel group after the data-
-    parallel reduction) and, with d > 1, the loss average over the data-parallel group
-    (Megatron-LM ``average_losses_across_data_parallel_group``). Each costs its group's latency
-    steps (rings on gloo, trees on NCCL: hwprofiles.algorithms) times the link latency."""
-    plan, cluster = job.plan, job.cluster
-    return _SYNC.get_or_make((cluster,), (plan.t, plan.p, plan.d), lambda: _step_sync_time(cluster, plan))
-
-
-def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
-    world = plan.t * plan.p * plan.d
-    world_link = collectives.group_link(cluster, layout.group_shape(world, 1, cluster.gpus_per_node))
-    norm = collectives.allreduce_time(GRAD_NORM_BYTES, world, world_link)
-    loss = collectives.allreduce_time(LOSS_BYTES, plan.d, _dp_link(cluster, plan)) if plan.d > 1 else 0.0
-    return norm + loss
-
-
-def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
-    """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
-    tensors. With a calibrated eager optimizer (``eager.optimizer_param_ns``):
-        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us with t > 1),
-        work = psi_local * optimizer_param_ns,
-        step = host + work on a CPU rank, max(host, work) on a GPU (as ops.pass_times);
-    otherwise HBM streaming (module docstring) plus per tensor the eager
-    ``optimizer_tensor_us`` when measured, else one launch. Ranks sharing a processor slow
-    each other (stagecost.compute_slowdown)."""
-    gpu = job.cluster.gpu
-    eager = gpu.eager
-    if eager is not None and eager.optimizer_param_ns is not None:
-        host = param_tensors * eager.optimizer_us(job.plan.t > 1) * 1e-6
-        work = psi_local * eager.optimizer_param_ns * 1e-9
-        step = max(host, work) if host_async(job.cluster) else host + work
-        return step * compute_slowdown(job.cluster)
-    per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
-    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
-    per_tensor_us = eager.optimizer_us(job.plan.t > 1) if eager else gpu.kernel_launch_us
-    return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)
 
 
 def estimate(job: Job) -> SimResult:
@@ -300,9 +238,9 @@ def estimate(job: Job) -> SimResult:
         sends.append(n_send)
     crit = max(range(len(per_mb)), key=per_mb.__getitem__)
     total = sum(x * g[2] for x, g in zip(per_mb, groups))
-    t_pipe = pipeline_time(per_mb[crit], total, m, plan.schedule, plan.v)
-    if plan.schedule == "gpipe" and m > 1:  # GPipe does not recompute the last microbatch
-        t_pipe -= groups[crit][1].recompute
+    # GPipe does not recompute the last microbatch: its activations are still resident
+    saved = groups[crit][1].recompute if plan.schedule == "gpipe" and m > 1 else 0.0
+    t_pipe = pipeline_time(per_mb[crit], total, m, plan.schedule, plan.v) - saved
 
     # data-parallel gradient reduction after each stage's last backward
     dp_exposed, gather_after = 0.0, 0.0
@@ -317,12 +255,9 @@ def estimate(job: Job) -> SimResult:
         dp_exposed = max(0.0, dp_exposed)
 
     psi_max = max(c.params for _, c, _ in groups)
-    psi_local = psi_max / plan.d if plan.zero >= 1 else psi_max
+    psi_local = local_params(psi_max, plan)
     if plan.offload == "none":
-        # the busiest stage's layers' tensors plus up to 4 more (word and position embeddings,
-        # final norm weight and bias)
-        tensors = max(c.layers for _, c, _ in groups) * layer_param_tensors(model) + 4
-        opt = optimizer_time(job, psi_local, tensors)
+        opt = optimizer_time(job, psi_local, optimizer_tensors(model, max(c.layers for _, c, _ in groups)))
         off = 0.0
     else:
         opt, off = 0.0, offload_time(job, psi_local)
@@ -331,10 +266,10 @@ def estimate(job: Job) -> SimResult:
     step = t_pipe + dp_exposed + gather_after + opt + off
 
     c = groups[crit][1]
-    steady = m * per_mb[crit]
+    steady = m * per_mb[crit] - saved  # the critical stage's own work: the rest is bubble
     breakdown = {
         "compute": m * (c.forward + c.backward),
-        "recompute": m * c.recompute,
+        "recompute": m * c.recompute - saved,
         "tp_comm": m * c.tp_comm,
         "pp_comm": m * sends[crit] * p2p,
         "dp_comm": m * z3_comm[crit] + dp_exposed + gather_after,
@@ -348,11 +283,11 @@ def estimate(job: Job) -> SimResult:
     full = sum(g.full_layers * n for _, g, n in groups)
     sel = sum(g.selective_layers * n for _, g, n in groups)
     extra = {"peak_memory_stage": peak_stage, "critical_stage": groups[crit][0]}
-    host_fits = True
+    fits_host = True
     if plan.offload != "none":
-        host = cluster.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + (2 if plan.zero == 3 else 0))
+        host = host_state_bytes(job, psi_local)
         extra["host_memory_gib"] = host / 2**30
-        host_fits = plan.offload == "nvme" or host <= cluster.node.host_memory_GiB * 2**30
+        fits_host = host_fits(job, host)
     return SimResult(
         job=job,
         step_time=step,
@@ -366,7 +301,7 @@ def estimate(job: Job) -> SimResult:
         bubble_fraction=(t_pipe - steady) / steady if steady > 0 else 0.0,
         fidelity="analytic",
         extra=extra,
-        host_fits=host_fits,
+        host_fits=fits_host,
     )
 
 

@@ -9,6 +9,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles: CI (CI=true) replays a fixed, derandomized set of examples, so a run
+# never fails by chance; a local run draws fresh examples (find bugs); HYPOTHESIS_PROFILE=long
+# draws many more.
+_QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", derandomize=True, database=None, max_examples=100, deadline=None,
+                          suppress_health_check=_QUIET, print_blob=True)
+settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("long", max_examples=2000, deadline=None, suppress_health_check=_QUIET)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 REPO = Path(__file__).resolve().parents[1]
 # DESIGN.md: "../shared/validation/ holds public reference figures to test against"

@@ -3,6 +3,8 @@ choice, volumes, times on the topology, routes, and NIC sharing by concurrent ri
 
 from __future__ import annotations
 
+from hwprofiles.algorithms import Collective
+
 import pytest
 
 from hwprofiles import load_cluster
@@ -36,7 +38,7 @@ def test_ring_allreduce_time_in_a_node(dgx4, n):
     S = 1e9
     beta = dgx4.cluster.node.intra_node.bytes_per_s
     lat = dgx4.cluster.node.intra_node.latency_s
-    t = run_phases(dgx4, collective_phases(dgx4, "allreduce", list(range(n)), S))
+    t = run_phases(dgx4, collective_phases(dgx4, Collective.ALL_REDUCE, list(range(n)), S))
     assert t == pytest.approx(2 * (n - 1) / n * S / beta + latency_steps(n, 2 * (n - 1)) * lat, rel=1e-9)
 
 
@@ -44,10 +46,10 @@ def test_gloo_collectives_are_rings_at_any_size():
     """gloo (the localhost-cpu node) never switches to trees: 4 ranks take 2(n-1) = 6 all-reduce
     steps and n-1 = 3 all-gather steps; NCCL nodes take min(ring, 2*ceil(log2 n)) = 4 and 3."""
     gloo = Topology(without_own_fits(load_cluster("localhost-cpu")))
-    assert [p.steps for p in collective_phases(gloo, "allreduce", [0, 1, 2, 3], 8.0)] == [6]
-    assert [p.steps for p in collective_phases(gloo, "allgather", [0, 1, 2, 3], 8.0)] == [3]
+    assert [p.steps for p in collective_phases(gloo, Collective.ALL_REDUCE, [0, 1, 2, 3], 8.0)] == [6]
+    assert [p.steps for p in collective_phases(gloo, Collective.ALL_GATHER, [0, 1, 2, 3], 8.0)] == [3]
     nccl = Topology(load_cluster("dgx-a100-80gb", 1))
-    assert [p.steps for p in collective_phases(nccl, "allreduce", [0, 1, 2, 3], 8.0)] == [4]
+    assert [p.steps for p in collective_phases(nccl, Collective.ALL_REDUCE, [0, 1, 2, 3], 8.0)] == [4]
 
 
 def without_own_fits(cluster):
@@ -66,17 +68,17 @@ def test_own_collective_fits_inside_a_gloo_node():
     topo = Topology(cluster)
     S, n = 4e6, 4
     rs, ar, sr = fits["reduce_scatter"], fits["all_reduce"], fits["send_recv"]
-    t = run_phases(topo, collective_phases(topo, "reducescatter", [0, 1, 2, 3], S))
+    t = run_phases(topo, collective_phases(topo, Collective.REDUCE_SCATTER, [0, 1, 2, 3], S))
     assert t == pytest.approx((n - 1) / n * S / rs.bytes_per_s + (n - 1) * rs.latency_s, rel=1e-9)
-    t = run_phases(topo, collective_phases(topo, "allreduce", [0, 1, 2, 3], S))
+    t = run_phases(topo, collective_phases(topo, Collective.ALL_REDUCE, [0, 1, 2, 3], S))
     assert t == pytest.approx(2 * (n - 1) / n * S / ar.bytes_per_s + 2 * (n - 1) * ar.latency_s, rel=1e-9)
-    t = run_phases(topo, collective_phases(topo, "p2p", [1, 2], S))
+    t = run_phases(topo, collective_phases(topo, Collective.SEND_RECV, [1, 2], S))
     assert t == pytest.approx(S / sr.bytes_per_s + sr.latency_s, rel=1e-9)
     link = cluster.node.intra_node
-    t = run_phases(topo, collective_phases(topo, "broadcast", [0, 1, 2, 3], S))
+    t = run_phases(topo, collective_phases(topo, Collective.BROADCAST, [0, 1, 2, 3], S))
     assert t == pytest.approx(S / link.bytes_per_s + (n - 1) * link.latency_s, rel=1e-9)
     # the bytes a rank sends are the collective's, whatever its speed
-    assert bytes_sent_per_rank(collective_phases(topo, "reducescatter", [0, 1, 2, 3], S), 0) == pytest.approx(0.75 * S)
+    assert bytes_sent_per_rank(collective_phases(topo, Collective.REDUCE_SCATTER, [0, 1, 2, 3], S), 0) == pytest.approx(0.75 * S)
 
 
 def test_algorithm_choice(dgx4):
@@ -91,9 +93,9 @@ def test_algorithm_choice(dgx4):
 def test_volume_per_rank(dgx4, gpus):
     S = 3.0e8
     n = len(gpus)
-    ar = collective_phases(dgx4, "allreduce", gpus, S)
-    rs = collective_phases(dgx4, "reducescatter", gpus, S)
-    ag = collective_phases(dgx4, "allgather", gpus, S)
+    ar = collective_phases(dgx4, Collective.ALL_REDUCE, gpus, S)
+    rs = collective_phases(dgx4, Collective.REDUCE_SCATTER, gpus, S)
+    ag = collective_phases(dgx4, Collective.ALL_GATHER, gpus, S)
     for g in gpus:
         assert bytes_sent_per_rank(ar, g) == pytest.approx(2 * (n - 1) / n * S)
         assert bytes_sent_per_rank(rs, g) == pytest.approx((n - 1) / n * S)
@@ -105,7 +107,7 @@ def test_hierarchical_allreduce_uses_every_nic(dgx4):
     faster than one ring through a single NIC."""
     S = 8e9
     nic = dgx4.cluster.node.nic.bytes_per_s
-    t = run_phases(dgx4, collective_phases(dgx4, "allreduce", list(range(32)), S))
+    t = run_phases(dgx4, collective_phases(dgx4, Collective.ALL_REDUCE, list(range(32)), S))
     intra = 2 * 7 / 8 * S / dgx4.cluster.node.intra_node.bytes_per_s
     inter = 2 * 3 / 4 * (S / 8) / nic
     assert t == pytest.approx(intra + inter, rel=0.01)
@@ -113,8 +115,8 @@ def test_hierarchical_allreduce_uses_every_nic(dgx4):
 
 def test_broadcast_and_p2p(dgx4):
     S = 1e8
-    assert bytes_sent_per_rank(collective_phases(dgx4, "broadcast", [0, 8, 16], S), 0) == S
-    (ph,) = collective_phases(dgx4, "p2p", [0, 9], S)
+    assert bytes_sent_per_rank(collective_phases(dgx4, Collective.BROADCAST, [0, 8, 16], S), 0) == S
+    (ph,) = collective_phases(dgx4, Collective.SEND_RECV, [0, 9], S)
     assert ph.flows == ((0, 9, S),) and ph.steps == 1
 
 
@@ -162,7 +164,7 @@ def test_eight_rings_leaving_a_node_split_its_nics():
     tasks = []
     for g in range(8):
         s = eng.add_stream(f"g{g}")
-        (ph,) = collective_phases(topo, "allreduce", [g, g + 8], S)
+        (ph,) = collective_phases(topo, Collective.ALL_REDUCE, [g, g + 8], S)
         tasks.append(eng.transfer(s, [Phase(tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n)
                                                   for a, b, n in ph.flows), 0.0)], "dp"))
     eng.run()
@@ -170,7 +172,7 @@ def test_eight_rings_leaving_a_node_split_its_nics():
     assert full == pytest.approx(S / (nic / 4), rel=1e-6)
     # symmetric: one flow of the representative GPU, weighted
     xf = Transfers(topo, p=1, t=8, d=2, full=False, free=False)
-    phases, sent = xf.phases(("ar", 0), xf.dp_class(0, "allreduce"), 0, 0, S, count_gpu=0)
+    phases, sent = xf.phases(("ar", 0), xf.dp_class(0, Collective.ALL_REDUCE), 0, 0, S, count_gpu=0)
     assert sent == pytest.approx(S)
     eng2 = Engine(Network(topo.cap))
     x = eng2.transfer(eng2.add_stream("rep"), [Phase(ph.flows, 0.0) for ph in phases], "dp")

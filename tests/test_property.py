@@ -9,7 +9,7 @@ import re
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwprofiles import ClusterSpec, InputError
@@ -18,7 +18,8 @@ from simulator.analytic import estimate
 from simulator.specs import (PLAN_KEYS, Job, ModelSpec, Plan, is_hf_config, load_model, model_from_hf_config,
                              parse_plan, plan_errors)
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# example counts and seeds come from the profile (tests/conftest.py: ci, dev, long)
+SETTINGS = settings()
 
 TINY = load_model("tiny")          # 4 layers, 4 heads, seq 64
 GPT3 = load_model("gpt3-175b")
@@ -99,7 +100,7 @@ def test_random_plan_strings_gpt3(text):
     check_plan(text, GPT3, 1024, 1536)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=max(1, settings.default.max_examples * 3 // 5))  # estimates are slower
 @given(plan=st.builds(Plan, t=st.sampled_from([1, 2, 4, 8]), p=st.sampled_from([1, 2, 4]), d=st.sampled_from([1, 2, 3]),
                       mb=st.integers(1, 4), zero=st.integers(0, 3), ckpt=st.sampled_from(["none", "selective", "full"]),
                       v=st.integers(1, 3), schedule=st.sampled_from(["1f1b", "gpipe", "interleaved"]),
@@ -228,7 +229,7 @@ def scratch(tmp_path_factory):
     return tmp_path_factory.mktemp("fuzz")
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings()
 @given(text=file_text, suffix=st.sampled_from([".yaml", ".json", ".yml"]), raw=st.booleans())
 def test_random_files(scratch, text, suffix, raw):
     path = scratch / f"input{suffix}"

@@ -1,4 +1,5 @@
-"""Closed-form (alpha-beta) collective times for the analytic estimator.
+"""Closed-form (alpha-beta) collective times of a placed group (analytic estimate, and the DES's
+in-pass collectives and receiver all-gathers).
 
 Ring algorithms (Patarasuk & Yuan 2009; Thakur et al. 2005), S = bytes per rank's buffer,
 n = ranks, B = bus bandwidth (bytes/s), a = per-step latency:
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hwprofiles.algorithms import latency_steps, uses_trees
+from hwprofiles.algorithms import Collective, latency_steps, uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.layout import GroupShape
 
@@ -81,13 +82,14 @@ def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
 
 
 def allreduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
+    """All-reduce of a ``size_bytes`` buffer: 2(n-1)/n * S / B + latency steps * a."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    bw, lat = link.figures("all_reduce")
+    bw, lat = link.figures(Collective.ALL_REDUCE)
     return 2 * (n - 1) / n * size_bytes / bw + latency_steps(n, 2 * (n - 1), link.trees) * lat
 
 
-def _ring_pass(collective: str, size_bytes: float, n: int, link: GroupLink) -> float:
+def _ring_pass(collective: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0
     bw, lat = link.figures(collective)
@@ -96,13 +98,25 @@ def _ring_pass(collective: str, size_bytes: float, n: int, link: GroupLink) -> f
 
 def allgather_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """All-gather where ``size_bytes`` is the full (gathered) buffer."""
-    return _ring_pass("all_gather", size_bytes, n, link)
+    return _ring_pass(Collective.ALL_GATHER, size_bytes, n, link)
 
 
 def reducescatter_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """Reduce-scatter where ``size_bytes`` is the full (input) buffer."""
-    return _ring_pass("reduce_scatter", size_bytes, n, link)
+    return _ring_pass(Collective.REDUCE_SCATTER, size_bytes, n, link)
+
+
+def collective_time(op: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
+    """Time of ``op`` (all-reduce, all-gather or reduce-scatter) over the group's ``link``."""
+    if op == Collective.ALL_REDUCE:
+        return allreduce_time(size_bytes, n, link)
+    if op == Collective.ALL_GATHER:
+        return allgather_time(size_bytes, n, link)
+    if op == Collective.REDUCE_SCATTER:
+        return reducescatter_time(size_bytes, n, link)
+    raise ValueError(f"no closed form for a group {op}")
 
 
 def p2p_time(size_bytes: float, bandwidth: float, latency: float) -> float:
+    """One point-to-point message: S / B + a."""
     return size_bytes / bandwidth + latency if size_bytes > 0 else 0.0

@@ -170,7 +170,7 @@ def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0, backward_e
 def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
     """Ops run one after another by the processor that also issues them (a CPU rank): the sum
     of :func:`op_time`. On a CPU the per-op overhead is calibrated per op of these lists
-    (hwprofiles.calibrate_ops), so it is charged once per op whatever its GPU kernel count;
+    (hwprofiles.calibrate.ops), so it is charged once per op whatever its GPU kernel count;
     backward-only extra ops (:func:`pass_times`) add their work only."""
     return sum(op_time(o, gpu) for o in ops)
 

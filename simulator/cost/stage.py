@@ -17,6 +17,7 @@ from simulator.cost import memory
 from simulator.cost import params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
+from simulator.cost.stage_memory import StageShape
 from simulator.specs import ModelSpec, Plan
 from simulator.cost.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
                                 head_forward_ops, layer_backward_extra_ops, layer_forward_ops, padded_vocab_size)
@@ -34,11 +35,17 @@ class BlockTimes:
     act_bytes: float  # b*s*h*e: one boundary activation
 
 
+# Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
+# sequence parallelism each is an all-gather + reduce-scatter pair, Korthikanti et al. 2022):
+TP_FORWARD = 2               # per layer forward: after attention and after the MLP (the g operators)
+TP_BACKWARD = 2              # per layer backward: the f operators' conjugates
+TP_PER_LAYER = TP_FORWARD + TP_BACKWARD
+TP_PER_FULL_RECOMPUTE = TP_FORWARD  # a fully recomputed layer runs its forward's again
+TP_EMBEDDING = 1             # the vocab-parallel embedding's forward
+TP_HEAD = 1                  # the vocab-parallel LM head's backward
+
 _BLOCKS = IdentityCache(4096)
 _STAGES = IdentityCache(8192)
-_ACTIVATIONS = IdentityCache(4096)
-_ACT_PEAK = IdentityCache(16384)
-_LAYER_PARAMS = IdentityCache(1024)
 
 
 def compute_slowdown(cluster: ClusterSpec) -> float:
@@ -86,19 +93,14 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
 
 
 @dataclass(frozen=True)
-class StageCost:
-    """One pipeline device, one microbatch (all its chunks)."""
+class StageCost(StageShape):
+    """One pipeline device, one microbatch (all its chunks): its shape (layers, recomputation,
+    parameters, embedding/head) and its times."""
 
-    forward: float      # compute, no communication
-    backward: float
-    recompute: float
-    tp_comm: float      # forward + backward + recompute TP collectives
-    layers: int
-    full_layers: int
-    selective_layers: int
-    params: float       # parameters held by one rank of this stage (before ZeRO sharding)
-    first: bool
-    last: bool
+    forward: float = 0.0      # compute, no communication
+    backward: float = 0.0
+    recompute: float = 0.0
+    tp_comm: float = 0.0      # forward + backward + recompute TP collectives
 
     @property
     def total(self) -> float:
@@ -113,9 +115,9 @@ def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
 
 
 def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
-    """Cost of each pipeline device per microbatch. TP: 2 all-reduces of b*s*h forward and 2
-    backward per layer, 2 more when a layer is fully recomputed (Narayanan et al. 2021, 3.2);
-    the vocab-parallel embedding adds one forward all-reduce, the LM head one backward.
+    """Cost of each pipeline device per microbatch. TP: TP_FORWARD all-reduces of b*s*h forward
+    and TP_BACKWARD backward per layer, TP_PER_FULL_RECOMPUTE more when a layer is fully
+    recomputed; the vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward.
 
     Devices with the same work share one StageCost object (see ``unique_stages``). The
     result does not depend on d, ZeRO or offload, so it is cached across those."""
@@ -155,87 +157,19 @@ def _make_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[li
         fwd = n * bt.layer.forward
         bwd = n * bt.layer.backward
         recompute = full * bt.layer.forward + sel * bt.layer.attention_core
-        tp = (4 * n + 2 * full) * bt.tp_allreduce
+        tp = (TP_PER_LAYER * n + TP_PER_FULL_RECOMPUTE * full) * bt.tp_allreduce
         if first:
             fwd += bt.embedding.forward
             bwd += bt.embedding.backward
-            tp += bt.tp_allreduce
+            tp += TP_EMBEDDING * bt.tp_allreduce
         if last:
             fwd += bt.head.forward
             bwd += bt.head.backward
-            tp += bt.tp_allreduce
+            tp += TP_HEAD * bt.tp_allreduce
         psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, padded_vocab_size(model, plan.t))
-        made[sig] = StageCost(fwd, bwd, recompute, tp, n, full, sel, psi, first, last)
+        made[sig] = StageCost(layers=n, full_layers=full, selective_layers=sel, params=psi, first=first, last=last,
+                              forward=fwd, backward=bwd, recompute=recompute, tp_comm=tp)
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]
     uniq = [tuple(g) for g in groups.values()]
     return out, uniq
-
-
-def _layer_activations(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> tuple[float, float, float]:
-    return _ACTIVATIONS.get_or_make((model,), (b, t, sp, e), lambda: tuple(
-        memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none")))
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
-
-
-def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, cost: StageCost) -> StageMemory:
-    """Peak memory of one rank of pipeline device ``stage`` (DESIGN.md section 4, "Memory").
-
-    activations = in-flight microbatches * sum over its layers of the per-layer activation
-    for that layer's recompute mode, plus one layer's full activations while it is
-    recomputed (or, without recomputation, while its backward runs);
-    buffers = gradient buckets, ZeRO-3 gathered layers, the last stage's logits (one per
-    in-flight microbatch: the saved cross-entropy softmax), and the pipeline buffers.
-    GPipe does not recompute the last microbatch (its backward follows its forward at once),
-    so with recomputation that microbatch keeps its layers' full activations."""
-    e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.state_bytes_per_param(e)
-    states = memory.model_state_bytes(cost.params, plan.d, plan.zero, plan.offload, pb, gb, k)
-    # the activations do not depend on d, ZeRO or offload: shared by those variants
-    act = _ACT_PEAK.get_or_make((cost, model, cluster), (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp),
-                                lambda: _activation_peak(model, cluster, plan, m, stage, cost))
-    b, t = plan.mb, plan.t
-    s, h = model.seq_length, model.hidden_size
-    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-    buffers = memory.gradient_bucket_bytes(cost.params) if plan.d > 1 or plan.offload != "none" else 0.0
-    if plan.zero == 3:
-        buffers += memory.zero3_working_set_bytes(_LAYER_PARAMS.get_or_make((model,), t, lambda: params.layer_params_per_rank(model, t)))
-    if cost.last:
-        buffers += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t))
-    buffers += memory.pipeline_buffer_bytes(b, s, h, e, plan.p)
-    return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
-
-
-def _activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, cost: StageCost) -> float:
-    """Activation bytes of one rank of device ``stage`` at its peak (see stage_memory)."""
-    e = dtype_bytes(cluster.gpu)
-    sp, b, t = bool(plan.sp), plan.mb, plan.t
-    per_full, per_sel, per_none = _layer_activations(model, b, t, sp, e)
-    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-    if plan.v == 1 or (plan.layers is None and plan.recompute is None):  # equal chunks
-        none_layers = cost.layers - cost.full_layers - cost.selective_layers
-        act = inflight * (cost.full_layers * per_full + cost.selective_layers * per_sel + none_layers * per_none)
-    else:  # chunks of the device may differ: the schedule's worst per-chunk occupancy
-        sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
-        held = [f * per_full + s_ * per_sel + (n - f - s_) * per_none
-                for (f, s_), n in ((rec[c], sizes[c]) for c in range(stage, plan.p * plan.v, plan.p))]
-        act = max(sum(k * x for k, x in zip(vec, held))
-                  for vec in memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v))
-    act += per_none if cost.full_layers else 0.0
-    if plan.schedule == "gpipe" and m > 1:
-        act += cost.full_layers * (per_none - per_full) + cost.selective_layers * (per_none - per_sel)
-    if cost.first:
-        act += inflight * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
-    return act

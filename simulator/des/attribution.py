@@ -46,7 +46,7 @@ def rank_breakdown(eng: Engine, compute_stream: int, final_task: int) -> dict[st
         st = eng.start[tid]
         if st > prev:
             _explain_gap(eng, eng.cause[tid], prev, st, compute_stream, out)
-        for seg, d in eng.info[tid][3]:
+        for seg, d in eng.info[tid].segments:
             out[SEGMENT_CATEGORY[seg]] += d
         prev = max(prev, eng.end[tid])
     t_end = eng.end[final_task]

@@ -27,17 +27,8 @@ collective loads the links and pays latency at its fitted rates (:func:`own_fit`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from hwprofiles.algorithms import latency_steps, uses_trees
+from hwprofiles.algorithms import Collective, latency_steps, uses_trees
 from simulator.des.topology import Topology
-
-CollOp = Literal["allreduce", "reducescatter", "allgather", "broadcast", "p2p"]
-
-
-#: the names calibrate fits these collectives under (hwprofiles.schema.NodeProfile.collectives)
-FITTED_NAMES: dict[str, str] = {"allreduce": "all_reduce", "allgather": "all_gather",
-                                "reducescatter": "reduce_scatter", "p2p": "send_recv"}
 
 
 @dataclass(frozen=True)
@@ -51,17 +42,16 @@ class PhasePlan:
     load: float = 1.0
 
 
-def own_fit(topo: Topology, op: CollOp, gpus: list[int], phases: list[PhasePlan]) -> list[PhasePlan]:
+def own_fit(topo: Topology, op: Collective, gpus: list[int], phases: list[PhasePlan]) -> list[PhasePlan]:
     """``phases`` priced with the node's own fit of ``op`` when the group sits in one node and
     calibrate fitted that collective (NodeProfile.collectives): bytes load the links at
     intra_node bandwidth / fitted bandwidth each, and every step costs the fitted latency
     instead of the link's (steps scaled by fitted / link latency; a link without latency has
     none to scale, so a profile that fits collectives gives its link a latency, as calibrate does)."""
     node = topo.cluster.node
-    name = FITTED_NAMES.get(op)
-    if not node.collectives or name not in node.collectives or len({g // topo.gpus_per_node for g in gpus}) > 1:
+    if not node.collectives or op not in node.collectives or len({g // topo.gpus_per_node for g in gpus}) > 1:
         return phases
-    bw, lat = node.intra_figures(name)
+    bw, lat = node.intra_figures(op)
     link_lat = node.intra_node.latency_s
     load = node.intra_node.bytes_per_s / bw
     steps = lat / link_lat if link_lat > 0 else 1.0
@@ -89,34 +79,34 @@ def _ring(order: list[int], per_edge: float, closed: bool = True) -> tuple[tuple
     return tuple((order[i], order[(i + 1) % n], per_edge) for i in range(edges))
 
 
-def ring_phases(op: CollOp, order: list[int], size: float, trees: bool = True) -> list[PhasePlan]:
+def ring_phases(op: Collective, order: list[int], size: float, trees: bool = True) -> list[PhasePlan]:
     """A single ring (or chain for broadcast) through ``order``; ``trees``: latency steps as NCCL
     counts them (module docstring)."""
     n = len(order)
     if n <= 1 or size <= 0:
         return []
-    if op == "allreduce":
+    if op == Collective.ALL_REDUCE:
         return [PhasePlan(_ring(order, 2 * (n - 1) / n * size), latency_steps(n, 2 * (n - 1), trees))]
-    if op in ("reducescatter", "allgather"):
+    if op in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
         return [PhasePlan(_ring(order, (n - 1) / n * size), latency_steps(n, n - 1, trees))]
-    if op == "broadcast":
+    if op == Collective.BROADCAST:
         return [PhasePlan(_ring(order, size, closed=False), latency_steps(n, n - 1, trees))]
     raise ValueError(f"unknown collective {op!r}")
 
 
-def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) -> list[PhasePlan]:
+def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: float) -> list[PhasePlan]:
     """Phases of ``op`` on the group ``gpus`` (in group order) of a buffer of ``size`` bytes."""
     n = len(gpus)
     if n <= 1 or size <= 0:
         return []
-    if op == "p2p":
+    if op == Collective.SEND_RECV:
         if n != 2:
-            raise ValueError("p2p needs exactly two GPUs")
+            raise ValueError("send/recv needs exactly two GPUs")
         return own_fit(topo, op, gpus, [PhasePlan(((gpus[0], gpus[1], size),), 1)])
     algo = algorithm(topo, gpus)
     order = sorted(gpus)
     trees = uses_trees(topo.cluster.node.backend)
-    if algo != "hierarchical" or op == "broadcast":
+    if algo != "hierarchical" or op == Collective.BROADCAST:
         return own_fit(topo, op, gpus, ring_phases(op, order, size, trees))
     G = topo.gpus_per_node
     nodes: dict[int, list[int]] = {}
@@ -125,7 +115,7 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
     members = list(nodes.values())
     k = len(members[0])
 
-    def intra(op2: CollOp) -> PhasePlan:
+    def intra(op2: Collective) -> PhasePlan:
         flows: list[tuple[int, int, float]] = []
         ph = None
         for mem in members:
@@ -134,7 +124,7 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
         assert ph is not None
         return PhasePlan(tuple(flows), ph.steps)
 
-    def inter(op2: CollOp) -> PhasePlan:
+    def inter(op2: Collective) -> PhasePlan:
         flows = []
         ph = None
         for j in range(k):
@@ -143,12 +133,12 @@ def collective_phases(topo: Topology, op: CollOp, gpus: list[int], size: float) 
         assert ph is not None
         return PhasePlan(tuple(flows), ph.steps)
 
-    if op == "allreduce":
-        return [intra("reducescatter"), inter("allreduce"), intra("allgather")]
-    if op == "reducescatter":
-        return [intra("reducescatter"), inter("reducescatter")]
-    if op == "allgather":
-        return [inter("allgather"), intra("allgather")]
+    if op == Collective.ALL_REDUCE:
+        return [intra(Collective.REDUCE_SCATTER), inter(Collective.ALL_REDUCE), intra(Collective.ALL_GATHER)]
+    if op == Collective.REDUCE_SCATTER:
+        return [intra(Collective.REDUCE_SCATTER), inter(Collective.REDUCE_SCATTER)]
+    if op == Collective.ALL_GATHER:
+        return [inter(Collective.ALL_GATHER), intra(Collective.ALL_GATHER)]
     raise ValueError(f"unknown collective {op!r}")
 
 

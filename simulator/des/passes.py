@@ -15,7 +15,7 @@ Per layer and microbatch on one TP rank:
 Memory per layer and microbatch (:func:`simulator.cost.memory.activation_bytes_per_layer`, the
 layer's recompute mode), the first stage's embedding dropout mask (1 byte per element of
 b*s*h, split by t with SP; its output is layer 0's input, counted with the layer; as
-:func:`simulator.cost.stage.stage_memory`) and the last stage's logits buffer are allocated when
+:func:`simulator.cost.stage_memory.stage_memory`) and the last stage's logits buffer are allocated when
 the forward starts and freed when the backward ends; a fully recomputed layer's full
 activations exist while it is recomputed and back-propagated (:mod:`simulator.cost.stage`).
 """
@@ -24,12 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+Segments = tuple[tuple[str, float], ...]  # (segment kind, seconds) in execution order
+
 from simulator.cost.memory import activation_bytes_per_layer, embedding_activation_bytes, logits_buffer_bytes, state_bytes_per_param
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from simulator.specs import Job
-from simulator.cost.stage import block_times
+from simulator.cost.stage import (TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE,
+                                  block_times)
 
 
 @dataclass(frozen=True)
@@ -158,31 +161,31 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
         params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
         segs: list[tuple[str, float]] = []
         if kind == "F":
-            tp_bytes = 2 * ar
+            tp_bytes = TP_FORWARD * ar
             if has_emb:
-                segs += [("fwd", c.emb_f), ("tp", tp)]
-                tp_bytes += ar
-            segs += [("fwd", c.fwd), ("tp", 2 * tp)]
+                segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
+                tp_bytes += TP_EMBEDDING * ar
+            segs += [("fwd", c.fwd), ("tp", TP_FORWARD * tp)]
             if has_head:
                 segs.append(("fwd", c.head_f))
             out.append(Item(merge_segs(segs), alloc_act=stored + (c.emb_act if has_emb else 0.0),
                             alloc_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
-                            tp_layer_allreduces=2))
+                            tp_layer_allreduces=TP_FORWARD))
             continue
-        tp_bytes = 2 * ar
-        n_ar = 2
+        tp_bytes = TP_BACKWARD * ar
+        n_ar = TP_BACKWARD
         work = 0.0
         if has_head:
-            segs += [("bwd", c.head_b), ("tp", tp)]
-            tp_bytes += ar
+            segs += [("bwd", c.head_b), ("tp", TP_HEAD * tp)]
+            tp_bytes += TP_HEAD * ar
         if mode == "full":
-            segs += [("recompute", c.fwd), ("tp", 2 * tp)]
-            tp_bytes += 2 * ar
-            n_ar += 2
+            segs += [("recompute", c.fwd), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
+            tp_bytes += TP_PER_FULL_RECOMPUTE * ar
+            n_ar += TP_PER_FULL_RECOMPUTE
             work = c.act["none"]
         elif mode == "selective":
             segs.append(("recompute", c.attn_core))
-        segs += [("bwd", c.bwd), ("tp", 2 * tp)]
+        segs += [("bwd", c.bwd), ("tp", TP_BACKWARD * tp)]
         if has_emb:
             segs.append(("bwd", c.emb_b))
         out.append(Item(merge_segs(segs), work=work, free_act=stored + (c.emb_act if has_emb else 0.0),

@@ -75,12 +75,12 @@ def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> 
         for task in eng.stream_queue[cs]:
             t = eng.start[task] * scale
             info = eng.info[task]
-            for seg, d in info[3]:
+            for seg, d in info.segments:
                 bars.setdefault(seg, []).append((t, d * scale))
                 t += d * scale
             w = eng.dur[task] * scale
             if eng.kind[task] in ("F", "B"):
-                label = str(info[1])
+                label = str(info.microbatch)
                 if w * px_per_unit >= 5.5 * len(label) + 3:
                     ax.text(eng.start[task] * scale + w / 2, y + 0.3, label, ha="center", va="center",
                             fontsize=fontsize, color="white", clip_on=True)

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic import CPU_ADAM_STATE_BYTES
+from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.des.attribution import rank_breakdown
 from simulator.des.engine import Engine
 from simulator.des.memtimeline import RankMemory
 from simulator.des.network import Network
-from simulator.des.program import Device, DesOptions, ProgramBuilder
+from simulator.des.program import Device, DesOptions, build_program
 from simulator.result import SimResult
 from simulator.specs import Job
 from simulator.des.topology import Topology
@@ -88,14 +88,13 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
     topo = topology_for(job.cluster)
     net = Network(topo.cap, record=opts.record_links or trace)
     eng = Engine(net)
-    prog = ProgramBuilder(job, topo, eng, full, opts)
-    prog.build()
+    prog = build_program(job, topo, eng, full, opts)
     step = eng.run()
     memory = prog.mem.replay(eng.start, eng.end)
 
     # the rank that finishes last, and its last task
     final_task = max(range(eng.num_tasks), key=lambda t: (eng.end[t], -t))
-    crit = eng.info[final_task][0]
+    crit = eng.info[final_task].device
     crit_dev = prog.devices[crit]
     breakdown = rank_breakdown(eng, crit_dev.streams["compute"], final_task)
     busy = breakdown["compute"] + breakdown["recompute"] + breakdown["tp_comm"]
@@ -130,14 +129,12 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
         counters=dict(prog.counters), wall_s=wall, full=full, schedule=plan.schedule,
         num_microbatches=job.m, links_recorded=net.record, options=opts, breakdowns={crit: breakdown},
     )
-    host_fits = True
+    fits_host = True
     if plan.offload != "none":
         # as simulator.analytic: a node's ranks keep fp32 state (+ fp16 params with ZeRO-3) in host memory
-        psi_max = max(prog.device_params(dev) for dev in prog.devices)
-        psi_local = psi_max / plan.d if plan.zero >= 1 else psi_max
-        host = job.cluster.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + (2 if plan.zero == 3 else 0))
+        host = host_state_bytes(job, local_params(max(prog.device_params(dev) for dev in prog.devices), plan))
         extra["host_memory_gib"] = host / 2**30
-        host_fits = plan.offload == "nvme" or host <= job.cluster.node.host_memory_GiB * 2**30
+        fits_host = host_fits(job, host)
     return SimResult(
         job=job,
         step_time=step,
@@ -150,7 +147,7 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
         bubble_fraction=bubble_fraction,
         fidelity="des",
         extra=extra,
-        host_fits=host_fits,
+        host_fits=fits_host,
     )
 
 

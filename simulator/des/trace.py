@@ -41,12 +41,10 @@ US = 1e6
 
 def _task_name(kind: str, info: Any) -> str:
     if kind in ("F", "B"):
-        _, mb, chunk, _ = info
-        return f"{'fwd' if kind == 'F' else 'bwd'} mb{mb} c{chunk}"
+        return f"{'fwd' if kind == 'F' else 'bwd'} mb{info.microbatch} c{info.chunk}"
     if kind == "opt":
         return "optimizer step"
-    _, mb, _, label = info
-    return f"{label} mb{mb}" if mb >= 0 else str(label)
+    return f"{info.label} mb{info.microbatch}" if info.microbatch >= 0 else info.label
 
 
 def trace_events(result: SimResult) -> list[dict[str, Any]]:
@@ -76,7 +74,7 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
                 continue
             t = start * US
             stop = t + max(dur, 0.0) * US
-            for seg, d in info[3]:
+            for seg, d in info.segments:
                 d = min(d * US, stop - t)  # nest inside the task despite rounding
                 ev.append({"ph": "X", "name": SEGMENT_NAMES[seg], "cat": seg, "pid": pid,
                            "tid": THREADS["tp"][0] if seg == "tp" else tid, "ts": t, "dur": max(d, 0.0)})

@@ -20,6 +20,8 @@ by that difference, which staggers their use of the shared links rather than add
 
 from __future__ import annotations
 
+from hwprofiles.algorithms import Collective
+
 from typing import Callable
 
 from simulator.des.flows import PhasePlan, collective_phases
@@ -110,7 +112,7 @@ class Transfers:
 
     # ------------------------------------------------------------------ class makers
 
-    def dp_class(self, stage: int, op: str) -> Callable[[], list[list[RoutedPhase]]]:
+    def dp_class(self, stage: int, op: Collective) -> Callable[[], list[list[RoutedPhase]]]:
         """``op`` over the data-parallel group of each tensor rank of ``stage`` (copy = tp)."""
         def make() -> list[list[RoutedPhase]]:
             return [self._routed(collective_phases(self.topo, op, [self.gpu(stage, dp, tp) for dp in range(self.d)], 1.0))
@@ -121,14 +123,14 @@ class Transfers:
         """Every (dp, tp) rank of stage s0 sends to its peer of stage s1 (copy = dp*t + tp);
         ``extra``: the receivers' all-gather after a scattered send."""
         def make() -> list[list[RoutedPhase]]:
-            return [self._routed(collective_phases(self.topo, "p2p", [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0), extra)
+            return [self._routed(collective_phases(self.topo, Collective.SEND_RECV, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0), extra)
                     for dp in range(self.d) for tp in range(self.t)]
         return make
 
     def pair_allreduce_class(self, s0: int, s1: int) -> Callable[[], list[list[RoutedPhase]]]:
         """All-reduce between each (dp, tp) rank of stage s0 and its peer of s1 (tied embeddings)."""
         def make() -> list[list[RoutedPhase]]:
-            return [self._routed(collective_phases(self.topo, "allreduce", [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0))
+            return [self._routed(collective_phases(self.topo, Collective.ALL_REDUCE, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0))
                     for dp in range(self.d) for tp in range(self.t)]
         return make
 

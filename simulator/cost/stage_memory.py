@@ -1,0 +1,177 @@
+"""The stage memory model: peak bytes of one rank of a pipeline device (docs/design.md section 4, "Memory").
+
+One model, in two forms that agree (tests/test_stage_memory.py):
+
+* :func:`stage_memory` -- the analytic estimate's breakdown of a device's peak (params, grads,
+  optimizer, activations, buffers) for a plan's layer split and recomputation;
+* :class:`DeviceMemoryModel` -- the same bytes as a linear function of the device's per-chunk
+  layer counts n_c, fully recomputed layers f_c and selectively recomputed layers s_c, for the
+  CP-SAT partitioner (autoplan.partition), one expression per reachable occupancy vector k:
+
+      mem = fixed + a_none * [any f_c > 0]
+            + sum_c [ (states_layer + k_c a_none) n_c + k_c (a_full - a_none) f_c + k_c (a_sel - a_none) s_c ]
+            + gpipe * sum_c [ (a_none - a_full) f_c + (a_none - a_sel) s_c ]
+
+  where ``gpipe`` is 1 for GPipe with m > 1 (its last microbatch is not recomputed, so it
+  keeps its layers' full activations). The gradient buckets depend on the stage's parameter
+  count, min(2 * bucket, psi * grad bytes); the linear form takes their cap, so it is the
+  exact peak once a stage's gradients exceed two buckets and an upper bound below that.
+
+Terms (all per rank of the device):
+    states      = model_state_bytes(psi) (ZeRO 0-3, offload; simulator.cost.memory), psi the
+                  stage's parameters with Megatron's padded vocabulary;
+    activations = occupancy-weighted per-layer activations for each layer's recompute mode,
+                  plus one layer's full activations while it is recomputed (or, without
+                  recomputation, while its backward runs), plus on the first stage the
+                  embedding dropout mask per in-flight microbatch;
+    buffers     = gradient buckets (d > 1 or offload), ZeRO-3 gathered layers, the last
+                  stage's logits per in-flight microbatch (the saved cross-entropy softmax),
+                  the pipeline send/receive buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwprofiles.schema import ClusterSpec
+from simulator.cost import memory, params
+from simulator.cost.cache import IdentityCache
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.workload import padded_vocab_size
+from simulator.specs import ModelSpec, Plan
+
+_ACTIVATIONS = IdentityCache(4096)
+_ACT_PEAK = IdentityCache(16384)
+_LAYER_PARAMS = IdentityCache(1024)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What the memory of one pipeline device depends on besides the plan: its layers and their
+    recomputation, and whether it holds the embedding (first) and the head (last)."""
+
+    layers: int
+    full_layers: int
+    selective_layers: int
+    params: float     # parameters held by one rank of the device (before ZeRO sharding)
+    first: bool
+    last: bool
+
+
+def layer_activations(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> tuple[float, float, float]:
+    """(full, selective, none): one layer's activations per microbatch by recompute mode (cached)."""
+    return _ACTIVATIONS.get_or_make((model,), (b, t, sp, e), lambda: tuple(
+        memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none")))
+
+
+def _layer_params(model: ModelSpec, t: int) -> float:
+    return _LAYER_PARAMS.get_or_make((model,), t, lambda: params.layer_params_per_rank(model, t))
+
+
+def stage_buffers(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, last: bool,
+                  psi: float | None) -> float:
+    """Buffers of one rank of device ``stage`` (module docstring); ``psi`` None: the gradient
+    buckets at their cap (the linear form)."""
+    e = dtype_bytes(cluster.gpu)
+    b, t = plan.mb, plan.t
+    out = 0.0
+    if plan.d > 1 or plan.offload != "none":
+        out += memory.gradient_bucket_bytes(float("inf") if psi is None else psi)
+    if plan.zero == 3:
+        out += memory.zero3_working_set_bytes(_layer_params(model, t))
+    if last:
+        inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+        out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t))
+    return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
+
+
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> StageMemory:
+    """Peak memory of one rank of pipeline device ``stage`` (module docstring)."""
+    e = dtype_bytes(cluster.gpu)
+    pb, gb, k = memory.state_bytes_per_param(e)
+    states = memory.model_state_bytes(shape.params, plan.d, plan.zero, plan.offload, pb, gb, k)
+    # the activations do not depend on d, ZeRO or offload: shared by those variants
+    act = _ACT_PEAK.get_or_make((shape, model, cluster),
+                                (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t),
+                                lambda: _activation_peak(model, cluster, plan, m, stage, shape))
+    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params)
+    return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
+
+
+def _activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> float:
+    """Activation bytes of one rank of device ``stage`` at its peak (module docstring)."""
+    e = dtype_bytes(cluster.gpu)
+    sp, b, t = bool(plan.sp), plan.mb, plan.t
+    per_full, per_sel, per_none = layer_activations(model, b, t, sp, e)
+    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+    if plan.v == 1 or (plan.layers is None and plan.recompute is None):  # equal chunks
+        none_layers = shape.layers - shape.full_layers - shape.selective_layers
+        act = inflight * (shape.full_layers * per_full + shape.selective_layers * per_sel + none_layers * per_none)
+    else:  # chunks of the device may differ: the schedule's worst per-chunk occupancy
+        sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
+        held = [f * per_full + s_ * per_sel + (n - f - s_) * per_none
+                for (f, s_), n in ((rec[c], sizes[c]) for c in range(stage, plan.p * plan.v, plan.p))]
+        act = max(sum(k * x for k, x in zip(vec, held))
+                  for vec in memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v))
+    act += per_none if shape.full_layers else 0.0
+    if plan.schedule == "gpipe" and m > 1:
+        act += shape.full_layers * (per_none - per_full) + shape.selective_layers * (per_none - per_sel)
+    if shape.first:
+        act += inflight * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
+    return act
+
+
+@dataclass(frozen=True)
+class DeviceMemoryModel:
+    """The linear form of :func:`stage_memory` for one device (module docstring)."""
+
+    fixed: float                                  # bytes that do not scale with the device's layers
+    layer_states: float                           # model states of one layer
+    a_full: float
+    a_sel: float
+    a_none: float
+    occupancy: tuple[tuple[int, ...], ...]        # reachable per-chunk in-flight counts (memory.chunk_occupancy)
+    gpipe_last_kept: bool                         # GPipe, m > 1: the last microbatch keeps full activations
+
+    @staticmethod
+    def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, first: bool, last: bool) -> "DeviceMemoryModel":
+        e = dtype_bytes(cluster.gpu)
+        pb, gb, k = memory.state_bytes_per_param(e)
+        a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e)
+        layer_states = memory.model_state_bytes(_layer_params(model, plan.t), plan.d, plan.zero, plan.offload, pb, gb, k).total
+        psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
+        fixed = memory.model_state_bytes(psi, plan.d, plan.zero, plan.offload, pb, gb, k).total
+        fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
+        if first:
+            inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+            fixed += inflight * memory.embedding_activation_bytes(plan.mb, model.seq_length, model.hidden_size, plan.t,
+                                                                   bool(plan.sp))
+        occupancy = memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
+        return DeviceMemoryModel(fixed, layer_states, a_full, a_sel, a_none, occupancy,
+                                 plan.schedule == "gpipe" and m > 1)
+
+    def coefficients(self, vec: tuple[int, ...]) -> list[tuple[float, float, float]]:
+        """Per chunk of the device, the bytes per unit of (n_c, f_c, s_c) under occupancy ``vec``."""
+        g = 1.0 if self.gpipe_last_kept else 0.0
+        return [(self.layer_states + k * self.a_none,
+                 k * (self.a_full - self.a_none) + g * (self.a_none - self.a_full),
+                 k * (self.a_sel - self.a_none) + g * (self.a_none - self.a_sel)) for k in vec]
+
+    def bytes(self, n: list[int], f: list[int], s: list[int]) -> float:
+        """The peak for the device's chunks' (n, f, s), in local chunk order."""
+        worst = max(sum(cn * nc + cf * fc + cs * sc for (cn, cf, cs), nc, fc, sc in zip(self.coefficients(vec), n, f, s))
+                    for vec in self.occupancy)
+        return self.fixed + (self.a_none if any(f) else 0.0) + worst

@@ -1,0 +1,144 @@
+"""The step's orchestration rules: what one iteration moves and runs besides the layers' math.
+
+The single home of each rule that both the analytic estimate (:mod:`simulator.analytic`) and
+the DES program (:mod:`simulator.des.program`) apply (docs/design.md section 4.1):
+
+* data-parallel gradient reduction: all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2/3
+  (:func:`gradient_reduction`); parameter all-gathers move min(e, 2) bytes per parameter
+  (:func:`param_gather_bytes`: fp16/bf16 working copies, fp32 on a fp32 run);
+* the optimizer: one rank steps its ``psi / d`` shard with ZeRO >= 1 (:func:`local_params`),
+  over its layers' tensors plus the embedding and final-norm tensors
+  (:func:`optimizer_tensors`), in :func:`optimizer_time`;
+* offload: the host step is pipelined over OFFLOAD_SUBGROUPS sub-groups; the host keeps
+  CPU_ADAM_STATE_BYTES per parameter (+ the fp16 parameters with ZeRO-3), which must fit in
+  host memory unless it spills to NVMe (:func:`host_state_bytes`, :func:`host_fits`);
+* pipeline boundaries: what one TP rank sends across a stage boundary and the extra time of
+  the send (:func:`pipeline_send`);
+* tied embeddings: the gradient all-reduced between the first and the last stage
+  (:func:`tied_embedding_bytes`);
+* every step's two scalar all-reduces (:func:`step_sync_time`).
+"""
+
+from __future__ import annotations
+
+from hwprofiles.algorithms import Collective
+from hwprofiles.schema import ClusterSpec
+from simulator.cost import collectives, layout
+from simulator.cost.cache import IdentityCache
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.stage import compute_slowdown, host_async
+from simulator.cost.workload import layer_param_tensors, padded_vocab_size
+from simulator.specs import Job, ModelSpec, Plan
+
+ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
+OPTIMIZER_STEP_BYTES_PER_PARAM = 60    # mixed-precision step with fp32 master weights (optimizer_time)
+CPU_ADAM_STATE_BYTES = 16              # fp32 master, momentum, variance and gradient per parameter on the host
+OFFLOAD_SUBGROUPS = 4                  # the offloaded optimizer step is pipelined over this many sub-groups
+NON_LAYER_TENSORS = 4                  # word and position embeddings, final norm weight and bias
+GRAD_NORM_BYTES, LOSS_BYTES = 8, 4     # fp64 squared norm, fp32 loss
+
+_SYNC = IdentityCache(4096)
+
+
+def gradient_reduction(zero: int) -> Collective:
+    """The data-parallel gradient collective: all-reduce (ZeRO-0, DDP) or reduce-scatter
+    (ZeRO-1/2/3 keep only their shard of the reduced gradients; Rajbhandari et al. 2020)."""
+    return Collective.ALL_REDUCE if zero == 0 else Collective.REDUCE_SCATTER
+
+
+def param_gather_bytes(e: int) -> int:
+    """Bytes per parameter of a parameter all-gather (ZeRO-1/2 after the step, ZeRO-3 before
+    each pass): the fp16/bf16 working copy, min(e, 2); e = 4 on a fp32 run."""
+    return min(e, 2)
+
+
+def local_params(psi: float, plan: Plan) -> float:
+    """Parameters whose optimizer state one rank steps: its 1/d shard with ZeRO >= 1."""
+    return psi / plan.d if plan.zero >= 1 else psi
+
+
+def optimizer_tensors(model: ModelSpec, layers: int) -> int:
+    """Parameter tensors one rank's optimizer visits: its ``layers`` layers' tensors plus up to
+    NON_LAYER_TENSORS more (embeddings, final norm)."""
+    return layers * layer_param_tensors(model) + NON_LAYER_TENSORS
+
+
+def host_state_bytes(job: Job, psi_local: float) -> float:
+    """Host memory of a node under offload: each of its ranks keeps CPU_ADAM_STATE_BYTES per
+    parameter of its shard, plus the fp16 parameters with ZeRO-3 (ZeRO-Offload, Ren et al.
+    2021; ZeRO-Infinity keeps them on the host too)."""
+    per_param = CPU_ADAM_STATE_BYTES + (2 if job.plan.zero == 3 else 0)
+    return job.cluster.gpus_per_node * psi_local * per_param
+
+
+def host_fits(job: Job, host_bytes: float) -> bool:
+    """Offloaded state fits: it spills to NVMe with offload=nvme, else it must fit the host."""
+    return job.plan.offload == "nvme" or host_bytes <= job.cluster.node.host_memory_GiB * 2**30
+
+
+def pipeline_send(cluster: ClusterSpec, plan: Plan, act_bytes: float, crosses: bool) -> tuple[float, float]:
+    """(bytes each TP rank sends, extra seconds) across one pipeline boundary of a ``act_bytes``
+    activation (b*s*h*e). Across nodes with t > 1 and no SP each TP rank sends 1/t and the
+    receivers all-gather it over the node's links (Megatron's scatter/gather optimization,
+    Narayanan et al. 2021, section 4.1); with SP each rank sends its 1/t shard; inside a node a
+    receiver woken by the message waits for a busy core (collectives.in_pass_wait)."""
+    t = plan.t
+    if crosses and t > 1 and not plan.sp:
+        intra = collectives.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+        return act_bytes / t, collectives.allgather_time(act_bytes, t, intra)
+    return act_bytes / (t if plan.sp else 1), 0.0 if crosses else collectives.in_pass_wait(cluster)
+
+
+def tied_embedding_bytes(model: ModelSpec, t: int, e: int) -> float:
+    """The word-embedding gradient (padded V/t x h, e bytes) that the first and the last
+    stage all-reduce when p > 1 and the embeddings are tied (Megatron-LM
+    ``_allreduce_embedding_grads``; DeepSpeed pipeline ``_exec_reduce_tied_grads``)."""
+    return padded_vocab_size(model, t) / t * model.hidden_size * e
+
+
+def step_sync_time(job: Job) -> float:
+    """The two scalar all-reduces of every step, latency-bound: the squared gradient norm
+    for clipping over all t*p*d ranks (autoplan.runtime.grads.clip_global_norm; DeepSpeed
+    reduces it over the world, Megatron-LM over the model-parallel group after the data-
+    parallel reduction) and, with d > 1, the loss average over the data-parallel group
+    (Megatron-LM ``average_losses_across_data_parallel_group``). Each costs its group's latency
+    steps (rings on gloo, trees on NCCL: hwprofiles.algorithms) times the link latency."""
+    plan, cluster = job.plan, job.cluster
+    return _SYNC.get_or_make((cluster,), (plan.t, plan.p, plan.d), lambda: _step_sync_time(cluster, plan))
+
+
+def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
+    gpn = cluster.gpus_per_node
+    world = plan.t * plan.p * plan.d
+    world_link = collectives.group_link(cluster, layout.group_shape(world, 1, gpn))
+    norm = collectives.allreduce_time(GRAD_NORM_BYTES, world, world_link)
+    if plan.d == 1:
+        return norm
+    dp_link = collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, gpn))
+    return norm + collectives.allreduce_time(LOSS_BYTES, plan.d, dp_link)
+
+
+def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
+    """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
+    tensors. With a calibrated eager optimizer (``eager.optimizer_param_ns``):
+        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us with t > 1),
+        work = psi_local * optimizer_param_ns,
+        step = host + work on a CPU rank, max(host, work) on a GPU (as ops.pass_times);
+    otherwise the step streams through HBM OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
+    parameter (Megatron-LM FP16 optimizer / DeepSpeed FP16_Optimizer: fp16 grads to fp32 main
+    grads (read 2, write 4), unscale and inf/nan check (4 + 4), gradient norm (4), clip/unscale
+    multiply (4 + 4), Adam (read grad, master, m, v, write master, m, v: 28), fp32 master back
+    to the fp16 parameters (4 + 2)); fp32 training (e = 4: no master copy) streams Adam's 28
+    bytes; plus per tensor the eager ``optimizer_tensor_us`` when measured, else one launch.
+    Ranks sharing a processor slow each other (stage.compute_slowdown)."""
+    gpu = job.cluster.gpu
+    eager = gpu.eager
+    if eager is not None and eager.optimizer_param_ns is not None:
+        host = param_tensors * eager.optimizer_us(job.plan.t > 1) * 1e-6
+        work = psi_local * eager.optimizer_param_ns * 1e-9
+        step = max(host, work) if host_async(job.cluster) else host + work
+        return step * compute_slowdown(job.cluster)
+    per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
+    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    per_tensor_us = eager.optimizer_us(job.plan.t > 1) if eager else gpu.kernel_launch_us
+    return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)

@@ -1,0 +1,97 @@
+"""The compute stream of a rank: one task per pass (or per layer, or per gradient bucket).
+
+A pass of a microbatch through a pipeline chunk is one task of per-layer segments
+(:mod:`simulator.des.passes`), split into per-layer tasks when ZeRO-3 gathers each layer's
+parameters before it runs, and into per-bucket tasks for the chunk's last backward when
+gradient buckets are reduced as the backward produces them (PyTorch DDP, Megatron-LM
+``overlap_grad_reduce``). ZeRO-2 keeps only a gradient shard, so it reduces every
+microbatch's gradients; without overlap (``job.runtime.dp_overlap`` False) the reductions
+follow the last backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.cost.schedules import PipeOp
+from simulator.des.program import data_parallel
+from simulator.des.program.state import Device, Program, Split, TaskInfo
+
+
+@dataclass(frozen=True)
+class ReductionMode:
+    """How a rank's gradients and parameters move around its passes."""
+
+    zero3: bool       # per-layer parameter gathers and gradient reduce-scatters
+    overlap: bool     # bucketed reductions overlap the backward
+    per_mb: bool      # reduce every microbatch (ZeRO-2)
+    dp_sync: bool     # any data-parallel gradient reduction (ZeRO 0-2 with d > 1)
+
+    @staticmethod
+    def of(prog: Program) -> "ReductionMode":
+        plan = prog.plan
+        dp_sync = plan.d > 1 and plan.zero < 3
+        return ReductionMode(
+            zero3=plan.zero == 3 and (plan.d > 1 or plan.offload != "none"),  # offloaded params are fetched even at d = 1
+            overlap=dp_sync and prog.job.runtime.dp_overlap,
+            per_mb=dp_sync and plan.zero == 2,
+            dp_sync=dp_sync,
+        )
+
+
+def add_passes(prog: Program, dev: Device) -> None:
+    """Every pass of ``dev`` in schedule order, with the reductions that hang off them."""
+    order = prog.orders[dev.idx]
+    last_b = {op.chunk: k for k, op in enumerate(order) if op.kind == "B"}
+    mode = ReductionMode.of(prog)
+    pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
+    prog.pieces_of[dev.idx] = pieces
+    nred = 0
+    for k, op in enumerate(order):
+        j = op.chunk * prog.p + dev.pp
+        norec = prog.norec(op)
+        _count(prog, dev, op, j, norec)
+        bucketed = mode.overlap and op.kind == "B" and (mode.per_mb or last_b[op.chunk] == k)
+        split: Split = "layers" if mode.zero3 else "buckets" if bucketed else "whole"
+        nred = _add_pass(prog, dev, op, j, norec, split, mode, bucketed, pieces, nred)
+        if mode.per_mb and not mode.overlap and op.kind == "B":
+            data_parallel.reduce_gradients(prog, dev, prog.chunk_params(j), pieces[-1], nred)
+            nred += 1
+    if mode.dp_sync and not mode.overlap and not mode.per_mb:
+        data_parallel.reduce_gradients(prog, dev, prog.device_params(dev), pieces[-1], nred)
+
+
+def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
+    """TP traffic of the first rank, recomputed layers of one pipeline replica."""
+    tp_bytes, tp_n, rec_f, rec_s = prog.totals(op.kind, j, norec)
+    if dev.idx == 0:
+        prog.counters["tp_bytes"] += tp_bytes
+        prog.counters["tp_layer_allreduces"] += tp_n
+    if dev.dp == 0 and dev.tp == 0:
+        prog.recomputed["full"] += rec_f
+        prog.recomputed["selective"] += rec_s
+
+
+def _add_pass(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool, split: Split, mode: ReductionMode,
+              bucketed: bool, pieces: list[int], nred: int) -> int:
+    """The compute tasks of one pass; returns the rank's reduction count after it."""
+    cs = prog.stream(dev, "compute")
+    for gi, pc in enumerate(prog.pieces(op.kind, j, norec, split)):
+        gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pieces) if mode.zero3 else -1
+        tid = prog.eng.task(cs, pc.dur, op.kind, (), TaskInfo(dev.idx, op.mb, j, segments=pc.segs))
+        prog.piece_index[tid] = (dev.idx, len(pieces))
+        pieces.append(tid)
+        if gather >= 0:
+            prog.gate(tid, gather)
+            prog.mem.add(tid, dev.idx, True, "buffers", -pc.first_params * data_parallel.gather_bytes(prog))
+        prog.mem.add_many(tid, dev.idx, pc.start_mem, pc.end_mem)
+        if gi == 0:
+            prog.first[(dev.idx, op.kind, op.mb, j)] = tid
+        prog.last[(dev.idx, op.kind, op.mb, j)] = tid
+        if mode.zero3 and op.kind == "B":
+            data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, tid, nred)
+            nred += 1
+        elif bucketed:
+            data_parallel.reduce_gradients(prog, dev, pc.params, tid, nred)
+            nred += 1
+    return nred

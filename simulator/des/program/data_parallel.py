@@ -1,0 +1,101 @@
+"""Data-parallel traffic: gradient reductions, ZeRO-3 gathers, the tied embedding, ZeRO-1/2 gathers.
+
+* ZeRO 0-2: a gradient bucket's reduction (:func:`simulator.cost.step.gradient_reduction`:
+  all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2) once the backward produced it;
+* ZeRO-3 (DeepSpeed stage 3 / FSDP): each layer's parameters all-gathered before every
+  forward and every backward pass of every microbatch, one layer ahead of the compute (with
+  offload the rank's shard first comes up from host memory, or NVMe then host), and its
+  gradients reduce-scattered after every backward pass;
+* offload: the rank's reduced gradient shard goes down to host memory over PCIe;
+* tied embeddings (p > 1): the word-embedding gradient all-reduced between the first and
+  the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
+* ZeRO-1/2: the updated parameters all-gathered once every member has stepped.
+Volumes: gradients e bytes per parameter, parameter gathers
+:func:`simulator.cost.step.param_gather_bytes`.
+"""
+
+from __future__ import annotations
+
+from hwprofiles.algorithms import Collective
+from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
+from simulator.des.program.state import Device, Program, Send
+
+
+def gather_bytes(prog: Program) -> int:
+    """Bytes per parameter of a parameter all-gather (cost.step.param_gather_bytes)."""
+    return param_gather_bytes(prog.costs.e)
+
+
+def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int]) -> int:
+    """All-gather one layer's parameters, at most one layer ahead of the compute."""
+    plan, xfer = prog.plan, prog.xfer
+    dep = pieces[-2] if len(pieces) >= 2 else -1
+    size = params * gather_bytes(prog)
+    shard = size / plan.d
+    if plan.offload != "none":
+        if plan.offload == "nvme":
+            dep = prog.transfer(dev, Send("nvme", ("nvme", dev.pp), xfer.host_class(dev.pp, "nvme"), "dptp", shard,
+                                          "offload", "param read"), (dep,))
+        dep = prog.transfer(dev, Send("h2d", ("h2d", dev.pp), xfer.host_class(dev.pp, "h2d"), "dptp", shard,
+                                      "offload", "param up", "offload_bytes"), (dep,))
+    send = Send("zero", ("ag", dev.pp), xfer.dp_class(dev.pp, Collective.ALL_GATHER), "tp", size, "zero",
+                "param gather", "dp_bytes")
+    g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)))
+    prog.mem.add(g, dev.idx, False, "buffers", size)
+    return g
+
+
+def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
+    """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction count)."""
+    size = params * prog.costs.grad_bytes
+    send = Send("dp", ("rs", dev.pp), prog.xfer.dp_class(dev.pp, Collective.REDUCE_SCATTER), "tp", size, "dp",
+                "grad reduce-scatter", "dp_bytes")
+    rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)))
+    prog.dp_done[dev.idx].append(_grad_down(prog, dev, rs, size))
+
+
+def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
+    """A gradient bucket's reduction (ZeRO 0-2) after ``piece``."""
+    size = params * prog.costs.grad_bytes
+    op = gradient_reduction(prog.plan.zero)
+    send = Send("dp", (op, dev.pp), prog.xfer.dp_class(dev.pp, op), "tp", size, "dp", f"grad {op}", "dp_bytes")
+    red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)))
+    prog.dp_done[dev.idx].append(_grad_down(prog, dev, red, size))
+
+
+def _grad_down(prog: Program, dev: Device, reduced: int, size: float) -> int:
+    """With offload, this rank's reduced gradient shard goes to host memory over PCIe."""
+    if prog.plan.offload == "none":
+        return reduced
+    send = Send("d2h", ("d2h", dev.pp), prog.xfer.host_class(dev.pp, "d2h"), "dptp", size / prog.plan.d, "offload",
+                "grad down", "offload_bytes")
+    return prog.transfer(dev, send, (reduced,))
+
+
+def add_tied_embedding_allreduce(prog: Program) -> None:
+    """Tied word embeddings: the first and the last stage all-reduce their gradient."""
+    if not (prog.embed_head and prog.p > 1 and prog.job.model.tie_embeddings):
+        return
+    size = tied_embedding_bytes(prog.job.model, prog.t, prog.costs.e)
+    make = prog.xfer.pair_allreduce_class(0, prog.p - 1)
+    for dev in prog.devices:
+        if dev.pp != 0:
+            continue
+        other = prog.dev_at[(prog.p - 1, dev.dp, dev.tp)]
+        deps = ([prog.pieces_of[dev.idx][-1], prog.pieces_of[other.idx][-1]]
+                + prog.dp_done[dev.idx] + prog.dp_done[other.idx])
+        x = prog.transfer(dev, Send("dp", ("emb",), make, "dptp", size, "dp", "embedding all-reduce", "dp_bytes"), deps)
+        prog.dp_done[dev.idx].append(x)
+        prog.dp_done[other.idx].append(x)
+
+
+def add_param_allgather(prog: Program) -> None:
+    """ZeRO-1/2: all-gather the updated parameters once every member has stepped."""
+    if prog.plan.zero not in (1, 2) or prog.plan.d == 1:
+        return
+    for dev in prog.devices:
+        size = prog.device_params(dev) * gather_bytes(prog)
+        after = prog.opt_last[dev.idx]
+        send = Send("dp", ("ag", dev.pp), prog.xfer.dp_class(dev.pp, Collective.ALL_GATHER), "tp", size, "dp",
+                    "param all-gather", "dp_bytes")
+        prog.group_task(dev, ("pag",), after, lambda dev=dev, send=send, after=after: prog.transfer(dev, send, (after,)))

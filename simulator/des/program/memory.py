@@ -1,0 +1,28 @@
+"""Static memory of every simulated rank: what it holds for the whole iteration.
+
+Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`), gradient buckets
+(:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
+(:func:`simulator.cost.memory.pipeline_buffer_bytes`): the terms of
+:func:`simulator.cost.stage_memory.stage_memory` that do not change during the step.
+"""
+
+from __future__ import annotations
+
+from simulator.cost.memory import gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
+from simulator.des.program.state import Program
+
+
+def add_static_memory(prog: Program) -> None:
+    plan, c = prog.plan, prog.costs
+    model = prog.job.model
+    pipe_buffers = pipeline_buffer_bytes(plan.mb, model.seq_length, model.hidden_size, c.e, plan.p)
+    for dev in prog.devices:
+        psi = prog.device_params(dev)
+        ms = model_state_bytes(psi, plan.d, plan.zero, plan.offload, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
+        prog.mem.add_static(dev.idx, "params", ms.params)
+        prog.mem.add_static(dev.idx, "grads", ms.grads)
+        prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)
+        if plan.d > 1 or plan.offload != "none":
+            prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.opt.bucket_bytes))
+        if pipe_buffers:
+            prog.mem.add_static(dev.idx, "buffers", pipe_buffers)

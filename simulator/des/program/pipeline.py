@@ -1,0 +1,64 @@
+"""Pipeline sends between stages, and the tensor-parallel peers' shared waits.
+
+One network transfer per boundary and microbatch on the sender's PP stream (forward and
+backward directions on separate streams) of what :func:`simulator.cost.step.pipeline_send`
+says one TP rank sends; the receiver's pass waits for it, and (``DesOptions.blocking_p2p``,
+Megatron-LM) so does the sender's next pass.
+"""
+
+from __future__ import annotations
+
+from simulator.cost.step import pipeline_send
+from simulator.des.program.state import Device, Program, Send
+
+
+def boundary_send(prog: Program, s0: int, s1: int) -> tuple[float, float]:
+    """(bytes each TP rank sends, extra seconds) from stage ``s0`` to ``s1`` (cached)."""
+    key = ("pp-size", s0, s1)
+    got = prog.cache.get(key)
+    if got is None:
+        job, plan = prog.job, prog.plan
+        act = plan.mb * job.model.seq_length * job.model.hidden_size * prog.costs.e
+        gpn = prog.topo.gpus_per_node
+        crosses = prog.xfer.gpu(s0, 0, 0) // gpn != prog.xfer.gpu(s1, 0, 0) // gpn
+        got = pipeline_send(job.cluster, plan, act, crosses)
+        prog.cache[key] = got
+    return got
+
+
+def add_sends(prog: Program, dev: Device) -> None:
+    """Every pipeline send of ``dev``, gating the receiver's pass (and the sender's next)."""
+    order = prog.orders[dev.idx]
+    for k, op in enumerate(order):
+        j = op.chunk * prog.p + dev.pp
+        nxt = j + 1 if op.kind == "F" else j - 1
+        if nxt < 0 or nxt >= prog.chunks:
+            continue
+        s1 = nxt % prog.p
+        size, tail = boundary_send(prog, dev.pp, s1)
+        fwd = op.kind == "F"
+        make = prog.xfer.p2p_class(dev.pp, s1, 0.0 if prog.opt.free_comm else tail)
+        send = Send("pp_fwd" if fwd else "pp_bwd", ("pp", dev.pp, s1), make, "dptp", size, "pp",
+                    "send activations" if fwd else "send gradients", "pp_bytes")
+        x = prog.transfer(dev, send, (prog.last[(dev.idx, op.kind, op.mb, j)],), op.mb, j)
+        rcv = prog.dev_at[(s1, dev.dp, dev.tp)]
+        prog.gate(prog.first[(rcv.idx, op.kind, op.mb, nxt)], x)
+        if prog.opt.blocking_p2p and k + 1 < len(order):
+            after = order[k + 1]
+            prog.gate(prog.first[(dev.idx, after.kind, after.mb, after.chunk * prog.p + dev.pp)], x)
+
+
+def sync_tensor_groups(prog: Program) -> None:
+    """Full simulation: the TP collectives inside every pass (and the all-gather after a
+    scattered pipeline send) make the t ranks of a group wait for each other, so a transfer
+    that holds back one rank's pass holds back its peers' same pass. (TP collectives are
+    closed-form segments, so this is added as dependencies; in the symmetric simulation the
+    peers are copies and finish together by construction.)"""
+    if not prog.full or prog.t == 1:
+        return
+    for piece, x in prog.gates:
+        didx, k = prog.piece_index[piece]
+        dev = prog.devices[didx]
+        for tp in range(prog.t):
+            if tp != dev.tp:
+                prog.eng.add_dep(prog.pieces_of[prog.dev_at[(dev.pp, dev.dp, tp)].idx][k], x)
