@@ -38,6 +38,29 @@ class PartitionResult:
     status: str                # OPTIMAL or FEASIBLE
 
 
+@dataclass(frozen=True)
+class LayerTimes:
+    """Integer microseconds per microbatch of the partition's time terms (module docstring)."""
+
+    per_layer: int   # F + B + TP_PER_LAYER * T
+    full_extra: int  # F + TP_PER_FULL_RECOMPUTE * T
+    sel_extra: int   # A
+    emb: int         # E
+    head: int        # H
+
+    @staticmethod
+    def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "LayerTimes":
+        bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
+        tp = bt.tp_allreduce
+        return LayerTimes(
+            per_layer=round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp) * US),
+            full_extra=round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp) * US),
+            sel_extra=round(bt.layer.attention_core * US),
+            emb=round((bt.embedding.forward + bt.embedding.backward + TP_EMBEDDING * tp) * US),
+            head=round((bt.head.forward + bt.head.backward + TP_HEAD * tp) * US),
+        )
+
+
 def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int,
                        choose_recompute: bool = True, time_limit_s: float = 2.0) -> PartitionResult | None:
     """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits.
@@ -46,19 +69,9 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     and only the split is optimized."""
     from ortools.sat.python import cp_model
 
-    L, p, v = model.num_layers, plan.p, plan.v
-    chunks = p * v
+    L, chunks = model.num_layers, plan.p * plan.v
     if L < chunks:
         return None
-    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
-    tp = bt.tp_allreduce
-    per_layer = round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp) * US)
-    full_extra = round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp) * US)
-    sel_extra = round(bt.layer.attention_core * US)
-    emb = round((bt.embedding.forward + bt.embedding.backward + TP_EMBEDDING * tp) * US)
-    head = round((bt.head.forward + bt.head.backward + TP_HEAD * tp) * US)
-    cap = cluster.gpu.usable_memory_bytes
-
     mdl = cp_model.CpModel()
     n = [mdl.NewIntVar(1, L, f"n{c}") for c in range(chunks)]
     mdl.Add(sum(n) == L)
@@ -70,34 +83,7 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     else:
         f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
         s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
-
-    dev_chunks = device_chunks(plan, L)
-    for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
-        for i, a in enumerate(ids):
-            for b in ids[i + 1:]:
-                mdl.Add(n[a] - n[b] <= 1)
-                mdl.Add(n[b] - n[a] <= 1)
-    horizon = (per_layer + full_extra) * L + emb + head + 1
-    times = []
-    for i, ids in enumerate(dev_chunks):
-        first, last = 0 in ids, chunks - 1 in ids
-        tm = mdl.NewIntVar(0, horizon, f"time{i}")
-        mdl.Add(tm == sum(per_layer * n[c] + full_extra * f[c] + sel_extra * s[c] for c in ids)
-                + (emb if first else 0) + (head if last else 0))
-        times.append(tm)
-        mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
-        any_full = mdl.NewBoolVar(f"anyfull{i}")
-        mdl.Add(sum(f[c] for c in ids) == 0).OnlyEnforceIf(any_full.Not())
-        for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
-            mdl.Add(sum(_coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
-                        for (cn, cf, cs), c in zip(mem.coefficients(vec), ids))
-                    + _coef(mem.a_none) * any_full + _coef(mem.fixed) <= _coef(cap * (1 - HEADROOM)))
-    worst = mdl.NewIntVar(0, horizon, "worst")
-    mdl.AddMaxEquality(worst, times)
-    if plan.schedule == "interleaved" and v > 1:
-        mdl.Minimize(m * v * worst + sum(times) - worst)
-    else:
-        mdl.Minimize((m - 1) * worst + sum(times))
+    _add_devices(mdl, model, cluster, plan, m, n, f, s)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
@@ -108,6 +94,47 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
         return None
     layers = tuple(int(solver.Value(x)) for x in n)
     rec = tuple((int(solver.Value(f[c])), int(solver.Value(s[c]))) for c in range(chunks)) if choose_recompute else None
+    div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
+    return PartitionResult(_solved_plan(plan, L, layers, rec), solver.ObjectiveValue() / US / div,
+                           "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE")
+
+
+def _add_devices(mdl, model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list) -> None:
+    """Per device: its time, its memory constraints; then the pipeline-time objective."""
+    L, chunks = model.num_layers, plan.p * plan.v
+    lt = LayerTimes.of(model, cluster, plan)
+    cap = cluster.gpu.usable_memory_bytes
+    dev_chunks = device_chunks(plan, L)
+    for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                mdl.Add(n[a] - n[b] <= 1)
+                mdl.Add(n[b] - n[a] <= 1)
+    horizon = (lt.per_layer + lt.full_extra) * L + lt.emb + lt.head + 1
+    times = []
+    for i, ids in enumerate(dev_chunks):
+        first, last = 0 in ids, chunks - 1 in ids
+        tm = mdl.NewIntVar(0, horizon, f"time{i}")
+        mdl.Add(tm == sum(lt.per_layer * n[c] + lt.full_extra * f[c] + lt.sel_extra * s[c] for c in ids)
+                + (lt.emb if first else 0) + (lt.head if last else 0))
+        times.append(tm)
+        mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
+        any_full = mdl.NewBoolVar(f"anyfull{i}")
+        mdl.Add(sum(f[c] for c in ids) == 0).OnlyEnforceIf(any_full.Not())
+        for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
+            mdl.Add(sum(_coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
+                        for (cn, cf, cs), c in zip(mem.coefficients(vec), ids))
+                    + _coef(mem.a_none) * any_full + _coef(mem.fixed) <= _coef(cap * (1 - HEADROOM)))
+    worst = mdl.NewIntVar(0, horizon, "worst")
+    mdl.AddMaxEquality(worst, times)
+    if plan.schedule == "interleaved" and plan.v > 1:
+        mdl.Minimize(m * plan.v * worst + sum(times) - worst)
+    else:
+        mdl.Minimize((m - 1) * worst + sum(times))
+
+
+def _solved_plan(plan: Plan, L: int, layers: tuple[int, ...], rec: tuple[tuple[int, int], ...] | None) -> Plan:
+    """The plan with the solver's split and recomputation (uniform ones left implicit)."""
     ckpt = plan.ckpt
     if rec is not None:
         ckpt = _summary_ckpt(rec, layers)
@@ -118,9 +145,7 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     new = plan.replace(layers=layers, recompute=rec, ckpt=ckpt)
     if new.layers == plan.chunk_layers(L) and plan.layers is None:
         new = new.replace(layers=None)
-    div = v if plan.schedule == "interleaved" and v > 1 else 1
-    obj = solver.ObjectiveValue() / US / div
-    return PartitionResult(new, obj, "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE")
+    return new
 
 
 def _coef(x: float) -> int:

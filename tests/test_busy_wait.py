@@ -13,7 +13,8 @@ from hwprofiles import load_cluster
 from hwprofiles.load import node_from_mapping
 from simulator.cost import collectives
 from simulator.cost import layout
-from simulator.analytic import estimate, p2p_exposed
+from simulator.analytic import estimate
+from simulator.analytic.pipeline import p2p_exposed
 from simulator.des import simulate_des
 from simulator.specs import Job, Plan, load_model
 from simulator.cost.stage import block_times
@@ -86,7 +87,7 @@ def _free_port() -> int:
 def _wait_worker(rank: int, world: int, port: int, out) -> None:
     import torch.distributed as dist
 
-    from hwprofiles.calibrate_wait import busy_wait_s
+    from hwprofiles.calibrate.wait import busy_wait_s
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -102,7 +103,7 @@ def test_calibrate_measures_the_wait_with_three_ranks():
     """Rank 0 reports a latency (>= 0, well under a second); with 2 ranks nothing is measured."""
     import torch.multiprocessing as mp
 
-    from hwprofiles.calibrate_wait import busy_wait_s
+    from hwprofiles.calibrate.wait import busy_wait_s
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -213,7 +213,7 @@ def test_free_comm_option_removes_communication():
 
 def test_offloaded_optimizer_shares_the_host_cpu():
     """8 ranks of one node step their shards on the host at once: cpu_adam_GBps is split 8 ways."""
-    from simulator.analytic import CPU_ADAM_STATE_BYTES
+    from simulator.cost.step import CPU_ADAM_STATE_BYTES
     j = job("t=1,p=1,zero=1,offload=cpu", nodes=1, batch=8)
     r = simulate_des(j)
     shard = _params(j) / 8

@@ -8,7 +8,7 @@ import pytest
 
 from hwprofiles import load_gpu
 from hwprofiles.schema import EagerHost
-from simulator.analytic import last_bucket_bytes
+from simulator.analytic.data_parallel import last_bucket_bytes
 from simulator.cost.ops import elementwise_bandwidth, pass_times, work_time
 from simulator.cost.workload import Op, elementwise, gemm
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hwprofiles import load_cluster
-from simulator.analytic import estimate, optimizer_time, step_sync_time
+from simulator.analytic import estimate
+from simulator.cost.step import optimizer_time, step_sync_time
 from simulator.des import simulate_des
 from simulator.specs import Job, Plan, load_model
 

@@ -95,47 +95,7 @@ class Network:
                 self._record(now, {})
                 self.load = {}
             return math.inf
-        residual: dict[int, float] = {}
-        wsum: dict[int, float] = {}
-        count: dict[int, int] = {}
-        users: dict[int, list[Flow]] = {}
-        for f in flows:
-            f.rate = -1.0  # unfrozen marker
-            for lid, w in zip(f.links, f.weights):
-                if lid in wsum:
-                    wsum[lid] += w
-                    count[lid] += 1
-                    users[lid].append(f)
-                else:
-                    wsum[lid] = w
-                    count[lid] = 1
-                    residual[lid] = cap[lid]
-                    users[lid] = [f]
-        unfrozen = len(flows)
-        while unfrozen and wsum:
-            best = math.inf
-            blink = -1
-            for lid, ws in wsum.items():
-                share = residual[lid] / ws
-                if share < best:
-                    best, blink = share, lid
-            if best < 0.0:
-                best = 0.0
-            for f in users[blink]:
-                if f.rate >= 0.0:
-                    continue
-                unfrozen -= 1
-                f.rate = best
-                for lid, w in zip(f.links, f.weights):
-                    residual[lid] -= w * best
-                    c = count[lid] - 1
-                    if c == 0:
-                        del wsum[lid]
-                        count[lid] = 0
-                    else:
-                        count[lid] = c
-                        wsum[lid] -= w
-            wsum.pop(blink, None)
+        residual = max_min_fill(flows, cap)
         for f in flows:
             if f.rate < 0.0:  # a flow on no link: unconstrained
                 f.rate = math.inf
@@ -193,3 +153,52 @@ def fair_rates(capacities: list[float], routes: list[tuple[int, ...]],
     net.allocate(0.0)
     return [f.rate for f in fl]
 
+
+def max_min_fill(flows: list[Flow], cap: list[float]) -> dict[int, float]:
+    """Weighted max-min fair rates by progressive filling (Bertsekas & Gallager, Data Networks,
+    section 6.5.2): repeatedly find the link whose residual capacity per unit of weight of its
+    unfrozen flows is smallest, freeze those flows at that share, and charge it to every link
+    they cross. Sets each constrained flow's ``rate`` (flows on no link keep -1) and returns
+    the residual capacity of every link used."""
+    residual: dict[int, float] = {}
+    wsum: dict[int, float] = {}
+    count: dict[int, int] = {}
+    users: dict[int, list[Flow]] = {}
+    for f in flows:
+        f.rate = -1.0  # unfrozen marker
+        for lid, w in zip(f.links, f.weights):
+            if lid in wsum:
+                wsum[lid] += w
+                count[lid] += 1
+                users[lid].append(f)
+            else:
+                wsum[lid] = w
+                count[lid] = 1
+                residual[lid] = cap[lid]
+                users[lid] = [f]
+    unfrozen = len(flows)
+    while unfrozen and wsum:
+        best = math.inf
+        blink = -1
+        for lid, ws in wsum.items():
+            share = residual[lid] / ws
+            if share < best:
+                best, blink = share, lid
+        if best < 0.0:
+            best = 0.0
+        for f in users[blink]:
+            if f.rate >= 0.0:
+                continue
+            unfrozen -= 1
+            f.rate = best
+            for lid, w in zip(f.links, f.weights):
+                residual[lid] -= w * best
+                c = count[lid] - 1
+                if c == 0:
+                    del wsum[lid]
+                    count[lid] = 0
+                else:
+                    count[lid] = c
+                    wsum[lid] -= w
+        wsum.pop(blink, None)
+    return residual

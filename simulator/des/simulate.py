@@ -32,7 +32,7 @@ from simulator.des.attribution import rank_breakdown
 from simulator.des.engine import Engine
 from simulator.des.memtimeline import RankMemory
 from simulator.des.network import Network
-from simulator.des.program import Device, DesOptions, build_program
+from simulator.des.program import Device, DesOptions, Program, build_program
 from simulator.result import SimResult
 from simulator.specs import Job
 from simulator.des.topology import Topology
@@ -103,25 +103,11 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
     peak_rank = max(range(len(memory)), key=lambda r: (memory[r].peak, -r))
     pm = memory[peak_rank]
 
-    model, plan = job.model, job.plan
-    model_flops = model_flops_per_iteration(model, job.global_batch)
-    attn_core = 4.0 * plan.mb * model.seq_length ** 2 * model.hidden_size
-    executed = model_flops + plan.d * (prog.recomputed["full"] * layer_forward_flops(model, plan.mb)
-                                       + prog.recomputed["selective"] * attn_core)
-
+    plan = job.plan
+    model_flops = model_flops_per_iteration(job.model, job.global_batch)
+    executed = _executed_flops(job, prog, model_flops)
     util = net.utilization(step)
-    extra: dict[str, Any] = {
-        "events": eng.events,
-        "simulated_ranks": len(prog.devices),
-        "critical_rank": crit_dev.name,
-        "comm_bytes_per_rank": {k: prog.counters[k] for k in ("tp_bytes", "pp_bytes", "dp_bytes", "offload_bytes")},
-    }
-    if util:
-        lid = max(util, key=lambda k: (util[k], -k))
-        info = topo.links[lid]
-        extra["bottleneck_link"] = {"link": info.name, "kind": info.kind, "utilization": util[lid]}
-    else:
-        extra["bottleneck_link"] = None
+    extra = _summary(prog, topo, eng, util, crit_dev)
     wall = time.perf_counter() - t0
     extra["_des"] = DesRecord(
         engine=eng, topology=topo, devices=prog.devices, lanes=prog.lanes, memory=memory,
@@ -135,20 +121,35 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
         host = host_state_bytes(job, local_params(max(prog.device_params(dev) for dev in prog.devices), plan))
         extra["host_memory_gib"] = host / 2**30
         fits_host = host_fits(job, host)
-    return SimResult(
-        job=job,
-        step_time=step,
-        peak_memory=pm.peak,
-        memory_capacity=job.cluster.gpu.usable_memory_bytes,
-        time_breakdown=breakdown,
-        memory_breakdown=dict(pm.breakdown),
-        executed_flops=executed,
-        model_flops=model_flops,
-        bubble_fraction=bubble_fraction,
-        fidelity="des",
-        extra=extra,
-        host_fits=fits_host,
-    )
+    return SimResult(job=job, step_time=step, peak_memory=pm.peak, memory_capacity=job.cluster.gpu.usable_memory_bytes,
+                     time_breakdown=breakdown, memory_breakdown=dict(pm.breakdown), executed_flops=executed,
+                     model_flops=model_flops, bubble_fraction=bubble_fraction, fidelity="des", extra=extra,
+                     host_fits=fits_host)
+
+
+def _executed_flops(job: Job, prog: Program, model_flops: float) -> float:
+    """Model FLOPs plus the recomputed layers' (full: a layer forward; selective: the attention
+    core, 4*b*s^2*h) over the d pipeline replicas."""
+    model, plan = job.model, job.plan
+    attn_core = 4.0 * plan.mb * model.seq_length ** 2 * model.hidden_size
+    return model_flops + plan.d * (prog.recomputed["full"] * layer_forward_flops(model, plan.mb)
+                                   + prog.recomputed["selective"] * attn_core)
+
+
+def _summary(prog: Program, topo: Topology, eng: Engine, util: dict[int, float], crit_dev: Device) -> dict[str, Any]:
+    """The result's extra keys: events, simulated ranks, critical rank, bytes per rank, busiest link."""
+    extra: dict[str, Any] = {
+        "events": eng.events,
+        "simulated_ranks": len(prog.devices),
+        "critical_rank": crit_dev.name,
+        "comm_bytes_per_rank": {k: prog.counters[k] for k in ("tp_bytes", "pp_bytes", "dp_bytes", "offload_bytes")},
+        "bottleneck_link": None,
+    }
+    if util:
+        lid = max(util, key=lambda k: (util[k], -k))
+        info = topo.links[lid]
+        extra["bottleneck_link"] = {"link": info.name, "kind": info.kind, "utilization": util[lid]}
+    return extra
 
 
 def des_record(result: SimResult, trace: bool = False) -> DesRecord:

@@ -1,0 +1,172 @@
+"""Closed-form step time and memory of a plan: the planner's fast path (docs/design.md section 4.2).
+
+Step time = pipeline time + exposed data-parallel time + optimizer + offload, where
+
+* per microbatch a pipeline device spends c_i = forward + backward + recompute + TP
+  collectives + exposed point-to-point (+ exposed ZeRO-3 gathers) (simulator.cost.stage);
+* the pipeline runs m microbatches through the devices (:mod:`.pipeline`: T_pipe);
+* the data-parallel reductions expose what the backward cannot hide (:mod:`.data_parallel`);
+* every step all-reduces two scalars (the gradient norm over all ranks, the loss over the
+  data-parallel group), latency-bound, and with p > 1 and tied embeddings the first and last
+  stages all-reduce the word-embedding gradient (simulator.cost.step);
+* the optimizer steps the rank's shard (simulator.cost.step.optimizer_time), or offload runs
+  it on the host (:mod:`.offload`).
+Memory is the one stage-memory model (simulator.cost.stage_memory) of each distinct stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.analytic.data_parallel import dp_link, dp_times, last_bucket_reduce_time, per_microbatch_dp
+from simulator.analytic.offload import offload_time, offloaded_param_fetch
+from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble, tied_embedding_time
+from simulator.cost.cache import IdentityCache
+from simulator.cost.collectives import GroupLink
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.stage import StageCost, stage_groups
+from simulator.cost.stage_memory import StageMemory, stage_memory
+from simulator.cost.step import (host_fits, host_state_bytes, local_params, optimizer_tensors, optimizer_time,
+                                 step_sync_time)
+from simulator.cost.workload import executed_flops_per_iteration
+from simulator.result import SimResult
+from simulator.specs import Job, ModelSpec
+
+__all__ = ["estimate", "memory_only"]
+
+Groups = list[tuple[int, StageCost, int]]  # (first device, cost, devices) of each distinct stage
+
+_FLOPS = IdentityCache(4096)
+
+
+@dataclass(frozen=True)
+class PipelinePhase:
+    """The pipelined passes of one step, seen from the critical (slowest) device."""
+
+    m: int                   # microbatches
+    per_mb: list[float]      # each distinct stage's time per microbatch
+    z3_exposed: list[float]  # of which exposed ZeRO-3 gathers and scatters (and offloaded fetches)
+    sends: list[int]         # blocking pipeline sends per microbatch
+    crit: int                # index (into the groups) of the critical stage
+    saved: float             # recomputation GPipe skips for the last microbatch
+    bubble: float            # the critical stage's idle time (pipeline.pipeline_bubble)
+
+    @property
+    def steady(self) -> float:
+        """The critical stage's own work."""
+        return self.m * self.per_mb[self.crit] - self.saved
+
+    @property
+    def time(self) -> float:
+        """T_pipe: the critical stage's work and its bubble."""
+        return self.steady + self.bubble
+
+
+def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
+    """Executed FLOPs per sequence (both are linear in the batch, workload.executed_flops_per_iteration)."""
+    return _FLOPS.get_or_make((model,), (full, sel), lambda: executed_flops_per_iteration(model, 1, full, sel))
+
+
+def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> PipelinePhase:
+    """Per-microbatch time of each stage and T_pipe. GPipe does not recompute the last
+    microbatch: its activations are still resident when its backward runs."""
+    plan, m = job.plan, job.m
+    e = dtype_bytes(job.cluster.gpu)
+    per_mb, z3, sends = [], [], []
+    for _, c, _ in groups:
+        z3_exp = per_microbatch_dp(c, plan, link, e, job.runtime.dp_overlap)[1] if link else 0.0
+        if plan.offload != "none" and plan.zero == 3:
+            fetch = offloaded_param_fetch(job, c)
+            z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)
+        n_send = p2p_sends(plan, c.first, c.last)
+        per_mb.append(c.total + n_send * p2p + z3_exp)
+        z3.append(z3_exp)
+        sends.append(n_send)
+    crit = max(range(len(per_mb)), key=per_mb.__getitem__)
+    total = sum(x * g[2] for x, g in zip(per_mb, groups))
+    saved = groups[crit][1].recompute if plan.schedule == "gpipe" and m > 1 else 0.0
+    bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v)
+    return PipelinePhase(m, per_mb, z3, sends, crit, saved, bubble)
+
+
+def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> tuple[float, float]:
+    """(exposed gradient reduction, parameter all-gather after the step) of ZeRO 0-2: the worst
+    stage's, each stage hiding its backward (with overlap) and its head start over stage 0."""
+    plan = job.plan
+    if link is None or plan.zero >= 3:
+        return 0.0, 0.0
+    e = dtype_bytes(job.cluster.gpu)
+    exposed, gather_after = 0.0, 0.0
+    for i, c, _ in groups:
+        reduce_t, gather_t = dp_times(c, plan, link, e)
+        behind = i * (c.backward + c.recompute + p2p)  # stage i's head start over stage 0
+        slack = (c.backward + c.recompute if job.runtime.dp_overlap else 0.0) + behind
+        tail = last_bucket_reduce_time(c, plan, link, e, reduce_t) - behind
+        exposed = max(exposed, reduce_t - slack, tail)
+        gather_after = max(gather_after, gather_t)
+    return max(0.0, exposed), gather_after
+
+
+def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
+    """(optimizer seconds, offload seconds, parameters of the busiest rank's shard)."""
+    psi_local = local_params(max(c.params for _, c, _ in groups), job.plan)
+    if job.plan.offload != "none":
+        return 0.0, offload_time(job, psi_local), psi_local
+    tensors = optimizer_tensors(job.model, max(c.layers for _, c, _ in groups))
+    return optimizer_time(job, psi_local, tensors), 0.0, psi_local
+
+
+def estimate(job: Job) -> SimResult:
+    """The analytic prediction of one iteration (see the module docstring)."""
+    model, cluster, plan = job.model, job.cluster, job.plan
+    groups = stage_groups(model, cluster, plan)
+    p2p = p2p_exposed(job)
+    link = dp_link(cluster, plan) if plan.d > 1 else None
+    pipe = pipeline_phase(job, groups, link, p2p)
+    dp_exposed, gather_after = dp_exposure(job, groups, link, p2p)
+    opt, off, psi_local = step_end(job, groups)
+    dp_exposed += tied_embedding_time(job) + step_sync_time(job)
+    step = pipe.time + dp_exposed + gather_after + opt + off
+
+    m, crit, c = job.m, pipe.crit, groups[pipe.crit][1]
+    breakdown = {
+        "compute": m * (c.forward + c.backward),
+        "recompute": m * c.recompute - pipe.saved,
+        "tp_comm": m * c.tp_comm,
+        "pp_comm": m * pipe.sends[crit] * p2p,
+        "dp_comm": m * pipe.z3_exposed[crit] + dp_exposed + gather_after,
+        "bubble": pipe.bubble,
+        "offload": off,
+        "optimizer": opt,
+    }
+    peak_stage, pm = max(_stage_memories(job, groups), key=lambda x: x[1].total)
+    full = sum(g.full_layers * n for _, g, n in groups)
+    sel = sum(g.selective_layers * n for _, g, n in groups)
+    extra = {"peak_memory_stage": peak_stage, "critical_stage": groups[crit][0]}
+    fits_host = True
+    if plan.offload != "none":
+        host = host_state_bytes(job, psi_local)
+        extra["host_memory_gib"] = host / 2**30
+        fits_host = host_fits(job, host)
+    return SimResult(
+        job=job, step_time=step, peak_memory=pm.total, memory_capacity=cluster.gpu.usable_memory_bytes,
+        time_breakdown=breakdown,
+        memory_breakdown={"params": pm.params, "grads": pm.grads, "optimizer": pm.optimizer,
+                          "activations": pm.activations, "buffers": pm.buffers},
+        executed_flops=_per_sequence_flops(model, full, sel) * job.global_batch,
+        model_flops=_per_sequence_flops(model, 0, 0) * job.global_batch,
+        bubble_fraction=pipe.bubble / pipe.steady if pipe.steady > 0 else 0.0,
+        fidelity="analytic", extra=extra, host_fits=fits_host,
+    )
+
+
+def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
+    """(device, memory) of the first device of each distinct stage: in-flight microbatches
+    never grow with the device index, so that device is the peak of its kind."""
+    return [(i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c)) for i, c, _ in groups]
+
+
+def memory_only(job: Job) -> float:
+    """Peak bytes of the plan's most loaded rank (the planner prunes with this first)."""
+    groups = stage_groups(job.model, job.cluster, job.plan)
+    return max(mem.total for _, mem in _stage_memories(job, groups))

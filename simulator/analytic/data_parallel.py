@@ -1,0 +1,80 @@
+"""Closed forms of data-parallel traffic: what each stage's reduction exposes.
+
+DP gradient reduction (all-reduce; reduce-scatter for ZeRO-1/2: simulator.cost.step.
+gradient_reduction) is bucketed and overlaps the last microbatch's backward on its stage,
+except its last bucket (DDP's 25 MB buckets fill in backward order; the last one, the
+remainder, is reduced after the backward ends):
+    exposed = max(reduce - slack, reduce(last bucket));
+stage i finishes i backward steps before stage 0, which hides that much more; ZeRO-1/2 then
+all-gather the updated parameters. Without bucketing (``job.runtime.dp_overlap`` False:
+Megatron-LM's "local" DDP of 2021, or Megatron-DeepSpeed with gradient bucketing off) the whole
+reduction starts after the stage's last backward and only the i backward steps of slack remain.
+ZeRO-2 and ZeRO-3 keep only a gradient shard, so they reduce-scatter every microbatch's
+gradients under its backward; ZeRO-3 also gathers parameters in forward and again in backward
+(1.5x the all-reduce volume at m = 1), prefetched under the compute of that pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hwprofiles.schema import ClusterSpec
+from simulator.cost import collectives, layout, memory
+from simulator.cost.stage import StageCost
+from simulator.cost.step import gradient_reduction, param_gather_bytes
+from simulator.specs import Plan
+
+
+def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
+    """The link of the plan's data-parallel groups."""
+    return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
+
+
+def per_microbatch_dp(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, overlap: bool) -> tuple[float, float]:
+    """(communication time, exposed time) per microbatch of the ZeRO stages that keep only a
+    gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
+    DeepSpeed and FSDP both do): overlapped with that microbatch's backward when the
+    runtime overlaps. ZeRO-3 also all-gathers the stage's parameters for the forward and
+    again for the backward, prefetched under that pass's compute."""
+    if plan.zero < 2 or plan.d == 1:
+        return 0.0, 0.0
+    scatter = collectives.reducescatter_time(cost.params * e, plan.d, link)
+    bwd = cost.backward + cost.recompute
+    if plan.zero == 2:
+        return scatter, max(0.0, scatter - bwd) if overlap else scatter
+    gather = collectives.allgather_time(cost.params * param_gather_bytes(e), plan.d, link)
+    exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
+    return 2 * gather + scatter, exposed
+
+
+def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> float:
+    """Bytes of the last gradient bucket to fill: the remainder of whole buckets, in (0, bucket]."""
+    if grad_bytes <= bucket_bytes:
+        return grad_bytes
+    rest = math.fmod(grad_bytes, bucket_bytes)
+    return rest if rest > 0 else bucket_bytes
+
+
+def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, whole: float) -> float:
+    """Reduction of the stage's last gradient bucket (all-reduce; reduce-scatter with ZeRO-1);
+    ``whole``: the reduction of all its gradients (:func:`dp_times`), which it is when they fit
+    in one bucket."""
+    if plan.d == 1 or plan.zero >= 2:
+        return 0.0
+    grad_bytes = cost.params * e
+    last = last_bucket_bytes(grad_bytes)
+    if last >= grad_bytes:
+        return whole
+    return collectives.collective_time(gradient_reduction(plan.zero), last, plan.d, link)
+
+
+def dp_times(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int) -> tuple[float, float]:
+    """(gradient reduction at the end of the step, parameter all-gather after the optimizer
+    step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`)."""
+    if plan.d == 1 or plan.zero == 3:
+        return 0.0, 0.0
+    reduce = collectives.collective_time(gradient_reduction(plan.zero), cost.params * e, plan.d, link)
+    if plan.zero == 0:
+        return reduce, 0.0
+    gather = collectives.allgather_time(cost.params * param_gather_bytes(e), plan.d, link)
+    return (reduce if plan.zero == 1 else 0.0), gather
