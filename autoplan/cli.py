@@ -1,20 +1,33 @@
 """The ``autoplan`` command line (DESIGN.md section 3).
 
-Exit codes: 0 ok; 2 bad input (one line ``autoplan: error: ...`` on stderr); 3 no plan fits;
-1 a run that failed (crashed or hung worker) or an internal error. Heavy modules are
-imported inside the handlers so that ``autoplan plan --help`` starts in well under a second.
+Exit codes come from the error classes of :mod:`hwprofiles.errors`: 0 ok; 2 bad input
+(:class:`InputError`, :class:`SpecError`, :class:`PlanError`); 3 no plan fits (:class:`FitError`);
+1 a run that failed (:class:`RunError`) or an internal error. Any :class:`AutoplanError` ends
+the command with one line ``autoplan: error: ...`` on stderr. Diagnostics and progress go
+through :mod:`logging` (configured in :func:`main`: plain messages on stderr; ``-v`` adds
+debug messages, ``-q`` keeps only warnings); the command's output (report, JSON) goes to
+stdout. Heavy modules are imported inside the handlers so that ``autoplan plan --help``
+starts in well under a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_FIT = 0, 1, 2, 3
+from hwprofiles.errors import AutoplanError, FitError, InputError
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = AutoplanError.exit_code   # 1: a failed run (RunError, a loss mismatch) or an internal error
+EXIT_BAD_INPUT = InputError.exit_code   # 2
+EXIT_NO_FIT = FitError.exit_code        # 3: also 'simulate' of a plan that does not fit
 
 EXAMPLES = {
     "plan": """examples:
@@ -57,18 +70,10 @@ Models: built-in names (gpt3-175b, gpt-1t, llama2-7b, llama2-70b, llama3-8b, tin
 Hugging Face config.json. Clusters: a cluster name or file, or a node name (with --nodes)."""
 
 
-class CliError(Exception):
-    """A failure with an exit code and a one-line message."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
         sub = self.prog.removeprefix("autoplan").strip()
-        raise CliError(f"{sub + ': ' if sub else ''}{message}", EXIT_BAD_INPUT)
+        raise InputError(f"{sub + ': ' if sub else ''}{message}")
 
 
 def _positive_int(text: str) -> int:
@@ -97,6 +102,9 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     root = _Parser(prog="autoplan", description=MAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    loud = root.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", action="store_true", help="also print debug messages on stderr")
+    loud.add_argument("-q", "--quiet", action="store_true", help="print only warnings and errors on stderr")
     sub = root.add_subparsers(dest="command", parser_class=_Parser, metavar="{plan,simulate,emit,run,calibrate}")
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
@@ -140,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a fast, coarse measurement (under a minute)")
     p.add_argument("--ranks", type=_positive_int, default=2, help="processes for the collective benchmarks (default 2)")
     p.add_argument("--node-out", type=Path, help="node profile to write (default: <stem>-node.yaml beside -o)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (as with -q)")
     return root
 
 
@@ -184,17 +193,17 @@ def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
     if not plot and not trace:
         return
     if result.fidelity != "des":
-        raise CliError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)", EXIT_BAD_INPUT)
+        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
     if trace:
         from simulator.des.trace import write_trace
 
         write_trace(result, trace)
-        _log(f"wrote trace {trace} (open in https://ui.perfetto.dev)")
+        log.info("wrote trace %s (open in https://ui.perfetto.dev)", trace)
     if plot:
         from simulator.des.plot import plot_timeline
 
         plot_timeline(result, plot)
-        _log(f"wrote timeline {plot}")
+        log.info("wrote timeline %s", plot)
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
@@ -203,7 +212,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
     job = _make_job(a)
     if a.full and a.fidelity != "des":
-        raise CliError("--full needs --fidelity des", EXIT_BAD_INPUT)
+        raise InputError("--full needs --fidelity des")
     result = simulate(job, a.fidelity, full=a.full, trace=bool(a.trace))
     _write_pictures(result, a.plot, a.trace)
     out = result.to_dict()
@@ -211,8 +220,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         _emit_json(out)
     else:
         print(format_result(out))
-    if not result.fits:
-        _log(_no_fit_hint(out, result.host_fits))
+    if not result.fits:  # the result is the output; the exit code and this hint say it does not fit
+        log.warning("%s", _no_fit_hint(out, result.host_fits))
         return EXIT_NO_FIT
     return EXIT_OK
 
@@ -239,16 +248,13 @@ def _no_fit_hint(out: dict[str, Any], host_fits: bool) -> str:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from autoplan.report import format_plan_report
-    from autoplan.search import NoPlanFits, SearchOptions, search
+    from autoplan.search import SearchOptions, search
 
     model, cluster = _load_job_inputs(a)
     opts = SearchOptions(fix=a.fix, top=a.top, jobs=a.jobs or os.cpu_count() or 1, objective=a.objective,
-                         fidelity=a.fidelity, progress=sys.stderr.isatty(), runtime=_runtime(a),
-                         keep_timeline=bool(a.plot or a.trace))
-    try:
-        found = search(model, cluster, a.global_batch, opts)
-    except NoPlanFits as e:
-        raise CliError(str(e), EXIT_NO_FIT) from None
+                         fidelity=a.fidelity, progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
+                         runtime=_runtime(a), keep_timeline=bool(a.plot or a.trace))
+    found = search(model, cluster, a.global_batch, opts)  # nothing fits: FitError (exit 3)
     _write_pictures(found.best_result, a.plot, a.trace)
     if a.json:
         _emit_json(found.to_dict())
@@ -265,23 +271,20 @@ def cmd_emit(a: argparse.Namespace) -> int:
     job = _make_job(a)
     reason = unsupported_reason(job.model, job.plan, job.m)
     if reason:
-        raise CliError(f"--plan: the runtime cannot run this plan correctly: {reason}", EXIT_BAD_INPUT)
+        raise InputError(f"--plan: the runtime cannot run this plan correctly: {reason}")
     job = program_job(job)
     prediction = simulate(job, "analytic").to_dict()
     files = write_run_dir(job, prediction, a.out)
-    _log(f"wrote {len(files)} files to {a.out}; run it with: autoplan run {a.out}")
+    log.info("wrote %d files to %s; run it with: autoplan run %s", len(files), a.out, a.out)
     for f in files:
         print(f)
     return EXIT_OK
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from autoplan.verify import RunError, format_report, run_and_verify
+    from autoplan.verify import format_report, run_and_verify
 
-    try:
-        result = run_and_verify(a.dir, steps=a.steps, timeout_s=a.timeout, log=_log)
-    except RunError as e:
-        raise CliError(str(e), EXIT_FAILED) from None
+    result = run_and_verify(a.dir, steps=a.steps, timeout_s=a.timeout)  # a failed run: RunError (exit 1)
     if a.json:
         _emit_json(result)
     else:
@@ -292,7 +295,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from hwprofiles.calibrate import run_calibration
 
-    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=True, node_out=a.node_out)
+    progress = log.isEnabledFor(logging.INFO) and not a.no_progress
+    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out)
     for f in files:
         print(f)
     return EXIT_OK
@@ -303,28 +307,49 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+class _StderrHandler(logging.StreamHandler):
+    """A handler on the ``sys.stderr`` of the moment (a caller or a test may have replaced it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+#: the packages whose diagnostics the command line shows (third-party loggers are left alone)
+LOGGERS = ("autoplan", "hwprofiles", "simulator", "benchmarks")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Plain messages (``%(message)s``) of our packages' loggers on stderr, at ``level``.
+    Idempotent: a second call only changes the level."""
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+            handler = _StderrHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logger.addHandler(handler)
 
 
 def _fail(msg: str, code: int) -> int:
-    print(f"autoplan: error: {' '.join(str(msg).split())}", file=sys.stderr)
+    print(f"autoplan: error: {' '.join(str(msg).split()).removeprefix('autoplan: ')}", file=sys.stderr)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hwprofiles.errors import InputError
-
     try:
         a = build_parser().parse_args(argv)
+        configure_logging(logging.DEBUG if a.verbose else logging.WARNING if a.quiet else logging.INFO)
         if not a.command:
             build_parser().print_help()
             return EXIT_BAD_INPUT
         return HANDLERS[a.command](a)
-    except CliError as e:
-        return _fail(str(e).removeprefix("autoplan: "), e.code)
-    except InputError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+    except AutoplanError as e:  # InputError/SpecError/PlanError 2, FitError 3, RunError 1
+        return _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except BrokenPipeError:

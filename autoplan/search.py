@@ -14,6 +14,7 @@ at a longer step can cost fewer GPU-hours per million tokens.
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing as mp
 import sys
@@ -21,8 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import FitError, PlanError
 from hwprofiles.schema import ClusterSpec
+from hwprofiles.units import GiB
 from simulator.analytic import estimate, memory_only
 from simulator import simulate
 from simulator.result import SimResult
@@ -31,11 +33,12 @@ from simulator.specs import OVERLAPPED, Job, ModelSpec, Plan, Runtime, num_micro
 from autoplan import space
 from autoplan.partition import optimize_partition
 
-GiB = 2**30
+log = logging.getLogger(__name__)
 
 
-class NoPlanFits(Exception):
-    """No plan fits in memory; the message says what the smallest plan needed and what would help."""
+class NoPlanFits(FitError):
+    """No plan fits in memory; the message says what the smallest plan needed and what would help
+    (a :class:`FitError`: exit 3 on the command line)."""
 
 
 @dataclass(frozen=True)
@@ -191,11 +194,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     clusters = {n: (cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n})) for n in _node_counts(cluster, opts.objective)}
     todo = [(n, p) for n, c in clusters.items() for p in space.enumerate_plans(model, c.num_gpus, global_batch, fix)]
     if not todo:
-        raise InputError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
+        raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
 
     _WORK.update(fix=fix, opts=opts)
     scored = _score_all(model, clusters, global_batch, todo, opts.jobs, opts.progress)
     feasible = [s for s in scored if s.fits]
+    log.debug("search: %d candidate plans on %s nodes, %d fit in memory", len(todo),
+              "/".join(map(str, clusters)), len(feasible))
     if not feasible:
         raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scored, fix))
     feasible.sort(key=lambda s: _objective(s, opts.objective, gpn))
@@ -206,6 +211,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     # CP-SAT partition / recompute, then the DES, of each finalist in the worker pool; the
     # costliest simulations first (longest-processing-time order balances the workers)
     order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
+    log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
     with _Pool(opts.jobs if len(finalists) > 1 else 1) as pool:
         done = pool.map(_refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order])
     in_rank_order = [x for _, x in sorted(zip(order, done), key=lambda pair: pair[0])]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import PlanError
 from simulator.specs import ModelSpec, Plan, parse_plan_items, plan_errors, resolve_plan
 
 MAX_MB = 16
@@ -41,7 +41,7 @@ class Shape:
 
 
 def parse_fix(text: str) -> dict[str, Any]:
-    """``--fix KEY=VAL,...``: the pinned plan keys (same syntax and checks as --plan)."""
+    """``--fix KEY=VAL,...``: the pinned plan keys (same syntax and checks as --plan; PlanError)."""
     return parse_plan_items(text, "--fix") if text and text.strip() else {}
 
 
@@ -109,10 +109,11 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping
 
 
 def explain_empty(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> str:
-    """Why no plan satisfies the pins: the first rule the pinned values break."""
+    """Why no plan satisfies the pins: the first rule the pinned values break (the message of
+    the PlanError the caller raises)."""
     try:
         plan = resolve_plan(fix, gpus, "--fix")
-    except InputError as e:
+    except PlanError as e:
         return str(e)
     errors = plan_errors(model, plan, gpus, global_batch)
     if errors:

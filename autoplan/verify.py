@@ -1,20 +1,23 @@
 """``autoplan run``: launch an emitted run dir with torchrun, check it, compare with the prediction.
 
 1. ``launch.sh`` runs the program on this machine (one node, t*p*d processes; gloo on CPU),
-   under a timeout on the whole run; a crashed or hung worker ends it with a ``RunError``
-   naming the rank and its last log lines, and no worker is left behind.
+   under a timeout on the whole run; a crashed or hung worker ends it with a
+   :class:`hwprofiles.errors.RunError` naming the rank and its last log lines, and no worker
+   is left behind.
 2. The single-process reference (same model, seed and data) runs here; its SGD losses and
    gradient norms are compared with the parallel run's.
 3. The prediction: on CPU, the simulator on the ``localhost-cpu`` node with as many ranks
    as the run (``AUTOPLAN_CPU_NODE`` names another node or cluster profile, e.g. one just
    written by ``autoplan calibrate``); on GPU, the prediction stored in ``plan.json`` at emit time.
 
+Progress goes to the ``log`` callable (default: this module's logger at INFO level).
 torch is imported only inside the functions that need it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -24,23 +27,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, RunError
+from hwprofiles.units import GiB
 
 from autoplan.runtime.config import RunSpec, load_plan_json, load_run_spec
 
-GiB = 2**30
+logger = logging.getLogger(__name__)
+
 CHECK_STEPS = 3
 WARMUP_STEPS = 2
 REL_TOL = 1e-4
 CPU_NODE = "localhost-cpu"
 
 
-class RunError(RuntimeError):
-    """The parallel run failed (a worker crashed or hung); the message is one line."""
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def _info(msg: str) -> None:
+    logger.info("%s", msg)
 
 
 # ----------------------------------------------------------------------------- launching
@@ -286,7 +287,7 @@ def summarize(spec: RunSpec, ranks: list[dict[str, Any]], ref: Optional[dict[str
     return result
 
 
-def run_and_verify(run_dir: Path, steps: int, timeout_s: float, log: Callable[[str], None] = _stderr,
+def run_and_verify(run_dir: Path, steps: int, timeout_s: float, log: Callable[[str], None] = _info,
                    check_steps: int = CHECK_STEPS) -> dict[str, Any]:
     """Launch, check against one process, and compare with the prediction (see module docstring)."""
     run_dir = Path(run_dir)

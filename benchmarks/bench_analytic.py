@@ -24,6 +24,7 @@ import _accuracy_data as data  # noqa: E402
 
 from autoplan.space import MAX_MB, enumerate_plans
 from hwprofiles.load import load_cluster
+from hwprofiles.units import GiB
 from simulator.analytic import estimate
 from simulator.specs import Job, load_model
 
@@ -73,7 +74,7 @@ def main() -> int:
         err = (r.tflops_per_gpu - row.tflops_per_gpu) / row.tflops_per_gpu * 100
         errors.append(abs(err))
         print(f"{row.params_B:7.1f}B {row.t:2d} {row.p:3d} {job.plan.d:4d} {row.gpus:5d} {row.batch:5d} {job.plan.mb:3d} "
-              f"{r.peak_memory / 2**30:8.1f} {r.tflops_per_gpu:9.1f} {row.tflops_per_gpu:9.1f} {err:+6.1f}%")
+              f"{r.peak_memory / GiB:8.1f} {r.tflops_per_gpu:9.1f} {row.tflops_per_gpu:9.1f} {err:+6.1f}%")
     within = sum(e <= 10 for e in errors)
     print(f"rows within 10% (DESIGN.md target): {within}/{len(errors)}; mean |error| {sum(errors) / len(errors):.1f}%, "
           f"max {max(errors):.1f}%")

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _accuracy_data as data  # noqa: E402
 
 from hwprofiles.load import load_cluster
+from hwprofiles.units import GiB
 from simulator.des import simulate_des
 from simulator.specs import Job, load_model, parse_plan
 
@@ -45,7 +46,7 @@ def speed(repeat: int) -> bool:
     ev = r.extra["events"]
     rec = r.extra["_des"]
     print(f"gpt3-175b, 128 x dgx-a100-80gb (1024 GPUs), B=1536, {plan.to_string()}, m={m}")
-    print(f"  simulated step {r.step_time:.3f} s, {r.tflops_per_gpu:.1f} TFLOP/s per GPU, peak {r.peak_memory / 2**30:.1f} GiB, "
+    print(f"  simulated step {r.step_time:.3f} s, {r.tflops_per_gpu:.1f} TFLOP/s per GPU, peak {r.peak_memory / GiB:.1f} GiB, "
           f"bubble {100 * r.bubble_fraction:.1f}%")
     print(f"  {rec.engine.num_tasks:,d} tasks, {ev:,d} events, {r.extra['simulated_ranks']} simulated ranks")
     print(f"  cold (topology built): wall {cold_wall:.3f} s, CPU {cold_cpu:.3f} s")

@@ -1,7 +1,8 @@
 """Load GPU, node and cluster profiles by built-in name, by path, or from a mapping.
 
 Every failure (missing file, malformed YAML, unknown key, wrong type, unknown profile
-name) raises :class:`InputError` with one line naming the file and the key.
+name, a bad ``--nodes`` or ``--gpus-per-node``) raises :class:`SpecError` (an :class:`InputError`)
+with one line naming the file and the key.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import SpecError
 from hwprofiles.schema import ClusterSpec, GpuProfile, NodeProfile
 
 ROOT = Path(__file__).resolve().parent
@@ -29,19 +30,19 @@ def is_file(path: str | Path) -> bool:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Parse one YAML (or JSON) file; a missing or malformed file is an InputError."""
+    """Parse one YAML (or JSON) file; a missing or malformed file is a SpecError."""
     p = Path(path)
     if not is_file(p):
-        raise InputError(f"{p}: no such file")
+        raise SpecError(f"{p}: no such file")
     try:
         return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{p}:{where} malformed YAML: {problem}") from None
+        raise SpecError(f"{p}:{where} malformed YAML: {problem}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: cannot read: {e}") from None
+        raise SpecError(f"{p}: cannot read: {e}") from None
 
 
 def validation_message(source: str, err: ValidationError) -> str:
@@ -61,13 +62,13 @@ def validation_message(source: str, err: ValidationError) -> str:
 
 
 def build(model: type[BaseModel], data: Any, source: str) -> Any:
-    """Validate ``data`` into ``model``; errors become a one-line InputError naming ``source``."""
+    """Validate ``data`` into ``model``; errors become a one-line SpecError naming ``source``."""
     if not isinstance(data, Mapping):
-        raise InputError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+        raise SpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
     try:
         return model.model_validate(dict(data))
     except ValidationError as e:
-        raise InputError(validation_message(source, e)) from None
+        raise SpecError(validation_message(source, e)) from None
 
 
 def _names(directory: Path) -> list[str]:
@@ -81,7 +82,7 @@ def _locate(ref: str, directory: Path, what: str) -> Path:
     cand = directory / f"{ref}.yaml"
     if is_file(cand):
         return cand
-    raise InputError(f"unknown {what} '{ref}' (built-in: {', '.join(_names(directory))}; or give a path)")
+    raise SpecError(f"unknown {what} '{ref}' (built-in: {', '.join(_names(directory))}; or give a path)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,8 +96,8 @@ def node_from_mapping(data: Any, source: str) -> NodeProfile:
     if isinstance(node.gpu, str):
         try:
             gpu = load_gpu(node.gpu)
-        except InputError as e:
-            raise InputError(f"{source}: key 'gpu': {e}") from None
+        except SpecError as e:
+            raise SpecError(f"{source}: key 'gpu': {e}") from None
         node = node.model_copy(update={"gpu": gpu})
     return node
 
@@ -109,14 +110,14 @@ def load_node(ref: str) -> NodeProfile:
 
 def cluster_from_mapping(data: Any, source: str, nodes: int | None = None) -> ClusterSpec:
     if not isinstance(data, Mapping):
-        raise InputError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
+        raise SpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
     data = dict(data)
     node = data.get("node")
     if isinstance(node, str):
         try:
             data["node"] = load_node(node)
-        except InputError as e:
-            raise InputError(f"{source}: key 'node': {e}") from None
+        except SpecError as e:
+            raise SpecError(f"{source}: key 'node': {e}") from None
     elif isinstance(node, Mapping):
         data["node"] = node_from_mapping(node, f"{source} (node)")
     if nodes is not None:
@@ -138,12 +139,12 @@ def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None =
     many GPUs of each node (e.g. 2 ranks of the 4-rank localhost-cpu node), at most all.
     """
     if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
-        raise InputError(f"--nodes: expected a positive integer, got {nodes!r}")
+        raise SpecError(f"--nodes: expected a positive integer, got {nodes!r}")
     cluster = _load_cluster(ref, nodes)
     if gpus_per_node is None or gpus_per_node == cluster.gpus_per_node:
         return cluster
     if not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= cluster.gpus_per_node:
-        raise InputError(f"--gpus-per-node: expected 1 to {cluster.gpus_per_node} (the node's GPUs), got {gpus_per_node!r}")
+        raise SpecError(f"--gpus-per-node: expected 1 to {cluster.gpus_per_node} (the node's GPUs), got {gpus_per_node!r}")
     node = cluster.node.model_copy(update={"gpus_per_node": gpus_per_node})
     return cluster.model_copy(update={"node": node, "name": f"{cluster.name}-{gpus_per_node}gpn"})
 
@@ -162,7 +163,7 @@ def _load_cluster(ref: str, nodes: int | None) -> ClusterSpec:
     if is_file(NODE_DIR / f"{ref}.yaml"):
         node = load_node(ref)
         return _cluster_of_node(node, nodes, str(NODE_DIR / f"{ref}.yaml"))
-    raise InputError(
+    raise SpecError(
         f"unknown cluster '{ref}' (clusters: {', '.join(_names(CLUSTER_DIR))}; "
         f"nodes: {', '.join(_names(NODE_DIR))}; or give a path)"
     )

@@ -2,7 +2,7 @@
 
 Every model forbids unknown keys, so a typo in a profile is an error, not a silently
 ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps`` is
-1e9 bits/s, ``_GiB`` is 2**30 bytes, ``_us`` is microseconds.
+1e9 bits/s, ``_GiB`` is 2**30 bytes, ``_us`` is microseconds (the multipliers: hwprofiles.units).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-GiB = 2**30
+from hwprofiles.units import GB, GiB, US  # GiB: also imported from here by older code
 
 
 class _Strict(BaseModel):
@@ -51,7 +51,7 @@ class GemmModel(_Strict):
 
 class EagerHost(_Strict):
     """Host time of PyTorch eager training per pass of a block, at negligible arithmetic
-    (``autoplan calibrate``, ``hwprofiles.calibrate_eager``): Python module calls, the
+    (``autoplan calibrate``, ``hwprofiles.calibrate.eager``): Python module calls, the
     dispatcher, autograd bookkeeping and, under tensor parallelism, DTensor's sharding
     propagation and redistribution. The simulator charges a pass
         synchronous (a CPU rank): sum of its ops' work + host time
@@ -167,12 +167,12 @@ class Link(_Strict):
     @property
     def bytes_per_s(self) -> float:
         """Achievable bytes/s per direction: nominal * efficiency."""
-        nominal = self.bandwidth_GBps * 1e9 if self.bandwidth_GBps is not None else self.bandwidth_Gbps * 1e9 / 8
+        nominal = self.bandwidth_GBps * GB if self.bandwidth_GBps is not None else self.bandwidth_Gbps * GB / 8
         return nominal * self.efficiency
 
     @property
     def latency_s(self) -> float:
-        return self.latency_us * 1e-6
+        return self.latency_us * US
 
 
 #: collectives a node may carry its own alpha-beta fit for (``NodeProfile.collectives``)
@@ -181,18 +181,18 @@ CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "send_rec
 
 class CollectiveFit(_Strict):
     """One collective's own ring alpha-beta fit inside a node: bus bandwidth and per-step latency
-    (hwprofiles.calibrate_fit.fit_link over that collective's samples only)."""
+    (hwprofiles.calibrate.fit.fit_link over that collective's samples only)."""
 
     bandwidth_GBps: float = Field(gt=0)
     latency_us: float = Field(ge=0)
 
     @property
     def bytes_per_s(self) -> float:
-        return self.bandwidth_GBps * 1e9
+        return self.bandwidth_GBps * GB
 
     @property
     def latency_s(self) -> float:
-        return self.latency_us * 1e-6
+        return self.latency_us * US
 
 
 class Nvme(_Strict):
@@ -253,7 +253,7 @@ class NodeProfile(_Strict):
         the entry measured with the most ranks up to ``ranks``; 0 below every measured count
         (fewer ranks than the calibration had keep cores free) or when not measured."""
         us = _measured_at(self.busy_latency_us or {}, ranks)
-        return us * 1e-6 if us is not None else 0.0
+        return us * US if us is not None else 0.0
 
     @field_validator("compute_slots")
     @classmethod

@@ -4,6 +4,9 @@
   built from autoplan YAML or a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen keys).
 * :class:`Plan` -- one parallelization plan, parsed from ``t=8,p=8,d=24,mb=1,...``.
 * :func:`validate_plan` -- every divisibility and consistency rule, each with its own message.
+
+A model that cannot be loaded is a :class:`SpecError`; a plan that cannot be parsed or breaks a
+rule is a :class:`PlanError` (both InputErrors: exit 2 on the command line).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import PlanError, SpecError
 from hwprofiles.load import build, is_file, read_yaml
 from hwprofiles.schema import ClusterSpec
 
@@ -87,7 +90,8 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
 
 
 def model_from_hf_config(cfg: Mapping[str, Any], source: str) -> ModelSpec:
-    """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style) onto ModelSpec."""
+    """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style) onto ModelSpec
+    (SpecError when it cannot be used)."""
     data: dict[str, Any] = {"name": str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(source).parent.name or "hf-model")}
     for key, names in _HF_KEYS.items():
         for n in names:
@@ -100,7 +104,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str) -> ModelSpec:
     elif act.startswith("gelu"):
         data["activation"] = "gelu"
     else:
-        raise InputError(f"{source}: key 'hidden_act': unsupported activation {act!r} (expected gelu or silu/swiglu)")
+        raise SpecError(f"{source}: key 'hidden_act': unsupported activation {act!r} (expected gelu or silu/swiglu)")
     model_type = str(cfg.get("model_type", ""))
     llama_like = "rope_theta" in cfg or model_type in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma")
     data["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", not llama_like))
@@ -118,29 +122,30 @@ def builtin_models() -> list[str]:
 
 
 def _read_json(path: Path) -> Any:
-    """Parse a JSON file (a Hugging Face config.json); a malformed one is an InputError."""
+    """Parse a JSON file (a Hugging Face config.json); a malformed one is a SpecError."""
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}: line {e.lineno} malformed JSON: {e.msg}") from None
+        raise SpecError(f"{path}: line {e.lineno} malformed JSON: {e.msg}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+        raise SpecError(f"{path}: cannot read: {e}") from None
 
 
 def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
-    """A built-in model name, an autoplan model YAML, or a Hugging Face config.json."""
+    """A built-in model name, an autoplan model YAML, or a Hugging Face config.json (SpecError
+    when it is missing, malformed or invalid)."""
     path = Path(ref)
     if not (path.suffix in (".yaml", ".yml", ".json") or is_file(path)):
         path = MODELS_DIR / f"{ref}.yaml"
         if not is_file(path):
-            raise InputError(f"unknown model '{ref}' (built-in: {', '.join(builtin_models())}; or give a path)")
+            raise SpecError(f"unknown model '{ref}' (built-in: {', '.join(builtin_models())}; or give a path)")
     data = _read_json(path) if path.suffix == ".json" and is_file(path) else read_yaml(path)
     if isinstance(data, Mapping) and is_hf_config(data):
         model = model_from_hf_config(data, str(path))
     else:
         model = build(ModelSpec, data, str(path))
     if seq_len is not None and seq_len < 1:
-        raise InputError(f"--seq-len: expected a positive integer, got {seq_len}")
+        raise SpecError(f"--seq-len: expected a positive integer, got {seq_len}")
     return model.with_seq_length(seq_len)
 
 
@@ -237,14 +242,14 @@ def _parse_int(key: str, raw: str, source: str) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise InputError(f"{source}: key '{key}': expected an integer, got {raw!r}") from None
+        raise PlanError(f"{source}: key '{key}': expected an integer, got {raw!r}") from None
 
 
 def _parse_list(key: str, raw: str, source: str) -> tuple[int, ...]:
     # '-' separates too (24-24-24-24), so an empty part is an error: "-48/48" is not 48/48
     parts = raw.replace("-", "/").split("/")
     if any(x.strip() == "" for x in parts):
-        raise InputError(f"{source}: key '{key}': expected positive numbers separated by '/', got {raw!r}")
+        raise PlanError(f"{source}: key '{key}': expected positive numbers separated by '/', got {raw!r}")
     return tuple(_parse_int(key, x, source) for x in parts)
 
 
@@ -257,9 +262,11 @@ def _parse_recompute(raw: str, source: str) -> tuple[tuple[int, int], ...]:
 
 
 def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
-    """Parse ``key=val,...`` into typed values (no cross-key checks). Unknown keys are errors."""
+    """Parse ``key=val,...`` into typed values (no cross-key checks). Unknown keys are errors.
+
+    Every error of parsing, resolving and validating a plan is a PlanError."""
     if not isinstance(text, str) or not text.strip():
-        raise InputError(f"{source}: empty plan (expected e.g. t=8,p=8,mb=1,ckpt=full)")
+        raise PlanError(f"{source}: empty plan (expected e.g. t=8,p=8,mb=1,ckpt=full)")
     items: dict[str, Any] = {}
     for chunk in text.split(","):
         chunk = chunk.strip()
@@ -268,17 +275,17 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
         key, sep, val = chunk.partition("=")
         key, val = key.strip(), val.strip()
         if not sep or not key:
-            raise InputError(f"{source}: expected key=value, got {chunk!r}")
+            raise PlanError(f"{source}: expected key=value, got {chunk!r}")
         if key not in PLAN_KEYS:
-            raise InputError(f"{source}: unknown key '{key}' (expected one of {', '.join(PLAN_KEYS)})")
+            raise PlanError(f"{source}: unknown key '{key}' (expected one of {', '.join(PLAN_KEYS)})")
         if key in items:
-            raise InputError(f"{source}: key '{key}' given twice")
+            raise PlanError(f"{source}: key '{key}' given twice")
         if key in PLAN_INT_KEYS:
             items[key] = _parse_int(key, val, source)
         elif key in PLAN_STR_KEYS:
             val = val.lower()
             if val not in PLAN_STR_KEYS[key]:
-                raise InputError(f"{source}: key '{key}': expected one of {', '.join(PLAN_STR_KEYS[key])}, got {val!r}")
+                raise PlanError(f"{source}: key '{key}': expected one of {', '.join(PLAN_STR_KEYS[key])}, got {val!r}")
             items[key] = val
         elif key == "layers":
             items[key] = _parse_list(key, val, source)
@@ -293,10 +300,10 @@ def resolve_plan(items: Mapping[str, Any], gpus: int, source: str = "--plan") ->
     t, p = kw.get("t", 1), kw.get("p", 1)
     for key in ("t", "p", "mb", "v"):
         if key in kw and kw[key] < 1:
-            raise InputError(f"{source}: key '{key}': expected a positive integer, got {kw[key]}")
+            raise PlanError(f"{source}: key '{key}': expected a positive integer, got {kw[key]}")
     if "d" not in kw:
         if t < 1 or p < 1 or gpus % (t * p):
-            raise InputError(f"{source}: t*p = {t * p} does not divide the cluster's {gpus} GPUs")
+            raise PlanError(f"{source}: t*p = {t * p} does not divide the cluster's {gpus} GPUs")
         kw["d"] = gpus // (t * p)
     if kw.get("v", 1) > 1 and "schedule" not in kw:
         kw["schedule"] = "interleaved"
@@ -373,11 +380,11 @@ def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> l
 
 
 def validate_plan(model: ModelSpec, plan: Plan, gpus: int, global_batch: int, source: str = "--plan") -> int:
-    """Raise InputError with the first broken rule; return the microbatch count m."""
+    """Raise PlanError with the first broken rule; return the microbatch count m."""
     errors = plan_errors(model, plan, gpus, global_batch)
     if errors:
         more = f" (and {len(errors) - 1} more: {'; '.join(errors[1:])})" if len(errors) > 1 else ""
-        raise InputError(f"{source}: {errors[0]}{more}")
+        raise PlanError(f"{source}: {errors[0]}{more}")
     return num_microbatches(plan, global_batch)
 
 

@@ -118,3 +118,74 @@ def test_bad_input_gives_exit_2_and_one_line(results, case):
 def test_control_case_succeeds(results):
     proc = results["control"]
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+# ------------------------------------------------------------------ error classes -> exit codes
+
+from hwprofiles.errors import AutoplanError, FitError, InputError, PlanError, RunError, SpecError  # noqa: E402
+
+ERROR_EXIT_CODES = [(AutoplanError, 1), (InputError, 2), (SpecError, 2), (PlanError, 2), (FitError, 3), (RunError, 1)]
+
+
+@pytest.mark.parametrize("cls,code", ERROR_EXIT_CODES, ids=[c.__name__ for c, _ in ERROR_EXIT_CODES])
+def test_each_error_class_maps_to_its_exit_code_through_main(monkeypatch, capsys, cls, code):
+    import autoplan.cli as cli
+
+    def fail(_args):
+        raise cls(f"{cls.__name__} happened:\n  on two lines")
+
+    monkeypatch.setitem(cli.HANDLERS, "run", fail)
+    assert cls.exit_code == code
+    assert cli.main(["run", "some-dir"]) == code
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"autoplan: error: {cls.__name__} happened: on two lines\n"
+
+
+def test_argparse_errors_and_search_errors_are_input_and_fit_errors():
+    from autoplan.search import NoPlanFits
+    from simulator.specs import parse_plan_items
+
+    assert issubclass(NoPlanFits, FitError)
+    with pytest.raises(PlanError, match="unknown key 'tp'"):
+        parse_plan_items("tp=2")
+    with pytest.raises(InputError, match="argument --global-batch"):
+        from autoplan.cli import build_parser
+
+        build_parser().parse_args(["simulate", "--model", "tiny", "--cluster", "x", "--global-batch", "0", "--plan", "t=1"])
+
+
+def test_loaders_raise_spec_errors():
+    from hwprofiles.load import load_cluster
+    from simulator.specs import load_model
+
+    with pytest.raises(SpecError, match="unknown model 'gpt-5'"):
+        load_model("gpt-5")
+    with pytest.raises(SpecError, match="unknown cluster 'dgx-z900'"):
+        load_cluster("dgx-z900")
+
+
+# ------------------------------------------------------------------ diagnostics through logging
+
+def test_diagnostics_are_plain_lines_on_stderr_and_quiet_hides_them(tmp_path, capsys):
+    from autoplan.cli import main
+
+    args = ["emit", "--model", "tiny", "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "t=2,p=2"]
+    assert main([*args, "-o", str(tmp_path / "a")]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"wrote 6 files to {tmp_path / 'a'}; run it with: autoplan run {tmp_path / 'a'}\n"
+    assert len(out.splitlines()) == 6
+    assert main(["-q", *args, "-o", str(tmp_path / "b")]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.splitlines()) == 6
+    assert main(["-v", "-q", "emit"]) == 2
+    assert capsys.readouterr().err.startswith("autoplan: error: argument -q/--quiet: not allowed with argument -v/--verbose")
+    assert main([*args, "-o", str(tmp_path / "c")]) == 0  # the level is reset by every call
+    assert capsys.readouterr().err.startswith("wrote 6 files")
+
+
+def test_no_fit_hint_is_a_warning_that_quiet_keeps():
+    proc = run_cli("-q", "simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--global-batch", "8",
+                   "--plan", "t=8", "--fidelity", "analytic", "--json")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("autoplan: the plan does not fit: it needs") and len(proc.stderr.splitlines()) == 1

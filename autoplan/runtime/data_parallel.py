@@ -22,9 +22,11 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from hwprofiles.units import MiB
+
 from autoplan.runtime.model import GPT
 
-BUCKET_BYTES = 25 * 2**20
+BUCKET_BYTES = 25 * MiB
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -64,7 +66,7 @@ def buckets(tensors: list[torch.Tensor], cap: int = BUCKET_BYTES) -> Iterable[li
 
 
 @torch.no_grad()
-def allreduce_mean(tensors: list[torch.Tensor], group: dist.ProcessGroup, size: int) -> None:
+def all_reduce_mean(tensors: list[torch.Tensor], group: dist.ProcessGroup, size: int) -> None:
     """Average ``tensors`` in place over ``group`` with one all-reduce per bucket."""
     for bucket in buckets(tensors):
         flat = _flatten_dense_tensors(bucket)
@@ -82,4 +84,4 @@ class ManualGradAllReduce:
 
     def __call__(self) -> None:
         grads = [local(p.grad) for p in self.params if p.grad is not None]
-        allreduce_mean(grads, self.group, self.size)
+        all_reduce_mean(grads, self.group, self.size)

@@ -100,7 +100,7 @@ class Trainer:
                 self.chunks[0], process_group=self.dp_group, device_ids=[env.local_rank] if env.cuda else None
             )
         self.optimizer, self.zero1 = self._build_optimizer(optimizer)
-        self.manual_allreduce = (
+        self.manual_all_reduce = (
             ManualGradAllReduce(self.params, self.dp_group, plan.d) if self.mode == "manual" and plan.zero == 0 else None
         )
         self.tied = self._tied_sync()
@@ -203,8 +203,8 @@ class Trainer:
         if self.tied is not None:
             self.tied()
         settle_partial_grads(self.params)
-        if self.manual_allreduce is not None:
-            self.manual_allreduce()
+        if self.manual_all_reduce is not None:
+            self.manual_all_reduce()
         if self.zero1 is not None:
             self.zero1.reduce_grads()
             grads = self.zero1.weighted_grads([w for _, w in self.norm_weights])

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hwprofiles.units import KiB
+
 
 def rss_bytes() -> int:
     """Current resident set size of this process."""
@@ -20,7 +22,7 @@ def rss_bytes() -> int:
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KiB
 
 
 def reset_peak(device: torch.device) -> None:
