@@ -12,9 +12,11 @@ import pytest
 import yaml
 
 from hwprofiles import InputError, load_cluster, load_gpu, load_node
-from hwprofiles.calibrate import default_node_path, gpu_reference, main, run_calibration
-from hwprofiles.calibrate_fit import CollectiveSample, bus_factor, fit_gemm_curve, fit_link, ring_steps
-from hwprofiles.calibrate_yaml import num
+import hwprofiles.calibrate
+from autoplan.cli import main as autoplan_main
+from hwprofiles.calibrate import default_node_path, gpu_reference, run_calibration
+from hwprofiles.calibrate.fit import CollectiveSample, bus_factor, fit_gemm_curve, fit_link, ring_steps
+from hwprofiles.calibrate.yaml import num
 from hwprofiles.load import GPU_DIR, NODE_DIR
 from hwprofiles.schema import GemmPoint
 from simulator.analytic import estimate
@@ -114,12 +116,37 @@ def test_cuda_without_cuda_is_input_error(tmp_path):
     assert not (tmp_path / "gpu.yaml").exists()
 
 
-def test_cli_reports_input_error_with_exit_2(tmp_path, capsys):
+def test_cli_reports_input_error_with_exit_2(tmp_path, capsys, monkeypatch):
     def refuse(*args, **kwargs):
         raise InputError("calibrate: --device cuda: CUDA is not available")
 
-    assert main(["--device", "cuda", "-o", str(tmp_path / "g.yaml")], run=refuse) == 2
+    monkeypatch.setattr(hwprofiles.calibrate, "run_calibration", refuse)
+    assert autoplan_main(["calibrate", "--device", "cuda", "-o", str(tmp_path / "g.yaml")]) == 2
     assert capsys.readouterr().err.strip() == "autoplan: error: calibrate: --device cuda: CUDA is not available"
+
+
+def test_cli_passes_its_options_to_run_calibration(tmp_path, capsys, monkeypatch):
+    seen = {}
+
+    def record(device, out, **kwargs):
+        seen.update(kwargs, device=device, out=out)
+        return [out]
+
+    monkeypatch.setattr(hwprofiles.calibrate, "run_calibration", record)
+    out, node = tmp_path / "g.yaml", tmp_path / "n.yaml"
+    argv = ["calibrate", "-o", str(out), "--node-out", str(node), "--ranks", "3", "--quick", "--no-progress"]
+    assert autoplan_main(argv) == 0
+    assert seen == {"device": "cpu", "out": out, "quick": True, "ranks": 3, "progress": False, "node_out": node}
+    assert capsys.readouterr().out.strip() == str(out)          # the written paths on stdout
+
+
+def test_python_m_hwprofiles_calibrate_is_autoplan_calibrate(tmp_path):
+    """``python -m hwprofiles.calibrate`` hands its arguments to ``autoplan calibrate``."""
+    argv = ["--device", "tpu", "-o", str(tmp_path / "g.yaml")]
+    run = subprocess.run([sys.executable, "-m", "hwprofiles.calibrate", *argv], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith("autoplan: error: calibrate: argument --device: invalid choice: 'tpu'")
+    assert "\n" not in run.stderr.strip()
 
 
 def test_output_layout(tmp_path):
@@ -130,9 +157,10 @@ def test_output_layout(tmp_path):
 
 
 def test_importing_hwprofiles_and_calibrate_does_not_import_torch():
-    code = "import sys, hwprofiles, hwprofiles.calibrate, hwprofiles.calibrate_fit; print('torch' in sys.modules)"
+    code = ("import sys, hwprofiles, hwprofiles.calibrate, hwprofiles.calibrate.fit; "
+            "print('torch' in sys.modules, 'autoplan' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    assert out.strip() == "False False"
 
 
 # --------------------------------------------------------------------------- committed profiles

@@ -14,21 +14,29 @@ CPU calibration runs every compute benchmark with ``torch.set_num_threads(1)``: 
 core, as the CPU verification runs (OMP_NUM_THREADS=1 per rank). The committed CPU profiles
 were made with::
 
-    python -m hwprofiles.calibrate --device cpu --ranks 4 \\
+    autoplan calibrate --device cpu --ranks 4 \\
         -o hwprofiles/gpus/cpu.yaml --node-out hwprofiles/nodes/localhost-cpu.yaml
 
-torch is imported by the ``calibrate_*`` helpers, which this module imports only inside
-:func:`run_calibration`, so importing it (and ``hwprofiles``) stays torch-free.
+The command line is ``autoplan calibrate`` (``autoplan.cli`` defines its options);
+``python -m hwprofiles.calibrate`` runs the same command (``__main__``).
+
+Modules: ``run`` (every benchmark in order), ``settings`` (grids and timing budgets),
+``timing``, ``ops`` (per-op overhead), ``gemm``, ``memory``, ``host`` (copies, host Adam,
+device facts), ``eager`` (host time of eager blocks), ``comm`` (collectives in spawned ranks),
+``ranks`` (what those ranks measure besides collectives: compute slots, the tensor-parallel
+layer), ``wait`` (busy-core message wait), ``fit`` (numpy/scipy fits), ``result``, ``yaml``
+(the profiles' text) and ``write``. torch is imported by those modules, which this one imports
+only inside :func:`run_calibration`, so importing it (and ``hwprofiles``) stays torch-free.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 from hwprofiles.errors import InputError
+
+__all__ = ["DEVICES", "default_node_path", "gpu_reference", "run_calibration"]
 
 DEVICES = ("cpu", "cuda")
 
@@ -91,39 +99,10 @@ def run_calibration(device: str, out: Path, quick: bool = False, ranks: int = 2,
     _check_inputs(device, out, ranks, node_out)
     if device == "cuda":
         _check_cuda(ranks)
-    from hwprofiles.calibrate_run import measure
+    from hwprofiles.calibrate.run import measure
 
     calibration = measure(device, quick=quick, ranks=ranks, progress=progress)
-    from hwprofiles.calibrate_write import write_profiles
+    from hwprofiles.calibrate.write import write_profiles
 
     node_path = (node_out or default_node_path(out)) if calibration.link is not None else None
     return write_profiles(calibration, out, node_path, gpu_reference(out))
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hwprofiles.calibrate", description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cpu", choices=DEVICES, help="device to measure (default cpu)")
-    p.add_argument("-o", "--out", required=True, type=Path, help="GPU profile to write (.yaml)")
-    p.add_argument("--node-out", type=Path, default=None, help="node profile to write (default <stem>-node.yaml)")
-    p.add_argument("--ranks", type=int, default=2, help="processes for the collectives (1: none; default 2)")
-    p.add_argument("--quick", action="store_true", help="few shapes, short timings (well under a minute)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    return p
-
-
-def main(argv: Optional[Sequence[str]] = None, run: Callable[..., list[Path]] = run_calibration) -> int:
-    """Command line: exit 0 with the written paths on stdout, 2 on bad input."""
-    args = _parser().parse_args(argv)
-    try:
-        written = run(args.device, args.out, quick=args.quick, ranks=args.ranks, progress=not args.no_progress,
-                      node_out=args.node_out)
-    except InputError as e:
-        print(f"autoplan: error: {e}", file=sys.stderr)
-        return 2
-    for path in written:
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -39,8 +39,8 @@ processes hold the core (the simulator's compute slowdown accounts for shared co
 Forward and backward (``loss.backward()`` of the block output's sum) are timed separately,
 loops of ``_CALLS`` calls, the median over ``repeats`` loops. A shared host's speed drifts by
 tens of percent over minutes (a virtual machine's cores share physical cores with other
-tenants), so ``calibrate_run`` measures the single-process blocks in
-``calibrate_settings.EAGER_ROUNDS`` rounds
+tenants), so ``calibrate.run`` measures the single-process blocks in
+``calibrate.settings.EAGER_ROUNDS`` rounds
 spread over the calibration and keeps the median of each figure (:func:`median_result`).
 """
 
@@ -275,7 +275,7 @@ class EagerResult:
 
 
 def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> EagerResult:
-    """The single-process blocks (the TP layer is timed by ``calibrate_comm``'s ranks)."""
+    """The single-process blocks (the TP layer is timed by ``calibrate.comm``'s ranks)."""
     layer = layer_host(device, repeats)
     emb = embedding_host(device, repeats)
     head = head_host(device, repeats)

@@ -9,7 +9,7 @@
   to measured collective times, by least squares on the relative error. ``bus_factor`` is
   the ring algorithms' (nccl-tests doc/PERFORMANCE.md "bus bandwidth": all-reduce 2(n-1)/n,
   all-gather and reduce-scatter (n-1)/n, send/recv 1) and ``steps`` the ring's step count or
-  a double binary tree's 2*ceil(log2 n) when fewer, the rule simulator.commcost applies;
+  a double binary tree's 2*ceil(log2 n) when fewer, the rule simulator.cost.collectives applies;
   so the fitted bandwidth and latency are the bus bandwidth and per-step latency that the
   simulator's collective model reproduces the measurements with.
 """
@@ -24,6 +24,7 @@ from scipy.optimize import least_squares
 
 from hwprofiles.algorithms import latency_steps
 from hwprofiles.schema import GemmPoint
+from hwprofiles.units import GB
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
@@ -142,7 +143,7 @@ def fit_link(samples: Iterable[CollectiveSample], trees: bool = True) -> LinkFit
     if any(s.ranks < 2 for s in rows):
         raise ValueError("a collective sample needs at least 2 ranks")
     steps = np.array([ring_steps(s.op, s.ranks, trees) for s in rows], dtype=float)
-    gbytes = np.array([bus_factor(s.op, s.ranks) * s.nbytes / 1e9 for s in rows], dtype=float)
+    gbytes = np.array([bus_factor(s.op, s.ranks) * s.nbytes / GB for s in rows], dtype=float)
     t = np.array([s.seconds for s in rows], dtype=float)
 
     def residual(x: np.ndarray) -> np.ndarray:
@@ -156,4 +157,4 @@ def fit_link(samples: Iterable[CollectiveSample], trees: bool = True) -> LinkFit
                         x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
     lat_us, s_per_gb = float(sol.x[0]), float(sol.x[1])
     rms = float(np.sqrt(np.mean(residual(sol.x) ** 2)))
-    return LinkFit(latency_s=lat_us * 1e-6, bandwidth_Bps=1e9 / s_per_gb, rms_rel_error=rms, samples=len(rows), trees=trees)
+    return LinkFit(latency_s=lat_us * 1e-6, bandwidth_Bps=GB / s_per_gb, rms_rel_error=rms, samples=len(rows), trees=trees)

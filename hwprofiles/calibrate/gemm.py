@@ -1,10 +1,10 @@
 """GEMM throughput over a grid of shapes for ``autoplan calibrate``.
 
 C[m, n] = A[m, k] @ B[k, n] (``torch.mm``, what ``nn.Linear`` and its backward run);
-throughput = 2*m*n*k / t, where t is the op's work time (``calibrate_timing.work_seconds``:
+throughput = 2*m*n*k / t, where t is the op's work time (``calibrate.timing.work_seconds``:
 on CPU the time less the dispatch time of a 1x1x1 ``mm``, on CUDA the device time).
 The per-op overhead is left out because the simulator adds ``kernel_launch_us`` to every op
-(DESIGN.md section 4, "Op time").
+(docs/design.md section 4, "Op time").
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from hwprofiles.calibrate_settings import Settings
-from hwprofiles.calibrate_timing import TORCH_DTYPES, raw_seconds, work_seconds
+from hwprofiles.calibrate.settings import Settings
+from hwprofiles.calibrate.timing import TORCH_DTYPES, raw_seconds, work_seconds
 from hwprofiles.schema import GemmPoint
 
 

@@ -6,7 +6,7 @@ the host optimizer step, memory capacity and the runtime's own footprint, and de
   CPU: a host-memory ``copy_`` of a buffer far larger than the last-level cache (a
   ``loopback`` link: what offloading moves through on a machine without GPUs).
 * Host Adam: ``torch.optim.Adam.step`` over ``adam_params`` fp32 parameters;
-  cpu_adam_GBps = 12 bytes/param (fp32 master, momentum, variance: K=12 of ZeRO, DESIGN.md
+  cpu_adam_GBps = 12 bytes/param (fp32 master, momentum, variance: K=12 of ZeRO, docs/design.md
   section 4) / step time.
 """
 
@@ -22,9 +22,9 @@ from typing import Callable
 
 import torch
 
-from hwprofiles.calibrate_settings import Settings
-from hwprofiles.calibrate_timing import seconds_per_call
-from hwprofiles.schema import GiB
+from hwprofiles.calibrate.settings import Settings
+from hwprofiles.calibrate.timing import seconds_per_call
+from hwprofiles.units import GB, GiB, KiB
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ def measure_copies(settings: Settings, tick: Callable[[str], None]) -> CopyResul
     if dev == "cuda":
         host = torch.empty(n, pin_memory=True)
         gpu = torch.empty(n, device="cuda")
-        h2d = settings.host_copy_bytes / seconds_per_call(lambda: gpu.copy_(host), dev, settings.timing) / 1e9
-        d2h = settings.host_copy_bytes / seconds_per_call(lambda: host.copy_(gpu), dev, settings.timing) / 1e9
+        h2d = settings.host_copy_bytes / seconds_per_call(lambda: gpu.copy_(host), dev, settings.timing) / GB
+        d2h = settings.host_copy_bytes / seconds_per_call(lambda: host.copy_(gpu), dev, settings.timing) / GB
         tick("host<->device copies")
         h1, g1 = torch.empty(1, pin_memory=True), torch.empty(1, device="cuda")
         lat = 0.5 * (seconds_per_call(lambda: g1.copy_(h1), dev, settings.timing)
@@ -55,7 +55,7 @@ def measure_copies(settings: Settings, tick: Callable[[str], None]) -> CopyResul
         tick("host<->device latency")
         return CopyResult(h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat * 1e6)
     src, dst = torch.randn(n), torch.empty(n)
-    bw = settings.host_copy_bytes / seconds_per_call(lambda: dst.copy_(src), dev, settings.timing) / 1e9
+    bw = settings.host_copy_bytes / seconds_per_call(lambda: dst.copy_(src), dev, settings.timing) / GB
     s1, d1 = torch.empty(1), torch.empty(1)
     lat = seconds_per_call(lambda: d1.copy_(s1), dev, settings.timing)
     tick("host memory copy")
@@ -69,7 +69,7 @@ def measure_host_adam(settings: Settings, tick: Callable[[str], None]) -> float:
     opt = torch.optim.Adam([p], lr=1e-4)
     t = seconds_per_call(opt.step, "cpu", settings.timing)
     tick("host Adam step")
-    return 12.0 * settings.adam_params / t / 1e9
+    return 12.0 * settings.adam_params / t / GB
 
 
 def host_memory_GiB() -> float:
@@ -83,7 +83,7 @@ def resident_GiB() -> float:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GiB
     except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KiB / GiB
 
 
 def cpu_cores() -> int:

@@ -2,7 +2,7 @@
 
 Each op in ``MEMORY_OPS`` runs on tensors of every size in ``settings.mem_elements`` in the
 device's default dtype; achieved bandwidth = bytes read + written / work time
-(``calibrate_timing.op_seconds``; on CPU the dispatch time subtracted is that of the same op
+(``calibrate.timing.op_seconds``; on CPU the dispatch time subtracted is that of the same op
 on a one-element tensor). Bytes per element e (DRAM/HBM traffic of a streaming kernel):
 copy 2e (``out.copy_(a)``), add 3e, scale 2e, gelu 2e (tanh form, as the runtime's MLP),
 dropout 2e + 1 (bool mask), layer_norm 2e (rows of the model's hidden size), softmax 2e (rows
@@ -13,7 +13,7 @@ of the sequence length, the attention-score softmax).
                           a fraction of the dispatch time subtracted, and the quotient is noisy)
   memory_efficiency     = median over the other ops and all sizes of achieved / that copy
                           bandwidth (capped at 1)
-The roofline of DESIGN.md section 4 divides an op's bytes by their product, so a typical
+The roofline of docs/design.md section 4 divides an op's bytes by their product, so a typical
 elementwise op comes out at its measured speed, whether memory or (on a CPU core: gelu,
 softmax, dropout's random numbers) arithmetic limits it.
 
@@ -31,8 +31,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from hwprofiles.calibrate_settings import MEMORY_OPS, Settings
-from hwprofiles.calibrate_timing import TORCH_DTYPES, op_seconds, raw_seconds, seconds_per_call, work_seconds
+from hwprofiles.calibrate.settings import MEMORY_OPS, Settings
+from hwprofiles.calibrate.timing import TORCH_DTYPES, op_seconds, raw_seconds, seconds_per_call, work_seconds
+from hwprofiles.units import GB
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def measure_memory(settings: Settings, dtype: str, tick: Callable[[str], None]) 
                 t = raw_seconds(_memory_op(name, n, settings.device, tdt), settings.device, settings.timing)
                 raw[(name, n)] = min(raw.get((name, n), float("inf")), t)
                 tick(f"{name} {n} elements")
-    bw = {(name, n): _memory_bytes(name, n, tdt) / work_seconds(t, base[name], settings.device) / 1e9
+    bw = {(name, n): _memory_bytes(name, n, tdt) / work_seconds(t, base[name], settings.device) / GB
           for (name, n), t in raw.items()}
     by_op = {name: statistics.median(bw[(name, n)] for n in settings.mem_elements) for name in MEMORY_OPS}
     copy = by_op["copy"]

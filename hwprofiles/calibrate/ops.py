@@ -7,7 +7,7 @@
   transformer layer (layer_norm, linear, gelu, linear, residual add, softmax) with autograd on:
   forward time / ops, and (forward+backward - forward) / ops.
 * ``kernel_launch_s`` = (forward + backward) / (3 * ops): the per-op overhead of a training
-  step when the simulator counts a backward as two ops per forward op (DESIGN.md section 4:
+  step when the simulator counts a backward as two ops per forward op (docs/design.md section 4:
   backward = 2x forward), so forward + backward overhead sums to what was measured.
 """
 
@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from hwprofiles.calibrate_settings import Timing
-from hwprofiles.calibrate_timing import seconds_per_call
+from hwprofiles.calibrate.settings import Timing
+from hwprofiles.calibrate.timing import seconds_per_call
 
 _TINY = 8  # tiny tensors are 8 x 8: the arithmetic is a few hundred flops, all else is overhead
 _BLOCKS = 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hwprofiles.calibrate_eager import EagerResult
-from hwprofiles.calibrate_fit import CollectiveSample, GemmFit, LinkFit
+from hwprofiles.calibrate.eager import EagerResult
+from hwprofiles.calibrate.fit import CollectiveSample, GemmFit, LinkFit
 from hwprofiles.schema import GemmPoint
 
 

@@ -11,21 +11,44 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from datetime import date
+from typing import Optional
 
 import torch
 from tqdm import tqdm
 
-from hwprofiles import calibrate_host as host
-from hwprofiles.calibrate_comm import comm_items, measure_collectives
-from hwprofiles.calibrate_eager import PassHost, measure_eager, median_result
 from hwprofiles.algorithms import uses_trees
-from hwprofiles.calibrate_fit import COLLECTIVES, fit_gemm_curve, fit_link
-from hwprofiles.calibrate_gemm import measure_gemm, peak_by_dtype, supported_dtypes
-from hwprofiles.calibrate_memory import measure_memory
-from hwprofiles.calibrate_ops import measure_overhead
-from hwprofiles.calibrate_result import Calibration
-from hwprofiles.calibrate_settings import settings_for
+from hwprofiles.calibrate import host
+from hwprofiles.calibrate.comm import CommResult, comm_items, measure_collectives
+from hwprofiles.calibrate.eager import EagerResult, PassHost, measure_eager, median_result
+from hwprofiles.calibrate.fit import COLLECTIVES, GemmFit, LinkFit, fit_gemm_curve, fit_link
+from hwprofiles.calibrate.gemm import measure_gemm, peak_by_dtype, supported_dtypes
+from hwprofiles.calibrate.host import CopyResult
+from hwprofiles.calibrate.memory import MemoryResult, measure_memory
+from hwprofiles.calibrate.ops import Overhead, measure_overhead
+from hwprofiles.calibrate.result import Calibration
+from hwprofiles.calibrate.settings import settings_for
+from hwprofiles.schema import GemmPoint
+
+
+@dataclass(frozen=True)
+class _Benchmarks:
+    """What the benchmarks measured, before the collective fits."""
+
+    threads: int                  # intra-op threads the compute benchmarks ran with
+    overhead: Overhead
+    points: list[GemmPoint]
+    default_dtype: str
+    peaks: dict[str, GemmPoint]
+    gemm_fit: GemmFit
+    memory: MemoryResult
+    copies: CopyResult
+    adam_GBps: float
+    eager: EagerResult            # single-process blocks, median of the rounds
+    reserved_GiB: float
+    reserved_how: str
+    comm: Optional[CommResult]    # None: fewer than 2 ranks
 
 
 def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration:
@@ -65,35 +88,52 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
     finally:
         torch.set_num_threads(threads)
         bar.close()
+    b = _Benchmarks(used_threads, ovh, points, default_dtype, peaks, fit, mem, copies, adam, eager, reserved, how,
+                    comm)
+    return _calibration(device, quick, ranks, load_before, b)
 
-    link, by_op = None, {}
-    if comm is not None:
-        trees = uses_trees(comm.backend)
-        link = fit_link(comm.samples, trees)
-        by_op = {op: fit_link([x for x in comm.samples if x.op == op], trees) for op in COLLECTIVES}
-        if device == "cpu":
-            reserved, how = comm.rank_resident_GiB, f"resident memory of a {comm.backend} rank after its collectives"
-        r = comm.tp_ratios
-        eager = dataclasses.replace(
-            eager, tp_layer=PassHost(r.forward * eager.layer.forward_s, r.backward * eager.layer.backward_s),
-            tp_optimizer_tensor_s=r.optimizer * eager.optimizer_tensor_s)
+
+def _with_collectives(device: str, b: _Benchmarks) -> tuple[Optional[LinkFit], dict[str, LinkFit], _Benchmarks]:
+    """The link fits (all collectives, and each alone) and the figures the ranks measured: the
+    tensor-parallel blocks' host time and, on CPU, a rank's resident memory as the reserve."""
+    comm = b.comm
+    if comm is None:
+        return None, {}, b
+    trees = uses_trees(comm.backend)
+    link = fit_link(comm.samples, trees)
+    by_op = {op: fit_link([x for x in comm.samples if x.op == op], trees) for op in COLLECTIVES}
+    if device == "cpu":
+        b = dataclasses.replace(b, reserved_GiB=comm.rank_resident_GiB,
+                                reserved_how=f"resident memory of a {comm.backend} rank after its collectives")
+    r, e = comm.tp_ratios, b.eager
+    eager = dataclasses.replace(
+        e, tp_layer=PassHost(r.forward * e.layer.forward_s, r.backward * e.layer.backward_s),
+        tp_optimizer_tensor_s=r.optimizer * e.optimizer_tensor_s)
+    return link, by_op, dataclasses.replace(b, eager=eager)
+
+
+def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _Benchmarks) -> Calibration:
+    """The benchmarks' figures with the collective fits and this host's facts, in profile units."""
+    link, by_op, b = _with_collectives(device, b)
+    comm, ovh, mem, copies = b.comm, b.overhead, b.memory, b.copies
     return Calibration(
         date=date.today().isoformat(), device=device, device_name=host.device_name(device),
         torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",
-        threads=used_threads, host_load=f"{load_before:.2f} / {host.load_average():.2f}",
-        default_dtype=default_dtype, peaks=peaks, gemm_points=points, gemm_fit=fit,
+        threads=b.threads, host_load=f"{load_before:.2f} / {host.load_average():.2f}",
+        default_dtype=b.default_dtype, peaks=b.peaks, gemm_points=b.points, gemm_fit=b.gemm_fit,
         dispatch_us=ovh.dispatch_s * 1e6, forward_op_us=ovh.forward_op_s * 1e6,
         backward_op_us=ovh.backward_op_s * 1e6, kernel_launch_us=ovh.kernel_launch_s * 1e6,
         memory_bandwidth_GBps=mem.bandwidth_GBps, memory_efficiency=mem.efficiency,
         memory_by_op_GBps=mem.by_op_GBps, attention_tflops=mem.attention_tflops,
-        memory_GiB=host.device_memory_GiB(device, ranks), memory_reserved_GiB=reserved, reserved_how=how,
+        memory_GiB=host.device_memory_GiB(device, ranks), memory_reserved_GiB=b.reserved_GiB,
+        reserved_how=b.reserved_how,
         copy_h2d_GBps=copies.h2d_GBps, copy_d2h_GBps=copies.d2h_GBps, copy_latency_us=copies.latency_us,
-        cpu_adam_GBps=adam, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
+        cpu_adam_GBps=b.adam_GBps, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
         compute_slots=comm.compute_slots if comm is not None else None,
         busy_wait_s=comm.busy_wait_s if comm is not None else None,
         gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
         intra_kind=_intra_kind(device), ranks=ranks, backend="nccl" if device == "cuda" else "gloo",
-        eager=eager, link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],
+        eager=b.eager, link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],
     )
 
 

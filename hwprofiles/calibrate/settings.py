@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
+from hwprofiles.errors import InputError
+from hwprofiles.units import KiB, MiB
+
 MIN_REPEATS = 3
 #: rounds of the eager host-time benchmark: at the start, after the GEMM grid, after the host Adam step
 EAGER_ROUNDS = 3
 #: alternations (one rank alone, then several at once) behind each compute-slots figure; the median is kept
 SLOT_ROUNDS = 5
-#: rounds (idle, then busy ping-pong) behind the busy-core message wait (calibrate_wait); the median is kept
+#: rounds (idle, then busy ping-pong) behind the busy-core message wait (calibrate.wait); the median is kept
 WAIT_ROUNDS = 5
 
 
@@ -57,7 +60,7 @@ class Settings:
 
     @property
     def eager_repeats(self) -> int:
-        """Timed loops per block of the eager host-time benchmark (calibrate_eager)."""
+        """Timed loops per block of the eager host-time benchmark (calibrate.eager)."""
         return 3 if self.quick else 9
 
     @property
@@ -65,7 +68,7 @@ class Settings:
         return [(m, n, k) for m, n, k in product(self.gemm_dims_m, self.gemm_dims_nk, self.gemm_dims_nk)]
 
     def compute_items(self) -> int:
-        """Progress-bar items of the single-process part (the ticks of calibrate_run.measure before
+        """Progress-bar items of the single-process part (the ticks of calibrate.run.measure before
         the collectives: overhead 2, one per GEMM, memory op x size and attention shape, the
         copies (CUDA: bandwidth and latency), the host Adam step, the eager blocks' rounds)."""
         overhead = 2
@@ -77,8 +80,6 @@ class Settings:
 
 #: memory-bound ops timed at every size of ``mem_elements`` (copy sets memory_bandwidth_GBps)
 MEMORY_OPS: tuple[str, ...] = ("copy", "add", "scale", "gelu", "dropout", "layer_norm", "softmax")
-
-KiB, MiB = 1 << 10, 1 << 20
 
 
 def settings_for(device: str, quick: bool) -> Settings:
@@ -115,4 +116,4 @@ def settings_for(device: str, quick: bool) -> Settings:
             host_copy_bytes=1024 * MiB, adam_params=1 << 26,
             comm_bytes=tuple(1 << e for e in range(12, 29, 2)),
             timing=Timing(0.02, 5, 0.5), passes=1, comm_timing=Timing(0.1, 5, 1.0))
-    raise ValueError(f"unknown device {device!r}")
+    raise InputError(f"unknown device {device!r}")

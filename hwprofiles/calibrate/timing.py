@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from hwprofiles.calibrate_settings import Timing
+from hwprofiles.calibrate.settings import Timing
 
 #: profile dtype names -> torch dtypes
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 
-from hwprofiles.calibrate_result import Calibration
-from hwprofiles.calibrate_settings import EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
+from hwprofiles.calibrate.result import Calibration
+from hwprofiles.calibrate.settings import EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
+from hwprofiles.units import GB
 
 
 def num(x: float, sig: int = 4) -> str:
@@ -83,7 +84,7 @@ def _elementwise_lines(c: Calibration) -> list[str]:
 
 
 def _eager_lines(c: Calibration) -> list[str]:
-    """The ``eager`` section: host microseconds per pass of each block (calibrate_eager)."""
+    """The ``eager`` section: host microseconds per pass of each block (calibrate.eager)."""
     e = c.eager
     if e is None:
         return []
@@ -146,7 +147,7 @@ def render_gpu(c: Calibration, name: str) -> str:
 
 def _link_comment(c: Calibration) -> str:
     assert c.link is not None
-    per_op = ", ".join(f"{op} {num(f.bandwidth_Bps / 1e9, 3)} GB/s {num(f.latency_s * 1e6, 3)} us"
+    per_op = ", ".join(f"{op} {num(f.bandwidth_Bps / GB, 3)} GB/s {num(f.latency_s * 1e6, 3)} us"
                        for op, f in c.link_by_op.items())
     return (f"{c.backend} over {c.ranks} ranks, ring alpha-beta fit of all-reduce, all-gather, reduce-scatter, "
             f"send/recv (rms error {num(c.link.rms_rel_error * 100, 2)}%; per op: {per_op}); {_stamp(c)}")
@@ -177,7 +178,7 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         f"gpu: {_q(gpu_ref)}",
         f"gpus_per_node: {c.gpus_per_node}   # {count_note}",
         f"backend: {c.backend}",
-        (f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / 1e9)}, "
+        (f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / GB)}, "
          f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   "
          f"# bus bandwidth and per-step latency: {_link_comment(c)}"),
         (f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
@@ -190,7 +191,7 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
     if _own_fits(c):
         lines.append(f"collectives:   # each collective's own ring alpha-beta fit (gloo runs each with its own code); {s}")
         for op, f in c.link_by_op.items():
-            lines.append(f"  {op}: {{bandwidth_GBps: {num(f.bandwidth_Bps / 1e9)}, latency_us: {num(f.latency_s * 1e6)}}}"
+            lines.append(f"  {op}: {{bandwidth_GBps: {num(f.bandwidth_Bps / GB)}, latency_us: {num(f.latency_s * 1e6)}}}"
                          f"   # rms error {num(f.rms_rel_error * 100, 2)}% over {f.samples} samples")
     if c.device == "cpu" and c.compute_slots:
         lines.append(f"compute_slots: {_slots(c.compute_slots)}   # busy ranks: throughput of single-threaded training "
