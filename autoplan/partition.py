@@ -19,12 +19,16 @@ m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.stage import (TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times,
                                   device_chunks)
 from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.specs import ModelSpec, Plan
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 US = 1e6          # seconds -> integer microseconds
 HEADROOM = 0.01   # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly
@@ -73,13 +77,15 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     if L < chunks:
         return None
     mdl = cp_model.CpModel()
-    n = [mdl.NewIntVar(1, L, f"n{c}") for c in range(chunks)]
-    mdl.Add(sum(n) == L)
+    n = [mdl.new_int_var(1, L, f"n{c}") for c in range(chunks)]
+    mdl.add(sum(n) == L)
+    f: list[cp_model.IntVar | int]
+    s: list[cp_model.IntVar | int]
     if choose_recompute:
-        f = [mdl.NewIntVar(0, L, f"f{c}") for c in range(chunks)]
-        s = [mdl.NewIntVar(0, L, f"s{c}") for c in range(chunks)]
+        f = [mdl.new_int_var(0, L, f"f{c}") for c in range(chunks)]
+        s = [mdl.new_int_var(0, L, f"s{c}") for c in range(chunks)]
         for c in range(chunks):
-            mdl.Add(f[c] + s[c] <= n[c])
+            mdl.add(f[c] + s[c] <= n[c])
     else:
         f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
         s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
@@ -89,17 +95,17 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
     solver.parameters.relative_gap_limit = 1e-3  # 0.1% of the pipeline time is noise next to the model's error
-    status = solver.Solve(mdl)
+    status = solver.solve(mdl)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    layers = tuple(int(solver.Value(x)) for x in n)
-    rec = tuple((int(solver.Value(f[c])), int(solver.Value(s[c]))) for c in range(chunks)) if choose_recompute else None
+    layers = tuple(int(solver.value(x)) for x in n)
+    rec = tuple((int(solver.value(f[c])), int(solver.value(s[c]))) for c in range(chunks)) if choose_recompute else None
     div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
-    return PartitionResult(_solved_plan(plan, L, layers, rec), solver.ObjectiveValue() / US / div,
+    return PartitionResult(_solved_plan(plan, L, layers, rec), solver.objective_value / US / div,
                            "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE")
 
 
-def _add_devices(mdl, model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list) -> None:
+def _add_devices(mdl: "cp_model.CpModel", model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list) -> None:
     """Per device: its time, its memory constraints; then the pipeline-time objective."""
     L, chunks = model.num_layers, plan.p * plan.v
     lt = LayerTimes.of(model, cluster, plan)
@@ -108,29 +114,29 @@ def _add_devices(mdl, model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int
     for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
         for i, a in enumerate(ids):
             for b in ids[i + 1:]:
-                mdl.Add(n[a] - n[b] <= 1)
-                mdl.Add(n[b] - n[a] <= 1)
+                mdl.add(n[a] - n[b] <= 1)
+                mdl.add(n[b] - n[a] <= 1)
     horizon = (lt.per_layer + lt.full_extra) * L + lt.emb + lt.head + 1
     times = []
     for i, ids in enumerate(dev_chunks):
         first, last = 0 in ids, chunks - 1 in ids
-        tm = mdl.NewIntVar(0, horizon, f"time{i}")
-        mdl.Add(tm == sum(lt.per_layer * n[c] + lt.full_extra * f[c] + lt.sel_extra * s[c] for c in ids)
+        tm = mdl.new_int_var(0, horizon, f"time{i}")
+        mdl.add(tm == sum(lt.per_layer * n[c] + lt.full_extra * f[c] + lt.sel_extra * s[c] for c in ids)
                 + (lt.emb if first else 0) + (lt.head if last else 0))
         times.append(tm)
         mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
-        any_full = mdl.NewBoolVar(f"anyfull{i}")
-        mdl.Add(sum(f[c] for c in ids) == 0).OnlyEnforceIf(any_full.Not())
+        any_full = mdl.new_bool_var(f"anyfull{i}")
+        mdl.add(sum(f[c] for c in ids) == 0).only_enforce_if(~any_full)
         for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
-            mdl.Add(sum(_coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
+            mdl.add(sum(_coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
                         for (cn, cf, cs), c in zip(mem.coefficients(vec), ids))
                     + _coef(mem.a_none) * any_full + _coef(mem.fixed) <= _coef(cap * (1 - HEADROOM)))
-    worst = mdl.NewIntVar(0, horizon, "worst")
-    mdl.AddMaxEquality(worst, times)
+    worst = mdl.new_int_var(0, horizon, "worst")
+    mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:
-        mdl.Minimize(m * plan.v * worst + sum(times) - worst)
+        mdl.minimize(m * plan.v * worst + sum(times) - worst)
     else:
-        mdl.Minimize((m - 1) * worst + sum(times))
+        mdl.minimize((m - 1) * worst + sum(times))
 
 
 def _solved_plan(plan: Plan, L: int, layers: tuple[int, ...], rec: tuple[tuple[int, int], ...] | None) -> Plan:

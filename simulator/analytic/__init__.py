@@ -142,7 +142,7 @@ def estimate(job: Job) -> SimResult:
     peak_stage, pm = max(_stage_memories(job, groups), key=lambda x: x[1].total)
     full = sum(g.full_layers * n for _, g, n in groups)
     sel = sum(g.selective_layers * n for _, g, n in groups)
-    extra = {"peak_memory_stage": peak_stage, "critical_stage": groups[crit][0]}
+    extra: dict[str, float] = {"peak_memory_stage": peak_stage, "critical_stage": groups[crit][0]}
     fits_host = True
     if plan.offload != "none":
         host = host_state_bytes(job, psi_local)

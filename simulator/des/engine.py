@@ -197,7 +197,7 @@ class Engine:
         for s in range(len(self.stream_name)):
             self._try_start(s, -1)
         heap = self._heap
-        net = self.net
+        net = self.net if self.net is not None else Network([])
         pop = heapq.heappop
         while True:
             if net is not None and net.dirty and (not heap or heap[0][0] > self.now):

@@ -125,7 +125,7 @@ def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: flo
         return PhasePlan(tuple(flows), ph.steps)
 
     def inter(op2: Collective) -> PhasePlan:
-        flows = []
+        flows: list[tuple[int, int, float]] = []
         ph = None
         for j in range(k):
             ph = ring_phases(op2, [mem[j] for mem in members], size / k, trees)[0]

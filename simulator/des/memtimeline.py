@@ -68,12 +68,12 @@ class MemoryTimeline:
         idx = _CAT_INDEX
         for tid, rank, ats, ate in self._bulk:
             evs = per_rank[rank]
-            for cat, delta in ats:
-                if delta:
-                    evs.append((start[tid], 0 if delta < 0 else 1, idx[cat], delta))
-            for cat, delta in ate:
-                if delta:
-                    evs.append((end[tid], 0 if delta < 0 else 1, idx[cat], delta))
+            for name, change in ats:
+                if change:
+                    evs.append((start[tid], 0 if change < 0 else 1, idx[name], change))
+            for name, change in ate:
+                if change:
+                    evs.append((end[tid], 0 if change < 0 else 1, idx[name], change))
         out = []
         for r, evs in enumerate(per_rank):
             evs.sort()

@@ -129,8 +129,8 @@ def make_piece(kind: str, its: list[Item]) -> Piece:
     at the start and free everything their items held at the end."""
     segs = merge_segs([s for it in its for s in it.segs])
     if kind == "F":
-        start = (("activations", sum(it.alloc_act for it in its)), ("buffers", sum(it.alloc_buf for it in its)))
-        end: tuple[tuple[str, float], ...] = ()
+        start: Segments = (("activations", sum(it.alloc_act for it in its)), ("buffers", sum(it.alloc_buf for it in its)))
+        end: Segments = ()
     else:
         work = max(it.work for it in its)
         start = (("activations", work),)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
-from matplotlib.artist import setp
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -98,7 +97,7 @@ def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> 
     order = [k for k in COLORS if k in used]
     ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in order], loc="upper center",
               bbox_to_anchor=(0.5, -0.04), ncol=min(len(order), 10), fontsize=8, frameon=False)
-    setp(ax.get_xticklabels(), visible=False)
+    ax.tick_params(axis="x", labelbottom=False)
     _draw_memory(axm, rec, devs, result.memory_capacity / GiB, T, frame)
     axm.set_xlabel(f"time ({unit})")
     fig.savefig(path, bbox_inches="tight")

@@ -62,10 +62,11 @@ class Transfers:
         if self.full:
             weighted = self._unweighted(self._class(key, make)[copy])
         else:
-            weighted = self._weighted.get((key, rep_gpu))
-            if weighted is None:
-                weighted = self._weigh(self._class(key, make), rep_gpu)
-                self._weighted[(key, rep_gpu)] = weighted
+            cached = self._weighted.get((key, rep_gpu))
+            if cached is None:
+                cached = self._weigh(self._class(key, make), rep_gpu)
+                self._weighted[(key, rep_gpu)] = cached
+            weighted = cached
         sent = size * sum(b for (_, _, srcs) in weighted for (s, b) in srcs if s == count_gpu) if count_gpu >= 0 else 0.0
         out = [Phase(tuple(FlowSpec(f.links, f.weights, f.nbytes * size) for f in specs), lat) for (specs, lat, _) in weighted]
         self._cache[ckey] = (out, sent)

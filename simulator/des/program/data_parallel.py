@@ -16,6 +16,8 @@ Volumes: gradients e bytes per parameter, parameter gathers
 
 from __future__ import annotations
 
+import functools
+
 from hwprofiles.algorithms import Collective
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
 from simulator.des.program.state import Device, Program, Send
@@ -98,4 +100,4 @@ def add_param_allgather(prog: Program) -> None:
         after = prog.opt_last[dev.idx]
         send = Send("dp", ("ag", dev.pp), prog.xfer.dp_class(dev.pp, Collective.ALL_GATHER), "tp", size, "dp",
                     "param all-gather", "dp_bytes")
-        prog.group_task(dev, ("pag",), after, lambda dev=dev, send=send, after=after: prog.transfer(dev, send, (after,)))
+        prog.group_task(dev, ("pag",), after, functools.partial(prog.transfer, dev, send, (after,)))
