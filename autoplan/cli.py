@@ -1,4 +1,4 @@
-"""The ``autoplan`` command line (DESIGN.md section 3).
+"""The ``autoplan`` command line (docs/design.md section 3).
 
 Exit codes come from the error classes of :mod:`hwprofiles.errors`: 0 ok; 2 bad input
 (:class:`InputError`, :class:`SpecError`, :class:`PlanError`); 3 no plan fits (:class:`FitError`);

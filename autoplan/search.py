@@ -1,4 +1,4 @@
-"""The search driver behind ``autoplan plan`` (DESIGN.md section 5).
+"""The search driver behind ``autoplan plan`` (docs/design.md section 5).
 
 1. enumerate every valid plan (``autoplan.space``) under the ``--fix`` pins;
 2. estimate each with the analytic model (memory and time), in ``--jobs`` processes;

@@ -1,6 +1,6 @@
 """The search space: every valid plan for a model, a cluster size and a global batch.
 
-Axes (DESIGN.md section 5): t divides the heads, KV groups and ffn; p <= layers and
+Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; p <= layers and
 t*p divides the GPUs; d = GPUs / (t*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
 schedule gpipe/1f1b/interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
 offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1). Microbatches are capped at

@@ -249,7 +249,7 @@ def _tensor_memory(rank: dict[str, Any]) -> float:
 
 def summarize(spec: RunSpec, ranks: list[dict[str, Any]], ref: Optional[dict[str, list[float]]],
               prediction: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """The ``run --json`` dict (DESIGN.md section 3) from per-rank results and the reference."""
+    """The ``run --json`` dict (docs/design.md section 3) from per-rank results and the reference."""
     result: dict[str, Any] = dict(prediction) if prediction else {"plan": spec.plan.to_dict(spec.num_microbatches)}
     last = next(r for r in ranks if r["has_last_stage"])
     timed = [r.get("timed") for r in ranks]

@@ -51,7 +51,7 @@ from simulator.result import SimResult  # noqa: E402
 from simulator.specs import NO_DP_OVERLAP, Job  # noqa: E402
 
 RUNTIME = NO_DP_OVERLAP  # Megatron-LM 2021 local DDP and vTrain's Megatron-DeepSpeed: no bucketed overlap
-TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}   # DESIGN.md section 7 / issue 6
+TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}   # docs/design.md section 7 / issue 6
 
 
 def des_available() -> bool:

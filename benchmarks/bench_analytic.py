@@ -1,4 +1,4 @@
-"""Benchmark of the analytic estimator (DESIGN.md section 7). Run: python benchmarks/bench_analytic.py
+"""Benchmark of the analytic estimator (docs/design.md section 7). Run: python benchmarks/bench_analytic.py
 
 1. Throughput: analytic estimates per second over the whole plan space
    (autoplan.space.enumerate_plans, no pins) of
@@ -76,7 +76,7 @@ def main() -> int:
         print(f"{row.params_B:7.1f}B {row.t:2d} {row.p:3d} {job.plan.d:4d} {row.gpus:5d} {row.batch:5d} {job.plan.mb:3d} "
               f"{r.peak_memory / GiB:8.1f} {r.tflops_per_gpu:9.1f} {row.tflops_per_gpu:9.1f} {err:+6.1f}%")
     within = sum(e <= 10 for e in errors)
-    print(f"rows within 10% (DESIGN.md target): {within}/{len(errors)}; mean |error| {sum(errors) / len(errors):.1f}%, "
+    print(f"rows within 10% (docs/design.md target): {within}/{len(errors)}; mean |error| {sum(errors) / len(errors):.1f}%, "
           f"max {max(errors):.1f}%")
     return 0 if ok else 1
 

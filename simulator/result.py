@@ -1,4 +1,4 @@
-"""The result of simulating one iteration: the JSON of DESIGN.md section 3."""
+"""The result of simulating one iteration: the JSON of docs/design.md section 3."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class SimResult:
 
     @property
     def tflops_per_gpu(self) -> float:
-        """Executed FLOPs (recomputation included) / (step time * GPUs) (DESIGN.md section 3)."""
+        """Executed FLOPs (recomputation included) / (step time * GPUs) (docs/design.md section 3)."""
         return self.executed_flops / (self.step_time * self.job.cluster.num_gpus) / 1e12
 
     @property

@@ -1,4 +1,4 @@
-"""Model, plan and job specifications (DESIGN.md section 2).
+"""Model, plan and job specifications (docs/design.md section 2).
 
 * :class:`ModelSpec` -- a GPT-style decoder, keys named after Megatron-LM arguments;
   built from autoplan YAML or a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen keys).
@@ -161,7 +161,7 @@ PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
 
 @dataclass(frozen=True)
 class Plan:
-    """One parallelization plan (DESIGN.md section 2, "Plan string").
+    """One parallelization plan (docs/design.md section 2, "Plan string").
 
     ``layers``: transformer layers per pipeline chunk, in model order (p*v entries), or None
     for the uniform split. ``recompute``: per pipeline chunk, (layers fully recomputed,

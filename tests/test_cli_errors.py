@@ -1,5 +1,5 @@
 """Bad input through the real CLI: exit 2 and one line ``autoplan: error: ...`` that names the
-file / key, never a traceback (DESIGN.md section 3)."""
+file / key, never a traceback (docs/design.md section 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``autoplan simulate`` through the real CLI: the JSON contract of DESIGN.md section 3."""
+"""``autoplan simulate`` through the real CLI: the JSON contract of docs/design.md section 3."""
 
 from __future__ import annotations
 

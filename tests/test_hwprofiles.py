@@ -11,7 +11,7 @@ from hwprofiles.schema import GiB, GpuProfile, Link, NodeProfile
 
 from conftest import NODE_MAPPING
 
-# DESIGN.md section 2: profiles that must ship (the CPU profile / localhost-cpu node are checked
+# docs/design.md section 2: profiles that must ship (the CPU profile / localhost-cpu node are checked
 # by the verification tests of whoever adds them)
 REQUIRED_GPUS = ["v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb"]
 REQUIRED_NODES = ["dgx2-v100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "pcie-a100-80gb"]

@@ -38,7 +38,7 @@ def _explain_gap(eng: Engine, cause: int, g0: float, g1: float, own_stream: int,
 
 
 def rank_breakdown(eng: Engine, compute_stream: int, final_task: int) -> dict[str, float]:
-    """Time breakdown (DESIGN.md section 3 keys) of the rank owning ``compute_stream``, up to
+    """Time breakdown (docs/design.md section 3 keys) of the rank owning ``compute_stream``, up to
     the end of ``final_task`` (the rank's last task)."""
     out = dict.fromkeys(TIME_KEYS, 0.0)
     prev = 0.0

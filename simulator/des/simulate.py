@@ -1,4 +1,4 @@
-"""``simulate_des``: discrete-event simulation of one training iteration (DESIGN.md section 4).
+"""``simulate_des``: discrete-event simulation of one training iteration (docs/design.md section 4).
 
 Builds the topology (:mod:`simulator.des.topology`), the flow network (:mod:`simulator.des.network`)
 and the iteration's task graph (:mod:`simulator.des.program`) on the event engine

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up, then run every check: lint and format (ruff), types (mypy), all tests (pytest).
+# This is the README's test command; CI (.ci/run) runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/python -m pytest -q "$@"
