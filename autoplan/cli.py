@@ -164,7 +164,8 @@ def _load_job_inputs(a: argparse.Namespace):
 
 
 def _make_job(a: argparse.Namespace):
-    from simulator.specs import Job, parse_plan
+    from simulator.job import Job
+    from simulator.plan import parse_plan
 
     model, cluster = _load_job_inputs(a)
     plan, _ = parse_plan(a.plan, model, cluster.num_gpus, a.global_batch)
@@ -172,7 +173,7 @@ def _make_job(a: argparse.Namespace):
 
 
 def _runtime(a: argparse.Namespace):
-    from simulator.specs import NO_DP_OVERLAP, OVERLAPPED
+    from simulator.job import NO_DP_OVERLAP, OVERLAPPED
 
     return NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
 

@@ -25,7 +25,8 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost.stage import (TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times,
                                   device_chunks)
 from simulator.cost.stage_memory import DeviceMemoryModel
-from simulator.specs import ModelSpec, Plan
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model

@@ -28,7 +28,9 @@ from hwprofiles.units import GiB
 from simulator.analytic import estimate, memory_only
 from simulator import simulate
 from simulator.result import SimResult
-from simulator.specs import OVERLAPPED, Job, ModelSpec, Plan, Runtime, num_microbatches
+from simulator.job import Job, OVERLAPPED, Runtime
+from simulator.plan import num_microbatches, Plan
+from simulator.specs import ModelSpec
 
 from autoplan import space
 from autoplan.partition import optimize_partition

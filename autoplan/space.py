@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from hwprofiles.errors import PlanError
-from simulator.specs import ModelSpec, Plan, parse_plan_items, plan_errors, resolve_plan
+from simulator.plan import CKPT_MODES, OFFLOADS, ZERO_STAGES, parse_plan_items, Plan, plan_errors, resolve_plan
+from simulator.specs import ModelSpec
 
 MAX_MB = 16
 MAX_V = 8
-ZERO_STAGES = (0, 1, 2, 3)
-CKPTS = ("none", "selective", "full")
-OFFLOADS = ("none", "cpu", "nvme")
 
 
 def divisors(n: int) -> list[int]:
@@ -87,7 +85,7 @@ def memory_options(fix: Mapping[str, Any]) -> list[tuple[int, str, str]]:
     """(zero, ckpt, offload) combinations allowed by the rules and the pins."""
     out = []
     for zero in ZERO_STAGES:
-        for ckpt in CKPTS:
+        for ckpt in CKPT_MODES:
             for off in OFFLOADS:
                 if off == "cpu" and zero == 0 or off == "nvme" and zero != 3:
                     continue

@@ -217,7 +217,7 @@ def predict(spec: RunSpec, device: str, stored: Optional[dict[str, Any]], log: C
     try:
         from hwprofiles.load import load_cluster
         from simulator import simulate
-        from simulator.specs import Job
+        from simulator.job import Job
     except ImportError as e:
         log(f"autoplan run: no prediction ({e})")
         return None

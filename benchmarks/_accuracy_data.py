@@ -27,7 +27,9 @@ import yaml
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.result import SimResult
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "shared" / "validation"))
@@ -122,7 +124,8 @@ def megatron_1f1b_best(row: PublishedRow, max_mb: int = 16) -> tuple[Job, SimRes
     the highest analytic tflops_per_gpu. None when none fits. (benchmarks/accuracy.py lets the
     planner choose the schedule too.)"""
     from simulator.analytic import estimate
-    from simulator.specs import NO_DP_OVERLAP, validate_plan
+    from simulator.job import NO_DP_OVERLAP
+    from simulator.plan import validate_plan
 
     cluster = selene(row.gpus)
     d = row.gpus // (row.t * row.p)

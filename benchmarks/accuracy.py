@@ -48,7 +48,7 @@ import dataclasses  # noqa: E402
 
 from simulator import analytic  # noqa: E402
 from simulator.result import SimResult  # noqa: E402
-from simulator.specs import NO_DP_OVERLAP, Job  # noqa: E402
+from simulator.job import Job, NO_DP_OVERLAP  # noqa: E402
 
 RUNTIME = NO_DP_OVERLAP  # Megatron-LM 2021 local DDP and vTrain's Megatron-DeepSpeed: no bucketed overlap
 TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}   # docs/design.md section 7 / issue 6
@@ -190,7 +190,7 @@ def _cpu_run(text: str, model: Any, cluster: Any, run_dir: Path) -> tuple[float,
     from autoplan.runtime.support import program_job
     from autoplan.verify import run_and_verify
     from simulator import simulate
-    from simulator.specs import parse_plan
+    from simulator.plan import parse_plan
 
     plan, _ = parse_plan(text, model, cluster.num_gpus, CPU_BATCH)
     job = program_job(Job(model, cluster, plan, CPU_BATCH))

@@ -26,7 +26,8 @@ from autoplan.space import MAX_MB, enumerate_plans
 from hwprofiles.load import load_cluster
 from hwprofiles.units import GiB
 from simulator.analytic import estimate
-from simulator.specs import Job, load_model
+from simulator.job import Job
+from simulator.specs import load_model
 
 TARGET_PLANS_PER_S = 10_000
 SPACES = [("gpt-1t", 384, 3072), ("gpt3-175b", 128, 1536)]

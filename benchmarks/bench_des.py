@@ -23,7 +23,9 @@ import _accuracy_data as data  # noqa: E402
 from hwprofiles.load import load_cluster
 from hwprofiles.units import GiB
 from simulator.des import simulate_des
-from simulator.specs import Job, load_model, parse_plan
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import load_model
 
 TARGET_S = 2.0
 MAX_MB = 16

@@ -17,7 +17,9 @@ from __future__ import annotations
 from typing import Literal
 
 from simulator.result import SimResult
-from simulator.specs import NO_DP_OVERLAP, OVERLAPPED, Job, ModelSpec, Plan, Runtime, load_model, parse_plan
+from simulator.job import Job, NO_DP_OVERLAP, OVERLAPPED, Runtime
+from simulator.plan import parse_plan, Plan
+from simulator.specs import load_model, ModelSpec
 
 Fidelity = Literal["des", "analytic"]
 FIDELITIES: tuple[Fidelity, ...] = ("des", "analytic")

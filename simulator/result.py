@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwprofiles.units import GiB  # also imported from here (simulator.des.plot, simulator.des.trace)
-from simulator.specs import Job
+from simulator.job import Job
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "offload", "optimizer")
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "buffers")

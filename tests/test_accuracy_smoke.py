@@ -16,7 +16,7 @@ import pytest
 from hwprofiles.load import load_cluster
 from simulator import analytic
 from simulator.cost import workload
-from simulator.specs import NO_DP_OVERLAP, Job
+from simulator.job import Job, NO_DP_OVERLAP
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -52,7 +52,7 @@ def test_published_row_predicts(have_data):
     rows = data.published_rows()
     assert [r.params_B for r in rows][:2] == [1.7, 7.5] and len(rows) == 5
     row = rows[0]
-    from simulator.specs import parse_plan
+    from simulator.plan import parse_plan
 
     cluster = data.selene(row.gpus)
     plan, _ = parse_plan(f"t={row.t},p={row.p},mb=4,ckpt=full", row.model, cluster.num_gpus, row.batch)

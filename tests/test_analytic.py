@@ -11,7 +11,9 @@ from simulator.cost import params
 from simulator.analytic import estimate, memory_only
 from simulator.analytic.pipeline import pipeline_time
 from simulator.result import MEMORY_KEYS, TIME_KEYS
-from simulator.specs import Job, ModelSpec, Plan, load_model
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import load_model, ModelSpec
 from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
 
 FAST = 1e9  # GB/s: communication that costs nothing next to compute

@@ -144,7 +144,7 @@ def test_each_error_class_maps_to_its_exit_code_through_main(monkeypatch, capsys
 
 def test_argparse_errors_and_search_errors_are_input_and_fit_errors():
     from autoplan.search import NoPlanFits
-    from simulator.specs import parse_plan_items
+    from simulator.plan import parse_plan_items
 
     assert issubclass(NoPlanFits, FitError)
     with pytest.raises(PlanError, match="unknown key 'tp'"):

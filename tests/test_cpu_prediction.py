@@ -9,7 +9,9 @@ import pytest
 
 from hwprofiles.load import load_cluster
 from simulator import simulate
-from simulator.specs import Job, load_model, parse_plan
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import load_model
 
 from autoplan.emit.writer import write_run_dir
 from autoplan.verify import run_and_verify

@@ -11,19 +11,21 @@ import pytest
 
 from hwprofiles import load_cluster
 from simulator.analytic import estimate
-from simulator.specs import NO_DP_OVERLAP
+from simulator.job import NO_DP_OVERLAP
 from simulator.des import simulate_des
 from simulator.des.passes import Costs
 from simulator.des.program import DesOptions
 from simulator.result import MEMORY_KEYS, TIME_KEYS
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 from simulator.cost.workload import megatron_flops_with_recompute
 
 SMALL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)
 
 
 def job(plan: str | Plan, nodes: int = 1, batch: int = 16, model: ModelSpec = SMALL, node: str = "dgx-a100-80gb") -> Job:
-    from simulator.specs import parse_plan
+    from simulator.plan import parse_plan
 
     cluster = load_cluster(node, nodes)
     if isinstance(plan, str):

@@ -8,7 +8,9 @@ import pytest
 from hwprofiles import load_cluster
 from simulator.des import simulate_des
 from simulator.des.program import DesOptions
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 MODEL = ModelSpec(name="uniform", num_layers=24, hidden_size=512, num_attention_heads=8, vocab_size=1024, seq_length=256)
 FREE = DesOptions(free_comm=True, skip_embedding_head=True)

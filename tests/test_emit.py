@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator.specs import Job, load_model, parse_plan
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import load_model
 
 from autoplan.emit.writer import write_run_dir
 

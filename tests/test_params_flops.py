@@ -6,7 +6,7 @@ import pytest
 
 from simulator.cost import params
 from simulator.cost import workload
-from simulator.specs import ModelSpec, load_model
+from simulator.specs import load_model, ModelSpec
 
 V_MEGATRON, S_MEGATRON = 51200, 2048
 

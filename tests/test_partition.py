@@ -5,7 +5,9 @@ import pytest
 from autoplan.partition import optimize_partition
 from hwprofiles import load_cluster
 from simulator.analytic import estimate
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 
 def heavy_ends_model() -> ModelSpec:

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from hwprofiles import ClusterSpec, InputError
 from hwprofiles.load import build, cluster_from_mapping, load_cluster, node_from_mapping
 from simulator.analytic import estimate
-from simulator.specs import (PLAN_KEYS, Job, ModelSpec, Plan, is_hf_config, load_model, model_from_hf_config,
-                             parse_plan, plan_errors)
+from simulator.job import Job
+from simulator.plan import parse_plan, Plan, plan_errors, PLAN_KEYS
+from simulator.specs import is_hf_config, load_model, model_from_hf_config, ModelSpec
 
 # example counts and seeds come from the profile (tests/conftest.py: ci, dev, long)
 SETTINGS = settings()
@@ -106,7 +107,7 @@ def test_random_plan_strings_gpt3(text):
                       v=st.integers(1, 3), schedule=st.sampled_from(["1f1b", "gpipe", "interleaved"]),
                       offload=st.sampled_from(["none", "cpu", "nvme"]), sp=st.integers(0, 1)))
 def test_plan_to_string_round_trip(plan):
-    from simulator.specs import parse_plan_items, resolve_plan
+    from simulator.plan import parse_plan_items, resolve_plan
 
     assert resolve_plan(parse_plan_items(plan.to_string()), plan.gpus) == plan
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.specs import ModelSpec, Plan, load_model
+from simulator.plan import Plan
+from simulator.specs import load_model, ModelSpec
 
 from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
 from autoplan.runtime.layout import Layout, chunk_layer_ids

@@ -12,7 +12,9 @@ from autoplan.search import NoPlanFits, SearchOptions, search
 from hwprofiles.load import cluster_from_mapping, load_cluster
 from simulator.analytic import estimate
 from simulator import simulate
-from simulator.specs import Job, ModelSpec, parse_plan
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import ModelSpec
 
 
 def small_cluster(nodes: int = 1, gpus_per_node: int = 4, gpu: str = "a100-sxm4-40gb"):

@@ -4,7 +4,8 @@ import pytest
 
 from autoplan import space
 from hwprofiles.errors import InputError
-from simulator.specs import load_model, plan_errors
+from simulator.plan import plan_errors
+from simulator.specs import load_model
 
 
 @pytest.fixture(scope="module")

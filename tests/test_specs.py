@@ -9,8 +9,9 @@ import yaml
 
 from hwprofiles import InputError
 from simulator.cost import params
-from simulator.specs import (Job, ModelSpec, Plan, builtin_models, load_model, parse_plan, parse_plan_items,
-                             plan_errors, resolve_plan, validate_plan)
+from simulator.job import Job
+from simulator.plan import parse_plan, parse_plan_items, Plan, plan_errors, resolve_plan, validate_plan
+from simulator.specs import builtin_models, load_model, ModelSpec
 
 GPT3 = load_model("gpt3-175b")
 
@@ -269,3 +270,20 @@ def test_job_make_validates_and_counts_microbatches():
     assert (job.m, job.seq) == (192, 2048)
     with pytest.raises(InputError):
         Job.make(GPT3, c, Plan(t=8, p=16, d=4), 1536)
+
+
+def test_plan_kinds_are_enums_and_literals_that_agree():
+    """Each plan kind has one list of values: the StrEnum, the Plan field's Literal and the
+    parser's accepted strings are the same."""
+    import dataclasses
+    import typing
+
+    from simulator import plan as plan_module
+    from simulator.plan import CKPT_MODES, OFFLOADS, SCHEDULES, Offload, Plan, Recompute, Schedule
+
+    hints = typing.get_type_hints(Plan, vars(plan_module))
+    for field, enum, values in (("ckpt", Recompute, CKPT_MODES), ("schedule", Schedule, SCHEDULES),
+                                ("offload", Offload, OFFLOADS)):
+        assert set(typing.get_args(hints[field])) == {e.value for e in enum} == set(values)
+    assert {f.name for f in dataclasses.fields(Plan)} >= {"ckpt", "schedule", "offload"}
+    assert Schedule.INTERLEAVED == "interleaved" and Recompute("full") is Recompute.FULL

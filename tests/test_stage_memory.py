@@ -8,7 +8,7 @@ from hwprofiles.load import load_cluster
 from simulator import Job, load_model, simulate
 from simulator.cost.stage import device_chunks, stage_groups
 from simulator.cost.stage_memory import DeviceMemoryModel, stage_memory
-from simulator.specs import Plan
+from simulator.plan import Plan
 
 CASES = [
     # (model, nodes, global batch, plan): uneven splits and mixed recomputation, every schedule

@@ -9,7 +9,9 @@ from hwprofiles import load_cluster
 from simulator.analytic import estimate
 from simulator.cost.step import optimizer_time, step_sync_time
 from simulator.des import simulate_des
-from simulator.specs import Job, Plan, load_model
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import load_model
 
 
 def cpu_cluster(gpus_per_node: int | None = None, **eager_update):

@@ -10,7 +10,9 @@ import pytest
 from hwprofiles import load_cluster
 from simulator.des import simulate_des
 from simulator.des.plot import plot_timeline
-from simulator.specs import Job, ModelSpec, parse_plan
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import ModelSpec
 from simulator.des.trace import write_trace
 
 MODEL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)

@@ -6,7 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from simulator.specs import Plan, load_model
+from simulator.plan import Plan
+from simulator.specs import load_model
 
 from autoplan.runtime.config import RunSpec
 from autoplan.verify import _failed_rank, _hang_culprit, compare, format_report, summarize

@@ -7,7 +7,7 @@ import pytest
 from hwprofiles.schema import GpuProfile
 from simulator.cost import ops
 from simulator.cost import workload
-from simulator.specs import ModelSpec, load_model
+from simulator.specs import load_model, ModelSpec
 
 GEMM_KINDS = ("gemm", "bmm")
 

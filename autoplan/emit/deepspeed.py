@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.specs import Job
+from simulator.job import Job
 
 from autoplan.runtime.config import TrainSettings
 

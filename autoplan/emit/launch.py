@@ -7,7 +7,7 @@ arguments go to the program (after ``--``, so torchrun cannot take them for its 
 
 from __future__ import annotations
 
-from simulator.specs import Job
+from simulator.job import Job
 
 
 def node_shape(job: Job) -> tuple[int, int]:

@@ -12,7 +12,7 @@ comment line of the file.
 
 from __future__ import annotations
 
-from simulator.specs import Job
+from simulator.job import Job
 
 from autoplan.emit.launch import node_shape
 from autoplan.runtime.config import TrainSettings

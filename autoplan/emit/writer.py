@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError
-from simulator.specs import Job
+from simulator.job import Job
 
 from autoplan import __version__
 from autoplan.emit.deepspeed import deepspeed_config

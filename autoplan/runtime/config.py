@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError
-from simulator.specs import ModelSpec, Plan
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 PLAN_FILE = "plan.json"
 FORMAT_VERSION = 1

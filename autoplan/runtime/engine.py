@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from simulator.specs import Plan
+from simulator.plan import Plan
 
 from autoplan.runtime.config import RunSpec
 from autoplan.runtime.data import local_batch

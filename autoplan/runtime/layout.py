@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.specs import ModelSpec, Plan
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from simulator.specs import NO_DP_OVERLAP, Job, ModelSpec, Plan
+from simulator.job import Job, NO_DP_OVERLAP
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 
 def dp_mode(plan: Plan) -> str:

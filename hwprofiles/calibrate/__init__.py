@@ -17,14 +17,14 @@ were made with::
     autoplan calibrate --device cpu --ranks 4 \\
         -o hwprofiles/gpus/cpu.yaml --node-out hwprofiles/nodes/localhost-cpu.yaml
 
-The command line is ``autoplan calibrate`` (``autoplan.cli`` defines its options);
-``python -m hwprofiles.calibrate`` runs the same command (``__main__``).
+The one command line is ``autoplan calibrate`` (``autoplan.cli`` defines its options; this
+package imports nothing from ``autoplan``, which sits above it).
 
 Modules: ``run`` (every benchmark in order), ``settings`` (grids and timing budgets),
 ``timing``, ``ops`` (per-op overhead), ``gemm``, ``memory``, ``host`` (copies, host Adam,
 device facts), ``eager`` (host time of eager blocks), ``comm`` (collectives in spawned ranks),
 ``ranks`` (what those ranks measure besides collectives: compute slots, the tensor-parallel
-layer), ``wait`` (busy-core message wait), ``fit`` (numpy/scipy fits), ``result``, ``yaml``
+layer), ``wait`` (busy-core message wait), ``fit`` (numpy/scipy fits), ``result``, ``profile_text``
 (the profiles' text) and ``write``. torch is imported by those modules, which this one imports
 only inside :func:`run_calibration`, so importing it (and ``hwprofiles``) stays torch-free.
 """

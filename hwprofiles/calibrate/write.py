@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from hwprofiles.calibrate.result import Calibration
-from hwprofiles.calibrate.yaml import render_gpu, render_node
+from hwprofiles.calibrate.profile_text import render_gpu, render_node
 from hwprofiles.load import build, load_gpu, load_node, node_from_mapping, read_yaml
 from hwprofiles.schema import GpuProfile
 

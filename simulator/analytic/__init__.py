@@ -30,7 +30,8 @@ from simulator.cost.step import (host_fits, host_state_bytes, local_params, opti
                                  step_sync_time)
 from simulator.cost.workload import executed_flops_per_iteration
 from simulator.result import SimResult
-from simulator.specs import Job, ModelSpec
+from simulator.job import Job
+from simulator.specs import ModelSpec
 
 __all__ = ["estimate", "memory_only"]
 

@@ -22,7 +22,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout, memory
 from simulator.cost.stage import StageCost
 from simulator.cost.step import gradient_reduction, param_gather_bytes
-from simulator.specs import Plan
+from simulator.plan import Plan
 
 
 def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from simulator.cost import memory
 from simulator.cost.stage import StageCost
 from simulator.cost.step import CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS
-from simulator.specs import Job
+from simulator.job import Job
 
 
 def offload_time(job: Job, psi_local: float) -> float:

@@ -16,7 +16,9 @@ from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import block_times
 from simulator.cost.step import pipeline_send, tied_embedding_bytes
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 _P2P = IdentityCache(4096)
 _TIED = IdentityCache(4096)

@@ -18,7 +18,8 @@ from simulator.cost import params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.stage_memory import StageShape
-from simulator.specs import ModelSpec, Plan
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 from simulator.cost.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
                                 head_forward_ops, layer_backward_extra_ops, layer_forward_ops, padded_vocab_size)
 

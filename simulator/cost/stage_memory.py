@@ -38,7 +38,8 @@ from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import padded_vocab_size
-from simulator.specs import ModelSpec, Plan
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 _ACTIVATIONS = IdentityCache(4096)
 _ACT_PEAK = IdentityCache(16384)

@@ -28,7 +28,9 @@ from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import compute_slowdown, host_async
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
-from simulator.specs import Job, ModelSpec, Plan
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
 OPTIMIZER_STEP_BYTES_PER_PARAM = 60    # mixed-precision step with fp32 master weights (optimizer_time)

@@ -30,7 +30,7 @@ from simulator.cost.memory import activation_bytes_per_layer, embedding_activati
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
-from simulator.specs import Job
+from simulator.job import Job
 from simulator.cost.stage import (TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE,
                                   block_times)
 

@@ -34,7 +34,7 @@ from simulator.des.memtimeline import RankMemory
 from simulator.des.network import Network
 from simulator.des.program import Device, DesOptions, Program, build_program
 from simulator.result import SimResult
-from simulator.specs import Job
+from simulator.job import Job
 from simulator.des.topology import Topology
 from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
 

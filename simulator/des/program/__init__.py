@@ -33,7 +33,7 @@ from simulator.des.engine import Engine
 from simulator.des.program import compute, data_parallel, memory, optimizer, pipeline
 from simulator.des.program.state import Device, DesOptions, Program, TaskInfo
 from simulator.des.topology import Topology
-from simulator.specs import Job
+from simulator.job import Job
 
 __all__ = ["Device", "DesOptions", "Program", "TaskInfo", "build_program"]
 

@@ -19,7 +19,7 @@ from simulator.des.memtimeline import MemoryTimeline
 from simulator.des.passes import Costs, Item, Piece, Segments, bucket_groups, layer_modes, make_piece, pass_items
 from simulator.des.topology import Topology
 from simulator.des.transfers import RoutedPhase, Transfers, copy_index
-from simulator.specs import Job
+from simulator.job import Job
 
 Split = Literal["whole", "buckets", "layers"]
 CopyPer = Literal["tp", "dptp"]  # one copy of a transfer class per tensor rank, or per (dp, tp) rank
