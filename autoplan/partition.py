@@ -56,7 +56,7 @@ class LayerTimes:
     @staticmethod
     def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "LayerTimes":
         bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
-        tp = bt.tp_allreduce
+        tp = bt.tp_all_reduce
         return LayerTimes(
             per_layer=round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp) * US),
             full_extra=round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp) * US),

@@ -51,8 +51,8 @@ def test_tensor_parallel_all_reduce_pays_the_wait_every_step():
     plain, busy = _cpu_cluster(None), _cpu_cluster(500.0)
     S = 1 * model.seq_length * model.hidden_size * 4
     bw, lat = plain.node.intra_figures("all_reduce")
-    assert block_times(model, plain, 2, False, 1).tp_allreduce == pytest.approx(S / bw + 2 * lat, rel=1e-9)
-    assert block_times(model, busy, 2, False, 1).tp_allreduce == pytest.approx(S / bw + 2 * (lat + 500e-6), rel=1e-9)
+    assert block_times(model, plain, 2, False, 1).tp_all_reduce == pytest.approx(S / bw + 2 * lat, rel=1e-9)
+    assert block_times(model, busy, 2, False, 1).tp_all_reduce == pytest.approx(S / bw + 2 * (lat + 500e-6), rel=1e-9)
     # step-end collectives, when no rank computes, do not wait
     link = collectives.group_link(busy, layout.dp_shape(1, 4, 4))
     assert link.figures("all_reduce") == (bw, lat)

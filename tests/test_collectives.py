@@ -34,7 +34,7 @@ def run_phases(topo: Topology, phases) -> float:
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_ring_allreduce_time_in_a_node(dgx4, n):
+def test_ring_all_reduce_time_in_a_node(dgx4, n):
     S = 1e9
     beta = dgx4.cluster.node.intra_node.bytes_per_s
     lat = dgx4.cluster.node.intra_node.latency_s
@@ -102,7 +102,7 @@ def test_volume_per_rank(dgx4, gpus):
         assert bytes_sent_per_rank(ag, g) == pytest.approx((n - 1) / n * S)
 
 
-def test_hierarchical_allreduce_uses_every_nic(dgx4):
+def test_hierarchical_all_reduce_uses_every_nic(dgx4):
     """4 nodes x 8 GPUs: the inter-node phase runs 8 rings on S/8, one per NIC, so it is 8x
     faster than one ring through a single NIC."""
     S = 8e9

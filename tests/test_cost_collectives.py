@@ -16,19 +16,19 @@ NO_LATENCY = GroupLink(BW, 0.0)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 64, 1024])
-def test_ring_allreduce_bandwidth_term(n):
+def test_ring_all_reduce_bandwidth_term(n):
     """Ring all-reduce moves 2(n-1)/n * S per rank."""
     S = 1e9
-    assert collectives.allreduce_time(S, n, NO_LATENCY) == pytest.approx(2 * (n - 1) / n * S / BW, rel=1e-12)
+    assert collectives.all_reduce_time(S, n, NO_LATENCY) == pytest.approx(2 * (n - 1) / n * S / BW, rel=1e-12)
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 1024])
-def test_allgather_and_reducescatter_are_half_an_allreduce(n):
+def test_all_gather_and_reduce_scatter_are_half_an_all_reduce(n):
     S = 3e8
-    ag = collectives.allgather_time(S, n, NO_LATENCY)
+    ag = collectives.all_gather_time(S, n, NO_LATENCY)
     assert ag == pytest.approx((n - 1) / n * S / BW, rel=1e-12)
-    assert collectives.reducescatter_time(S, n, NO_LATENCY) == ag
-    assert collectives.allreduce_time(S, n, NO_LATENCY) == pytest.approx(2 * ag)
+    assert collectives.reduce_scatter_time(S, n, NO_LATENCY) == ag
+    assert collectives.all_reduce_time(S, n, NO_LATENCY) == pytest.approx(2 * ag)
 
 
 def test_latency_steps():
@@ -36,24 +36,24 @@ def test_latency_steps():
     link = GroupLink(BW, lat)
     S = 1e6
     # n = 8: ring all-reduce has 2*7 = 14 steps, tree 2*ceil(log2 8) = 6: the smaller counts
-    assert collectives.allreduce_time(S, 8, link) == pytest.approx(2 * 7 / 8 * S / BW + 6 * lat)
+    assert collectives.all_reduce_time(S, 8, link) == pytest.approx(2 * 7 / 8 * S / BW + 6 * lat)
     # n = 2: ring 2 steps, tree 2
-    assert collectives.allreduce_time(S, 2, link) == pytest.approx(S / BW + 2 * lat)
+    assert collectives.all_reduce_time(S, 2, link) == pytest.approx(S / BW + 2 * lat)
     # all-gather n = 2: ring 1 step < tree 2
-    assert collectives.allgather_time(S, 2, link) == pytest.approx(0.5 * S / BW + lat)
+    assert collectives.all_gather_time(S, 2, link) == pytest.approx(0.5 * S / BW + lat)
     # n = 1000: tree 2*10 = 20 steps
-    assert collectives.allreduce_time(S, 1000, link) == pytest.approx(2 * 999 / 1000 * S / BW + 20 * lat)
+    assert collectives.all_reduce_time(S, 1000, link) == pytest.approx(2 * 999 / 1000 * S / BW + 20 * lat)
     # gloo runs rings only: n = 8 all-reduce 14 steps, all-gather 7
     rings = GroupLink(BW, lat, trees=False)
-    assert collectives.allreduce_time(S, 8, rings) == pytest.approx(2 * 7 / 8 * S / BW + 14 * lat)
-    assert collectives.allgather_time(S, 8, rings) == pytest.approx(7 / 8 * S / BW + 7 * lat)
+    assert collectives.all_reduce_time(S, 8, rings) == pytest.approx(2 * 7 / 8 * S / BW + 14 * lat)
+    assert collectives.all_gather_time(S, 8, rings) == pytest.approx(7 / 8 * S / BW + 7 * lat)
 
 
 def test_degenerate_collectives_are_free():
     link = GroupLink(BW, 1e-5)
-    assert collectives.allreduce_time(1e9, 1, link) == 0.0
-    assert collectives.allreduce_time(0.0, 8, link) == 0.0
-    assert collectives.allgather_time(1e9, 1, link) == 0.0
+    assert collectives.all_reduce_time(1e9, 1, link) == 0.0
+    assert collectives.all_reduce_time(0.0, 8, link) == 0.0
+    assert collectives.all_gather_time(1e9, 1, link) == 0.0
     assert collectives.p2p_time(0.0, BW, 1e-5) == 0.0
 
 
@@ -61,11 +61,11 @@ def test_p2p():
     assert collectives.p2p_time(1e9, BW, 2e-6) == pytest.approx(0.01 + 2e-6)
 
 
-def test_allreduce_time_grows_with_size_and_ranks():
+def test_all_reduce_time_grows_with_size_and_ranks():
     link = GroupLink(BW, 5e-6)
     sizes = [1e3, 1e6, 1e9]
-    assert sorted(collectives.allreduce_time(s, 8, link) for s in sizes) == [collectives.allreduce_time(s, 8, link) for s in sizes]
-    times = [collectives.allreduce_time(1e8, n, link) for n in (2, 4, 8, 16, 64)]
+    assert sorted(collectives.all_reduce_time(s, 8, link) for s in sizes) == [collectives.all_reduce_time(s, 8, link) for s in sizes]
+    times = [collectives.all_reduce_time(1e8, n, link) for n in (2, 4, 8, 16, 64)]
     assert times == sorted(times)
 
 
@@ -110,12 +110,12 @@ def test_group_link_never_faster_than_the_intra_node_link():
     assert link.bandwidth < collectives.group_link(load_cluster("dgx-a100-80gb", 4), shape).bandwidth
 
 
-def test_allreduce_over_nics_reference_value():
+def test_all_reduce_over_nics_reference_value():
     """1 GB gradient all-reduce over 16 nodes, one HDR NIC per rank (23 GB/s achieved):
     2 * 15/16 * 1e9 / 23e9 = 81.5 ms of bandwidth + 2*ceil(log2 16) = 8 latency steps."""
     c = load_cluster("dgx-a100-80gb", 16)
     link = collectives.group_link(c, layout.dp_shape(8, 16, 8))
-    t = collectives.allreduce_time(1e9, 16, link)
+    t = collectives.all_reduce_time(1e9, 16, link)
     assert t == pytest.approx(2 * 15 / 16 * 1e9 / 23e9 + 8 * link.latency, rel=1e-9)
     assert 2 * math.ceil(math.log2(16)) == 8
 
@@ -127,9 +127,9 @@ def test_own_collective_fits_price_each_collective_inside_a_node():
     without a fit (all-gather here) keeps the link's 2 GB/s, 100 us: 0.375 ms + 0.3 ms."""
     link = GroupLink(2e9, 100e-6, trees=False,
                      per_collective=(("all_reduce", 1e9, 500e-6), ("reduce_scatter", 0.4e9, 700e-6)))
-    assert collectives.allreduce_time(1e6, 4, link) == pytest.approx(4.5e-3, rel=1e-12)
-    assert collectives.reducescatter_time(1e6, 4, link) == pytest.approx(3.975e-3, rel=1e-12)
-    assert collectives.allgather_time(1e6, 4, link) == pytest.approx(0.675e-3, rel=1e-12)
+    assert collectives.all_reduce_time(1e6, 4, link) == pytest.approx(4.5e-3, rel=1e-12)
+    assert collectives.reduce_scatter_time(1e6, 4, link) == pytest.approx(3.975e-3, rel=1e-12)
+    assert collectives.all_gather_time(1e6, 4, link) == pytest.approx(0.675e-3, rel=1e-12)
 
 
 def test_node_fits_apply_inside_the_node_only():

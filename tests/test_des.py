@@ -49,7 +49,7 @@ def test_dp_volume_per_rank(nodes, zero):
     assert psi["dp_bytes"] == pytest.approx(2 * grad_bytes * (d - 1) / d, rel=1e-9)
 
 
-def test_zero3_moves_one_and_a_half_times_the_allreduce():
+def test_zero3_moves_one_and_a_half_times_the_all_reduce():
     j = job("t=1,p=1,zero=3", nodes=2, batch=16)  # m = 1
     assert j.m == 1
     r = simulate_des(j)
@@ -64,12 +64,12 @@ def _params(j: Job) -> float:
 
 
 @pytest.mark.parametrize("ckpt,per_layer", [("none", 4), ("selective", 4), ("full", 6)])
-def test_tp_allreduces_per_layer_per_microbatch(ckpt, per_layer):
+def test_tp_all_reduces_per_layer_per_microbatch(ckpt, per_layer):
     j = job(f"t=4,p=1,ckpt={ckpt}", batch=6)
     r = simulate_des(j)
     c = record(r).counters
     L, m = j.model.num_layers, j.m
-    assert c["tp_layer_allreduces"] == L * m * per_layer
+    assert c["tp_layer_all_reduces"] == L * m * per_layer
     bsh = j.plan.mb * j.model.seq_length * j.model.hidden_size * 2
     # plus one all-reduce each for the vocab-parallel embedding (forward) and LM head (backward)
     assert c["tp_bytes"] == pytest.approx((L * per_layer + 2) * m * 2 * 3 / 4 * bsh)

@@ -38,11 +38,11 @@ def per_microbatch_dp(cost: StageCost, plan: Plan, link: collectives.GroupLink, 
     again for the backward, prefetched under that pass's compute."""
     if plan.zero < 2 or plan.d == 1:
         return 0.0, 0.0
-    scatter = collectives.reducescatter_time(cost.params * e, plan.d, link)
+    scatter = collectives.reduce_scatter_time(cost.params * e, plan.d, link)
     bwd = cost.backward + cost.recompute
     if plan.zero == 2:
         return scatter, max(0.0, scatter - bwd) if overlap else scatter
-    gather = collectives.allgather_time(cost.params * param_gather_bytes(e), plan.d, link)
+    gather = collectives.all_gather_time(cost.params * param_gather_bytes(e), plan.d, link)
     exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
     return 2 * gather + scatter, exposed
 
@@ -76,5 +76,5 @@ def dp_times(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int) -
     reduce = collectives.collective_time(gradient_reduction(plan.zero), cost.params * e, plan.d, link)
     if plan.zero == 0:
         return reduce, 0.0
-    gather = collectives.allgather_time(cost.params * param_gather_bytes(e), plan.d, link)
+    gather = collectives.all_gather_time(cost.params * param_gather_bytes(e), plan.d, link)
     return (reduce if plan.zero == 1 else 0.0), gather

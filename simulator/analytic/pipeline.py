@@ -81,11 +81,11 @@ def tied_embedding_time(job: Job) -> float:
     model, cluster, plan = job.model, job.cluster, job.plan
     if plan.p == 1 or not model.tie_embeddings:
         return 0.0
-    return _TIED.get_or_make((model, cluster), (plan.t, plan.p, plan.d), lambda: _tied_allreduce(model, cluster, plan))
+    return _TIED.get_or_make((model, cluster), (plan.t, plan.p, plan.d), lambda: _tied_all_reduce(model, cluster, plan))
 
 
-def _tied_allreduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
+def _tied_all_reduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     size = tied_embedding_bytes(model, plan.t, dtype_bytes(cluster.gpu))
     bw, lat, crosses = _pipeline_link(cluster, plan)
     link = collectives.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else collectives.node_link(cluster)
-    return collectives.allreduce_time(size, 2, link)
+    return collectives.all_reduce_time(size, 2, link)

@@ -81,7 +81,7 @@ def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
                      tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective))
 
 
-def allreduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
+def all_reduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """All-reduce of a ``size_bytes`` buffer: 2(n-1)/n * S / B + latency steps * a."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
@@ -96,12 +96,12 @@ def _ring_pass(collective: Collective, size_bytes: float, n: int, link: GroupLin
     return (n - 1) / n * size_bytes / bw + latency_steps(n, n - 1, link.trees) * lat
 
 
-def allgather_time(size_bytes: float, n: int, link: GroupLink) -> float:
+def all_gather_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """All-gather where ``size_bytes`` is the full (gathered) buffer."""
     return _ring_pass(Collective.ALL_GATHER, size_bytes, n, link)
 
 
-def reducescatter_time(size_bytes: float, n: int, link: GroupLink) -> float:
+def reduce_scatter_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """Reduce-scatter where ``size_bytes`` is the full (input) buffer."""
     return _ring_pass(Collective.REDUCE_SCATTER, size_bytes, n, link)
 
@@ -109,11 +109,11 @@ def reducescatter_time(size_bytes: float, n: int, link: GroupLink) -> float:
 def collective_time(op: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
     """Time of ``op`` (all-reduce, all-gather or reduce-scatter) over the group's ``link``."""
     if op == Collective.ALL_REDUCE:
-        return allreduce_time(size_bytes, n, link)
+        return all_reduce_time(size_bytes, n, link)
     if op == Collective.ALL_GATHER:
-        return allgather_time(size_bytes, n, link)
+        return all_gather_time(size_bytes, n, link)
     if op == Collective.REDUCE_SCATTER:
-        return reducescatter_time(size_bytes, n, link)
+        return reduce_scatter_time(size_bytes, n, link)
     raise ValueError(f"no closed form for a group {op}")
 
 

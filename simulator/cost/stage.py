@@ -32,7 +32,7 @@ class BlockTimes:
     layer: PassTimes
     embedding: PassTimes
     head: PassTimes
-    tp_allreduce: float
+    tp_all_reduce: float
     act_bytes: float  # b*s*h*e: one boundary activation
 
 
@@ -87,7 +87,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
         head=pass_times(head_forward_ops(model, mb, t, sp, e, vocab), gpu, slow,
                         head_backward_extra_ops(model, t, e, vocab), asy,
                         (eager.head_forward_us, eager.head_backward_us) if eager else None),
-        tp_allreduce=collectives.allreduce_time(act, t, link),
+        tp_all_reduce=collectives.all_reduce_time(act, t, link),
         act_bytes=act,
     )
     return bt
@@ -158,15 +158,15 @@ def _make_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[li
         fwd = n * bt.layer.forward
         bwd = n * bt.layer.backward
         recompute = full * bt.layer.forward + sel * bt.layer.attention_core
-        tp = (TP_PER_LAYER * n + TP_PER_FULL_RECOMPUTE * full) * bt.tp_allreduce
+        tp = (TP_PER_LAYER * n + TP_PER_FULL_RECOMPUTE * full) * bt.tp_all_reduce
         if first:
             fwd += bt.embedding.forward
             bwd += bt.embedding.backward
-            tp += TP_EMBEDDING * bt.tp_allreduce
+            tp += TP_EMBEDDING * bt.tp_all_reduce
         if last:
             fwd += bt.head.forward
             bwd += bt.head.backward
-            tp += TP_HEAD * bt.tp_allreduce
+            tp += TP_HEAD * bt.tp_all_reduce
         psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, padded_vocab_size(model, plan.t))
         made[sig] = StageCost(layers=n, full_layers=full, selective_layers=sel, params=psi, first=first, last=last,
                               forward=fwd, backward=bwd, recompute=recompute, tp_comm=tp)

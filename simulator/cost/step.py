@@ -87,7 +87,7 @@ def pipeline_send(cluster: ClusterSpec, plan: Plan, act_bytes: float, crosses: b
     t = plan.t
     if crosses and t > 1 and not plan.sp:
         intra = collectives.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
-        return act_bytes / t, collectives.allgather_time(act_bytes, t, intra)
+        return act_bytes / t, collectives.all_gather_time(act_bytes, t, intra)
     return act_bytes / (t if plan.sp else 1), 0.0 if crosses else collectives.in_pass_wait(cluster)
 
 
@@ -113,11 +113,11 @@ def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
     gpn = cluster.gpus_per_node
     world = plan.t * plan.p * plan.d
     world_link = collectives.group_link(cluster, layout.group_shape(world, 1, gpn))
-    norm = collectives.allreduce_time(GRAD_NORM_BYTES, world, world_link)
+    norm = collectives.all_reduce_time(GRAD_NORM_BYTES, world, world_link)
     if plan.d == 1:
         return norm
     dp_link = collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, gpn))
-    return norm + collectives.allreduce_time(LOSS_BYTES, plan.d, dp_link)
+    return norm + collectives.all_reduce_time(LOSS_BYTES, plan.d, dp_link)
 
 
 def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:

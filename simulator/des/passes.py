@@ -42,8 +42,8 @@ class Costs:
     fwd: float
     bwd: float
     attn_core: float
-    tp_allreduce: float        # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
-    tp_allreduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
+    tp_all_reduce: float        # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
+    tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
     emb_f: float
     emb_b: float
     head_f: float
@@ -67,10 +67,10 @@ class Costs:
         bt = block_times(model, cluster, t, sp, b)
         pb, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
-        tp = 0.0 if (t == 1 or free_comm) else bt.tp_allreduce
+        tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
             fwd=bt.layer.forward, bwd=bt.layer.backward, attn_core=bt.layer.attention_core,
-            tp_allreduce=tp, tp_allreduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
+            tp_all_reduce=tp, tp_all_reduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
             emb_f=bt.embedding.forward, emb_b=bt.embedding.backward, head_f=bt.head.forward, head_b=bt.head.backward,
             act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
@@ -94,7 +94,7 @@ class Item:
     free_buf: float = 0.0
     params: float = 0.0        # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
     tp_bytes: float = 0.0      # bytes one rank sends in TP collectives
-    tp_layer_allreduces: int = 0
+    tp_layer_all_reduces: int = 0
     rec_full: int = 0
     rec_sel: int = 0
 
@@ -151,8 +151,8 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
     ``modes``; ``first``/``last``: the chunk holds the embedding / the LM head. Items are in
     execution order (backward: last layer first)."""
     n = len(modes)
-    tp = c.tp_allreduce
-    ar = c.tp_allreduce_bytes
+    tp = c.tp_all_reduce
+    ar = c.tp_all_reduce_bytes
     out: list[Item] = []
     for i in (range(n) if kind == "F" else reversed(range(n))):
         mode = modes[i]
@@ -170,7 +170,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
                 segs.append(("fwd", c.head_f))
             out.append(Item(merge_segs(segs), alloc_act=stored + (c.emb_act if has_emb else 0.0),
                             alloc_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
-                            tp_layer_allreduces=TP_FORWARD))
+                            tp_layer_all_reduces=TP_FORWARD))
             continue
         tp_bytes = TP_BACKWARD * ar
         n_ar = TP_BACKWARD
@@ -190,7 +190,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
             segs.append(("bwd", c.emb_b))
         out.append(Item(merge_segs(segs), work=work, free_act=stored + (c.emb_act if has_emb else 0.0),
                         free_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
-                        tp_layer_allreduces=n_ar, rec_full=int(mode == "full"), rec_sel=int(mode == "selective")))
+                        tp_layer_all_reduces=n_ar, rec_full=int(mode == "full"), rec_sel=int(mode == "selective")))
     return out
 
 

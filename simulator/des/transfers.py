@@ -128,7 +128,7 @@ class Transfers:
                     for dp in range(self.d) for tp in range(self.t)]
         return make
 
-    def pair_allreduce_class(self, s0: int, s1: int) -> Callable[[], list[list[RoutedPhase]]]:
+    def pair_all_reduce_class(self, s0: int, s1: int) -> Callable[[], list[list[RoutedPhase]]]:
         """All-reduce between each (dp, tp) rank of stage s0 and its peer of s1 (tied embeddings)."""
         def make() -> list[list[RoutedPhase]]:
             return [self._routed(collective_phases(self.topo, Collective.ALL_REDUCE, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0))

@@ -48,9 +48,9 @@ def build_program(job: Job, topo: Topology, engine: Engine, full: bool, options:
         compute.add_passes(prog, dev)
     for dev in prog.devices:
         pipeline.add_sends(prog, dev)
-    data_parallel.add_tied_embedding_allreduce(prog)
+    data_parallel.add_tied_embedding_all_reduce(prog)
     for dev in prog.devices:
         optimizer.add_step(prog, dev)
-    data_parallel.add_param_allgather(prog)
+    data_parallel.add_param_all_gather(prog)
     pipeline.sync_tensor_groups(prog)
     return prog

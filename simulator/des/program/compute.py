@@ -66,7 +66,7 @@ def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
     tp_bytes, tp_n, rec_f, rec_s = prog.totals(op.kind, j, norec)
     if dev.idx == 0:
         prog.counters["tp_bytes"] += tp_bytes
-        prog.counters["tp_layer_allreduces"] += tp_n
+        prog.counters["tp_layer_all_reduces"] += tp_n
     if dev.dp == 0 and dev.tp == 0:
         prog.recomputed["full"] += rec_f
         prog.recomputed["selective"] += rec_s

@@ -74,12 +74,12 @@ def _grad_down(prog: Program, dev: Device, reduced: int, size: float) -> int:
     return prog.transfer(dev, send, (reduced,))
 
 
-def add_tied_embedding_allreduce(prog: Program) -> None:
+def add_tied_embedding_all_reduce(prog: Program) -> None:
     """Tied word embeddings: the first and the last stage all-reduce their gradient."""
     if not (prog.embed_head and prog.p > 1 and prog.job.model.tie_embeddings):
         return
     size = tied_embedding_bytes(prog.job.model, prog.t, prog.costs.e)
-    make = prog.xfer.pair_allreduce_class(0, prog.p - 1)
+    make = prog.xfer.pair_all_reduce_class(0, prog.p - 1)
     for dev in prog.devices:
         if dev.pp != 0:
             continue
@@ -91,7 +91,7 @@ def add_tied_embedding_allreduce(prog: Program) -> None:
         prog.dp_done[other.idx].append(x)
 
 
-def add_param_allgather(prog: Program) -> None:
+def add_param_all_gather(prog: Program) -> None:
     """ZeRO-1/2: all-gather the updated parameters once every member has stepped."""
     if prog.plan.zero not in (1, 2) or prog.plan.d == 1:
         return

@@ -109,7 +109,7 @@ class Program:
                     self.devices.append(dev)
                     self.dev_at[(pp, dp, tp)] = dev
         self.mem = MemoryTimeline(len(self.devices))
-        self.counters: dict[str, float] = {"tp_bytes": 0.0, "tp_layer_allreduces": 0.0, "pp_bytes": 0.0,
+        self.counters: dict[str, float] = {"tp_bytes": 0.0, "tp_layer_all_reduces": 0.0, "pp_bytes": 0.0,
                                            "dp_bytes": 0.0, "offload_bytes": 0.0}
         self.recomputed = {"full": 0, "selective": 0}  # layer passes recomputed by one pipeline replica
         self.lanes: dict[int, tuple[int, str]] = {}    # stream id -> (device idx, lane)
@@ -174,7 +174,7 @@ class Program:
         got = self._totals_cache.get(key)
         if got is None:
             its = self._items(kind, j, norec)
-            got = (sum(i.tp_bytes for i in its), sum(i.tp_layer_allreduces for i in its),
+            got = (sum(i.tp_bytes for i in its), sum(i.tp_layer_all_reduces for i in its),
                    sum(i.rec_full for i in its), sum(i.rec_sel for i in its))
             self._totals_cache[key] = got
         return got
