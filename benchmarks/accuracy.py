@@ -23,7 +23,7 @@
 
 Both 1 and 2 model what those programs did: data-parallel gradient reduction after the last
 backward with no overlap (Megatron-LM's 2021 "local" DDP; Megatron-DeepSpeed with gradient
-bucketing off): simulator.simulator.specs.NO_DP_OVERLAP. Predictions use the analytic estimator
+bucketing off): simulator.job.NO_DP_OVERLAP. Predictions use the analytic estimator
 and, where simulator.des.simulate is importable, the discrete-event simulator (DES columns).
 """
 
