@@ -17,17 +17,18 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
-EXIT_FAILED = AutoplanError.exit_code   # 1: a failed run (RunError, a loss mismatch) or an internal error
-EXIT_BAD_INPUT = InputError.exit_code   # 2
-EXIT_NO_FIT = FitError.exit_code        # 3: also 'simulate' of a plan that does not fit
+EXIT_FAILED = AutoplanError.exit_code  # 1: a failed run (RunError, a loss mismatch) or an internal error
+EXIT_BAD_INPUT = InputError.exit_code  # 2
+EXIT_NO_FIT = FitError.exit_code  # 3: also 'simulate' of a plan that does not fit
 
 EXAMPLES = {
     "plan": """examples:
@@ -95,9 +96,12 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
     p.add_argument("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     if plan_required:
         p.add_argument("--plan", required=True, help="plan string, e.g. t=8,p=8,mb=1,zero=1,ckpt=full,schedule=1f1b")
-    p.add_argument("--no-dp-overlap", action="store_true",
-                   help="model a program that reduces gradients after the last backward instead of overlapping "
-                        "bucketed reductions with it (Megatron-LM 2021 local DDP, Megatron-DeepSpeed without bucketing)")
+    p.add_argument(
+        "--no-dp-overlap",
+        action="store_true",
+        help="model a program that reduces gradients after the last backward instead of overlapping "
+        "bucketed reductions with it (Megatron-LM 2021 local DDP, Megatron-DeepSpeed without bucketing)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,25 +112,40 @@ def build_parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", parser_class=_Parser, metavar="{plan,simulate,emit,run,calibrate}")
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        return sub.add_parser(
+            name,
+            help=help_,
+            description=help_,
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
     p = cmd("plan", "Search the plan space for the fastest (or cheapest) plan that fits.")
     _job_args(p, plan_required=False)
     p.add_argument("--fix", default="", help="pin plan keys, e.g. t=8,p=8,zero=0,ckpt=full")
     p.add_argument("--top", type=_positive_int, default=8, help="simulate and show the K best candidates (default 8)")
     p.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--objective", choices=("time", "cost"), default="time",
-                   help="time: fastest step; cost: fewest GPU-hours per million tokens")
-    p.add_argument("--fidelity", choices=("des", "analytic"), default="des", help="how the top K are simulated (default des)")
+    p.add_argument(
+        "--objective",
+        choices=("time", "cost"),
+        default="time",
+        help="time: fastest step; cost: fewest GPU-hours per million tokens",
+    )
+    p.add_argument(
+        "--fidelity", choices=("des", "analytic"), default="des", help="how the top K are simulated (default des)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", type=Path, help="write the best plan's timeline PNG")
     p.add_argument("--trace", type=Path, help="write the best plan's Chrome/Perfetto trace JSON")
 
     p = cmd("simulate", "Predict one plan's step time, throughput and memory.")
     _job_args(p, plan_required=True)
-    p.add_argument("--fidelity", choices=("des", "analytic"), default="des",
-                   help="des: discrete-event simulation (default); analytic: closed-form estimate")
+    p.add_argument(
+        "--fidelity",
+        choices=("des", "analytic"),
+        default="des",
+        help="des: discrete-event simulation (default); analytic: closed-form estimate",
+    )
     p.add_argument("--full", action="store_true", help="DES: simulate every rank instead of one pipeline by symmetry")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", type=Path, help="write a timeline PNG (DES)")
@@ -153,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------ handlers
+
 
 def _load_job_inputs(a: argparse.Namespace):
     from hwprofiles.load import load_cluster
@@ -230,8 +250,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 def _no_fit_hint(out: dict[str, Any], host_fits: bool) -> str:
     """Why a simulated plan does not fit and what would help, from its memory breakdown."""
     if not host_fits:
-        return (f"autoplan: the plan does not fit: the offloaded optimizer state ({out.get('host_memory_gib', 0):.0f} GiB) "
-                "exceeds host memory; try offload=nvme with zero=3, or more nodes")
+        return (
+            f"autoplan: the plan does not fit: the offloaded optimizer state ({out.get('host_memory_gib', 0):.0f} GiB) "
+            "exceeds host memory; try offload=nvme with zero=3, or more nodes"
+        )
     need, cap = out["peak_memory_gib"], out["memory_capacity_gib"]
     mem = out["memory_breakdown_gib"]
     plan = out["plan"]
@@ -243,8 +265,10 @@ def _no_fit_hint(out: dict[str, Any], host_fits: bool) -> str:
     if mem["optimizer"] + mem["grads"] + mem["params"] > 0.3 * need:
         hints.append(f"zero={min(3, plan['zero'] + 1)}" if plan["zero"] < 3 else "offload=cpu")
         hints.append("more pipeline stages (p) or tensor parallelism (t)")
-    return (f"autoplan: the plan does not fit: it needs {need:.1f} GiB per GPU but {cap:.1f} GiB is usable; "
-            f"try {', '.join(hints) or 'more GPUs'} (or 'autoplan plan' to search)")
+    return (
+        f"autoplan: the plan does not fit: it needs {need:.1f} GiB per GPU but {cap:.1f} GiB is usable; "
+        f"try {', '.join(hints) or 'more GPUs'} (or 'autoplan plan' to search)"
+    )
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
@@ -252,9 +276,16 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from autoplan.search import SearchOptions, search
 
     model, cluster = _load_job_inputs(a)
-    opts = SearchOptions(fix=a.fix, top=a.top, jobs=a.jobs or os.cpu_count() or 1, objective=a.objective,
-                         fidelity=a.fidelity, progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
-                         runtime=_runtime(a), keep_timeline=bool(a.plot or a.trace))
+    opts = SearchOptions(
+        fix=a.fix,
+        top=a.top,
+        jobs=a.jobs or os.cpu_count() or 1,
+        objective=a.objective,
+        fidelity=a.fidelity,
+        progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
+        runtime=_runtime(a),
+        keep_timeline=bool(a.plot or a.trace),
+    )
     found = search(model, cluster, a.global_batch, opts)  # nothing fits: FitError (exit 3)
     _write_pictures(found.best_result, a.plot, a.trace)
     if a.json:
@@ -304,7 +335,11 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "plan": cmd_plan, "simulate": cmd_simulate, "emit": cmd_emit, "run": cmd_run, "calibrate": cmd_calibrate,
+    "plan": cmd_plan,
+    "simulate": cmd_simulate,
+    "emit": cmd_emit,
+    "run": cmd_run,
+    "calibrate": cmd_calibrate,
 }
 
 
@@ -312,7 +347,7 @@ class _StderrHandler(logging.StreamHandler):
     """A handler on the ``sys.stderr`` of the moment (a caller or a test may have replaced it)."""
 
     @property  # type: ignore[override]
-    def stream(self):  # noqa: D102
+    def stream(self):
         return sys.stderr
 
     @stream.setter

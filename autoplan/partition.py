@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.stage import (TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times,
-                                  device_chunks)
+from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times, device_chunks
 from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
@@ -31,30 +30,30 @@ from simulator.specs import ModelSpec
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 
-US = 1e6          # seconds -> integer microseconds
-HEADROOM = 0.01   # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly
+US = 1e6  # seconds -> integer microseconds
+HEADROOM = 0.01  # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly
 MIB = float(2**20)
 
 
 @dataclass(frozen=True)
 class PartitionResult:
-    plan: Plan                 # with layers= and recompute= filled in
-    objective_s: float         # pipeline time the model minimized (seconds)
-    status: str                # OPTIMAL or FEASIBLE
+    plan: Plan  # with layers= and recompute= filled in
+    objective_s: float  # pipeline time the model minimized (seconds)
+    status: str  # OPTIMAL or FEASIBLE
 
 
 @dataclass(frozen=True)
 class LayerTimes:
     """Integer microseconds per microbatch of the partition's time terms (module docstring)."""
 
-    per_layer: int   # F + B + TP_PER_LAYER * T
+    per_layer: int  # F + B + TP_PER_LAYER * T
     full_extra: int  # F + TP_PER_FULL_RECOMPUTE * T
-    sel_extra: int   # A
-    emb: int         # E
-    head: int        # H
+    sel_extra: int  # A
+    emb: int  # E
+    head: int  # H
 
     @staticmethod
-    def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> "LayerTimes":
+    def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> LayerTimes:
         bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
         tp = bt.tp_all_reduce
         return LayerTimes(
@@ -66,8 +65,9 @@ class LayerTimes:
         )
 
 
-def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int,
-                       choose_recompute: bool = True, time_limit_s: float = 2.0) -> PartitionResult | None:
+def optimize_partition(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, choose_recompute: bool = True, time_limit_s: float = 2.0
+) -> PartitionResult | None:
     """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits.
 
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
@@ -75,7 +75,7 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     from ortools.sat.python import cp_model
 
     L, chunks = model.num_layers, plan.p * plan.v
-    if L < chunks:
+    if chunks > L:
         return None
     mdl = cp_model.CpModel()
     n = [mdl.new_int_var(1, L, f"n{c}") for c in range(chunks)]
@@ -102,11 +102,16 @@ def optimize_partition(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: in
     layers = tuple(int(solver.value(x)) for x in n)
     rec = tuple((int(solver.value(f[c])), int(solver.value(s[c]))) for c in range(chunks)) if choose_recompute else None
     div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
-    return PartitionResult(_solved_plan(plan, L, layers, rec), solver.objective_value / US / div,
-                           "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE")
+    return PartitionResult(
+        _solved_plan(plan, L, layers, rec),
+        solver.objective_value / US / div,
+        "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE",
+    )
 
 
-def _add_devices(mdl: "cp_model.CpModel", model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list) -> None:
+def _add_devices(
+    mdl: cp_model.CpModel, model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list
+) -> None:
     """Per device: its time, its memory constraints; then the pipeline-time objective."""
     L, chunks = model.num_layers, plan.p * plan.v
     lt = LayerTimes.of(model, cluster, plan)
@@ -114,7 +119,7 @@ def _add_devices(mdl: "cp_model.CpModel", model: ModelSpec, cluster: ClusterSpec
     dev_chunks = device_chunks(plan, L)
     for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
         for i, a in enumerate(ids):
-            for b in ids[i + 1:]:
+            for b in ids[i + 1 :]:
                 mdl.add(n[a] - n[b] <= 1)
                 mdl.add(n[b] - n[a] <= 1)
     horizon = (lt.per_layer + lt.full_extra) * L + lt.emb + lt.head + 1
@@ -122,16 +127,26 @@ def _add_devices(mdl: "cp_model.CpModel", model: ModelSpec, cluster: ClusterSpec
     for i, ids in enumerate(dev_chunks):
         first, last = 0 in ids, chunks - 1 in ids
         tm = mdl.new_int_var(0, horizon, f"time{i}")
-        mdl.add(tm == sum(lt.per_layer * n[c] + lt.full_extra * f[c] + lt.sel_extra * s[c] for c in ids)
-                + (lt.emb if first else 0) + (lt.head if last else 0))
+        mdl.add(
+            tm
+            == sum(lt.per_layer * n[c] + lt.full_extra * f[c] + lt.sel_extra * s[c] for c in ids)
+            + (lt.emb if first else 0)
+            + (lt.head if last else 0)
+        )
         times.append(tm)
         mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
         any_full = mdl.new_bool_var(f"anyfull{i}")
         mdl.add(sum(f[c] for c in ids) == 0).only_enforce_if(~any_full)
         for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
-            mdl.add(sum(_coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
-                        for (cn, cf, cs), c in zip(mem.coefficients(vec), ids))
-                    + _coef(mem.a_none) * any_full + _coef(mem.fixed) <= _coef(cap * (1 - HEADROOM)))
+            mdl.add(
+                sum(
+                    _coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
+                    for (cn, cf, cs), c in zip(mem.coefficients(vec), ids)
+                )
+                + _coef(mem.a_none) * any_full
+                + _coef(mem.fixed)
+                <= _coef(cap * (1 - HEADROOM))
+            )
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:

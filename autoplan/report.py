@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A fixed-width table: numbers right-aligned, text left-aligned."""
     rows = [[_cell(x) for x in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
     def line(cells: Sequence[str], raw: Sequence[Any] | None = None) -> str:
         out = []
         for i, c in enumerate(cells):
             numeric = raw is not None and isinstance(raw[i], (int, float)) and not isinstance(raw[i], bool)
             out.append(c.rjust(widths[i]) if numeric else c.ljust(widths[i]))
         return "  ".join(out).rstrip()
+
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), sep] + [line(r, r) for r in rows])
 
@@ -58,13 +61,21 @@ def format_result(r: dict[str, Any]) -> str:
         f"peak memory      {r['peak_memory_gib']:.2f} / {r['memory_capacity_gib']:.2f} GiB usable  ({fit})",
         f"bubble           {100 * r['bubble_fraction']:.1f}% of the ideal pipeline time",
     ]
-    if "bottleneck_link" in r and r["bottleneck_link"]:
+    if r.get("bottleneck_link"):
         b = r["bottleneck_link"]
-        head.append(f"busiest link     {b.get('link', b)} ({100 * b.get('utilization', 0):.0f}% busy)" if isinstance(b, dict) else f"busiest link     {b}")
+        head.append(
+            f"busiest link     {b.get('link', b)} ({100 * b.get('utilization', 0):.0f}% busy)"
+            if isinstance(b, dict)
+            else f"busiest link     {b}"
+        )
     step = r["step_time_s"] or 1.0
-    times = table(["time", "seconds", "share"], [(k, v, f"{100 * v / step:.1f}%") for k, v in r["time_breakdown_s"].items()])
+    times = table(
+        ["time", "seconds", "share"], [(k, v, f"{100 * v / step:.1f}%") for k, v in r["time_breakdown_s"].items()]
+    )
     total = sum(r["memory_breakdown_gib"].values()) or 1.0
-    mem = table(["memory", "GiB", "share"], [(k, v, f"{100 * v / total:.1f}%") for k, v in r["memory_breakdown_gib"].items()])
+    mem = table(
+        ["memory", "GiB", "share"], [(k, v, f"{100 * v / total:.1f}%") for k, v in r["memory_breakdown_gib"].items()]
+    )
     return "\n".join(head) + "\n\n" + _side_by_side(times, mem)
 
 
@@ -88,24 +99,57 @@ def format_plan_report(found: dict[str, Any]) -> str:
     for r in found["top"]:
         tb = r["time_breakdown_s"]
         step = r["step_time_s"]
-        rows.append((plan_label(r["plan"]) + _partition_note(r["plan"]), r["gpus"], step, r["tokens_per_s"], r["tflops_per_gpu"],
-                     f"{100 * r['mfu']:.1f}%", f"{r['peak_memory_gib']:.1f}/{r['memory_capacity_gib']:.0f}",
-                     f"{100 * r['bubble_fraction']:.1f}%",
-                     " ".join(f"{k[:4]}={100 * v / step:.0f}%" for k, v in tb.items() if v > 0.005 * step),
-                     round(r["cost_gpu_hours_per_mtok"], 3)))
-    lines.append(table(["plan", "gpus", "step s", "tokens/s", "TFLOP/s", "MFU", "mem GiB", "bubble", "time split", "GPU-h/Mtok"], rows))
+        rows.append(
+            (
+                plan_label(r["plan"]) + _partition_note(r["plan"]),
+                r["gpus"],
+                step,
+                r["tokens_per_s"],
+                r["tflops_per_gpu"],
+                f"{100 * r['mfu']:.1f}%",
+                f"{r['peak_memory_gib']:.1f}/{r['memory_capacity_gib']:.0f}",
+                f"{100 * r['bubble_fraction']:.1f}%",
+                " ".join(f"{k[:4]}={100 * v / step:.0f}%" for k, v in tb.items() if v > 0.005 * step),
+                round(r["cost_gpu_hours_per_mtok"], 3),
+            )
+        )
+    lines.append(
+        table(
+            ["plan", "gpus", "step s", "tokens/s", "TFLOP/s", "MFU", "mem GiB", "bubble", "time split", "GPU-h/Mtok"],
+            rows,
+        )
+    )
     if found.get("partition"):
         lines.append("")
         lines.append("CP-SAT layer partition / recompute vs the uniform split:")
-        lines.append(table(["uniform plan", "optimized layers / recompute", "uniform s", "optimized s", "gain"],
-                           [(plan_label(_plan_dict(g["uniform"])), _layers_part(g["optimized"]), g["uniform_step_time_s"], g["optimized_step_time_s"],
-                             f"{g['gain_pct']:.1f}%") for g in found["partition"]]))
+        lines.append(
+            table(
+                ["uniform plan", "optimized layers / recompute", "uniform s", "optimized s", "gain"],
+                [
+                    (
+                        plan_label(_plan_dict(g["uniform"])),
+                        _layers_part(g["optimized"]),
+                        g["uniform_step_time_s"],
+                        g["optimized_step_time_s"],
+                        f"{g['gain_pct']:.1f}%",
+                    )
+                    for g in found["partition"]
+                ],
+            )
+        )
     lines.append("")
     lines.append("time vs memory Pareto set (analytic):")
-    lines.append(table(["plan", "gpus", "step s", "peak GiB"], [(p["plan"], p["gpus"], p["step_time_s"], p["peak_memory_gib"]) for p in found["pareto"]]))
+    lines.append(
+        table(
+            ["plan", "gpus", "step s", "peak GiB"],
+            [(p["plan"], p["gpus"], p["step_time_s"], p["peak_memory_gib"]) for p in found["pareto"]],
+        )
+    )
     lines.append("")
-    lines.append(f"searched {found['candidates_total']:,} plans ({found['candidates_feasible']:,} fit), "
-                 f"simulated {found['candidates_simulated']} in {found['search_time_s']:.1f} s")
+    lines.append(
+        f"searched {found['candidates_total']:,} plans ({found['candidates_feasible']:,} fit), "
+        f"simulated {found['candidates_simulated']} in {found['search_time_s']:.1f} s"
+    )
     return "\n".join(lines)
 
 

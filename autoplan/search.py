@@ -19,21 +19,21 @@ import math
 import multiprocessing as mp
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-
-from hwprofiles.errors import FitError, PlanError
-from hwprofiles.schema import ClusterSpec
-from hwprofiles.units import GiB
-from simulator.analytic import estimate, memory_only
-from simulator import simulate
-from simulator.result import SimResult
-from simulator.job import Job, OVERLAPPED, Runtime
-from simulator.plan import num_microbatches, Plan
-from simulator.specs import ModelSpec
+from typing import Any
 
 from autoplan import space
 from autoplan.partition import optimize_partition
+from hwprofiles.errors import FitError, PlanError
+from hwprofiles.schema import ClusterSpec
+from hwprofiles.units import GiB
+from simulator import simulate
+from simulator.analytic import estimate, memory_only
+from simulator.job import OVERLAPPED, Job, Runtime
+from simulator.plan import Plan, num_microbatches
+from simulator.result import SimResult
+from simulator.specs import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +48,15 @@ class SearchOptions:
     fix: str = ""
     top: int = 8
     jobs: int = 1
-    objective: str = "time"     # time | cost
-    fidelity: str = "des"       # how the finalists are simulated
+    objective: str = "time"  # time | cost
+    fidelity: str = "des"  # how the finalists are simulated
     progress: bool = False
-    tolerance: float = 0.02     # finalists: top K plus plans within this fraction of the best
+    tolerance: float = 0.02  # finalists: top K plus plans within this fraction of the best
     max_finalists: int = 16
     partition: bool = True
     partition_time_s: float = 0.5  # CP-SAT time limit per finalist
     runtime: Runtime = OVERLAPPED  # how the program reduces gradients (see simulator.specs.Runtime)
-    keep_timeline: bool = False    # keep each finalist's DES record (for plots and traces; megabytes each)
+    keep_timeline: bool = False  # keep each finalist's DES record (for plots and traces; megabytes each)
 
 
 @dataclass
@@ -130,14 +130,15 @@ def _score_chunk(args: tuple[int, Sequence[Plan]]) -> list[tuple[float, float, b
     return out
 
 
-def _score_all(model: ModelSpec, clusters: dict[int, ClusterSpec], B: int,
-               todo: list[tuple[int, Plan]], jobs: int, progress: bool) -> list[Scored]:
+def _score_all(
+    model: ModelSpec, clusters: dict[int, ClusterSpec], B: int, todo: list[tuple[int, Plan]], jobs: int, progress: bool
+) -> list[Scored]:
     _WORK.update(model=model, clusters=clusters, B=B)
     chunk = 2000
     batches: list[tuple[int, list[Plan]]] = []
     for nodes in sorted({n for n, _ in todo}):
         plans = [p for n, p in todo if n == nodes]
-        batches += [(nodes, plans[i:i + chunk]) for i in range(0, len(plans), chunk)]
+        batches += [(nodes, plans[i : i + chunk]) for i in range(0, len(plans), chunk)]
     bar = _progress(len(todo), progress)
     results: list[list[tuple[float, float, bool]]]
     if jobs > 1 and len(todo) > 4 * chunk and "fork" in mp.get_all_start_methods():
@@ -173,6 +174,7 @@ def _progress(total: int, enabled: bool):
 
 # -------------------------------------------------------------------------- search
 
+
 def _node_counts(cluster: ClusterSpec, objective: str) -> list[int]:
     if objective != "cost":
         return [cluster.nodes]
@@ -193,7 +195,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     t0 = time.perf_counter()
     fix = space.parse_fix(opts.fix)
     gpn = cluster.gpus_per_node
-    clusters = {n: (cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n})) for n in _node_counts(cluster, opts.objective)}
+    clusters = {
+        n: (cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n}))
+        for n in _node_counts(cluster, opts.objective)
+    }
     todo = [(n, p) for n, c in clusters.items() for p in space.enumerate_plans(model, c.num_gpus, global_batch, fix)]
     if not todo:
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
@@ -201,21 +206,30 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     _WORK.update(fix=fix, opts=opts)
     scored = _score_all(model, clusters, global_batch, todo, opts.jobs, opts.progress)
     feasible = [s for s in scored if s.fits]
-    log.debug("search: %d candidate plans on %s nodes, %d fit in memory", len(todo),
-              "/".join(map(str, clusters)), len(feasible))
+    log.debug(
+        "search: %d candidate plans on %s nodes, %d fit in memory",
+        len(todo),
+        "/".join(map(str, clusters)),
+        len(feasible),
+    )
     if not feasible:
         raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scored, fix))
     feasible.sort(key=lambda s: _objective(s, opts.objective, gpn))
     best_val = _objective(feasible[0], opts.objective, gpn)
-    finalists = [s for i, s in enumerate(feasible)
-                 if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)][: max(opts.top, opts.max_finalists)]
+    finalists = [
+        s
+        for i, s in enumerate(feasible)
+        if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)
+    ][: max(opts.top, opts.max_finalists)]
 
     # CP-SAT partition / recompute, then the DES, of each finalist in the worker pool; the
     # costliest simulations first (longest-processing-time order balances the workers)
     order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
     log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
     with _Pool(opts.jobs if len(finalists) > 1 else 1) as pool:
-        done = pool.map(_refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order])
+        done = pool.map(
+            _refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order]
+        )
     in_rank_order = [x for _, x in sorted(zip(order, done), key=lambda pair: pair[0])]
     gains = [g for g, _ in in_rank_order if g]
     simulated = [r for _, r in in_rank_order]
@@ -244,7 +258,7 @@ class _Pool:
     def map(self, fn, items):
         return self.pool.map(fn, items, chunksize=1) if self.pool else [fn(x) for x in items]
 
-    def __enter__(self) -> "_Pool":
+    def __enter__(self) -> _Pool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -260,15 +274,26 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     if not (opts.partition and _worth_partitioning(model, plan, fix)):
         return nodes, plan, None
     job = Job(model, c, plan, B, opts.runtime)
-    part = optimize_partition(model, c, plan, job.m, choose_recompute="recompute" not in fix and "ckpt" not in fix,
-                              time_limit_s=opts.partition_time_s)
+    part = optimize_partition(
+        model,
+        c,
+        plan,
+        job.m,
+        choose_recompute="recompute" not in fix and "ckpt" not in fix,
+        time_limit_s=opts.partition_time_s,
+    )
     if part is None:
         return nodes, plan, None
     cand = estimate(Job(model, c, part.plan, B, opts.runtime))
     if not (cand.fits and cand.step_time < step * (1 - 1e-6)):
         return nodes, plan, None
-    gain = {"uniform": plan.to_string(), "optimized": part.plan.to_string(), "uniform_step_time_s": step,
-            "optimized_step_time_s": cand.step_time, "gain_pct": 100 * (1 - cand.step_time / step)}
+    gain = {
+        "uniform": plan.to_string(),
+        "optimized": part.plan.to_string(),
+        "uniform_step_time_s": step,
+        "optimized_step_time_s": cand.step_time,
+        "gain_pct": 100 * (1 - cand.step_time / step),
+    }
     return nodes, part.plan, gain
 
 
@@ -307,8 +332,15 @@ def _pareto(feasible: list[Scored], gpn: int, limit: int = 12) -> list[dict[str,
     if len(front) > limit:  # keep the ends and an even spread between
         idx = sorted({round(i * (len(front) - 1) / (limit - 1)) for i in range(limit)})
         front = [front[i] for i in idx]
-    return [{"plan": s.plan.to_string(), "gpus": s.nodes * gpn, "step_time_s": s.step_time,
-             "peak_memory_gib": s.peak_memory / GiB} for s in front]
+    return [
+        {
+            "plan": s.plan.to_string(),
+            "gpus": s.nodes * gpn,
+            "step_time_s": s.step_time,
+            "peak_memory_gib": s.peak_memory / GiB,
+        }
+        for s in front
+    ]
 
 
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scored: list[Scored], fix: dict[str, Any]) -> str:
@@ -327,5 +359,7 @@ def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scored: list
     if "ckpt" in fix and fix["ckpt"] != "full":
         hints.append("ckpt=full")
     hints.append("a smaller --global-batch or --seq-len (less activation memory)")
-    return (f"no plan fits: the smallest needs {need / GiB:.1f} GiB per GPU ({smallest.plan.to_string()}) "
-            f"but a {cluster.gpu.name} has {cap / GiB:.1f} GiB usable; try " + ", or ".join(hints))
+    return (
+        f"no plan fits: the smallest needs {need / GiB:.1f} GiB per GPU ({smallest.plan.to_string()}) "
+        f"but a {cluster.gpu.name} has {cap / GiB:.1f} GiB usable; try " + ", or ".join(hints)
+    )

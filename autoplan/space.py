@@ -9,11 +9,12 @@ MAX_MB sequences: larger ones only raise activation memory once GEMMs are satura
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from hwprofiles.errors import PlanError
-from simulator.plan import CKPT_MODES, OFFLOADS, ZERO_STAGES, parse_plan_items, Plan, plan_errors, resolve_plan
+from simulator.plan import CKPT_MODES, OFFLOADS, ZERO_STAGES, Plan, parse_plan_items, plan_errors, resolve_plan
 from simulator.specs import ModelSpec
 
 MAX_MB = 16
@@ -55,10 +56,10 @@ def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any
             if fix.get("d", d) != d or global_batch % d:
                 continue
             for mb in divisors(global_batch // d):
-                if mb > MAX_MB and "mb" not in fix or fix.get("mb", mb) != mb:
+                if (mb > MAX_MB and "mb" not in fix) or fix.get("mb", mb) != mb:
                     continue
                 m = global_batch // (d * mb)
-                for sp in ((0, 1) if t > 1 and model.seq_length % t == 0 else (0,)):
+                for sp in (0, 1) if t > 1 and model.seq_length % t == 0 else (0,):
                     if fix.get("sp", sp) != sp:
                         continue
                     for schedule, v in _schedules(model, p, m, fix):
@@ -87,7 +88,7 @@ def memory_options(fix: Mapping[str, Any]) -> list[tuple[int, str, str]]:
     for zero in ZERO_STAGES:
         for ckpt in CKPT_MODES:
             for off in OFFLOADS:
-                if off == "cpu" and zero == 0 or off == "nvme" and zero != 3:
+                if (off == "cpu" and zero == 0) or (off == "nvme" and zero != 3):
                     continue
                 if fix.get("zero", zero) != zero or fix.get("ckpt", ckpt) != ckpt or fix.get("offload", off) != off:
                     continue
@@ -96,8 +97,18 @@ def memory_options(fix: Mapping[str, Any]) -> list[tuple[int, str, str]]:
 
 
 def plan_of(shape: Shape, zero: int, ckpt: str, offload: str) -> Plan:
-    return Plan(t=shape.t, p=shape.p, d=shape.d, mb=shape.mb, zero=zero, ckpt=ckpt, v=shape.v,
-                schedule=shape.schedule, offload=offload, sp=shape.sp)
+    return Plan(
+        t=shape.t,
+        p=shape.p,
+        d=shape.d,
+        mb=shape.mb,
+        zero=zero,
+        ckpt=ckpt,
+        v=shape.v,
+        schedule=shape.schedule,
+        offload=offload,
+        sp=shape.sp,
+    )
 
 
 def enumerate_plans(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> list[Plan]:

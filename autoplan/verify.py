@@ -16,6 +16,7 @@ torch is imported only inside the functions that need it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,13 +25,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-from hwprofiles.errors import InputError, RunError
-from hwprofiles.units import GiB
+from typing import Any
 
 from autoplan.runtime.config import RunSpec, load_plan_json, load_run_spec
+from hwprofiles.errors import InputError, RunError
+from hwprofiles.units import GiB
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +47,10 @@ def _info(msg: str) -> None:
 
 # ----------------------------------------------------------------------------- launching
 
+
 def _tail(path: Path, n: int = 3) -> list[str]:
     try:
-        lines = [l.rstrip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+        lines = [line.rstrip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return []
     return lines[-n:]
@@ -75,10 +77,8 @@ def _kill_leftovers(out: Path) -> None:
     """SIGKILL any worker of this run still alive (by the pids the workers logged)."""
     for pid in _worker_pids(out).values():
         if _is_our_worker(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _stop(proc: subprocess.Popen, out: Path) -> None:
@@ -99,28 +99,30 @@ def _stop(proc: subprocess.Popen, out: Path) -> None:
 
 def _last_lines(out: Path, rank: int, n: int = 3) -> str:
     """The rank's last log lines (its own '[rank r]' lines, not traceback frames)."""
-    lines = [l for l in _tail(out / f"rank{rank}.log", 10_000) if l.startswith("[rank")]
+    lines = [line for line in _tail(out / f"rank{rank}.log", 10_000) if line.startswith("[rank")]
     return " | ".join(lines[-n:]) if lines else "(no log lines)"
 
 
-def _failure_reason(out: Path, rank: int) -> Optional[str]:
+def _failure_reason(out: Path, rank: int) -> str | None:
     p = out / f"rank{rank}.log"
     m = re.search(r"FAILED: (.*)", p.read_text(errors="replace")) if p.exists() else None
     return m.group(1)[:300] if m else None
 
 
-def _failed_rank(out: Path, torchrun_log: Path, world: int) -> tuple[Optional[int], str]:
+def _failed_rank(out: Path, torchrun_log: Path, world: int) -> tuple[int | None, str]:
     """The rank that failed first (torchrun's root cause, else a worker that logged FAILED) and how."""
     text = torchrun_log.read_text(errors="replace") if torchrun_log.exists() else ""
-    m = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text.split("Root Cause", 1)[1], re.S) if "Root Cause" in text else None
+    m = (
+        re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text.split("Root Cause", 1)[1], re.S)
+        if "Root Cause" in text
+        else None
+    )
     if m:
         rank, code = int(m.group(1)), int(m.group(2))
         how = _failure_reason(out, rank) or f"exit code {code}"
         if code < 0:
-            try:
+            with contextlib.suppress(ValueError):
                 how = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                pass
         return rank, how
     for r in range(world):
         reason = _failure_reason(out, r)
@@ -149,8 +151,9 @@ def _hang_culprit(out: Path, world: int, stale_s: float = 5.0) -> tuple[int, str
     return r, "is behind the other ranks, which wait for it"
 
 
-def launch(run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s: float,
-           log: Callable[[str], None]) -> Path:
+def launch(
+    run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s: float, log: Callable[[str], None]
+) -> Path:
     """Run ``launch.sh`` on this machine; return the results dir. Raises RunError on failure."""
     script = run_dir / "launch.sh"
     if not script.is_file():
@@ -161,10 +164,28 @@ def launch(run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s
         old.unlink()
     torchrun_log = out / "torchrun.log"
     world = spec.world_size
-    env = dict(os.environ, NNODES="1", NODE_RANK="0", NPROC_PER_NODE=str(world), PYTHON=sys.executable,
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    cmd = ["bash", str(script), "--steps", str(steps), "--warmup", str(WARMUP_STEPS if steps else 0),
-           "--check-steps", str(check_steps), "--out", str(out), "--pg-timeout", str(timeout_s + 60)]
+    env = dict(
+        os.environ,
+        NNODES="1",
+        NODE_RANK="0",
+        NPROC_PER_NODE=str(world),
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+    )
+    cmd = [
+        "bash",
+        str(script),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(WARMUP_STEPS if steps else 0),
+        "--check-steps",
+        str(check_steps),
+        "--out",
+        str(out),
+        "--pg-timeout",
+        str(timeout_s + 60),
+    ]
     log(f"autoplan run: {world} processes, plan {spec.plan.to_string()}, logs in {out}")
     start = time.monotonic()
     with open(torchrun_log, "wb") as f:
@@ -174,8 +195,10 @@ def launch(run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s
         except subprocess.TimeoutExpired:
             r, how = _hang_culprit(out, world)
             _stop(proc, out)
-            raise RunError(f"run timed out after {timeout_s:.0f} s (a worker hung): rank {r} {how}; "
-                           f"its last log lines: {_last_lines(out, r)}") from None
+            raise RunError(
+                f"run timed out after {timeout_s:.0f} s (a worker hung): rank {r} {how}; "
+                f"its last log lines: {_last_lines(out, r)}"
+            ) from None
         except BaseException:
             _stop(proc, out)
             raise
@@ -190,6 +213,7 @@ def launch(run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s
 
 
 # ----------------------------------------------------------------------------- comparing
+
 
 def read_results(out: Path, world: int) -> list[dict[str, Any]]:
     ranks = []
@@ -210,7 +234,9 @@ def compare(parallel: list[float], reference: list[float]) -> float:
     return max((_rel(a, b) for a, b in zip(parallel, reference)), default=0.0)
 
 
-def predict(spec: RunSpec, device: str, stored: Optional[dict[str, Any]], log: Callable[[str], None]) -> Optional[dict[str, Any]]:
+def predict(
+    spec: RunSpec, device: str, stored: dict[str, Any] | None, log: Callable[[str], None]
+) -> dict[str, Any] | None:
     """Prediction for this run: the simulator on localhost-cpu (CPU), else the one from emit time."""
     if device != "cpu":
         return stored
@@ -233,7 +259,7 @@ def predict(spec: RunSpec, device: str, stored: Optional[dict[str, Any]], log: C
     return simulate(job, "analytic").to_dict()
 
 
-def _pct(measured: Optional[float], predicted: Optional[float]) -> Optional[float]:
+def _pct(measured: float | None, predicted: float | None) -> float | None:
     if measured is None or not predicted:
         return None
     return 100.0 * (measured - predicted) / predicted
@@ -247,8 +273,9 @@ def _tensor_memory(rank: dict[str, Any]) -> float:
     return float(peak if rank["device"] == "cuda" else max(0, peak - rank["rss_baseline_bytes"]))
 
 
-def summarize(spec: RunSpec, ranks: list[dict[str, Any]], ref: Optional[dict[str, list[float]]],
-              prediction: Optional[dict[str, Any]]) -> dict[str, Any]:
+def summarize(
+    spec: RunSpec, ranks: list[dict[str, Any]], ref: dict[str, list[float]] | None, prediction: dict[str, Any] | None
+) -> dict[str, Any]:
     """The ``run --json`` dict (docs/design.md section 3) from per-rank results and the reference."""
     result: dict[str, Any] = dict(prediction) if prediction else {"plan": spec.plan.to_dict(spec.num_microbatches)}
     last = next(r for r in ranks if r["has_last_stage"])
@@ -257,38 +284,54 @@ def summarize(spec: RunSpec, ranks: list[dict[str, Any]], ref: Optional[dict[str
     peak = max(_tensor_memory(r) for r in ranks) / GiB if all(timed) else None
     pred_time = prediction.get("step_time_s") if prediction else None
     pred_mem = prediction.get("peak_memory_gib") if prediction else None
-    result.update({
-        "device": ranks[0]["device"], "backend": ranks[0]["backend"], "world_size": len(ranks),
-        "measured_peak_rss_gib": max(t["peak_memory_bytes"] for t in timed) / GiB
-        if all(timed) and ranks[0]["device"] == "cpu" else None,
-        "measured_step_time_s": measured_time, "predicted_step_time_s": pred_time,
-        "error_pct": _pct(measured_time, pred_time),
-        "measured_peak_memory_gib": peak, "predicted_peak_memory_gib": pred_mem,
-        "memory_error_pct": _pct(peak, pred_mem),
-        "timed_losses": last["timed"]["losses"] if last.get("timed") else None,
-    })
+    result.update(
+        {
+            "device": ranks[0]["device"],
+            "backend": ranks[0]["backend"],
+            "world_size": len(ranks),
+            "measured_peak_rss_gib": max(t["peak_memory_bytes"] for t in timed) / GiB
+            if all(timed) and ranks[0]["device"] == "cpu"
+            else None,
+            "measured_step_time_s": measured_time,
+            "predicted_step_time_s": pred_time,
+            "error_pct": _pct(measured_time, pred_time),
+            "measured_peak_memory_gib": peak,
+            "predicted_peak_memory_gib": pred_mem,
+            "memory_error_pct": _pct(peak, pred_mem),
+            "timed_losses": last["timed"]["losses"] if last.get("timed") else None,
+        }
+    )
     check = last.get("check")
     if check and ref:
         loss_diff = compare(check["losses"], ref["losses"])
         norm_diff = compare(check["grad_norms"], ref["grad_norms"])
-        result.update({
-            "losses": check["losses"], "reference_losses": ref["losses"],
-            "grad_norms": check["grad_norms"], "reference_grad_norms": ref["grad_norms"],
-            "max_rel_loss_diff": loss_diff, "max_rel_grad_norm_diff": norm_diff,
-            "loss_match": loss_diff <= REL_TOL and norm_diff <= REL_TOL,
-        })
+        result.update(
+            {
+                "losses": check["losses"],
+                "reference_losses": ref["losses"],
+                "grad_norms": check["grad_norms"],
+                "reference_grad_norms": ref["grad_norms"],
+                "max_rel_loss_diff": loss_diff,
+                "max_rel_grad_norm_diff": norm_diff,
+                "loss_match": loss_diff <= REL_TOL and norm_diff <= REL_TOL,
+            }
+        )
     result["ranks"] = [
-        {"rank": r["rank"], **r["coords"],
-         "step_time_s": r["timed"]["step_time_s"] if r.get("timed") else None,
-         "peak_memory_gib": _tensor_memory(r) / GiB if r.get("timed") else None,
-         "baseline_rss_gib": r["rss_baseline_bytes"] / GiB}
+        {
+            "rank": r["rank"],
+            **r["coords"],
+            "step_time_s": r["timed"]["step_time_s"] if r.get("timed") else None,
+            "peak_memory_gib": _tensor_memory(r) / GiB if r.get("timed") else None,
+            "baseline_rss_gib": r["rss_baseline_bytes"] / GiB,
+        }
         for r in ranks
     ]
     return result
 
 
-def run_and_verify(run_dir: Path, steps: int, timeout_s: float, log: Callable[[str], None] = _info,
-                   check_steps: int = CHECK_STEPS) -> dict[str, Any]:
+def run_and_verify(
+    run_dir: Path, steps: int, timeout_s: float, log: Callable[[str], None] = _info, check_steps: int = CHECK_STEPS
+) -> dict[str, Any]:
     """Launch, check against one process, and compare with the prediction (see module docstring)."""
     run_dir = Path(run_dir)
     spec = load_run_spec(run_dir)
@@ -309,7 +352,7 @@ def run_and_verify(run_dir: Path, steps: int, timeout_s: float, log: Callable[[s
     return summarize(spec, ranks, ref, prediction)
 
 
-def _fmt(x: Optional[float], spec: str, unit: str = "") -> str:
+def _fmt(x: float | None, spec: str, unit: str = "") -> str:
     return "n/a" if x is None else f"{x:{spec}}{unit}"
 
 
@@ -328,8 +371,10 @@ def format_report(result: dict[str, Any]) -> str:
         f"{_fmt(result['predicted_peak_memory_gib'], '.3f', ' GiB'):>12}{_fmt(result['memory_error_pct'], '+.1f', '%'):>10}",
     ]
     if result["device"] == "cpu" and result["measured_peak_memory_gib"] is not None:
-        lines.append(f"            (CPU: growth of the busiest rank's peak RSS over its RSS before the model was built;"
-                     f" peak RSS with the PyTorch runtime: {result['measured_peak_rss_gib']:.3f} GiB)")
+        lines.append(
+            f"            (CPU: growth of the busiest rank's peak RSS over its RSS before the model was built;"
+            f" peak RSS with the PyTorch runtime: {result['measured_peak_rss_gib']:.3f} GiB)"
+        )
     if "losses" in result:
         verdict = "MATCH" if result["loss_match"] else "MISMATCH"
         lines += [

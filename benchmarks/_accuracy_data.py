@@ -18,33 +18,33 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import yaml
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
-from simulator.result import SimResult
 from simulator.job import Job
 from simulator.plan import Plan
+from simulator.result import SimResult
 from simulator.specs import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "shared" / "validation"))
 VTRAIN_FILES = ("ground_truth_single.csv", "ground_truth_multi.csv")
-VTRAIN_CLUSTER = "vtrain-a100"          # hwprofiles/clusters/vtrain-a100.yaml
-VTRAIN_VOCAB = 50257                    # vTrain README / src/config.py: GPT-2 vocabulary
+VTRAIN_CLUSTER = "vtrain-a100"  # hwprofiles/clusters/vtrain-a100.yaml
+VTRAIN_VOCAB = 50257  # vTrain README / src/config.py: GPT-2 vocabulary
 SELENE_NODE = "dgx-a100-80gb"
-MEGATRON_VOCAB, MEGATRON_SEQ = 51200, 2048   # published.yaml: vocab 51200, seq 2048
+MEGATRON_VOCAB, MEGATRON_SEQ = 51200, 2048  # published.yaml: vocab 51200, seq 2048
 
 
 @dataclass(frozen=True)
 class VTrainRow:
     """One measured run: its job and the measured iteration time (seconds)."""
 
-    index: int              # 0-based position in the file
+    index: int  # 0-based position in the file
     job: Job
     measured_s: float
     label: str
@@ -91,15 +91,20 @@ def vtrain_rows(name: str, base: ClusterSpec | None = None) -> list[VTrainRow]:
         gpus = int(r["# GPUs"])
         t, d, p = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
         mb, B = int(r["micro batch"]), int(r["global batch"])
-        model = ModelSpec(name=f"gpt-h{r['hidden size']}-l{r['# layers']}", num_layers=int(r["# layers"]),
-                          hidden_size=int(r["hidden size"]), num_attention_heads=int(r["attention heads"]),
-                          vocab_size=VTRAIN_VOCAB, seq_length=int(r["sequence length"]))
+        model = ModelSpec(
+            name=f"gpt-h{r['hidden size']}-l{r['# layers']}",
+            num_layers=int(r["# layers"]),
+            hidden_size=int(r["hidden size"]),
+            num_attention_heads=int(r["attention heads"]),
+            vocab_size=VTRAIN_VOCAB,
+            seq_length=int(r["sequence length"]),
+        )
         if gpus not in clusters:
             clusters[gpus] = _cluster_for(base, gpus)
         plan = Plan(t=t, p=p, d=d, mb=mb, zero=0, ckpt="full", schedule="1f1b")
         job = Job.make(model, clusters[gpus], plan, B, source=f"{name} row {i + 2}")
         size = f"{r['Parameters (billion)']}B " if "Parameters (billion)" in r else ""
-        label = (f"{size}h={model.hidden_size} l={model.num_layers} B={B} t={t} d={d} p={p} mb={mb}")
+        label = f"{size}h={model.hidden_size} l={model.num_layers} B={B} t={t} d={d} p={p} mb={mb}"
         out.append(VTrainRow(i, job, float(r["iteration time (ms)"]) / 1e3, label))
     return out
 
@@ -108,8 +113,14 @@ def published_rows() -> list[PublishedRow]:
     data = yaml.safe_load((VALIDATION_DIR / "published.yaml").read_text())
     out = []
     for r in data["megatron_2021_throughput"]:
-        model = ModelSpec(name=f"gpt-{r['params_B']}B", num_layers=r["layers"], hidden_size=r["hidden"],
-                          num_attention_heads=r["heads"], vocab_size=MEGATRON_VOCAB, seq_length=MEGATRON_SEQ)
+        model = ModelSpec(
+            name=f"gpt-{r['params_B']}B",
+            num_layers=r["layers"],
+            hidden_size=r["hidden"],
+            num_attention_heads=r["heads"],
+            vocab_size=MEGATRON_VOCAB,
+            seq_length=MEGATRON_SEQ,
+        )
         out.append(PublishedRow(r["params_B"], model, r["t"], r["p"], r["gpus"], r["batch"], r["tflops_per_gpu"]))
     return out
 
@@ -144,6 +155,7 @@ def megatron_1f1b_best(row: PublishedRow, max_mb: int = 16) -> tuple[Job, SimRes
 
 # ----------------------------------------------------------------------------------- fit
 
+
 def with_gpu(rows: Iterable[VTrainRow], gpu: GpuProfile) -> list[VTrainRow]:
     """The same runs on clusters whose nodes carry ``gpu`` (one copy per distinct cluster)."""
     swapped: dict[int, ClusterSpec] = {}
@@ -162,8 +174,9 @@ def mape(errors: Iterable[float]) -> float:
     return 100.0 * sum(abs(e) for e in errs) / len(errs) if errs else float("nan")
 
 
-def fit_a100(rows: list[VTrainRow], predict: Callable[[Job], float], gpu: GpuProfile,
-             log: Callable[[str], None] = print) -> tuple[float, float, float]:
+def fit_a100(
+    rows: list[VTrainRow], predict: Callable[[Job], float], gpu: GpuProfile, log: Callable[[str], None] = print
+) -> tuple[float, float, float]:
     """Fit (kernel_launch_us, gemm.max_efficiency) of ``gpu`` to ``rows`` by minimizing the mean
     absolute percentage error of ``predict`` (Nelder-Mead from the profile's datasheet values,
     4 us and 0.82). Returns (kernel_launch_us, max_efficiency, MAPE on rows)."""
@@ -183,10 +196,13 @@ def fit_a100(rows: list[VTrainRow], predict: Callable[[Job], float], gpu: GpuPro
 
     best = None
     for start in ((4.0, 0.82), (40.0, 0.75)):
-        res = minimize(objective, np.array(start), method="Nelder-Mead",
-                       options={"xatol": 0.05, "fatol": 1e-3, "maxfev": 200})
-        log(f"  from {start}: kernel_launch_us={res.x[0]:.2f} max_efficiency={res.x[1]:.4f} MAPE={res.fun:.3f}% "
-            f"({calls[0]} evaluations so far)")
+        res = minimize(
+            objective, np.array(start), method="Nelder-Mead", options={"xatol": 0.05, "fatol": 1e-3, "maxfev": 200}
+        )
+        log(
+            f"  from {start}: kernel_launch_us={res.x[0]:.2f} max_efficiency={res.x[1]:.4f} MAPE={res.fun:.3f}% "
+            f"({calls[0]} evaluations so far)"
+        )
         if best is None or res.fun < best.fun:
             best = res
     return float(best.x[0]), float(best.x[1]), float(best.fun)

@@ -34,24 +34,25 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _accuracy_data as data  # noqa: E402
+import dataclasses
 
-from autoplan.search import SearchOptions, search  # noqa: E402
-from hwprofiles.load import load_cluster  # noqa: E402
-import dataclasses  # noqa: E402
+import _accuracy_data as data
 
-from simulator import analytic  # noqa: E402
-from simulator.result import SimResult  # noqa: E402
-from simulator.job import Job, NO_DP_OVERLAP  # noqa: E402
+from autoplan.search import SearchOptions, search
+from hwprofiles.load import load_cluster
+from simulator import analytic
+from simulator.job import NO_DP_OVERLAP, Job
+from simulator.result import SimResult
 
 RUNTIME = NO_DP_OVERLAP  # Megatron-LM 2021 local DDP and vTrain's Megatron-DeepSpeed: no bucketed overlap
-TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}   # docs/design.md section 7 / issue 6
+TARGETS = {"published": 10.0, "vtrain": 10.0, "cpu": 20.0}  # docs/design.md section 7 / issue 6
 
 
 def des_available() -> bool:
@@ -72,15 +73,18 @@ def pct(pred: float, ref: float) -> float:
     return 100.0 * (pred / ref - 1.0)
 
 
-def fmt_pct(x: Optional[float], width: int = 7) -> str:
+def fmt_pct(x: float | None, width: int = 7) -> str:
     return f"{'n/a':>{width}}" if x is None or math.isnan(x) else f"{x:+{width}.1f}%"
 
 
 # -------------------------------------------------------------------------- 1. Megatron
 
+
 def planner_best(row: data.PublishedRow, fidelity: str, sp_pinned: bool) -> SimResult:
     fix = f"t={row.t},p={row.p},zero=0,ckpt=full" + (",sp=0" if sp_pinned else "")
-    found = search(row.model, data.selene(row.gpus), row.batch, SearchOptions(fix=fix, fidelity=fidelity, top=4, runtime=RUNTIME))
+    found = search(
+        row.model, data.selene(row.gpus), row.batch, SearchOptions(fix=fix, fidelity=fidelity, top=4, runtime=RUNTIME)
+    )
     return found.best_result
 
 
@@ -89,16 +93,21 @@ def megatron_section(use_des: bool, out: Callable[[str], None]) -> dict[str, Any
     out("   planner's best tflops_per_gpu with t, p, zero=0, ckpt=full, sp=0 pinned; runtime: no overlap of the")
     out("   data-parallel gradient all-reduce (Megatron-LM 2021 local DDP)")
     out("")
-    head = (f"   {'params':>8} {'GPUs':>5} {'t':>2} {'p':>3} {'batch':>5} | {'published':>9} {'predicted':>9} {'error':>8}"
-            + (f" | {'DES':>6} {'error':>8}" if use_des else "") + f" | {'sp free':>7} {'error':>8} | plan chosen (analytic)")
+    head = (
+        f"   {'params':>8} {'GPUs':>5} {'t':>2} {'p':>3} {'batch':>5} | {'published':>9} {'predicted':>9} {'error':>8}"
+        + (f" | {'DES':>6} {'error':>8}" if use_des else "")
+        + f" | {'sp free':>7} {'error':>8} | plan chosen (analytic)"
+    )
     out(head)
     errs, des_errs, free_errs = [], [], []
     for row in data.published_rows():
         best = planner_best(row, "analytic", sp_pinned=True)
         e = pct(best.tflops_per_gpu, row.tflops_per_gpu)
         errs.append(e)
-        line = (f"   {row.params_B:>7}B {row.gpus:>5} {row.t:>2} {row.p:>3} {row.batch:>5} | {row.tflops_per_gpu:>9.1f} "
-                f"{best.tflops_per_gpu:>9.1f} {fmt_pct(e)}")
+        line = (
+            f"   {row.params_B:>7}B {row.gpus:>5} {row.t:>2} {row.p:>3} {row.batch:>5} | {row.tflops_per_gpu:>9.1f} "
+            f"{best.tflops_per_gpu:>9.1f} {fmt_pct(e)}"
+        )
         if use_des:
             d = planner_best(row, "des", sp_pinned=True)
             de = pct(d.tflops_per_gpu, row.tflops_per_gpu)
@@ -108,23 +117,35 @@ def megatron_section(use_des: bool, out: Callable[[str], None]) -> dict[str, Any
         fe = pct(free.tflops_per_gpu, row.tflops_per_gpu)
         free_errs.append(fe)
         p = best.job.plan
-        plan = f"mb={p.mb} {p.schedule}" + (f" v={p.v}" if p.v > 1 else "") + (" layers=" + "/".join(map(str, p.layers)) if p.layers else "")
+        plan = (
+            f"mb={p.mb} {p.schedule}"
+            + (f" v={p.v}" if p.v > 1 else "")
+            + (" layers=" + "/".join(map(str, p.layers)) if p.layers else "")
+        )
         out(line + f" | {free.tflops_per_gpu:>7.1f} {fmt_pct(fe)} | {plan}")
-    res = {"mape": data.mape(e / 100 for e in errs), "max": max(abs(e) for e in errs),
-           "des_mape": data.mape(e / 100 for e in des_errs) if des_errs else None,
-           "free_mape": data.mape(e / 100 for e in free_errs)}
+    res = {
+        "mape": data.mape(e / 100 for e in errs),
+        "max": max(abs(e) for e in errs),
+        "des_mape": data.mape(e / 100 for e in des_errs) if des_errs else None,
+        "free_mape": data.mape(e / 100 for e in free_errs),
+    }
     out("")
-    out(f"   MAPE {res['mape']:.1f}%  (worst row {res['max']:.1f}%; target: each row within {TARGETS['published']:.0f}%)"
+    out(
+        f"   MAPE {res['mape']:.1f}%  (worst row {res['max']:.1f}%; target: each row within {TARGETS['published']:.0f}%)"
         + (f";  DES MAPE {res['des_mape']:.1f}%" if res["des_mape"] is not None else "")
-        + f";  with sp free (information only): MAPE {res['free_mape']:.1f}%")
+        + f";  with sp free (information only): MAPE {res['free_mape']:.1f}%"
+    )
     return res
 
 
 # ---------------------------------------------------------------------------- 2. vTrain
 
+
 def errors_of(rows: list[data.VTrainRow], fidelity: str) -> list[float]:
     if fidelity == "analytic":
-        return [analytic.estimate(dataclasses.replace(r.job, runtime=RUNTIME)).step_time / r.measured_s - 1 for r in rows]
+        return [
+            analytic.estimate(dataclasses.replace(r.job, runtime=RUNTIME)).step_time / r.measured_s - 1 for r in rows
+        ]
     return [predict(r.job, fidelity).step_time / r.measured_s - 1 for r in rows]
 
 
@@ -143,28 +164,43 @@ def vtrain_section(use_des: bool, worst: int, out: Callable[[str], None]) -> dic
         out("")
         out(f"   {name} ({len(rows)} runs)")
         if single:
-            out(f"     analytic MAPE {data.mape(e):.1f}% all; {data.mape(fit):.1f}% on the fit subset ({len(fit)} runs), "
-                f"{data.mape(held):.1f}% held out ({len(held)} runs); mean error {100 * sum(e) / len(e):+.1f}%")
+            out(
+                f"     analytic MAPE {data.mape(e):.1f}% all; {data.mape(fit):.1f}% on the fit subset ({len(fit)} runs), "
+                f"{data.mape(held):.1f}% held out ({len(held)} runs); mean error {100 * sum(e) / len(e):+.1f}%"
+            )
         else:
             out(f"     analytic MAPE {data.mape(e):.1f}% (all held out); mean error {100 * sum(e) / len(e):+.1f}%")
         d_mape = None
         if use_des:
             de = errors_of(rows, "des")
             d_mape = data.mape(de)
-            out(f"     DES      MAPE {d_mape:.1f}% all" + (f"; {data.mape(x for r, x in zip(rows, de) if not r.fit_subset):.1f}% held out"
-                                                       if single else "") + f"; mean error {100 * sum(de) / len(de):+.1f}%")
+            out(
+                f"     DES      MAPE {d_mape:.1f}% all"
+                + (f"; {data.mape(x for r, x in zip(rows, de) if not r.fit_subset):.1f}% held out" if single else "")
+                + f"; mean error {100 * sum(de) / len(de):+.1f}%"
+            )
         # the vTrain configuration's stated intra-node bandwidth, for comparison
-        node150 = base.node.model_copy(update={"intra_node": base.node.intra_node.model_copy(update={"bandwidth_GBps": 150, "efficiency": 1.0})})
+        node150 = base.node.model_copy(
+            update={"intra_node": base.node.intra_node.model_copy(update={"bandwidth_GBps": 150, "efficiency": 1.0})}
+        )
         alt = data.vtrain_rows(name, base.model_copy(update={"node": node150}))
-        out(f"     (with vTrain's stated 150 GB/s intra-node bus bandwidth instead: analytic MAPE {data.mape(errors_of(alt, 'analytic')):.1f}%)")
+        out(
+            f"     (with vTrain's stated 150 GB/s intra-node bus bandwidth instead: analytic MAPE {data.mape(errors_of(alt, 'analytic')):.1f}%)"
+        )
         out(f"     worst {worst} rows (analytic):   measured  predicted   error")
         for i in sorted(range(len(rows)), key=lambda i: -abs(e[i]))[:worst]:
             r = rows[i]
             pred = r.measured_s * (1 + e[i])
             tag = "fit" if single and r.fit_subset else "   "
-            out(f"       row {r.index + 2:>4} {tag} {r.label:<52} {r.measured_s:>8.3f}s {pred:>8.3f}s {fmt_pct(100 * e[i])}")
-        res[name] = {"mape": data.mape(e), "fit": data.mape(fit) if single else None,
-                     "held_out": data.mape(held) if single else data.mape(e), "des_mape": d_mape}
+            out(
+                f"       row {r.index + 2:>4} {tag} {r.label:<52} {r.measured_s:>8.3f}s {pred:>8.3f}s {fmt_pct(100 * e[i])}"
+            )
+        res[name] = {
+            "mape": data.mape(e),
+            "fit": data.mape(fit) if single else None,
+            "held_out": data.mape(held) if single else data.mape(e),
+            "des_mape": d_mape,
+        }
     out("")
     out("   vTrain's own simulator: 8.4% (single) and 14.7% (multi) MAPE (Bang et al.); target here: <= 10% each")
     return res
@@ -174,7 +210,7 @@ def vtrain_section(use_des: bool, worst: int, out: Callable[[str], None]) -> dic
 
 CPU_PLANS = ("t=1,p=1,d=4", "t=2,p=1,d=2", "t=1,p=2,d=2", "t=2,p=2,d=1", "t=1,p=1,d=4,zero=1", "t=1,p=4,d=1,ckpt=full")
 CPU_MODEL, CPU_BATCH = "tiny", 8
-CPU_TIMED_S, CPU_MIN_STEPS, CPU_MAX_STEPS = 5.0, 6, 60   # each run times about 5 s of steps
+CPU_TIMED_S, CPU_MIN_STEPS, CPU_MAX_STEPS = 5.0, 6, 60  # each run times about 5 s of steps
 
 
 def cpu_steps(predicted_s: float) -> int:
@@ -205,14 +241,16 @@ def _cpu_run(text: str, model: Any, cluster: Any, run_dir: Path) -> tuple[float,
 
 
 def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
-    out("3. CPU runs (autoplan emit + autoplan run, tiny model on the localhost-cpu node): measured vs predicted step time")
+    out(
+        "3. CPU runs (autoplan emit + autoplan run, tiny model on the localhost-cpu node): measured vs predicted step time"
+    )
     try:
         import autoplan.verify  # noqa: F401 - needs torch
         from simulator.specs import load_model
 
         cluster = load_cluster("localhost-cpu")
         model = load_model(CPU_MODEL)
-    except Exception as e:  # noqa: BLE001 - report why the section cannot run
+    except Exception as e:
         out(f"   not run: {type(e).__name__}: {e}")
         return {"ran": False, "reason": str(e)}
     errs: dict[str, list[float]] = {text: [] for text in CPU_PLANS}
@@ -222,7 +260,7 @@ def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
             for i, text in enumerate(CPU_PLANS):
                 try:
                     meas, pred, steps = _cpu_run(text, model, cluster, Path(tmp) / f"run{k}-{i}")
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     out(f"   {text:<28} {k + 1:>3} failed: {type(e).__name__}: {str(e)[:120]}")
                     continue
                 e = pct(pred, meas)
@@ -245,34 +283,47 @@ def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- fit
 
+
 def run_fit(out: Callable[[str], None]) -> None:
     out("Fit of the A100 profile (kernel_launch_us, gemm.max_efficiency) to the fit subset:")
     rows = data.vtrain_rows("ground_truth_single.csv")
     fit = [r for r in rows if r.fit_subset]
     gpu = load_cluster(data.VTRAIN_CLUSTER).gpu
-    launch, eff, m = data.fit_a100(fit, lambda j: analytic.estimate(dataclasses.replace(j, runtime=RUNTIME)).step_time, gpu, log=out)
+    launch, eff, m = data.fit_a100(
+        fit, lambda j: analytic.estimate(dataclasses.replace(j, runtime=RUNTIME)).step_time, gpu, log=out
+    )
     out(f"  fitted: kernel_launch_us = {launch:.1f}, gemm.max_efficiency = {eff:.3f} (fit-subset MAPE {m:.2f}%)")
-    out(f"  profile hwprofiles/gpus/a100-sxm4-80gb.yaml has kernel_launch_us = {gpu.kernel_launch_us}, "
-        f"max_efficiency = {gpu.gemm.max_efficiency}")
+    out(
+        f"  profile hwprofiles/gpus/a100-sxm4-80gb.yaml has kernel_launch_us = {gpu.kernel_launch_us}, "
+        f"max_efficiency = {gpu.gemm.max_efficiency}"
+    )
     out("")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="refit the A100 profile's two fitted numbers first (about a minute)")
+    ap.add_argument(
+        "--fit", action="store_true", help="refit the A100 profile's two fitted numbers first (about a minute)"
+    )
     ap.add_argument("--no-des", action="store_true", help="skip the discrete-event simulator columns")
     ap.add_argument("--no-cpu-runs", action="store_true", help="skip section 3 (launches torchrun on this machine)")
     ap.add_argument("--cpu-repeats", type=int, default=1, help="runs of every CPU plan (section 3)")
     ap.add_argument("--worst", type=int, default=8, help="worst rows listed per vTrain file")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    out = lambda s: print(s, flush=True)  # noqa: E731
+    out = lambda s: print(s, flush=True)
     use_des = not a.no_des and des_available()
-    des_note = "; DES columns: simulator.des.simulate)" if use_des else ("; DES columns off)" if a.no_des else "; simulator.des.simulate not importable)")
+    des_note = (
+        "; DES columns: simulator.des.simulate)"
+        if use_des
+        else ("; DES columns off)" if a.no_des else "; simulator.des.simulate not importable)")
+    )
     out("autoplan accuracy benchmark (analytic estimator" + des_note)
     gpu = load_cluster(data.SELENE_NODE).gpu
-    out(f"A100 profile {gpu.name}: kernel_launch_us={gpu.kernel_launch_us}, gemm.max_efficiency={gpu.gemm.max_efficiency} "
-        "(fitted to the even rows of vtrain/ground_truth_single.csv)")
+    out(
+        f"A100 profile {gpu.name}: kernel_launch_us={gpu.kernel_launch_us}, gemm.max_efficiency={gpu.gemm.max_efficiency} "
+        "(fitted to the even rows of vtrain/ground_truth_single.csv)"
+    )
     out("")
     if a.fit:
         run_fit(out)
@@ -286,15 +337,23 @@ def main(argv: list[str] | None = None) -> int:
     out("")
     single, multi = vt["ground_truth_single.csv"], vt["ground_truth_multi.csv"]
     out("Summary")
-    out(f"  published Megatron rows: MAPE {pub['mape']:.1f}%, worst {pub['max']:.1f}% "
-        f"[{'ok' if pub['max'] <= TARGETS['published'] else 'MISSED'}: each <= {TARGETS['published']:.0f}%]")
-    out(f"  vTrain single-node: MAPE {single['mape']:.1f}% (held out {single['held_out']:.1f}%) "
-        f"[{'ok' if single['mape'] <= TARGETS['vtrain'] else 'MISSED'}: <= {TARGETS['vtrain']:.0f}%]")
-    out(f"  vTrain multi-node:  MAPE {multi['mape']:.1f}% "
-        f"[{'ok' if multi['mape'] <= TARGETS['vtrain'] else 'MISSED'}: <= {TARGETS['vtrain']:.0f}%]")
+    out(
+        f"  published Megatron rows: MAPE {pub['mape']:.1f}%, worst {pub['max']:.1f}% "
+        f"[{'ok' if pub['max'] <= TARGETS['published'] else 'MISSED'}: each <= {TARGETS['published']:.0f}%]"
+    )
+    out(
+        f"  vTrain single-node: MAPE {single['mape']:.1f}% (held out {single['held_out']:.1f}%) "
+        f"[{'ok' if single['mape'] <= TARGETS['vtrain'] else 'MISSED'}: <= {TARGETS['vtrain']:.0f}%]"
+    )
+    out(
+        f"  vTrain multi-node:  MAPE {multi['mape']:.1f}% "
+        f"[{'ok' if multi['mape'] <= TARGETS['vtrain'] else 'MISSED'}: <= {TARGETS['vtrain']:.0f}%]"
+    )
     if cpu.get("ran"):
-        out(f"  CPU runs: MAPE {cpu['mape']:.1f}%, worst {cpu['max']:.1f}% "
-            f"[{'ok' if cpu['max'] <= TARGETS['cpu'] else 'MISSED'}: each <= {TARGETS['cpu']:.0f}%]")
+        out(
+            f"  CPU runs: MAPE {cpu['mape']:.1f}%, worst {cpu['max']:.1f}% "
+            f"[{'ok' if cpu['max'] <= TARGETS['cpu'] else 'MISSED'}: each <= {TARGETS['cpu']:.0f}%]"
+        )
     else:
         out("  CPU runs: not measured")
     out(f"  benchmark time {time.perf_counter() - t0:.1f} s")

@@ -18,9 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _accuracy_data as data  # noqa: E402
+import _accuracy_data as data
 
 from autoplan.space import MAX_MB, enumerate_plans
 from hwprofiles.load import load_cluster
@@ -46,9 +45,11 @@ def throughput(name: str, nodes: int, B: int) -> float:
     # the loop is single-threaded: CPU time is the wall time of an idle core, and unlike wall
     # time it does not count the time other processes on a shared machine take from us
     rate, wall_rate = len(plans) / (c2 - c1), len(plans) / (t2 - t1)
-    print(f"{name:10s} {cluster.num_gpus:5d} GPUs  B={B:5d}  {len(plans):7,d} plans ({fits:,d} fit)  "
-          f"enumerate {t1 - t0:5.2f} s  estimate {c2 - c1:5.2f} s CPU ({t2 - t1:5.2f} s wall)  "
-          f"-> {rate:9,.0f} plans/s ({wall_rate:,.0f}/s wall)")
+    print(
+        f"{name:10s} {cluster.num_gpus:5d} GPUs  B={B:5d}  {len(plans):7,d} plans ({fits:,d} fit)  "
+        f"enumerate {t1 - t0:5.2f} s  estimate {c2 - c1:5.2f} s CPU ({t2 - t1:5.2f} s wall)  "
+        f"-> {rate:9,.0f} plans/s ({wall_rate:,.0f}/s wall)"
+    )
     return rate
 
 
@@ -63,8 +64,10 @@ def main() -> int:
 
     print()
     print("== Megatron-LM 2021 (Table 1) rows as run then: t, p, zero=0, ckpt=full, sp=0, 1F1B, no DP overlap ==")
-    print(f"{'params':>8s} {'t':>2s} {'p':>3s} {'d':>4s} {'gpus':>5s} {'B':>5s} {'mb':>3s} {'peak GiB':>8s} "
-          f"{'predicted':>9s} {'published':>9s} {'error':>7s}")
+    print(
+        f"{'params':>8s} {'t':>2s} {'p':>3s} {'d':>4s} {'gpus':>5s} {'B':>5s} {'mb':>3s} {'peak GiB':>8s} "
+        f"{'predicted':>9s} {'published':>9s} {'error':>7s}"
+    )
     errors = []
     for row in data.published_rows():
         found = data.megatron_1f1b_best(row, MAX_MB)
@@ -74,11 +77,15 @@ def main() -> int:
         job, r = found
         err = (r.tflops_per_gpu - row.tflops_per_gpu) / row.tflops_per_gpu * 100
         errors.append(abs(err))
-        print(f"{row.params_B:7.1f}B {row.t:2d} {row.p:3d} {job.plan.d:4d} {row.gpus:5d} {row.batch:5d} {job.plan.mb:3d} "
-              f"{r.peak_memory / GiB:8.1f} {r.tflops_per_gpu:9.1f} {row.tflops_per_gpu:9.1f} {err:+6.1f}%")
+        print(
+            f"{row.params_B:7.1f}B {row.t:2d} {row.p:3d} {job.plan.d:4d} {row.gpus:5d} {row.batch:5d} {job.plan.mb:3d} "
+            f"{r.peak_memory / GiB:8.1f} {r.tflops_per_gpu:9.1f} {row.tflops_per_gpu:9.1f} {err:+6.1f}%"
+        )
     within = sum(e <= 10 for e in errors)
-    print(f"rows within 10% (docs/design.md target): {within}/{len(errors)}; mean |error| {sum(errors) / len(errors):.1f}%, "
-          f"max {max(errors):.1f}%")
+    print(
+        f"rows within 10% (docs/design.md target): {within}/{len(errors)}; mean |error| {sum(errors) / len(errors):.1f}%, "
+        f"max {max(errors):.1f}%"
+    )
     return 0 if ok else 1
 
 

@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _accuracy_data as data  # noqa: E402
+import _accuracy_data as data
 
 from hwprofiles.load import load_cluster
 from hwprofiles.units import GiB
@@ -48,19 +47,25 @@ def speed(repeat: int) -> bool:
     ev = r.extra["events"]
     rec = r.extra["_des"]
     print(f"gpt3-175b, 128 x dgx-a100-80gb (1024 GPUs), B=1536, {plan.to_string()}, m={m}")
-    print(f"  simulated step {r.step_time:.3f} s, {r.tflops_per_gpu:.1f} TFLOP/s per GPU, peak {r.peak_memory / GiB:.1f} GiB, "
-          f"bubble {100 * r.bubble_fraction:.1f}%")
+    print(
+        f"  simulated step {r.step_time:.3f} s, {r.tflops_per_gpu:.1f} TFLOP/s per GPU, peak {r.peak_memory / GiB:.1f} GiB, "
+        f"bubble {100 * r.bubble_fraction:.1f}%"
+    )
     print(f"  {rec.engine.num_tasks:,d} tasks, {ev:,d} events, {r.extra['simulated_ranks']} simulated ranks")
     print(f"  cold (topology built): wall {cold_wall:.3f} s, CPU {cold_cpu:.3f} s")
-    print(f"  warm (best of {repeat}):   wall {min(walls):.3f} s, CPU {min(cpus):.3f} s  -> {ev / min(cpus):,.0f} events per CPU second")
+    print(
+        f"  warm (best of {repeat}):   wall {min(walls):.3f} s, CPU {min(cpus):.3f} s  -> {ev / min(cpus):,.0f} events per CPU second"
+    )
     ok = cold_wall <= TARGET_S
     print(f"  target <= {TARGET_S:.0f} s per iteration: {'PASS' if ok else 'FAIL'}")
     return ok
 
 
 def megatron_rows() -> None:
-    print(f"{'params':>8s} {'t':>2s} {'p':>3s} {'d':>4s} {'gpus':>5s} {'B':>5s} {'mb':>3s} {'published':>9s} "
-          f"{'analytic':>9s} {'err':>7s} {'DES':>9s} {'err':>7s} {'DES wall':>8s}")
+    print(
+        f"{'params':>8s} {'t':>2s} {'p':>3s} {'d':>4s} {'gpus':>5s} {'B':>5s} {'mb':>3s} {'published':>9s} "
+        f"{'analytic':>9s} {'err':>7s} {'DES':>9s} {'err':>7s} {'DES wall':>8s}"
+    )
     errs_a, errs_d = [], []
     for row in data.published_rows():
         found = data.megatron_1f1b_best(row)
@@ -76,11 +81,15 @@ def megatron_rows() -> None:
         errs_a.append(abs(ea))
         errs_d.append(abs(ed))
         plan = job.plan
-        print(f"{row.params_B:7.1f}B {plan.t:2d} {plan.p:3d} {plan.d:4d} {row.gpus:5d} {row.batch:5d} {plan.mb:3d} {pub:9.1f} "
-              f"{a.tflops_per_gpu:9.1f} {ea:+6.1f}% {r.tflops_per_gpu:9.1f} {ed:+6.1f}% {wall:7.2f}s")
+        print(
+            f"{row.params_B:7.1f}B {plan.t:2d} {plan.p:3d} {plan.d:4d} {row.gpus:5d} {row.batch:5d} {plan.mb:3d} {pub:9.1f} "
+            f"{a.tflops_per_gpu:9.1f} {ea:+6.1f}% {r.tflops_per_gpu:9.1f} {ed:+6.1f}% {wall:7.2f}s"
+        )
     if errs_d:
-        print(f"mean |error|: analytic {sum(errs_a) / len(errs_a):.1f}%, DES {sum(errs_d) / len(errs_d):.1f}%; "
-              f"rows within 10%: analytic {sum(e <= 10 for e in errs_a)}/{len(errs_a)}, DES {sum(e <= 10 for e in errs_d)}/{len(errs_d)}")
+        print(
+            f"mean |error|: analytic {sum(errs_a) / len(errs_a):.1f}%, DES {sum(errs_d) / len(errs_d):.1f}%; "
+            f"rows within 10%: analytic {sum(e <= 10 for e in errs_a)}/{len(errs_a)}, DES {sum(e <= 10 for e in errs_d)}/{len(errs_d)}"
+        )
 
 
 def main() -> int:
@@ -92,7 +101,9 @@ def main() -> int:
     ok = speed(args.repeat)
     if not args.skip_rows:
         print()
-        print("== Megatron-LM 2021 (Table 1) rows as run then (1F1B, sp=0, no DP overlap): DES and analytic vs published ==")
+        print(
+            "== Megatron-LM 2021 (Table 1) rows as run then (1F1B, sp=0, no DP overlap): DES and analytic vs published =="
+        )
         megatron_rows()
     return 0 if ok else 1
 

@@ -39,10 +39,18 @@ def run_plan(args: list[str]) -> tuple[dict, float]:
 
 def megatron_model_file(row: dict, directory: Path) -> Path:
     path = directory / f"megatron-{row['params_B']}b.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": f"megatron-{row['params_B']}b", "num_layers": row["layers"], "hidden_size": row["hidden"],
-        "num_attention_heads": row["heads"], "vocab_size": 51200, "seq_length": 2048,
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"megatron-{row['params_B']}b",
+                "num_layers": row["layers"],
+                "hidden_size": row["hidden"],
+                "num_attention_heads": row["heads"],
+                "vocab_size": 51200,
+                "seq_length": 2048,
+            }
+        )
+    )
     return path
 
 
@@ -52,30 +60,66 @@ def main() -> None:
     ap.add_argument("--skip-1t", action="store_true")
     a = ap.parse_args()
     if not a.skip_1t:
-        out, wall = run_plan(["--model", "gpt-1t", "--cluster", "dgx-a100-80gb", "--nodes", "384",
-                              "--global-batch", "3072", "--fidelity", a.fidelity])
+        out, wall = run_plan(
+            [
+                "--model",
+                "gpt-1t",
+                "--cluster",
+                "dgx-a100-80gb",
+                "--nodes",
+                "384",
+                "--global-batch",
+                "3072",
+                "--fidelity",
+                a.fidelity,
+            ]
+        )
         print(f"gpt-1t on 384 x dgx-a100-80gb (3072 GPUs), B=3072, fidelity {a.fidelity}:")
-        print(f"  wall {wall:.2f} s (target <= 10 s), search {out['search_time_s']:.2f} s; candidates total "
-              f"{out['candidates_total']}, feasible {out['candidates_feasible']}, simulated {out['candidates_simulated']}")
+        print(
+            f"  wall {wall:.2f} s (target <= 10 s), search {out['search_time_s']:.2f} s; candidates total "
+            f"{out['candidates_total']}, feasible {out['candidates_feasible']}, simulated {out['candidates_simulated']}"
+        )
         b = out["best"]
         print(f"  best {b['plan_string']}")
-        print(f"  step {b['step_time_s']:.2f} s, {b['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * b['mfu']:.1f}%, "
-              f"peak {b['peak_memory_gib']:.1f} GiB")
+        print(
+            f"  step {b['step_time_s']:.2f} s, {b['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * b['mfu']:.1f}%, "
+            f"peak {b['peak_memory_gib']:.1f} GiB"
+        )
     rows = yaml.safe_load(PUBLISHED.read_text())["megatron_2021_throughput"]
     print(f"\nMegatron-LM 2021 rows, --fix t,p,zero=0,ckpt=full, fidelity {a.fidelity}:")
-    print(f"{'model':>9} {'gpus':>5} {'t':>2} {'p':>3} {'B':>5}  {'published':>9} {'predicted':>9} {'error':>7}  best plan")
+    print(
+        f"{'model':>9} {'gpus':>5} {'t':>2} {'p':>3} {'B':>5}  {'published':>9} {'predicted':>9} {'error':>7}  best plan"
+    )
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
         for row in rows:
             model = megatron_model_file(row, Path(tmp))
-            out, _ = run_plan(["--model", str(model), "--cluster", "dgx-a100-80gb", "--nodes", str(row["gpus"] // 8),
-                               "--global-batch", str(row["batch"]), "--fix", f"t={row['t']},p={row['p']},zero=0,ckpt=full,offload=none,sp=0",
-                               "--fidelity", a.fidelity, "--top", "4", "--no-dp-overlap"])
+            out, _ = run_plan(
+                [
+                    "--model",
+                    str(model),
+                    "--cluster",
+                    "dgx-a100-80gb",
+                    "--nodes",
+                    str(row["gpus"] // 8),
+                    "--global-batch",
+                    str(row["batch"]),
+                    "--fix",
+                    f"t={row['t']},p={row['p']},zero=0,ckpt=full,offload=none,sp=0",
+                    "--fidelity",
+                    a.fidelity,
+                    "--top",
+                    "4",
+                    "--no-dp-overlap",
+                ]
+            )
             pred = out["best"]["tflops_per_gpu"]
             err = 100 * (pred - row["tflops_per_gpu"]) / row["tflops_per_gpu"]
             errors.append(abs(err))
-            print(f"{row['params_B']:>8}B {row['gpus']:>5} {row['t']:>2} {row['p']:>3} {row['batch']:>5}  "
-                  f"{row['tflops_per_gpu']:>9.0f} {pred:>9.1f} {err:>+6.1f}%  {out['best']['plan_string'].split(',recompute')[0]}")
+            print(
+                f"{row['params_B']:>8}B {row['gpus']:>5} {row['t']:>2} {row['p']:>3} {row['batch']:>5}  "
+                f"{row['tflops_per_gpu']:>9.0f} {pred:>9.1f} {err:>+6.1f}%  {out['best']['plan_string'].split(',recompute')[0]}"
+            )
     print(f"mean absolute error {sum(errors) / len(errors):.1f}%, worst {max(errors):.1f}%")
 
 

@@ -4,4 +4,4 @@ from hwprofiles.errors import InputError
 from hwprofiles.load import load_cluster, load_gpu, load_node
 from hwprofiles.schema import ClusterSpec, GpuProfile, NodeProfile
 
-__all__ = ["InputError", "ClusterSpec", "GpuProfile", "NodeProfile", "load_cluster", "load_gpu", "load_node"]
+__all__ = ["ClusterSpec", "GpuProfile", "InputError", "NodeProfile", "load_cluster", "load_gpu", "load_node"]

@@ -8,8 +8,9 @@ with one line naming the file and the key.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -56,7 +57,11 @@ def validation_message(source: str, err: ValidationError) -> str:
     if first.get("type") == "extra_forbidden":
         msg = "unknown key"
     given = first.get("input")
-    shown = "" if first.get("type") in ("missing", "extra_forbidden") or isinstance(given, (dict, list, BaseModel)) else f" (got {given!r})"
+    shown = (
+        ""
+        if first.get("type") in ("missing", "extra_forbidden") or isinstance(given, (dict, list, BaseModel))
+        else f" (got {given!r})"
+    )
     more = f" [+{err.error_count() - 1} more]" if err.error_count() > 1 else ""
     return f"{source}: key '{key}': {msg}{shown}{more}"
 
@@ -144,7 +149,9 @@ def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None =
     if gpus_per_node is None or gpus_per_node == cluster.gpus_per_node:
         return cluster
     if not isinstance(gpus_per_node, int) or not 1 <= gpus_per_node <= cluster.gpus_per_node:
-        raise SpecError(f"--gpus-per-node: expected 1 to {cluster.gpus_per_node} (the node's GPUs), got {gpus_per_node!r}")
+        raise SpecError(
+            f"--gpus-per-node: expected 1 to {cluster.gpus_per_node} (the node's GPUs), got {gpus_per_node!r}"
+        )
     node = cluster.node.model_copy(update={"gpus_per_node": gpus_per_node})
     return cluster.model_copy(update={"node": node, "name": f"{cluster.name}-{gpus_per_node}gpn"})
 

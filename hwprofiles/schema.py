@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from datetime import date
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from hwprofiles.units import GB, GiB, US  # GiB: also imported from here by older code
+from hwprofiles.units import GB, US, GiB  # GiB: also imported from here by older code
 
 
 class _Strict(BaseModel):
@@ -66,15 +66,15 @@ class EagerHost(_Strict):
 
     layer_forward_us: float = Field(ge=0)
     layer_backward_us: float = Field(ge=0)
-    tp_layer_forward_us: Optional[float] = Field(default=None, ge=0)
-    tp_layer_backward_us: Optional[float] = Field(default=None, ge=0)
+    tp_layer_forward_us: float | None = Field(default=None, ge=0)
+    tp_layer_backward_us: float | None = Field(default=None, ge=0)
     embedding_forward_us: float = Field(ge=0)
     embedding_backward_us: float = Field(ge=0)
     head_forward_us: float = Field(ge=0)
     head_backward_us: float = Field(ge=0)
     optimizer_tensor_us: float = Field(ge=0)
-    optimizer_param_ns: Optional[float] = Field(default=None, ge=0)
-    tp_optimizer_tensor_us: Optional[float] = Field(default=None, ge=0)
+    optimizer_param_ns: float | None = Field(default=None, ge=0)
+    tp_optimizer_tensor_us: float | None = Field(default=None, ge=0)
 
     def optimizer_us(self, tensor_parallel: bool) -> float:
         """Optimizer host time per parameter tensor; with TP the DTensor figure when measured."""
@@ -104,14 +104,17 @@ class GpuProfile(_Strict):
     gemm: GemmModel
     kernel_launch_us: float = Field(ge=0, default=5.0)
     memory_reserved_GiB: float = Field(ge=0, default=1.0, description="CUDA context, NCCL and library workspaces")
-    allocator_fragmentation: float = Field(ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator")
+    allocator_fragmentation: float = Field(
+        ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator"
+    )
     default_dtype: str = "fp16"
     elementwise_GBps: dict[str, float] = Field(
         default_factory=dict,
         description="achieved bandwidth (bytes read+written / time) per elementwise op kind; "
-                    "ops without an entry run at memory_bandwidth_GBps * memory_efficiency")
-    eager: Optional[EagerHost] = None
-    measured: Optional[dict[str, str]] = None
+        "ops without an entry run at memory_bandwidth_GBps * memory_efficiency",
+    )
+    eager: EagerHost | None = None
+    measured: dict[str, str] | None = None
 
     @field_validator("elementwise_GBps")
     @classmethod
@@ -134,7 +137,7 @@ class GpuProfile(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _default_dtype_known(self) -> "GpuProfile":
+    def _default_dtype_known(self) -> GpuProfile:
         if self.default_dtype not in self.peak_tflops:
             raise ValueError(f"default_dtype {self.default_dtype!r} has no entry in peak_tflops")
         return self
@@ -153,13 +156,13 @@ class Link(_Strict):
     fraction of the nominal bandwidth that bulk collective traffic achieves."""
 
     kind: Literal["nvswitch", "nvlink", "pcie", "loopback", "infiniband", "roce", "ethernet"] = "nvswitch"
-    bandwidth_GBps: Optional[float] = Field(default=None, gt=0)
-    bandwidth_Gbps: Optional[float] = Field(default=None, gt=0)
+    bandwidth_GBps: float | None = Field(default=None, gt=0)
+    bandwidth_Gbps: float | None = Field(default=None, gt=0)
     latency_us: float = Field(ge=0, default=0.0)
     efficiency: float = Field(gt=0, le=1, default=1.0)
 
     @model_validator(mode="after")
-    def _one_bandwidth(self) -> "Link":
+    def _one_bandwidth(self) -> Link:
         if (self.bandwidth_GBps is None) == (self.bandwidth_Gbps is None):
             raise ValueError("give exactly one of bandwidth_GBps or bandwidth_Gbps")
         return self
@@ -200,7 +203,7 @@ class Nvme(_Strict):
     bandwidth_GBps: float = Field(gt=0, description="per drive, sequential")
 
 
-def _measured_at(table: dict[int, float], ranks: int) -> Optional[float]:
+def _measured_at(table: dict[int, float], ranks: int) -> float | None:
     """The entry of a per-rank-count table measured with the most ranks up to ``ranks``; None
     when every entry was measured with more."""
     below = [k for k in table if k <= ranks]
@@ -216,29 +219,31 @@ class NodeProfile(_Strict):
     intra_node: Link
     pcie: Link
     nics_per_node: int = Field(ge=0)
-    nic: Optional[Link] = None
+    nic: Link | None = None
     host_memory_GiB: float = Field(gt=0)
-    cpu_adam_GBps: float = Field(gt=0, default=20.0, description="host optimizer-step throughput over fp32 optimizer state")
-    nvme: Optional[Nvme] = None
+    cpu_adam_GBps: float = Field(
+        gt=0, default=20.0, description="host optimizer-step throughput over fp32 optimizer state"
+    )
+    nvme: Nvme | None = None
     backend: Literal["nccl", "gloo"] = "nccl"
-    compute_slots: Optional[float | dict[int, float]] = Field(
+    compute_slots: float | dict[int, float] | None = Field(
         default=None,
         description="ranks' worth of compute the node delivers at once: a number, or per number of busy ranks "
-                    "(a localhost-cpu node measured by calibrate: cores times their parallel efficiency, which "
-                    "drops when more ranks than cores evict each other's caches); None: one per GPU",
+        "(a localhost-cpu node measured by calibrate: cores times their parallel efficiency, which "
+        "drops when more ranks than cores evict each other's caches); None: one per GPU",
     )
 
-    collectives: Optional[dict[CollectiveName, CollectiveFit]] = Field(
+    collectives: dict[CollectiveName, CollectiveFit] | None = Field(
         default=None,
         description="per-collective fits inside the node, replacing intra_node's bandwidth and latency for "
-                    "that collective (gloo runs each collective with its own code and speed: on a 4-rank host "
-                    "its reduce-scatter moves bytes at a third of its send/recv's rate); written by calibrate",
+        "that collective (gloo runs each collective with its own code and speed: on a 4-rank host "
+        "its reduce-scatter moves bytes at a third of its send/recv's rate); written by calibrate",
     )
 
-    busy_latency_us: Optional[dict[int, float]] = Field(
+    busy_latency_us: dict[int, float] | None = Field(
         default=None,
         description="per number of ranks on the node: extra one-way latency of a message while the other ranks "
-                    "compute (CPU ranks that outnumber the cores: a woken rank waits for a core); written by calibrate",
+        "compute (CPU ranks that outnumber the cores: a woken rank waits for a core); written by calibrate",
     )
 
     @field_validator("busy_latency_us")
@@ -284,7 +289,7 @@ class NodeProfile(_Strict):
         return self.intra_node.bytes_per_s, self.intra_node.latency_s
 
     @model_validator(mode="after")
-    def _nic_present(self) -> "NodeProfile":
+    def _nic_present(self) -> NodeProfile:
         if self.nics_per_node > 0 and self.nic is None:
             raise ValueError("nics_per_node > 0 needs a 'nic' mapping")
         return self
@@ -304,7 +309,7 @@ class ClusterSpec(_Strict):
     nodes: int = Field(ge=1)
     node: NodeProfile
     network: Network = Network()
-    measured: Optional[date] = None
+    measured: date | None = None
 
     @field_validator("node")
     @classmethod

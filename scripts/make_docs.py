@@ -40,8 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -58,6 +58,7 @@ MARKER = re.compile(r"<!-- BEGIN: ([a-z0-9-]+) -->\n(.*?)<!-- END: \1 -->", re.S
 
 # ------------------------------------------------------------------------------ helpers
 
+
 class Docs:
     """Shared state: the scratch folder and what earlier sections found (the best plan string)."""
 
@@ -71,8 +72,9 @@ class Docs:
         env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
         env["COLUMNS"] = "200"
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "autoplan", *args], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "autoplan", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
         shown = "$ autoplan " + " ".join(args)
         log(f"  {shown}  [exit {proc.returncode}, {time.perf_counter() - t0:.1f} s]")
         if proc.returncode != 0:
@@ -114,6 +116,7 @@ def rel(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------ sections
+
 
 def plan_output(d: Docs) -> str:
     """the main job: autoplan plan for gpt3-175b on 128 dgx-a100-80gb nodes, with --plot docs/images/timeline-best.png"""
@@ -180,7 +183,8 @@ def run_output(d: Docs) -> str:
     cores = os.cpu_count()
     return fence(f"{shown_e}\n{out_e}\n{shown_r}\n{out_r}") + (
         f"\n<sub>Generated on a machine with {cores} CPU core{'s' if cores != 1 else ''} "
-        f"running the plan's 4 processes.</sub>\n")
+        f"running the plan's 4 processes.</sub>\n"
+    )
 
 
 def calibrate_output(d: Docs) -> str:
@@ -191,13 +195,21 @@ def calibrate_output(d: Docs) -> str:
     table_at = next((i for i, line in enumerate(gpu) if line.strip().startswith("table:")), len(gpu))
     after = next((i for i in range(table_at + 1, len(gpu)) if not gpu[i].startswith("    ")), len(gpu))
     measured_at = next((i for i, line in enumerate(gpu) if line.startswith("measured:")), len(gpu))
-    gpu_part = (gpu[: table_at + 4] + [f"    # ... {after - table_at - 4} more lines of the GEMM table"]
-                + gpu[after:measured_at]
-                + [f"# ... {len(gpu) - measured_at} more lines: a 'measured:' block (raw rates: dispatch, attention)"])
+    gpu_part = [
+        *gpu[: table_at + 4],
+        f"    # ... {after - table_at - 4} more lines of the GEMM table",
+        *gpu[after:measured_at],
+        f"# ... {len(gpu) - measured_at} more lines: a 'measured:' block (raw rates: dispatch, attention)",
+    ]
     end = next((i for i, line in enumerate(node) if line.startswith("# Collective times")), len(node))
-    node_part = node[:end] + [f"# ... {len(node) - end} more lines: the measured collective times next to the model's"]
-    return (fence(f"{shown}\n{out}") + "\n`my-cpu.yaml` (start):\n\n" + fence(d.clean("\n".join(gpu_part)), "yaml")
-            + "\n`my-cpu-node.yaml` (start):\n\n" + fence(d.clean("\n".join(node_part)), "yaml"))
+    node_part = [*node[:end], f"# ... {len(node) - end} more lines: the measured collective times next to the model's"]
+    return (
+        fence(f"{shown}\n{out}")
+        + "\n`my-cpu.yaml` (start):\n\n"
+        + fence(d.clean("\n".join(gpu_part)), "yaml")
+        + "\n`my-cpu-node.yaml` (start):\n\n"
+        + fence(d.clean("\n".join(node_part)), "yaml")
+    )
 
 
 MY_CLUSTER = """\
@@ -214,8 +226,17 @@ network:
 def cluster_example(d: Docs) -> str:
     """a cluster file and autoplan simulate on it"""
     (d.work / "my-cluster.yaml").write_text(MY_CLUSTER)
-    shown, out = d.autoplan("simulate", "--model", "llama2-70b", "--cluster", "my-cluster.yaml", "--global-batch", "512",
-                            "--plan", "t=8,p=4,mb=1,zero=1,ckpt=selective,sp=1")
+    shown, out = d.autoplan(
+        "simulate",
+        "--model",
+        "llama2-70b",
+        "--cluster",
+        "my-cluster.yaml",
+        "--global-batch",
+        "512",
+        "--plan",
+        "t=8,p=4,mb=1,zero=1,ckpt=selective,sp=1",
+    )
     return fence(MY_CLUSTER, "yaml") + "\n" + fence(shown + "\n" + out)
 
 
@@ -240,8 +261,23 @@ HF_CONFIG = """\
 def hf_config_example(d: Docs) -> str:
     """a Hugging Face config.json and autoplan simulate on it"""
     (d.work / "config.json").write_text(HF_CONFIG)
-    shown, out = d.autoplan("simulate", "--model", "config.json", "--seq-len", "4096", "--cluster", "dgx-h100",
-                            "--nodes", "2", "--global-batch", "256", "--plan", "t=2,zero=1", "--fidelity", "analytic")
+    shown, out = d.autoplan(
+        "simulate",
+        "--model",
+        "config.json",
+        "--seq-len",
+        "4096",
+        "--cluster",
+        "dgx-h100",
+        "--nodes",
+        "2",
+        "--global-batch",
+        "256",
+        "--plan",
+        "t=2,zero=1",
+        "--fidelity",
+        "analytic",
+    )
     head = "\n".join(out.splitlines()[:8])
     return fence(HF_CONFIG, "json") + "\n" + fence(shown + "\n" + head)
 
@@ -249,11 +285,13 @@ def hf_config_example(d: Docs) -> str:
 def _file(path: str, lang: str = "yaml") -> Callable[[Docs], str]:
     def gen(d: Docs) -> str:
         return fence((REPO / path).read_text(), lang)
+
     gen.__doc__ = f"the file {path}"
     return gen
 
 
 # ------------------------------------------------------------------------------ gallery plots
+
 
 def _plt():
     import matplotlib
@@ -305,19 +343,36 @@ def gallery_what_if(d: Docs) -> str:
         axes[2].plot(xs, [r.job.plan.t * r.job.plan.p * nudge for _, r in pts], "o-", color=color, label=label)
         for g, r in pts:
             p = r.job.plan
-            axes[2].annotate(f"t{p.t}p{p.p} z{p.zero}" + ("+off" if p.offload != "none" else ""), (g, p.t * p.p * nudge),
-                             textcoords="offset points", xytext=(0, -11 if below else 5), ha="center", fontsize=6.5,
-                             color=color)
-    axes[0].set(yscale="log", ylabel="predicted tokens/s (whole cluster)", title=f"throughput (global batch {WHAT_IF_BATCH} x 4096 tokens)")
+            axes[2].annotate(
+                f"t{p.t}p{p.p} z{p.zero}" + ("+off" if p.offload != "none" else ""),
+                (g, p.t * p.p * nudge),
+                textcoords="offset points",
+                xytext=(0, -11 if below else 5),
+                ha="center",
+                fontsize=6.5,
+                color=color,
+            )
+    axes[0].set(
+        yscale="log",
+        ylabel="predicted tokens/s (whole cluster)",
+        title=f"throughput (global batch {WHAT_IF_BATCH} x 4096 tokens)",
+    )
     axes[1].set(ylabel="MFU (%)", title="model FLOPs utilization", ylim=(0, 100))
-    axes[2].set(yscale="log", ylabel="model-parallel size t x p", title="chosen plan (z = ZeRO stage, +off = CPU offload)", ylim=(0.7, 16))
+    axes[2].set(
+        yscale="log",
+        ylabel="model-parallel size t x p",
+        title="chosen plan (z = ZeRO stage, +off = CPU offload)",
+        ylim=(0.7, 16),
+    )
     axes[2].set_yticks([1, 2, 4, 8], ["1", "2", "4", "8"])
     for ax in axes:
         ax.set(xscale="log", xlabel="GPUs")
         ax.set_xticks(WHAT_IF_GPUS, [str(g) for g in WHAT_IF_GPUS])
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"What if: {WHAT_IF_MODEL} on three kinds of node, 16 to 1,024 GPUs (autoplan plan --fidelity analytic)")
+    fig.suptitle(
+        f"What if: {WHAT_IF_MODEL} on three kinds of node, 16 to 1,024 GPUs (autoplan plan --fidelity analytic)"
+    )
     fig.tight_layout()
     png = IMAGES / "what-if-scaling.png"
     fig.savefig(png, bbox_inches="tight")
@@ -326,9 +381,17 @@ def gallery_what_if(d: Docs) -> str:
     rows = []
     for (node, g), r in best.items():
         if g in (16, 128, 1024):
-            rows.append((node, g, "no plan fits") if r is None else
-                        (node, g, r.job.plan.to_string().replace(",v=1,schedule=1f1b", "").replace(",offload=none", ""),
-                         round(r.tokens_per_s), f"{100 * r.mfu:.1f}%"))
+            rows.append(
+                (node, g, "no plan fits")
+                if r is None
+                else (
+                    node,
+                    g,
+                    r.job.plan.to_string().replace(",v=1,schedule=1f1b", "").replace(",offload=none", ""),
+                    round(r.tokens_per_s),
+                    f"{100 * r.mfu:.1f}%",
+                )
+            )
     return fence(table(["node", "GPUs", "best plan (analytic)", "tokens/s", "MFU"], rows))
 
 
@@ -336,57 +399,100 @@ def gallery_validation(d: Docs) -> str:
     """notebooks/03_validation.ipynb, condensed: Megatron-LM rows and the vTrain runs, error per point."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     import _accuracy_data as data
+
     from autoplan.report import table
     from autoplan.search import SearchOptions, search
-    from simulator import analytic
-    from simulator import simulate
+    from simulator import analytic, simulate
     from simulator.job import NO_DP_OVERLAP
 
     if not (data.VALIDATION_DIR / "published.yaml").is_file():
-        raise SystemExit(f"make_docs: the validation data is not at {data.VALIDATION_DIR} (set AUTOPLAN_VALIDATION_DIR)")
+        raise SystemExit(
+            f"make_docs: the validation data is not at {data.VALIDATION_DIR} (set AUTOPLAN_VALIDATION_DIR)"
+        )
     plt = _plt()
-    pct = lambda pred, ref: 100.0 * (pred / ref - 1.0)  # noqa: E731
+    pct = lambda pred, ref: 100.0 * (pred / ref - 1.0)
     mega = []
     for row in data.published_rows():
-        found = search(row.model, data.selene(row.gpus), row.batch,
-                       SearchOptions(fix=f"t={row.t},p={row.p},zero=0,ckpt=full,sp=0", fidelity="analytic", top=4,
-                                     runtime=NO_DP_OVERLAP))
+        found = search(
+            row.model,
+            data.selene(row.gpus),
+            row.batch,
+            SearchOptions(
+                fix=f"t={row.t},p={row.p},zero=0,ckpt=full,sp=0", fidelity="analytic", top=4, runtime=NO_DP_OVERLAP
+            ),
+        )
         best = found.best_result
         mega.append((row, best, simulate(best.job, "des")))
-    groups: dict[str, list[tuple[float, float]]] = {"single node, fit subset": [], "single node, held out": [],
-                                                    "multi-node (64-512 GPUs)": []}
+    groups: dict[str, list[tuple[float, float]]] = {
+        "single node, fit subset": [],
+        "single node, held out": [],
+        "multi-node (64-512 GPUs)": [],
+    }
     for name in data.VTRAIN_FILES:
         for r in data.vtrain_rows(name):
             pred = analytic.estimate(dataclasses.replace(r.job, runtime=NO_DP_OVERLAP)).step_time
-            g = "multi-node (64-512 GPUs)" if "multi" in name else ("single node, fit subset" if r.fit_subset else "single node, held out")
+            g = (
+                "multi-node (64-512 GPUs)"
+                if "multi" in name
+                else ("single node, fit subset" if r.fit_subset else "single node, held out")
+            )
             groups[g].append((r.measured_s, pred))
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=90, gridspec_kw={"width_ratios": [1.1, 1, 1.1]})
     x = range(len(mega))
     labels = [f"{row.params_B:g}B\n{row.gpus} GPUs" for row, _, _ in mega]
-    axes[0].bar([i - 0.2 for i in x], [row.tflops_per_gpu for row, _, _ in mega], 0.4, color="#8C8C8C", label="published")
-    axes[0].bar([i + 0.2 for i in x], [b.tflops_per_gpu for _, b, _ in mega], 0.4, color="#4C72B0", label="autoplan (analytic)")
+    axes[0].bar(
+        [i - 0.2 for i in x], [row.tflops_per_gpu for row, _, _ in mega], 0.4, color="#8C8C8C", label="published"
+    )
+    axes[0].bar(
+        [i + 0.2 for i in x], [b.tflops_per_gpu for _, b, _ in mega], 0.4, color="#4C72B0", label="autoplan (analytic)"
+    )
     for i, (row, b, _) in enumerate(mega):
-        axes[0].text(i + 0.2, b.tflops_per_gpu + 3, f"{pct(b.tflops_per_gpu, row.tflops_per_gpu):+.1f}%", ha="center", fontsize=8)
+        axes[0].text(
+            i + 0.2, b.tflops_per_gpu + 3, f"{pct(b.tflops_per_gpu, row.tflops_per_gpu):+.1f}%", ha="center", fontsize=8
+        )
     axes[0].set_xticks(list(x), labels, fontsize=8)
     axes[0].set(ylabel="TFLOP/s per GPU", title="Megatron-LM 2021 on Selene: published vs predicted", ylim=(0, 215))
     axes[0].legend(fontsize=8, loc="lower right")
-    style = {"single node, fit subset": ("#BBBBBB", 5), "single node, held out": ("#4C72B0", 7), "multi-node (64-512 GPUs)": ("#C44E52", 14)}
+    style = {
+        "single node, fit subset": ("#BBBBBB", 5),
+        "single node, held out": ("#4C72B0", 7),
+        "multi-node (64-512 GPUs)": ("#C44E52", 14),
+    }
     lo, hi = 0.05, 100
     for g, pts in groups.items():
         color, size = style[g]
         mape = 100 * sum(abs(p / m - 1) for m, p in pts) / len(pts)
-        axes[1].scatter([m for m, _ in pts], [p for _, p in pts], s=size, color=color, alpha=0.7, label=f"{g}: {len(pts)}, MAPE {mape:.1f}%")
+        axes[1].scatter(
+            [m for m, _ in pts],
+            [p for _, p in pts],
+            s=size,
+            color=color,
+            alpha=0.7,
+            label=f"{g}: {len(pts)}, MAPE {mape:.1f}%",
+        )
         axes[2].scatter([m for m, _ in pts], [pct(p, m) for m, p in pts], s=size, color=color, alpha=0.7, label=g)
     axes[1].plot([lo, hi], [lo, hi], "k-", lw=0.8)
     axes[1].plot([lo, hi], [1.1 * lo, 1.1 * hi], "k:", lw=0.8)
     axes[1].plot([lo, hi], [0.9 * lo, 0.9 * hi], "k:", lw=0.8)
-    axes[1].set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration time (s)",
-                ylabel="predicted iteration time (s)", title="vTrain: 1,549 measured A100 runs (dotted: ±10%)")
+    axes[1].set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="measured iteration time (s)",
+        ylabel="predicted iteration time (s)",
+        title="vTrain: 1,549 measured A100 runs (dotted: ±10%)",
+    )
     axes[1].legend(fontsize=7, loc="upper left")
     axes[2].axhspan(-10, 10, color="#55A868", alpha=0.1)
     axes[2].axhline(0, color="k", lw=0.8)
-    axes[2].set(xscale="log", xlabel="measured iteration time (s)", ylabel="prediction error (%)", title="vTrain: error per run (band: ±10%)")
+    axes[2].set(
+        xscale="log",
+        xlabel="measured iteration time (s)",
+        ylabel="prediction error (%)",
+        title="vTrain: error per run (band: ±10%)",
+    )
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -394,13 +500,36 @@ def gallery_validation(d: Docs) -> str:
     fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
     shrink_png(png)
-    t1 = table(["model", "GPUs", "t", "p", "batch", "published TFLOP/s", "predicted", "error", "DES", "error"],
-               [(f"{row.params_B:g}B", row.gpus, row.t, row.p, row.batch, row.tflops_per_gpu, b.tflops_per_gpu,
-                 f"{pct(b.tflops_per_gpu, row.tflops_per_gpu):+.1f}%", des.tflops_per_gpu,
-                 f"{pct(des.tflops_per_gpu, row.tflops_per_gpu):+.1f}%") for row, b, des in mega])
-    t2 = table(["vTrain runs", "count", "MAPE", "within 10%"],
-               [(g, len(pts), f"{100 * sum(abs(p / m - 1) for m, p in pts) / len(pts):.1f}%",
-                 f"{100 * sum(abs(p / m - 1) <= 0.1 for m, p in pts) / len(pts):.0f}%") for g, pts in groups.items()])
+    t1 = table(
+        ["model", "GPUs", "t", "p", "batch", "published TFLOP/s", "predicted", "error", "DES", "error"],
+        [
+            (
+                f"{row.params_B:g}B",
+                row.gpus,
+                row.t,
+                row.p,
+                row.batch,
+                row.tflops_per_gpu,
+                b.tflops_per_gpu,
+                f"{pct(b.tflops_per_gpu, row.tflops_per_gpu):+.1f}%",
+                des.tflops_per_gpu,
+                f"{pct(des.tflops_per_gpu, row.tflops_per_gpu):+.1f}%",
+            )
+            for row, b, des in mega
+        ],
+    )
+    t2 = table(
+        ["vTrain runs", "count", "MAPE", "within 10%"],
+        [
+            (
+                g,
+                len(pts),
+                f"{100 * sum(abs(p / m - 1) for m, p in pts) / len(pts):.1f}%",
+                f"{100 * sum(abs(p / m - 1) <= 0.1 for m, p in pts) / len(pts):.0f}%",
+            )
+            for g, pts in groups.items()
+        ],
+    )
     return fence(t1 + "\n\n" + t2)
 
 
@@ -589,8 +718,10 @@ def main(argv: list[str] | None = None) -> int:
     missing = [n for n in SECTIONS if n not in names]
     unknown = [n for n in names if n not in SECTIONS]
     if missing or unknown or len(set(names)) != len(names):
-        raise SystemExit(f"make_docs: README markers and generators differ: no marker for {missing}, "
-                         f"no generator for {unknown}, duplicates {sorted({n for n in names if names.count(n) > 1})}")
+        raise SystemExit(
+            f"make_docs: README markers and generators differ: no marker for {missing}, "
+            f"no generator for {unknown}, duplicates {sorted({n for n in names if names.count(n) > 1})}"
+        )
     only = [s for s in a.only.split(",") if s]
     bad = [s for s in only if s not in SECTIONS and s not in NOTEBOOK_SECTIONS]
     if bad:
@@ -619,8 +750,11 @@ def main(argv: list[str] | None = None) -> int:
     if bodies:  # re-read: the sections take minutes, and README.md may have been edited meanwhile
         README.write_text(fill(README.read_text(), bodies))
     sizes = {p.name: p.stat().st_size for p in sorted(IMAGES.glob("*.png"))}
-    log(f"updated {len(bodies)} README section(s) in {time.perf_counter() - t0:.0f} s; images: "
-        + ", ".join(f"{k} {v / 1e3:.0f} KB" for k, v in sizes.items()) + f" (total {sum(sizes.values()) / 1e3:.0f} KB)")
+    log(
+        f"updated {len(bodies)} README section(s) in {time.perf_counter() - t0:.0f} s; images: "
+        + ", ".join(f"{k} {v / 1e3:.0f} KB" for k, v in sizes.items())
+        + f" (total {sum(sizes.values()) / 1e3:.0f} KB)"
+    )
     return 0
 
 

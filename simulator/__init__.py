@@ -16,16 +16,29 @@ from __future__ import annotations
 
 from typing import Literal
 
+from simulator.job import NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
+from simulator.plan import Plan, parse_plan
 from simulator.result import SimResult
-from simulator.job import Job, NO_DP_OVERLAP, OVERLAPPED, Runtime
-from simulator.plan import parse_plan, Plan
-from simulator.specs import load_model, ModelSpec
+from simulator.specs import ModelSpec, load_model
 
 Fidelity = Literal["des", "analytic"]
 FIDELITIES: tuple[Fidelity, ...] = ("des", "analytic")
 
-__all__ = ["FIDELITIES", "NO_DP_OVERLAP", "OVERLAPPED", "Fidelity", "Job", "ModelSpec", "Plan", "Runtime",
-           "SimResult", "load_model", "memory_only", "parse_plan", "simulate"]
+__all__ = [
+    "FIDELITIES",
+    "NO_DP_OVERLAP",
+    "OVERLAPPED",
+    "Fidelity",
+    "Job",
+    "ModelSpec",
+    "Plan",
+    "Runtime",
+    "SimResult",
+    "load_model",
+    "memory_only",
+    "parse_plan",
+    "simulate",
+]
 
 
 def simulate(job: Job, fidelity: Fidelity = "des", full: bool = False, trace: bool = False) -> SimResult:

@@ -47,7 +47,13 @@ class Job:
         return self.model.seq_length
 
     @staticmethod
-    def make(model: ModelSpec, cluster: ClusterSpec, plan: Plan, global_batch: int, source: str = "--plan",
-             runtime: Runtime = OVERLAPPED) -> "Job":
+    def make(
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        plan: Plan,
+        global_batch: int,
+        source: str = "--plan",
+        runtime: Runtime = OVERLAPPED,
+    ) -> Job:
         validate_plan(model, plan, cluster.num_gpus, global_batch, source)
         return Job(model, cluster, plan, global_batch, runtime)

@@ -11,9 +11,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal
 
 from hwprofiles.errors import PlanError
 from simulator.specs import ModelSpec
@@ -24,7 +25,7 @@ class Recompute(StrEnum):
 
     NONE = "none"
     SELECTIVE = "selective"  # the attention core only
-    FULL = "full"            # the whole layer from its input
+    FULL = "full"  # the whole layer from its input
 
 
 class Schedule(StrEnum):
@@ -71,14 +72,14 @@ class Plan:
     p: int = 1
     d: int = 1
     mb: int = 1
-    zero: int = 0          # ZeroStage once validated (plan_errors)
+    zero: int = 0  # ZeroStage once validated (plan_errors)
     ckpt: RecomputeName = "none"
     v: int = 1
     schedule: ScheduleName = "1f1b"
     offload: OffloadName = "none"
     sp: int = 0
-    layers: Optional[tuple[int, ...]] = None
-    recompute: Optional[tuple[tuple[int, int], ...]] = None
+    layers: tuple[int, ...] | None = None
+    recompute: tuple[tuple[int, int], ...] | None = None
 
     @property
     def model_parallel(self) -> int:
@@ -88,7 +89,7 @@ class Plan:
     def gpus(self) -> int:
         return self.t * self.p * self.d
 
-    def replace(self, **kw: Any) -> "Plan":
+    def replace(self, **kw: Any) -> Plan:
         return dataclasses.replace(self, **kw)
 
     def to_string(self) -> str:
@@ -104,14 +105,23 @@ class Plan:
 
     def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "t": self.t, "p": self.p, "d": self.d, "mb": self.mb,
+            "t": self.t,
+            "p": self.p,
+            "d": self.d,
+            "mb": self.mb,
         }
         if num_microbatches is not None:
             out["num_microbatches"] = num_microbatches
-        out.update({
-            "zero": self.zero, "ckpt": self.ckpt, "v": self.v, "schedule": self.schedule,
-            "offload": self.offload, "sp": self.sp,
-        })
+        out.update(
+            {
+                "zero": self.zero,
+                "ckpt": self.ckpt,
+                "v": self.v,
+                "schedule": self.schedule,
+                "offload": self.offload,
+                "sp": self.sp,
+            }
+        )
         if self.layers is not None:
             out["layers"] = list(self.layers)
         if self.recompute is not None:
@@ -214,8 +224,11 @@ def num_microbatches(plan: Plan, global_batch: int) -> int:
 
 def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> list[str]:
     """Every rule a plan breaks for this model, GPU count and global batch (empty: valid)."""
-    e = [f"{key} must be a positive integer, got {getattr(plan, key)}"
-         for key in ("t", "p", "d", "mb", "v") if getattr(plan, key) < 1]
+    e = [
+        f"{key} must be a positive integer, got {getattr(plan, key)}"
+        for key in ("t", "p", "d", "mb", "v")
+        if getattr(plan, key) < 1
+    ]
     if e:
         return e
     e += _layout_errors(model, plan, gpus)
@@ -276,7 +289,9 @@ def _split_errors(model: ModelSpec, plan: Plan) -> list[str]:
     elif len(plan.layers) != chunks:
         e.append(f"layers= gives {len(plan.layers)} stage sizes, expected p*v = {chunks}")
     elif sum(plan.layers) != model.num_layers or min(plan.layers) < 1:
-        e.append(f"layers= must be positive and sum to num_layers={model.num_layers}, got {'/'.join(map(str, plan.layers))}")
+        e.append(
+            f"layers= must be positive and sum to num_layers={model.num_layers}, got {'/'.join(map(str, plan.layers))}"
+        )
     if plan.recompute is not None:
         sizes = plan.chunk_layers(model.num_layers)
         if len(plan.recompute) != len(sizes):
@@ -312,5 +327,3 @@ def parse_plan(text: str, model: ModelSpec, gpus: int, global_batch: int, source
     """Parse and validate a plan string; returns (plan, num_microbatches)."""
     plan = resolve_plan(parse_plan_items(text, source), gpus, source)
     return plan, validate_plan(model, plan, gpus, global_batch, source)
-
-

@@ -9,8 +9,9 @@ in :mod:`simulator.plan`, jobs in :mod:`simulator.job`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -29,8 +30,8 @@ class ModelSpec(BaseModel):
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
-    num_query_groups: Optional[int] = Field(default=None, ge=1)
-    ffn_hidden_size: Optional[int] = Field(default=None, ge=1)
+    num_query_groups: int | None = Field(default=None, ge=1)
+    ffn_hidden_size: int | None = Field(default=None, ge=1)
     vocab_size: int = Field(ge=1)
     seq_length: int = Field(ge=1)
     activation: Literal["gelu", "swiglu"] = "gelu"
@@ -39,7 +40,7 @@ class ModelSpec(BaseModel):
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
 
     @model_validator(mode="after")
-    def _shapes(self) -> "ModelSpec":
+    def _shapes(self) -> ModelSpec:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}"
@@ -67,7 +68,7 @@ class ModelSpec(BaseModel):
         """Width of K (and of V): kv_heads * head_dim."""
         return self.kv_heads * self.head_dim
 
-    def with_seq_length(self, seq: int | None) -> "ModelSpec":
+    def with_seq_length(self, seq: int | None) -> ModelSpec:
         return self if seq is None or seq == self.seq_length else self.model_copy(update={"seq_length": seq})
 
 
@@ -86,7 +87,9 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
 def model_from_hf_config(cfg: Mapping[str, Any], source: str) -> ModelSpec:
     """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style) onto ModelSpec
     (SpecError when it cannot be used)."""
-    data: dict[str, Any] = {"name": str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(source).parent.name or "hf-model")}
+    data: dict[str, Any] = {
+        "name": str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(source).parent.name or "hf-model")
+    }
     for key, names in _HF_KEYS.items():
         for n in names:
             if cfg.get(n) is not None:

@@ -15,8 +15,15 @@ from hypothesis import HealthCheck, settings
 # never fails by chance; a local run draws fresh examples (find bugs); HYPOTHESIS_PROFILE=long
 # draws many more.
 _QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-settings.register_profile("ci", derandomize=True, database=None, max_examples=100, deadline=None,
-                          suppress_health_check=_QUIET, print_blob=True)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=_QUIET,
+    print_blob=True,
+)
 settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_QUIET)
 settings.register_profile("long", max_examples=2000, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
@@ -28,10 +35,13 @@ VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "s
 
 # A DGX A100-like node as an inline mapping, for tests that write or vary node files.
 NODE_MAPPING = {
-    "name": "test-node", "gpu": "a100-sxm4-80gb", "gpus_per_node": 8,
+    "name": "test-node",
+    "gpu": "a100-sxm4-80gb",
+    "gpus_per_node": 8,
     "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
     "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
-    "nics_per_node": 8, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
+    "nics_per_node": 8,
+    "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
     "host_memory_GiB": 2048,
 }
 
@@ -39,8 +49,14 @@ NODE_MAPPING = {
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m autoplan ARGS`` in a subprocess (no AUTOPLAN_DEBUG, so no traceback on purpose)."""
     env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autoplan", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autoplan", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import pytest
 from hwprofiles.load import load_cluster
 from simulator import analytic
 from simulator.cost import workload
-from simulator.job import Job, NO_DP_OVERLAP
+from simulator.job import NO_DP_OVERLAP, Job
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -33,7 +33,7 @@ def have_data() -> None:
 def test_vtrain_cluster_file():
     c = load_cluster("vtrain-a100")
     assert c.gpus_per_node == 8 and c.num_gpus == 512
-    assert c.node.nics_per_node * c.node.nic.bandwidth_Gbps == 800   # vTrain: 800 Gb/s per node
+    assert c.node.nics_per_node * c.node.nic.bandwidth_Gbps == 800  # vTrain: 800 Gb/s per node
     assert c.gpu.name.startswith("a100")
 
 

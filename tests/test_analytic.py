@@ -6,15 +6,14 @@ import pytest
 
 from hwprofiles import load_cluster
 from hwprofiles.load import cluster_from_mapping, load_gpu
-from simulator.cost import memory
-from simulator.cost import params
 from simulator.analytic import estimate, memory_only
 from simulator.analytic.pipeline import pipeline_time
-from simulator.result import MEMORY_KEYS, TIME_KEYS
+from simulator.cost import memory, params
+from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
 from simulator.job import Job
 from simulator.plan import Plan
-from simulator.specs import load_model, ModelSpec
-from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
+from simulator.result import MEMORY_KEYS, TIME_KEYS
+from simulator.specs import ModelSpec, load_model
 
 FAST = 1e9  # GB/s: communication that costs nothing next to compute
 
@@ -24,15 +23,26 @@ def ideal_cluster(nodes: int = 2, gpus_per_node: int = 4):
     time (which would make the embedding and head stages unequal to the others)."""
     link = {"kind": "nvswitch", "bandwidth_GBps": FAST, "latency_us": 0}
     gpu = load_gpu("a100-sxm4-80gb").model_copy(update={"kernel_launch_us": 0.0})
-    node = {"name": "ideal", "gpu": gpu, "gpus_per_node": gpus_per_node, "intra_node": link,
-            "pcie": {"kind": "pcie", "bandwidth_GBps": FAST}, "nics_per_node": gpus_per_node,
-            "nic": {"kind": "infiniband", "bandwidth_GBps": FAST, "latency_us": 0}, "host_memory_GiB": 1024}
-    return cluster_from_mapping({"name": "ideal", "nodes": nodes, "node": node, "network": {"switch_latency_us": 0}}, "ideal")
+    node = {
+        "name": "ideal",
+        "gpu": gpu,
+        "gpus_per_node": gpus_per_node,
+        "intra_node": link,
+        "pcie": {"kind": "pcie", "bandwidth_GBps": FAST},
+        "nics_per_node": gpus_per_node,
+        "nic": {"kind": "infiniband", "bandwidth_GBps": FAST, "latency_us": 0},
+        "host_memory_GiB": 1024,
+    }
+    return cluster_from_mapping(
+        {"name": "ideal", "nodes": nodes, "node": node, "network": {"switch_latency_us": 0}}, "ideal"
+    )
 
 
 # 32 equal layers; a tiny vocabulary keeps the embedding and LM head (the only unequal
 # stage work) below 0.3% of a stage
-UNIFORM = ModelSpec(name="uniform", num_layers=32, hidden_size=4096, num_attention_heads=32, vocab_size=128, seq_length=1024)
+UNIFORM = ModelSpec(
+    name="uniform", num_layers=32, hidden_size=4096, num_attention_heads=32, vocab_size=128, seq_length=1024
+)
 
 
 def test_pipeline_time_formula():
@@ -47,8 +57,9 @@ def test_pipeline_time_formula():
         assert (t - m * c) / (m * c) == pytest.approx((p - 1) / (v * m))
 
 
-@pytest.mark.parametrize("p,m,schedule", [(4, 8, "1f1b"), (4, 8, "gpipe"), (2, 2, "1f1b"), (8, 4, "1f1b"),
-                                          (8, 32, "1f1b"), (2, 16, "gpipe")])
+@pytest.mark.parametrize(
+    "p,m,schedule", [(4, 8, "1f1b"), (4, 8, "gpipe"), (2, 2, "1f1b"), (8, 4, "1f1b"), (8, 32, "1f1b"), (2, 16, "gpipe")]
+)
 def test_bubble_is_p_minus_1_over_m_without_communication(p, m, schedule):
     c = ideal_cluster()
     d = 8 // p
@@ -93,8 +104,10 @@ def test_tflops_with_full_recompute_is_megatron_formula(gpt3_result):
     F = megatron_flops_with_recompute(load_model("gpt3-175b"), 1536)
     assert r.executed_flops == pytest.approx(F, rel=1e-12)
     assert r.tflops_per_gpu == pytest.approx(F / (r.step_time * 1024) / 1e12)
-    assert r.mfu == pytest.approx(model_flops_per_iteration(load_model("gpt3-175b"), 1536) / (r.step_time * 1024 * 312e12))
-    assert r.mfu < r.tflops_per_gpu * 1e12 / 312e12      # recomputation is not model FLOPs
+    assert r.mfu == pytest.approx(
+        model_flops_per_iteration(load_model("gpt3-175b"), 1536) / (r.step_time * 1024 * 312e12)
+    )
+    assert r.mfu < r.tflops_per_gpu * 1e12 / 312e12  # recomputation is not model FLOPs
     assert 0 < r.mfu < 1
 
 
@@ -107,12 +120,15 @@ def test_time_breakdown_adds_up_to_the_step(gpt3_result):
     assert r.time_breakdown["recompute"] == pytest.approx(r.time_breakdown["compute"] / 3, rel=0.1)
 
 
-@pytest.mark.parametrize("name,plan,B", [
-    ("gpt3-175b", Plan(t=8, p=4, d=4, mb=1, v=3, schedule="interleaved", sp=1, ckpt="selective"), 64),
-    ("llama2-70b", Plan(t=4, p=2, d=16, mb=2, zero=3), 128),
-    ("llama2-70b", Plan(t=2, p=1, d=64, zero=2, offload="cpu"), 128),
-    ("llama2-70b", Plan(t=8, p=2, d=8, zero=1, schedule="gpipe"), 64),
-])
+@pytest.mark.parametrize(
+    "name,plan,B",
+    [
+        ("gpt3-175b", Plan(t=8, p=4, d=4, mb=1, v=3, schedule="interleaved", sp=1, ckpt="selective"), 64),
+        ("llama2-70b", Plan(t=4, p=2, d=16, mb=2, zero=3), 128),
+        ("llama2-70b", Plan(t=2, p=1, d=64, zero=2, offload="cpu"), 128),
+        ("llama2-70b", Plan(t=8, p=2, d=8, zero=1, schedule="gpipe"), 64),
+    ],
+)
 def test_breakdowns_for_other_plans(name, plan, B):
     c = load_cluster("dgx-a100-80gb", 16)
     r = estimate(Job.make(load_model(name), c, plan, B))
@@ -137,7 +153,9 @@ def test_model_states_of_the_peak_stage_follow_zero():
         assert stage == 0
         states = memory.model_state_bytes(psi, 8, zero)
         mb = r.memory_breakdown
-        assert (mb["params"], mb["grads"], mb["optimizer"]) == pytest.approx((states.params, states.grads, states.optimizer))
+        assert (mb["params"], mb["grads"], mb["optimizer"]) == pytest.approx(
+            (states.params, states.grads, states.optimizer)
+        )
 
 
 def test_activations_of_stage_0_with_full_recompute(gpt3_result):
@@ -167,10 +185,13 @@ def test_recompute_and_sp_save_memory():
     assert memory_only(Job.make(m, c, Plan(t=8, p=8, d=2, sp=1), 64)) < peak["none"]
 
 
-@pytest.mark.parametrize("plan", [
-    Plan(t=2, p=1, d=4, mb=1, zero=0, ckpt="selective", schedule="gpipe"),  # GPipe's skipped recomputation
-    Plan(t=4, p=1, d=2, mb=2, zero=0, ckpt="none", schedule="1f1b"),        # rounding: was -1.9e-16
-])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        Plan(t=2, p=1, d=4, mb=1, zero=0, ckpt="selective", schedule="gpipe"),  # GPipe's skipped recomputation
+        Plan(t=4, p=1, d=2, mb=2, zero=0, ckpt="none", schedule="1f1b"),  # rounding: was -1.9e-16
+    ],
+)
 def test_bubble_is_never_negative(plan):
     """A property test found a negative bubble fraction for each of these plans of the tiny model."""
     from hwprofiles.load import load_cluster

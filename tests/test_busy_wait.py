@@ -5,25 +5,22 @@ send in the analytic estimate and the DES, and calibrate's measurement with 3 ra
 from __future__ import annotations
 
 import math
-
 import os
 import socket
 
 import pytest
+from conftest import NODE_MAPPING
 
 from hwprofiles import load_cluster
 from hwprofiles.load import node_from_mapping
-from simulator.cost import collectives
-from simulator.cost import layout
 from simulator.analytic import estimate
 from simulator.analytic.pipeline import p2p_exposed
+from simulator.cost import collectives, layout
+from simulator.cost.stage import block_times
 from simulator.des import simulate_des
 from simulator.job import Job
 from simulator.plan import Plan
 from simulator.specs import load_model
-from simulator.cost.stage import block_times
-
-from conftest import NODE_MAPPING
 
 
 def _cpu_cluster(wait_us: float | None):
@@ -35,7 +32,7 @@ def _cpu_cluster(wait_us: float | None):
 
 def test_lookup_takes_the_largest_measured_count_up_to_the_ranks():
     node = node_from_mapping(dict(NODE_MAPPING, busy_latency_us={4: 500.0, 8: 900.0}), "n.yaml")
-    assert node.busy_latency_s(2) == 0.0           # fewer ranks than measured: cores to spare
+    assert node.busy_latency_s(2) == 0.0  # fewer ranks than measured: cores to spare
     assert node.busy_latency_s(4) == pytest.approx(500e-6)
     assert node.busy_latency_s(6) == pytest.approx(500e-6)
     assert node.busy_latency_s(16) == pytest.approx(900e-6)

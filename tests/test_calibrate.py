@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hwprofiles import InputError, load_cluster, load_gpu, load_node
 import hwprofiles.calibrate
 from autoplan.cli import main as autoplan_main
+from hwprofiles import InputError, load_cluster, load_gpu, load_node
 from hwprofiles.calibrate import default_node_path, gpu_reference, run_calibration
 from hwprofiles.calibrate.fit import CollectiveSample, bus_factor, fit_gemm_curve, fit_link, ring_steps
 from hwprofiles.calibrate.profile_text import num
@@ -31,9 +31,12 @@ GRID = (64, 128, 256, 512, 1024, 2048)
 
 def synthetic_table(peak: float, e: float, hm: float, hn: float, hk: float) -> list[GemmPoint]:
     """tflops = peak * e * m/(m+hm) * n/(n+hn) * k/(k+hk) on the GRID^3 shapes."""
-    return [GemmPoint(m=m, n=n, k=k, dtype="fp32",
-                      tflops=peak * e * m / (m + hm) * n / (n + hn) * k / (k + hk))
-            for m in GRID for n in GRID for k in GRID]
+    return [
+        GemmPoint(m=m, n=n, k=k, dtype="fp32", tflops=peak * e * m / (m + hm) * n / (n + hn) * k / (k + hk))
+        for m in GRID
+        for n in GRID
+        for k in GRID
+    ]
 
 
 # --------------------------------------------------------------------------- fits (pure)
@@ -51,8 +54,10 @@ def test_gemm_fit_recovers_the_curve_that_made_the_table():
 
 def test_gemm_fit_is_a_least_squares_compromise_on_noisy_data():
     rng = np.random.default_rng(0)
-    pts = [p.model_copy(update={"tflops": p.tflops * float(np.exp(rng.normal(0, 0.05)))})
-           for p in synthetic_table(1.0, 0.7, 100.0, 50.0, 20.0)]
+    pts = [
+        p.model_copy(update={"tflops": p.tflops * float(np.exp(rng.normal(0, 0.05)))})
+        for p in synthetic_table(1.0, 0.7, 100.0, 50.0, 20.0)
+    ]
     fit = fit_gemm_curve(pts, peak_tflops=1.0)
     assert fit.max_efficiency == pytest.approx(0.7, rel=0.05)
     assert fit.half_dim_m == pytest.approx(100.0, rel=0.15)
@@ -68,25 +73,32 @@ def test_gemm_fit_respects_the_schema_bounds():
 
 
 def test_collective_model_counts_steps_like_the_simulator():
-    assert [ring_steps("all_reduce", n) for n in (2, 4, 8)] == [2, 4, 6]   # min(2(n-1), 2*ceil(log2 n))
+    assert [ring_steps("all_reduce", n) for n in (2, 4, 8)] == [2, 4, 6]  # min(2(n-1), 2*ceil(log2 n))
     assert [ring_steps("all_gather", n) for n in (2, 4, 8)] == [1, 3, 6]
     assert ring_steps("send_recv", 2) == 1
-    assert [ring_steps("all_reduce", n, trees=False) for n in (2, 4, 8)] == [2, 6, 14]   # gloo: rings only
+    assert [ring_steps("all_reduce", n, trees=False) for n in (2, 4, 8)] == [2, 6, 14]  # gloo: rings only
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("reduce_scatter", 4) == 0.75
 
 
 def test_link_fit_recovers_latency_and_bandwidth():
     lat, bw = 50e-6, 2e9
-    samples = [CollectiveSample(op, s, n, ring_steps(op, n) * lat + bus_factor(op, n) * s / bw)
-               for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-               for n in ((2,) if op == "send_recv" else (2, 4)) for s in (4096, 65536, 1 << 20, 1 << 24)]
+    samples = [
+        CollectiveSample(op, s, n, ring_steps(op, n) * lat + bus_factor(op, n) * s / bw)
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+        for n in ((2,) if op == "send_recv" else (2, 4))
+        for s in (4096, 65536, 1 << 20, 1 << 24)
+    ]
     fit = fit_link(samples)
     assert fit.latency_s == pytest.approx(lat, rel=1e-6) and fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
     # by hand: 1 MB all-reduce over 4 ranks = 4 steps * 50 us + 1.5 * 1e6 B / 2e9 B/s = 200 + 750 us
     assert fit.predict("all_reduce", 1e6, 4) == pytest.approx(950e-6, rel=1e-6)
     # gloo rings: samples timed with ring steps only are recovered when fitted as rings
-    rings = [CollectiveSample(x.op, x.nbytes, x.ranks, ring_steps(x.op, x.ranks, False) * lat + bus_factor(x.op, x.ranks) * x.nbytes / bw)
-             for x in samples]
+    rings = [
+        CollectiveSample(
+            x.op, x.nbytes, x.ranks, ring_steps(x.op, x.ranks, False) * lat + bus_factor(x.op, x.ranks) * x.nbytes / bw
+        )
+        for x in samples
+    ]
     gloo = fit_link(rings, trees=False)
     assert gloo.latency_s == pytest.approx(lat, rel=1e-6) and gloo.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
     assert gloo.predict("all_reduce", 1e6, 4) == pytest.approx(6 * 50e-6 + 750e-6, rel=1e-6)
@@ -102,7 +114,7 @@ def test_yaml_numbers_read_back_as_floats(x):
 def test_bad_input_is_one_line_input_error(tmp_path):
     with pytest.raises(InputError, match="--device"):
         run_calibration("tpu", tmp_path / "x.yaml")
-    with pytest.raises(InputError, match="expected a .yaml path"):
+    with pytest.raises(InputError, match=r"expected a \.yaml path"):
         run_calibration("cpu", tmp_path / "x.json")
     with pytest.raises(InputError, match="--ranks"):
         run_calibration("cpu", tmp_path / "x.yaml", ranks=0)
@@ -139,19 +151,21 @@ def test_cli_passes_its_options_to_run_calibration(tmp_path, capsys, monkeypatch
     argv = ["calibrate", "-o", str(out), "--node-out", str(node), "--ranks", "3", "--quick", "--no-progress"]
     assert autoplan_main(argv) == 0
     assert seen == {"device": "cpu", "out": out, "quick": True, "ranks": 3, "progress": False, "node_out": node}
-    assert capsys.readouterr().out.strip() == str(out)          # the written paths on stdout
+    assert capsys.readouterr().out.strip() == str(out)  # the written paths on stdout
 
 
 def test_output_layout(tmp_path):
     assert default_node_path(tmp_path / "box.yaml") == tmp_path / "box-node.yaml"
     assert default_node_path(GPU_DIR / "h200-measured.yaml") == NODE_DIR / "h200-measured-node.yaml"
-    assert gpu_reference(GPU_DIR / "cpu.yaml") == "cpu"                     # built-in: by name
+    assert gpu_reference(GPU_DIR / "cpu.yaml") == "cpu"  # built-in: by name
     assert gpu_reference(tmp_path / "box.yaml") == str((tmp_path / "box.yaml").resolve())  # else by path
 
 
 def test_importing_hwprofiles_and_calibrate_does_not_import_torch():
-    code = ("import sys, hwprofiles, hwprofiles.calibrate, hwprofiles.calibrate.fit; "
-            "print('torch' in sys.modules, 'autoplan' in sys.modules)")
+    code = (
+        "import sys, hwprofiles, hwprofiles.calibrate, hwprofiles.calibrate.fit; "
+        "print('torch' in sys.modules, 'autoplan' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
 
@@ -188,7 +202,7 @@ def has_number(line: str) -> bool:
 def test_committed_cpu_profile_numbers_carry_their_source():
     for path in (GPU_DIR / "cpu.yaml", NODE_DIR / "localhost-cpu.yaml"):
         text = path.read_text()
-        numbers = text.split("\nmeasured:")[0]           # the provenance strings below need none
+        numbers = text.split("\nmeasured:")[0]  # the provenance strings below need none
         lines = [ln for ln in numbers.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         with_numbers = [ln for ln in lines if has_number(ln.split("#")[0].strip().lstrip("- "))]
         assert len(with_numbers) >= 5 and all("#" in ln for ln in with_numbers), path
@@ -199,13 +213,13 @@ def test_committed_cpu_profile_numbers_carry_their_source():
 def check_sane_gpu(path):
     g = load_gpu(str(path))
     peak = g.peak_tflops["fp32"]
-    assert 1e-3 < peak < 50.0                                   # one core: ~0.01-1 TFLOP/s
+    assert 1e-3 < peak < 50.0  # one core: ~0.01-1 TFLOP/s
     assert all(0 < p.tflops <= peak for p in g.gemm.table)
     assert 0 < g.gemm.max_efficiency <= 1
     assert 0.5 < g.memory_bandwidth_GBps < 5000
     assert 0 < g.memory_efficiency <= 1
     assert 0.05 < g.kernel_launch_us < 5000
-    assert 0.01 < g.memory_reserved_GiB < 16 and 0 < g.memory_GiB
+    assert 0.01 < g.memory_reserved_GiB < 16 and g.memory_GiB > 0
     assert g.measured["torch"] and g.measured["host"] and g.measured["mode"] == "quick"
     e = g.eager
     assert e is not None
@@ -240,7 +254,7 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     rs = node.collectives["reduce_scatter"]
     link = group_link(load_cluster(str(written[1])), dp_shape(1, 2, 2))
     assert link.figures("reduce_scatter") == (rs.bytes_per_s, rs.latency_s)
-    cluster = load_cluster(str(written[1]))               # --cluster <node file> works
+    cluster = load_cluster(str(written[1]))  # --cluster <node file> works
     assert cluster.num_gpus == 2
     # the measured host times change predictions: without them the per-op launch model is used
     plan, _ = parse_plan("t=2", load_model("tiny"), 2, 8)
@@ -249,6 +263,5 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     bare = cluster.model_copy(update={"node": cluster.node.model_copy(update={"gpu": bare_gpu})})
     with_eager = estimate(job).step_time
     without = estimate(Job(job.model, bare, plan, 8)).step_time
-    assert with_eager > 1.5 * without                     # DTensor's host work dominates a tiny t=2 step
+    assert with_eager > 1.5 * without  # DTensor's host work dominates a tiny t=2 step
     assert elapsed < 120, f"--quick took {elapsed:.0f} s (meant to be well under a minute on 2 idle cores)"
-

@@ -8,11 +8,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
-
 from conftest import NODE_MAPPING as NODE
 from conftest import run_cli
 
-MODEL = {"name": "m", "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512, "seq_length": 64}
+MODEL = {
+    "name": "m",
+    "num_layers": 4,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "vocab_size": 512,
+    "seq_length": 64,
+}
 CLUSTER = {"name": "c", "nodes": 2, "node": "dgx-a100-80gb"}
 
 # Input files: name -> text. "{dir}" in a case's arguments is the directory holding them.
@@ -31,8 +37,17 @@ FILES = {
     "no_nic_node.yaml": yaml.safe_dump({k: v for k, v in dict(NODE, nics_per_node=0).items() if k != "nic"}),
     "empty.yaml": "",
     "bad.json": '{"model_type": "llama", "num_hidden_layers": 2,,}',
-    "relu.json": json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
-                             "n_positions": 32, "activation_function": "relu"}),
+    "relu.json": json.dumps(
+        {
+            "model_type": "gpt2",
+            "n_layer": 2,
+            "n_embd": 64,
+            "n_head": 4,
+            "vocab_size": 100,
+            "n_positions": 32,
+            "activation_function": "relu",
+        }
+    ),
 }
 
 SIM = ["simulate", "--fidelity", "analytic"]
@@ -51,33 +66,50 @@ GPT3_128 = dict(model="gpt3-175b", nodes="128", global_batch="1536")
 # id -> (arguments, strings the message must contain)
 CASES = {
     "malformed-model-yaml": (sim(model="{dir}/malformed.yaml"), ["malformed.yaml", "line 3", "malformed YAML"]),
-    "malformed-cluster-yaml": (sim(cluster="{dir}/malformed_cluster.yaml"), ["malformed_cluster.yaml", "malformed YAML"]),
+    "malformed-cluster-yaml": (
+        sim(cluster="{dir}/malformed_cluster.yaml"),
+        ["malformed_cluster.yaml", "malformed YAML"],
+    ),
     "malformed-json": (sim(model="{dir}/bad.json"), ["bad.json", "malformed JSON"]),
     "empty-yaml": (sim(model="{dir}/empty.yaml"), ["empty.yaml", "expected a mapping"]),
     "unknown-key": (sim(model="{dir}/unknown_key.yaml"), ["unknown_key.yaml", "'dropout'", "unknown key"]),
     "typo-key": (sim(model="{dir}/typo_key.yaml"), ["typo_key.yaml", "'num_layer'", "unknown key"]),
-    "unknown-nested-key": (sim(cluster="{dir}/unknown_cluster_key.yaml"), ["unknown_cluster_key.yaml", "'network.oversub'"]),
+    "unknown-nested-key": (
+        sim(cluster="{dir}/unknown_cluster_key.yaml"),
+        ["unknown_cluster_key.yaml", "'network.oversub'"],
+    ),
     "unknown-plan-key": (sim(plan="t=2,tp=2"), ["--plan", "'tp'"]),
     "wrong-type": (sim(model="{dir}/wrong_type.yaml"), ["wrong_type.yaml", "'hidden_size'", "integer", "'big'"]),
-    "wrong-type-cluster": (sim(cluster="{dir}/wrong_type_cluster.yaml"), ["wrong_type_cluster.yaml", "'nodes'", "'many'"]),
-    "negative-size": (sim(model="{dir}/negative.yaml"), ["negative.yaml", "'num_layers'", "greater than or equal to 1"]),
+    "wrong-type-cluster": (
+        sim(cluster="{dir}/wrong_type_cluster.yaml"),
+        ["wrong_type_cluster.yaml", "'nodes'", "'many'"],
+    ),
+    "negative-size": (
+        sim(model="{dir}/negative.yaml"),
+        ["negative.yaml", "'num_layers'", "greater than or equal to 1"],
+    ),
     "negative-node": (sim(cluster="{dir}/negative_node.yaml"), ["negative_node.yaml", "'host_memory_GiB'"]),
     "negative-batch": (sim(global_batch="-16"), ["--global-batch", "positive"]),
     "zero-nodes": (sim(nodes="0"), ["--nodes", "positive"]),
     "t-not-dividing-heads": (sim(**GPT3_128, plan="t=64,p=1"), ["--plan", "t=64", "num_attention_heads=96"]),
-    "batch-not-divisible": (sim(**dict(GPT3_128, global_batch="1537"), plan="t=8,p=16"),
-                            ["--plan", "global batch 1537", "d*mb"]),
+    "batch-not-divisible": (
+        sim(**dict(GPT3_128, global_batch="1537"), plan="t=8,p=16"),
+        ["--plan", "global batch 1537", "d*mb"],
+    ),
     "unknown-model": (sim(model="gpt-5"), ["unknown model 'gpt-5'", "gpt3-175b"]),
     "unknown-cluster": (sim(cluster="dgx-z900"), ["unknown cluster 'dgx-z900'", "dgx-a100-80gb"]),
     "unknown-gpu-in-node": (sim(cluster="{dir}/bad_gpu_node.yaml"), ["bad_gpu_node.yaml", "'gpu'", "no-such-gpu"]),
-    "unknown-node-in-cluster": (sim(cluster="{dir}/bad_node_cluster.yaml"), ["bad_node_cluster.yaml", "'node'", "no-such-node"]),
+    "unknown-node-in-cluster": (
+        sim(cluster="{dir}/bad_node_cluster.yaml"),
+        ["bad_node_cluster.yaml", "'node'", "no-such-node"],
+    ),
     "unsupported-activation": (sim(model="{dir}/relu.json"), ["relu.json", "hidden_act", "relu"]),
     "multi-node-without-nics": (sim(cluster="{dir}/no_nic_node.yaml", nodes="2"), ["no_nic_node.yaml", "no NICs"]),
     "name-too-long": (sim(cluster="x" * 300), ["unknown cluster 'xxx"]),
     "missing-model-file": (sim(model="{dir}/nope.yaml"), ["nope.yaml", "no such file"]),
     "missing-cluster-file": (sim(cluster="{dir}/nope-cluster.yaml"), ["nope-cluster.yaml", "no such file"]),
     "missing-required-argument": (SIM + GOOD[:-2], ["--plan"]),
-    "plot-needs-des": (sim() + ["--plot", "{dir}/x.png"], ["--plot", "des"]),
+    "plot-needs-des": ([*sim(), "--plot", "{dir}/x.png"], ["--plot", "des"]),
     "plan-bad-fix": (["plan", *GOOD[:-2], "--fix", "t=2,pp=2"], ["--fix", "'pp'"]),
 }
 
@@ -152,7 +184,9 @@ def test_argparse_errors_and_search_errors_are_input_and_fit_errors():
     with pytest.raises(InputError, match="argument --global-batch"):
         from autoplan.cli import build_parser
 
-        build_parser().parse_args(["simulate", "--model", "tiny", "--cluster", "x", "--global-batch", "0", "--plan", "t=1"])
+        build_parser().parse_args(
+            ["simulate", "--model", "tiny", "--cluster", "x", "--global-batch", "0", "--plan", "t=1"]
+        )
 
 
 def test_loaders_raise_spec_errors():
@@ -167,6 +201,7 @@ def test_loaders_raise_spec_errors():
 
 # ------------------------------------------------------------------ diagnostics through logging
 
+
 def test_diagnostics_are_plain_lines_on_stderr_and_quiet_hides_them(tmp_path, capsys):
     from autoplan.cli import main
 
@@ -179,13 +214,28 @@ def test_diagnostics_are_plain_lines_on_stderr_and_quiet_hides_them(tmp_path, ca
     out, err = capsys.readouterr()
     assert err == "" and len(out.splitlines()) == 6
     assert main(["-v", "-q", "emit"]) == 2
-    assert capsys.readouterr().err.startswith("autoplan: error: argument -q/--quiet: not allowed with argument -v/--verbose")
+    assert capsys.readouterr().err.startswith(
+        "autoplan: error: argument -q/--quiet: not allowed with argument -v/--verbose"
+    )
     assert main([*args, "-o", str(tmp_path / "c")]) == 0  # the level is reset by every call
     assert capsys.readouterr().err.startswith("wrote 6 files")
 
 
 def test_no_fit_hint_is_a_warning_that_quiet_keeps():
-    proc = run_cli("-q", "simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--global-batch", "8",
-                   "--plan", "t=8", "--fidelity", "analytic", "--json")
+    proc = run_cli(
+        "-q",
+        "simulate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--global-batch",
+        "8",
+        "--plan",
+        "t=8",
+        "--fidelity",
+        "analytic",
+        "--json",
+    )
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.startswith("autoplan: the plan does not fit: it needs") and len(proc.stderr.splitlines()) == 1

@@ -3,15 +3,13 @@ choice, volumes, times on the topology, routes, and NIC sharing by concurrent ri
 
 from __future__ import annotations
 
-from hwprofiles.algorithms import Collective
-
 import pytest
 
 from hwprofiles import load_cluster
+from hwprofiles.algorithms import Collective, latency_steps
 from hwprofiles.schema import Network as NetworkSpec
-from hwprofiles.algorithms import latency_steps
-from simulator.des.flows import algorithm, bytes_sent_per_rank, collective_phases
 from simulator.des.engine import Engine, FlowSpec, Phase
+from simulator.des.flows import algorithm, bytes_sent_per_rank, collective_phases
 from simulator.des.network import Network
 from simulator.des.topology import Topology
 from simulator.des.transfers import Transfers
@@ -26,8 +24,13 @@ def run_phases(topo: Topology, phases) -> float:
     """Time of a collective alone on the topology (every flow instantiated)."""
     eng = Engine(Network(topo.cap))
     s = eng.add_stream("c")
-    ph = [Phase(tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n * p.load) for a, b, n in p.flows),
-                p.steps * max(topo.latency(topo.route(a, b)) for a, b, _ in p.flows)) for p in phases]
+    ph = [
+        Phase(
+            tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n * p.load) for a, b, n in p.flows),
+            p.steps * max(topo.latency(topo.route(a, b)) for a, b, _ in p.flows),
+        )
+        for p in phases
+    ]
     x = eng.transfer(s, ph, "dp")
     eng.run()
     return eng.end[x]
@@ -78,15 +81,17 @@ def test_own_collective_fits_inside_a_gloo_node():
     t = run_phases(topo, collective_phases(topo, Collective.BROADCAST, [0, 1, 2, 3], S))
     assert t == pytest.approx(S / link.bytes_per_s + (n - 1) * link.latency_s, rel=1e-9)
     # the bytes a rank sends are the collective's, whatever its speed
-    assert bytes_sent_per_rank(collective_phases(topo, Collective.REDUCE_SCATTER, [0, 1, 2, 3], S), 0) == pytest.approx(0.75 * S)
+    assert bytes_sent_per_rank(collective_phases(topo, Collective.REDUCE_SCATTER, [0, 1, 2, 3], S), 0) == pytest.approx(
+        0.75 * S
+    )
 
 
 def test_algorithm_choice(dgx4):
     assert algorithm(dgx4, [0]) == "none"
-    assert algorithm(dgx4, [0, 1, 2, 3]) == "ring"               # one node
-    assert algorithm(dgx4, [0, 8, 16, 24]) == "ring"             # one member per node
+    assert algorithm(dgx4, [0, 1, 2, 3]) == "ring"  # one node
+    assert algorithm(dgx4, [0, 8, 16, 24]) == "ring"  # one member per node
     assert algorithm(dgx4, [0, 1, 8, 9, 16, 17]) == "hierarchical"
-    assert algorithm(dgx4, [0, 1, 2, 8]) == "flat"               # irregular
+    assert algorithm(dgx4, [0, 1, 2, 8]) == "flat"  # irregular
 
 
 @pytest.mark.parametrize("gpus", [[0, 1, 2, 3], [0, 8, 16, 24], [0, 2, 4, 6, 8, 10, 12, 14], list(range(32))])
@@ -127,8 +132,12 @@ def test_routes_are_shortest_paths_and_cached(dgx4):
         if a != b:
             assert len(r) == len(dgx4.nx_route(dgx4.gpu_name(a), dgx4.gpu_name(b)))
             caps = [dgx4.cap[lid] for lid in r]
-            assert min(caps) == pytest.approx(min(dgx4.cluster.node.intra_node.bytes_per_s if a // 8 == b // 8
-                                                  else dgx4.cluster.node.nic.bytes_per_s, min(caps)))
+            assert min(caps) == pytest.approx(
+                min(
+                    dgx4.cluster.node.intra_node.bytes_per_s if a // 8 == b // 8 else dgx4.cluster.node.nic.bytes_per_s,
+                    min(caps),
+                )
+            )
     assert dgx4.route(5, 5) == ()
 
 
@@ -142,7 +151,9 @@ def test_fabrics_connect_every_node(topology):
 
 
 def test_oversubscribed_uplink_is_the_bottleneck():
-    c = load_cluster("dgx-a100-80gb", 4).model_copy(update={"network": NetworkSpec(oversubscription=3.0, switch_radix=16)})
+    c = load_cluster("dgx-a100-80gb", 4).model_copy(
+        update={"network": NetworkSpec(oversubscription=3.0, switch_radix=16)}
+    )
     topo = Topology(c)
     down, up = topo._leaf_ports()
     assert (down, up) == (12, 4)
@@ -165,8 +176,18 @@ def test_eight_rings_leaving_a_node_split_its_nics():
     for g in range(8):
         s = eng.add_stream(f"g{g}")
         (ph,) = collective_phases(topo, Collective.ALL_REDUCE, [g, g + 8], S)
-        tasks.append(eng.transfer(s, [Phase(tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n)
-                                                  for a, b, n in ph.flows), 0.0)], "dp"))
+        tasks.append(
+            eng.transfer(
+                s,
+                [
+                    Phase(
+                        tuple(FlowSpec(topo.route(a, b), (1.0,) * len(topo.route(a, b)), n) for a, b, n in ph.flows),
+                        0.0,
+                    )
+                ],
+                "dp",
+            )
+        )
     eng.run()
     full = max(eng.end[t] for t in tasks)
     assert full == pytest.approx(S / (nic / 4), rel=1e-6)
@@ -182,10 +203,17 @@ def test_eight_rings_leaving_a_node_split_its_nics():
 
 def test_nvlink_mesh_routes_over_pair_links():
     from hwprofiles.load import cluster_from_mapping
-    node = {"name": "mesh", "gpu": "v100-sxm2-32gb", "gpus_per_node": 4,
-            "intra_node": {"kind": "nvlink", "bandwidth_GBps": 50, "latency_us": 2},
-            "pcie": {"kind": "pcie", "bandwidth_GBps": 16}, "nics_per_node": 1,
-            "nic": {"kind": "infiniband", "bandwidth_Gbps": 100}, "host_memory_GiB": 512}
+
+    node = {
+        "name": "mesh",
+        "gpu": "v100-sxm2-32gb",
+        "gpus_per_node": 4,
+        "intra_node": {"kind": "nvlink", "bandwidth_GBps": 50, "latency_us": 2},
+        "pcie": {"kind": "pcie", "bandwidth_GBps": 16},
+        "nics_per_node": 1,
+        "nic": {"kind": "infiniband", "bandwidth_Gbps": 100},
+        "host_memory_GiB": 512,
+    }
     topo = Topology(cluster_from_mapping({"name": "mesh", "nodes": 2, "node": node}, "mesh"))
     r = topo.route(0, 3)
     assert len(r) == 1 and topo.links[r[0]].name == "n0/gpu0->n0/gpu3"

@@ -7,11 +7,10 @@ import math
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator.cost import collectives
-from simulator.cost import layout
+from simulator.cost import collectives, layout
 from simulator.cost.collectives import GroupLink
 
-BW = 100e9          # bytes/s
+BW = 100e9  # bytes/s
 NO_LATENCY = GroupLink(BW, 0.0)
 
 
@@ -64,7 +63,9 @@ def test_p2p():
 def test_all_reduce_time_grows_with_size_and_ranks():
     link = GroupLink(BW, 5e-6)
     sizes = [1e3, 1e6, 1e9]
-    assert sorted(collectives.all_reduce_time(s, 8, link) for s in sizes) == [collectives.all_reduce_time(s, 8, link) for s in sizes]
+    assert sorted(collectives.all_reduce_time(s, 8, link) for s in sizes) == [
+        collectives.all_reduce_time(s, 8, link) for s in sizes
+    ]
     times = [collectives.all_reduce_time(1e8, n, link) for n in (2, 4, 8, 16, 64)]
     assert times == sorted(times)
 
@@ -125,8 +126,9 @@ def test_own_collective_fits_price_each_collective_inside_a_node():
     4 ranks, 1 MB; all-reduce at 1 GB/s, 500 us: 2*3/4 * 1e6 / 1e9 + 6 * 500e-6 = 4.5 ms;
     reduce-scatter at 0.4 GB/s, 700 us: 3/4 * 1e6 / 0.4e9 + 3 * 700e-6 = 3.975 ms); a collective
     without a fit (all-gather here) keeps the link's 2 GB/s, 100 us: 0.375 ms + 0.3 ms."""
-    link = GroupLink(2e9, 100e-6, trees=False,
-                     per_collective=(("all_reduce", 1e9, 500e-6), ("reduce_scatter", 0.4e9, 700e-6)))
+    link = GroupLink(
+        2e9, 100e-6, trees=False, per_collective=(("all_reduce", 1e9, 500e-6), ("reduce_scatter", 0.4e9, 700e-6))
+    )
     assert collectives.all_reduce_time(1e6, 4, link) == pytest.approx(4.5e-3, rel=1e-12)
     assert collectives.reduce_scatter_time(1e6, 4, link) == pytest.approx(3.975e-3, rel=1e-12)
     assert collectives.all_gather_time(1e6, 4, link) == pytest.approx(0.675e-3, rel=1e-12)
@@ -139,8 +141,10 @@ def test_node_fits_apply_inside_the_node_only():
     link = collectives.group_link(c, layout.dp_shape(1, 4, 4))
     fit = c.node.collectives["reduce_scatter"]
     assert link.figures("reduce_scatter") == (fit.bytes_per_s, fit.latency_s)
-    assert link.figures("all_reduce") == (c.node.collectives["all_reduce"].bytes_per_s,
-                                         c.node.collectives["all_reduce"].latency_s)
+    assert link.figures("all_reduce") == (
+        c.node.collectives["all_reduce"].bytes_per_s,
+        c.node.collectives["all_reduce"].latency_s,
+    )
     dgx = load_cluster("dgx-a100-80gb", 4)
     across = collectives.group_link(dgx, layout.dp_shape(8, 4, 8))
     assert across.per_collective == () and across.figures("all_reduce") == (across.bandwidth, across.latency)

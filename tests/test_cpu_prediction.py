@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from autoplan.emit.writer import write_run_dir
+from autoplan.verify import run_and_verify
 from hwprofiles.load import load_cluster
 from simulator import simulate
 from simulator.job import Job
 from simulator.plan import parse_plan
 from simulator.specs import load_model
-
-from autoplan.emit.writer import write_run_dir
-from autoplan.verify import run_and_verify
 
 LOOSE_BOUND = 0.5
 
@@ -30,4 +29,6 @@ def test_cpu_run_matches_prediction(tmp_path, plan_text, ranks):
     result = run_and_verify(tmp_path / "run", steps=5, timeout_s=300, log=lambda m: None, check_steps=0)
     measured, predicted = result["measured_step_time_s"], result["predicted_step_time_s"]
     error = predicted / measured - 1
-    assert abs(error) <= LOOSE_BOUND, f"{plan_text}: predicted {predicted:.4f} s, measured {measured:.4f} s ({error:+.0%})"
+    assert abs(error) <= LOOSE_BOUND, (
+        f"{plan_text}: predicted {predicted:.4f} s, measured {measured:.4f} s ({error:+.0%})"
+    )

@@ -4,27 +4,27 @@ the DESIGN section 3 result, agreement with the analytic estimate."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import pytest
 
 from hwprofiles import load_cluster
 from simulator.analytic import estimate
-from simulator.job import NO_DP_OVERLAP
+from simulator.cost.workload import megatron_flops_with_recompute
 from simulator.des import simulate_des
 from simulator.des.passes import Costs
 from simulator.des.program import DesOptions
-from simulator.result import MEMORY_KEYS, TIME_KEYS
-from simulator.job import Job
+from simulator.job import NO_DP_OVERLAP, Job
 from simulator.plan import Plan
+from simulator.result import MEMORY_KEYS, TIME_KEYS
 from simulator.specs import ModelSpec
-from simulator.cost.workload import megatron_flops_with_recompute
 
 SMALL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)
 
 
-def job(plan: str | Plan, nodes: int = 1, batch: int = 16, model: ModelSpec = SMALL, node: str = "dgx-a100-80gb") -> Job:
+def job(
+    plan: str | Plan, nodes: int = 1, batch: int = 16, model: ModelSpec = SMALL, node: str = "dgx-a100-80gb"
+) -> Job:
     from simulator.plan import parse_plan
 
     cluster = load_cluster(node, nodes)
@@ -38,6 +38,7 @@ def record(r):
 
 
 # ----------------------------------------------------------------- volumes per rank
+
 
 @pytest.mark.parametrize("nodes,zero", [(1, 0), (2, 0), (2, 1), (2, 2), (4, 1)])
 def test_dp_volume_per_rank(nodes, zero):
@@ -60,6 +61,7 @@ def test_zero3_moves_one_and_a_half_times_the_all_reduce():
 
 def _params(j: Job) -> float:
     from simulator.cost.params import stage_params_per_rank
+
     return stage_params_per_rank(j.model, j.plan.t, j.plan.p, j.model.num_layers, True, True)
 
 
@@ -83,6 +85,7 @@ def test_pipeline_sends_scatter_over_nics():
 
 
 # ----------------------------------------------------------------- memory from the schedule
+
 
 @pytest.mark.parametrize("schedule,p,m", [("1f1b", 4, 8), ("1f1b", 4, 2), ("gpipe", 4, 8), ("1f1b", 2, 6)])
 def test_stage0_activation_peak_counts_in_flight_microbatches(schedule, p, m):
@@ -113,15 +116,19 @@ def test_peak_memory_and_fits_come_from_the_timeline():
 
 # ----------------------------------------------------------------- symmetric vs full
 
-@pytest.mark.parametrize("node,nodes,plan,batch", [
-    ("dgx-a100-80gb", 2, "t=2,p=2,zero=0", 16),
-    ("dgx-a100-80gb", 4, "t=1,p=2,zero=1", 32),
-    ("dgx-a100-80gb", 4, "t=4,p=4,v=2,zero=1,sp=1", 16),
-    ("dgx-a100-80gb", 2, "t=2,p=2,zero=3", 8),
-    ("dgx-a100-80gb", 2, "t=2,p=2,zero=2,offload=cpu,ckpt=full", 16),
-    ("dgx2-v100", 2, "t=4,p=2,zero=1,ckpt=selective", 16),
-    ("dgx-a100-80gb", 4, "t=2,p=4,zero=1,schedule=gpipe,ckpt=full", 16),
-])
+
+@pytest.mark.parametrize(
+    "node,nodes,plan,batch",
+    [
+        ("dgx-a100-80gb", 2, "t=2,p=2,zero=0", 16),
+        ("dgx-a100-80gb", 4, "t=1,p=2,zero=1", 32),
+        ("dgx-a100-80gb", 4, "t=4,p=4,v=2,zero=1,sp=1", 16),
+        ("dgx-a100-80gb", 2, "t=2,p=2,zero=3", 8),
+        ("dgx-a100-80gb", 2, "t=2,p=2,zero=2,offload=cpu,ckpt=full", 16),
+        ("dgx2-v100", 2, "t=4,p=2,zero=1,ckpt=selective", 16),
+        ("dgx-a100-80gb", 4, "t=2,p=4,zero=1,schedule=gpipe,ckpt=full", 16),
+    ],
+)
 def test_symmetric_and_full_agree(node, nodes, plan, batch):
     j = job(plan, nodes=nodes, batch=batch, node=node)
     sym = simulate_des(j)
@@ -143,6 +150,7 @@ def test_symmetric_and_full_agree_with_asymmetric_pcie_paths():
 
 
 # ----------------------------------------------------------------- the result
+
 
 def test_result_is_the_design_json():
     j = job("t=2,p=2,zero=1,ckpt=selective", nodes=2, batch=16)
@@ -172,15 +180,20 @@ def test_executed_flops_match_megatron_with_full_recompute():
     assert r.executed_flops == pytest.approx(megatron_flops_with_recompute(j.model, j.global_batch), rel=1e-9)
 
 
-MEDIUM = ModelSpec(name="medium", num_layers=16, hidden_size=4096, num_attention_heads=32, vocab_size=51200, seq_length=2048)
+MEDIUM = ModelSpec(
+    name="medium", num_layers=16, hidden_size=4096, num_attention_heads=32, vocab_size=51200, seq_length=2048
+)
 
 
-@pytest.mark.parametrize("plan,nodes,batch", [
-    ("t=2,p=4,zero=1,ckpt=full", 2, 64),
-    ("t=8,p=2,zero=0", 4, 64),
-    ("t=1,p=1,zero=2,mb=2", 2, 64),
-    ("t=4,p=4,v=2,zero=1,ckpt=selective,sp=1", 4, 64),
-])
+@pytest.mark.parametrize(
+    "plan,nodes,batch",
+    [
+        ("t=2,p=4,zero=1,ckpt=full", 2, 64),
+        ("t=8,p=2,zero=0", 4, 64),
+        ("t=1,p=1,zero=2,mb=2", 2, 64),
+        ("t=4,p=4,v=2,zero=1,ckpt=selective,sp=1", 4, 64),
+    ],
+)
 def test_close_to_the_analytic_estimate(plan, nodes, batch):
     """Same op times and collective choices: the two differ only by what the DES sees
     (first/last stages send in one direction, overlap of the gradient buckets, ...)."""
@@ -216,6 +229,7 @@ def test_free_comm_option_removes_communication():
 def test_offloaded_optimizer_shares_the_host_cpu():
     """8 ranks of one node step their shards on the host at once: cpu_adam_GBps is split 8 ways."""
     from simulator.cost.step import CPU_ADAM_STATE_BYTES
+
     j = job("t=1,p=1,zero=1,offload=cpu", nodes=1, batch=8)
     r = simulate_des(j)
     shard = _params(j) / 8

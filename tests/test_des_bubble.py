@@ -12,16 +12,29 @@ from simulator.job import Job
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
-MODEL = ModelSpec(name="uniform", num_layers=24, hidden_size=512, num_attention_heads=8, vocab_size=1024, seq_length=256)
+MODEL = ModelSpec(
+    name="uniform", num_layers=24, hidden_size=512, num_attention_heads=8, vocab_size=1024, seq_length=256
+)
 FREE = DesOptions(free_comm=True, skip_embedding_head=True)
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [
-    ("gpipe", 4, 8, 1), ("gpipe", 2, 3, 1), ("gpipe", 8, 16, 1),
-    ("1f1b", 4, 8, 1), ("1f1b", 8, 16, 1), ("1f1b", 4, 2, 1), ("1f1b", 2, 24, 1),
-    ("interleaved", 4, 8, 2), ("interleaved", 4, 8, 3), ("interleaved", 2, 4, 2), ("interleaved", 4, 4, 2),
-    ("interleaved", 2, 6, 4),
-])
+@pytest.mark.parametrize(
+    "schedule,p,m,v",
+    [
+        ("gpipe", 4, 8, 1),
+        ("gpipe", 2, 3, 1),
+        ("gpipe", 8, 16, 1),
+        ("1f1b", 4, 8, 1),
+        ("1f1b", 8, 16, 1),
+        ("1f1b", 4, 2, 1),
+        ("1f1b", 2, 24, 1),
+        ("interleaved", 4, 8, 2),
+        ("interleaved", 4, 8, 3),
+        ("interleaved", 2, 4, 2),
+        ("interleaved", 4, 4, 2),
+        ("interleaved", 2, 6, 4),
+    ],
+)
 def test_bubble_fraction(schedule, p, m, v):
     cluster = load_cluster("dgx-a100-80gb", 1)
     d = cluster.num_gpus // p if cluster.num_gpus % p == 0 else 1

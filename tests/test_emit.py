@@ -12,29 +12,70 @@ from pathlib import Path
 
 import pytest
 
+from autoplan.emit.writer import write_run_dir
 from hwprofiles.load import load_cluster
 from simulator.job import Job
 from simulator.plan import parse_plan
 from simulator.specs import load_model
 
-from autoplan.emit.writer import write_run_dir
-
 FILES = {"plan.json", "launch.sh", "slurm.sbatch", "megatron_args.txt", "deepspeed_config.json", "torchtitan.toml"}
 
 # The subset of Megatron-LM's arguments (megatron/training/arguments.py) the emitter uses.
 MEGATRON_FLAGS = {
-    "store_true": ["--group-query-attention", "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
-                   "--mock-data", "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
-                   "--no-gradient-accumulation-fusion", "--optimizer-cpu-offload", "--bf16"],
-    int: ["--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
-          "--seq-length", "--max-position-embeddings", "--vocab-size", "--tensor-model-parallel-size",
-          "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
-          "--global-batch-size", "--recompute-num-layers", "--seed", "--train-iters", "--log-interval"],
-    float: ["--lr", "--adam-beta1", "--adam-beta2", "--adam-eps", "--weight-decay", "--clip-grad",
-            "--attention-dropout", "--hidden-dropout", "--optimizer-offload-fraction"],
-    str: ["--position-embedding-type", "--normalization", "--tokenizer-type", "--pipeline-model-parallel-layout",
-          "--data-parallel-sharding-strategy", "--ckpt-format", "--recompute-granularity", "--recompute-method",
-          "--optimizer"],
+    "store_true": [
+        "--group-query-attention",
+        "--swiglu",
+        "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights",
+        "--mock-data",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--use-megatron-fsdp",
+        "--no-gradient-accumulation-fusion",
+        "--optimizer-cpu-offload",
+        "--bf16",
+    ],
+    int: [
+        "--num-layers",
+        "--hidden-size",
+        "--num-attention-heads",
+        "--num-query-groups",
+        "--ffn-hidden-size",
+        "--seq-length",
+        "--max-position-embeddings",
+        "--vocab-size",
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--recompute-num-layers",
+        "--seed",
+        "--train-iters",
+        "--log-interval",
+    ],
+    float: [
+        "--lr",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--adam-eps",
+        "--weight-decay",
+        "--clip-grad",
+        "--attention-dropout",
+        "--hidden-dropout",
+        "--optimizer-offload-fraction",
+    ],
+    str: [
+        "--position-embedding-type",
+        "--normalization",
+        "--tokenizer-type",
+        "--pipeline-model-parallel-layout",
+        "--data-parallel-sharding-strategy",
+        "--ckpt-format",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--optimizer",
+    ],
 }
 
 # torchtitan's JobConfig sections and the fields the emitter may set (torchtitan 0.2.2 config/job_config.py).
@@ -42,12 +83,29 @@ TORCHTITAN_FIELDS = {
     "job": {"dump_folder", "description"},
     "model": {"name", "flavor"},
     "optimizer": {"name", "lr", "beta1", "beta2", "eps", "weight_decay"},
-    "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "mixed_precision_param",
-                 "mixed_precision_reduce", "enable_cpu_offload", "dataset"},
-    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-                    "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_schedule",
-                    "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
-                    "module_fqns_per_model_part", "context_parallel_degree"},
+    "training": {
+        "local_batch_size",
+        "global_batch_size",
+        "seq_len",
+        "max_norm",
+        "steps",
+        "mixed_precision_param",
+        "mixed_precision_reduce",
+        "enable_cpu_offload",
+        "dataset",
+    },
+    "parallelism": {
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward",
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_layers_per_stage",
+        "module_fqns_per_model_part",
+        "context_parallel_degree",
+    },
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
 
@@ -126,7 +184,10 @@ def test_run_dir_files_parse_and_carry_the_plan(tmp_path, model, cluster, nodes,
     par = tt["parallelism"]
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (plan.t, plan.p)
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == plan.d
-    assert par["pipeline_parallel_schedule"] == {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule]
+    assert (
+        par["pipeline_parallel_schedule"]
+        == {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule]
+    )
     assert par["pipeline_parallel_microbatch_size"] == plan.mb
     assert tt["training"]["global_batch_size"] == job.global_batch
     assert tt["training"]["local_batch_size"] == job.global_batch // plan.d
@@ -141,7 +202,9 @@ def test_run_dir_files_parse_and_carry_the_plan(tmp_path, model, cluster, nodes,
 def _launch_command(out: Path, **env: str) -> subprocess.CompletedProcess:
     """Run launch.sh with PYTHON=echo: prints the torchrun command it would execute."""
     full = dict(os.environ, PYTHON="echo", **env)
-    return subprocess.run(["bash", str(out / "launch.sh"), "--steps", "3"], env=full, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["bash", str(out / "launch.sh"), "--steps", "3"], env=full, capture_output=True, text=True, timeout=30
+    )
 
 
 def test_launch_sh_single_and_multi_node(tmp_path):
@@ -156,19 +219,22 @@ def test_launch_sh_single_and_multi_node(tmp_path):
     assert words[words.index("--rdzv-endpoint") + 1] == "node0:12345"
     assert words[words.index("--nproc-per-node") + 1] == "8"
     assert words[:3] == ["-m", "torch.distributed.run", "--nnodes"]
-    tail = words[len(words) - words[::-1].index("-m"):]
+    tail = words[len(words) - words[::-1].index("-m") :]
     assert tail[:3] == ["autoplan.runtime.train", "--", "--run-dir"] and tail[-2:] == ["--steps", "3"]
     wrong = _launch_command(out, NNODES="3")
     assert wrong.returncode == 2 and "needs t*p*d = 16" in wrong.stderr
 
 
-@pytest.mark.parametrize("plan_text,mode,overlap", [
-    ("d=8", "ddp", True),                      # DDP reduces bucket by bucket during the backward
-    ("d=8,zero=2", "fsdp", True),              # FSDP2 reduce-scatters per layer during the backward
-    ("t=2,d=4", "manual", False),              # manual all-reduce after the last backward
-    ("d=8,zero=1", "manual", False),           # ZeRO-1's reduce-scatter after the last backward
-    ("t=8", "none", True),                     # nothing to reduce
-])
+@pytest.mark.parametrize(
+    "plan_text,mode,overlap",
+    [
+        ("d=8", "ddp", True),  # DDP reduces bucket by bucket during the backward
+        ("d=8,zero=2", "fsdp", True),  # FSDP2 reduce-scatters per layer during the backward
+        ("t=2,d=4", "manual", False),  # manual all-reduce after the last backward
+        ("d=8,zero=1", "manual", False),  # ZeRO-1's reduce-scatter after the last backward
+        ("t=8", "none", True),  # nothing to reduce
+    ],
+)
 def test_prediction_of_the_emitted_program_prices_its_reduction(plan_text, mode, overlap):
     """The run dir's prediction is for the program as emitted: no DP overlap where it reduces
     after the backward, and a slower step than the overlapped estimate when gradients fill

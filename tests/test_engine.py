@@ -13,8 +13,8 @@ def test_stream_runs_in_issue_order_and_streams_overlap():
     a, b = eng.add_stream("compute"), eng.add_stream("comm")
     t1 = eng.task(a, 1.0, "F")
     t2 = eng.task(a, 2.0, "F")
-    c1 = eng.task(b, 1.5, "dp", deps=[t1])   # starts when t1 ends, overlaps t2
-    t3 = eng.task(a, 1.0, "B", deps=[c1])    # waits for both t2 (stream) and c1
+    c1 = eng.task(b, 1.5, "dp", deps=[t1])  # starts when t1 ends, overlaps t2
+    t3 = eng.task(a, 1.0, "B", deps=[c1])  # waits for both t2 (stream) and c1
     end = eng.run()
     assert eng.start[t2] == 1.0 and eng.end[t2] == 3.0
     assert eng.start[c1] == 1.0 and eng.end[c1] == 2.5
@@ -42,6 +42,7 @@ def test_ties_break_in_creation_order_and_runs_repeat():
         eng.task(streams[0], 0.5, "j", deps=kids)
         eng.run()
         return eng
+
     e1, e2 = build(), build()
     assert e1.start == e2.start and e1.end == e2.end and e1.cause == e2.cause
     # the joining task was released by the last-created of the simultaneous finishers
@@ -62,8 +63,9 @@ def test_transfer_phases_take_bytes_over_bandwidth_plus_latency():
     net = Network([10.0, 20.0])
     eng = Engine(net)
     s = eng.add_stream("comm")
-    x = eng.transfer(s, [Phase((FlowSpec((0, 1), (1.0, 1.0), 50.0),), 0.5),
-                         Phase((FlowSpec((1,), (1.0,), 40.0),), 0.25)], "dp")
+    x = eng.transfer(
+        s, [Phase((FlowSpec((0, 1), (1.0, 1.0), 50.0),), 0.5), Phase((FlowSpec((1,), (1.0,), 40.0),), 0.25)], "dp"
+    )
     y = eng.task(s, 1.0, "after")
     eng.run()
     assert eng.end[x] == pytest.approx(50 / 10 + 0.5 + 40 / 20 + 0.25)

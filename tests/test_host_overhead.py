@@ -12,9 +12,17 @@ from simulator.analytic.data_parallel import last_bucket_bytes
 from simulator.cost.ops import elementwise_bandwidth, pass_times, work_time
 from simulator.cost.workload import Op, elementwise, gemm
 
-EAGER = EagerHost(layer_forward_us=300, layer_backward_us=450, tp_layer_forward_us=4000, tp_layer_backward_us=6000,
-                  embedding_forward_us=50, embedding_backward_us=90, head_forward_us=90, head_backward_us=140,
-                  optimizer_tensor_us=40)
+EAGER = EagerHost(
+    layer_forward_us=300,
+    layer_backward_us=450,
+    tp_layer_forward_us=4000,
+    tp_layer_backward_us=6000,
+    embedding_forward_us=50,
+    embedding_backward_us=90,
+    head_forward_us=90,
+    head_backward_us=140,
+    optimizer_tensor_us=40,
+)
 
 
 def cpu_with(**update):
@@ -42,7 +50,7 @@ def test_tensor_parallel_layers_use_the_tp_host_time_when_measured():
 
 def test_elementwise_ops_run_at_their_kinds_measured_bandwidth():
     gpu = cpu_with(elementwise_GBps={"gelu": 2.0, "layer_norm": 10.0})
-    gelu = elementwise("gelu", 1_000_000, 8, 8)             # 8 MB read+written
+    gelu = elementwise("gelu", 1_000_000, 8, 8)  # 8 MB read+written
     assert elementwise_bandwidth(gelu, gpu) == 2.0e9
     assert work_time(gelu, gpu) == pytest.approx(8e6 / 2e9)  # 4 ms
     ln_bwd = Op("ln1_bwd", "elementwise", 0.0, 1e6)
@@ -56,11 +64,14 @@ def test_unknown_elementwise_kind_is_rejected():
         cpu_with().model_validate({**cpu_with().model_dump(), "elementwise_GBps": {"relu": 3.0}})
 
 
-@pytest.mark.parametrize("grad_bytes,last", [
-    (3.6e6, 3.6e6),          # smaller than one 25 MB bucket: the whole reduction waits for the backward
-    (25e6, 25e6),
-    (60e6, 10e6),            # 25 + 25 + 10
-    (75e6, 25e6),            # three full buckets
-])
+@pytest.mark.parametrize(
+    "grad_bytes,last",
+    [
+        (3.6e6, 3.6e6),  # smaller than one 25 MB bucket: the whole reduction waits for the backward
+        (25e6, 25e6),
+        (60e6, 10e6),  # 25 + 25 + 10
+        (75e6, 25e6),  # three full buckets
+    ],
+)
 def test_last_bucket_is_the_remainder_of_whole_buckets(grad_bytes, last):
     assert last_bucket_bytes(grad_bytes) == pytest.approx(last)

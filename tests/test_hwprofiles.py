@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from conftest import NODE_MAPPING
 
 from hwprofiles import InputError, load_cluster, load_gpu, load_node
 from hwprofiles.load import GPU_DIR, NODE_DIR, cluster_from_mapping, node_from_mapping
 from hwprofiles.schema import GiB, GpuProfile, Link, NodeProfile
-
-from conftest import NODE_MAPPING
 
 # docs/design.md section 2: profiles that must ship (the CPU profile / localhost-cpu node are checked
 # by the verification tests of whoever adds them)
@@ -64,7 +63,7 @@ def test_a100_numbers():
 
 
 def test_link_units():
-    assert Link(bandwidth_Gbps=200).bytes_per_s == pytest.approx(25e9)            # bits -> bytes
+    assert Link(bandwidth_Gbps=200).bytes_per_s == pytest.approx(25e9)  # bits -> bytes
     assert Link(bandwidth_GBps=300, efficiency=0.5).bytes_per_s == pytest.approx(150e9)
     assert Link(bandwidth_GBps=1, latency_us=5).latency_s == pytest.approx(5e-6)
     with pytest.raises(ValueError):
@@ -84,8 +83,15 @@ def test_cluster_from_node_name():
 
 
 def test_cluster_file_and_nodes_override(tmp_path):
-    path = write_yaml(tmp_path / "c.yaml", {"name": "sel", "nodes": 4, "node": "dgx-a100-80gb",
-                                             "network": {"topology": "rail-optimized", "oversubscription": 2.0}})
+    path = write_yaml(
+        tmp_path / "c.yaml",
+        {
+            "name": "sel",
+            "nodes": 4,
+            "node": "dgx-a100-80gb",
+            "network": {"topology": "rail-optimized", "oversubscription": 2.0},
+        },
+    )
     c = load_cluster(path)
     assert (c.name, c.nodes, c.num_gpus, c.network.topology) == ("sel", 4, 32, "rail-optimized")
     c = load_cluster(path, nodes=16)
@@ -118,7 +124,7 @@ def test_nodes_must_be_positive(nodes):
 
 
 def test_unknown_names():
-    with pytest.raises(InputError, match="unknown cluster 'nope'.*dgx-a100-80gb"):
+    with pytest.raises(InputError, match=r"unknown cluster 'nope'.*dgx-a100-80gb"):
         load_cluster("nope")
     with pytest.raises(InputError, match="unknown GPU profile 'nope'"):
         load_gpu("nope")
@@ -128,7 +134,7 @@ def test_unknown_names():
 
 def test_names_the_os_refuses_are_unknown_names():
     with pytest.raises(InputError, match="unknown cluster"):
-        load_cluster("n" * 300)                       # ENAMETOOLONG, not an OSError
+        load_cluster("n" * 300)  # ENAMETOOLONG, not an OSError
     with pytest.raises(InputError, match="no such file"):
         load_cluster("n" * 300 + ".yaml")
     with pytest.raises(InputError, match="unknown GPU profile"):
@@ -136,7 +142,7 @@ def test_names_the_os_refuses_are_unknown_names():
 
 
 def test_missing_and_malformed_files(tmp_path):
-    with pytest.raises(InputError, match="no-such.yaml: no such file"):
+    with pytest.raises(InputError, match=r"no-such\.yaml: no such file"):
         load_cluster(str(tmp_path / "no-such.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nnodes: [1, 2\n")
@@ -201,7 +207,7 @@ def test_multi_node_cluster_needs_nics(tmp_path):
     lonely = dict(NODE, nics_per_node=0)
     del lonely["nic"]
     path = write_yaml(tmp_path / "n.yaml", lonely)
-    assert load_cluster(path).nodes == 1                       # one node: fine
+    assert load_cluster(path).nodes == 1  # one node: fine
     with pytest.raises(InputError, match=r"n\.yaml: key 'node'.*no NICs"):
         load_cluster(path, nodes=2)
     with pytest.raises(InputError, match=r"c\.yaml.*no NICs"):

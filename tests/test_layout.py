@@ -28,12 +28,12 @@ def test_rank_of_is_a_bijection(t, d, p):
 
 def test_shapes_by_hand():
     assert layout.tp_shape(1, 8) == GroupShape(1, 1, 1, 1)
-    assert layout.tp_shape(8, 8) == GroupShape(8, 8, 1, 1)        # one NVSwitch domain
+    assert layout.tp_shape(8, 8) == GroupShape(8, 8, 1, 1)  # one NVSwitch domain
     assert layout.tp_shape(4, 8) == GroupShape(4, 4, 1, 1)
-    assert layout.tp_shape(16, 8) == GroupShape(16, 8, 2, 1)      # TP across two nodes
+    assert layout.tp_shape(16, 8) == GroupShape(16, 8, 2, 1)  # TP across two nodes
     assert layout.dp_shape(8, 16, 8) == GroupShape(16, 1, 16, 8)  # one member per node, 8 groups per node
     assert layout.dp_shape(2, 16, 8) == GroupShape(16, 4, 4, 2)
-    assert layout.dp_shape(1, 4, 8) == GroupShape(4, 4, 1, 1)     # a small DP group inside a node
+    assert layout.dp_shape(1, 4, 8) == GroupShape(4, 4, 1, 1)  # a small DP group inside a node
     assert layout.dp_shape(16, 4, 8) == GroupShape(4, 1, 4, 8)
 
 
@@ -58,10 +58,22 @@ def _brute_force(kind: str, t: int, d: int, p: int, gpn: int) -> GroupShape:
 
 
 # t and gpus_per_node powers of two, as on every GPU server: groups align with node boundaries
-ALIGNED = [(t, d, p, gpn) for t, d, p, gpn in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8, 32), (1, 2, 4), (4, 8, 16))]
+ALIGNED = [
+    (t, d, p, gpn) for t, d, p, gpn in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8, 32), (1, 2, 4), (4, 8, 16))
+]
 # sizes that do not line up with 8-GPU nodes (t = 3, 6, 12 divide 96 heads): some groups straddle nodes
-MISALIGNED = [(3, 8, 1, 8), (6, 4, 1, 8), (12, 4, 1, 8), (12, 2, 1, 8), (1, 12, 2, 8), (6, 4, 2, 8), (3, 16, 1, 8),
-              (24, 2, 1, 8), (2, 12, 1, 8), (6, 12, 2, 8)]
+MISALIGNED = [
+    (3, 8, 1, 8),
+    (6, 4, 1, 8),
+    (12, 4, 1, 8),
+    (12, 2, 1, 8),
+    (1, 12, 2, 8),
+    (6, 4, 2, 8),
+    (3, 16, 1, 8),
+    (24, 2, 1, 8),
+    (2, 12, 1, 8),
+    (6, 12, 2, 8),
+]
 
 
 @pytest.mark.parametrize("t,d,p,gpn", ALIGNED + MISALIGNED)
@@ -76,9 +88,15 @@ def test_a_tp_group_that_straddles_nodes_is_not_an_nvswitch_group():
     assert shape.nodes == 2 and shape.per_node == 4
 
 
-@pytest.mark.parametrize("t,d,p,gpn", [(2, 2, 2, 8), (8, 1, 2, 8), (1, 8, 2, 8), (1, 4, 2, 8), (4, 4, 4, 8),
-                                        (8, 8, 16, 8), (1, 1, 8, 16), (2, 2, 1, 8)])
+@pytest.mark.parametrize(
+    "t,d,p,gpn",
+    [(2, 2, 2, 8), (8, 1, 2, 8), (1, 8, 2, 8), (1, 4, 2, 8), (4, 4, 4, 8), (8, 8, 16, 8), (1, 1, 8, 16), (2, 2, 1, 8)],
+)
 def test_pp_crosses_nodes_matches_the_placement(t, d, p, gpn):
-    crosses = any(layout.rank_of(pp, dp, tp, t, d) // gpn != layout.rank_of(pp + 1, dp, tp, t, d) // gpn
-                  for pp in range(p - 1) for dp in range(d) for tp in range(t))
+    crosses = any(
+        layout.rank_of(pp, dp, tp, t, d) // gpn != layout.rank_of(pp + 1, dp, tp, t, d) // gpn
+        for pp in range(p - 1)
+        for dp in range(d)
+        for tp in range(t)
+    )
     assert layout.pp_crosses_nodes(t, p, d, gpn) == crosses

@@ -54,13 +54,13 @@ def test_zero_claims_on_32gb_v100(published):
     assert any("7.5B / 14B / 128B" in c for c in published["zero_claims"])
     cap = 32e9
     assert memory.model_state_bytes(7.5e9, 64, 1).total <= cap
-    assert memory.model_state_bytes(14e9, 64, 2).total <= cap     # 28 + 3.0625 GB
-    assert memory.model_state_bytes(128e9, 64, 3).total <= cap    # exactly 32 GB
-    assert memory.model_state_bytes(1e12, 1024, 3).total <= cap   # 15.6 GB
+    assert memory.model_state_bytes(14e9, 64, 2).total <= cap  # 28 + 3.0625 GB
+    assert memory.model_state_bytes(128e9, 64, 3).total <= cap  # exactly 32 GB
+    assert memory.model_state_bytes(1e12, 1024, 3).total <= cap  # 15.6 GB
     # ... and each stage's limit is a real limit: the next stage's model does not fit
     assert memory.model_state_bytes(14e9, 64, 1).total > cap
     assert memory.model_state_bytes(128e9, 64, 2).total > cap
-    assert memory.model_state_bytes(2.5e9, 1, 0).total > cap      # plain DP: 16 bytes/param
+    assert memory.model_state_bytes(2.5e9, 1, 0).total > cap  # plain DP: 16 bytes/param
 
 
 def test_optimizer_bytes_parameter_k():
@@ -91,26 +91,26 @@ def _model(s, h, a, **kw) -> ModelSpec:
     return ModelSpec(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=1000, seq_length=s, **kw)
 
 
-TINY = _model(64, 128, 4)              # s=64, h=128, a=4
-GPT3 = _model(2048, 12288, 96)         # s=2048, h=12288, a=96
-MID = _model(1024, 4096, 32)           # s=1024, h=4096, a=32
+TINY = _model(64, 128, 4)  # s=64, h=128, a=4
+GPT3 = _model(2048, 12288, 96)  # s=2048, h=12288, a=96
+MID = _model(1024, 4096, 32)  # s=1024, h=4096, a=32
 # (model, b, t, sp, ckpt, bytes): sbh * factor, factor from Korthikanti et al. 2022 eqs. 2-5
 ACTIVATION_POINTS = [
     # s*b*h = 64*2*128 = 16384; 34 + 5*4*64/128 = 44
-    (TINY, 2, 1, 0, "none", 16384 * 44),                  # 720,896
-    (TINY, 2, 1, 0, "selective", 16384 * 34),             # 557,056
-    (TINY, 2, 1, 0, "full", 16384 * 2),                   # 32,768
+    (TINY, 2, 1, 0, "none", 16384 * 44),  # 720,896
+    (TINY, 2, 1, 0, "selective", 16384 * 34),  # 557,056
+    (TINY, 2, 1, 0, "full", 16384 * 2),  # 32,768
     # s*b*h = 2048*12288 = 25,165,824; no SP: 10 + 24/8 + 5*96*2048/(12288*8) = 23
-    (GPT3, 1, 8, 0, "none", 25165824 * 23),               # 578,813,952
-    (GPT3, 1, 8, 0, "selective", 25165824 * 13),          # 10 + 3
+    (GPT3, 1, 8, 0, "none", 25165824 * 23),  # 578,813,952
+    (GPT3, 1, 8, 0, "selective", 25165824 * 13),  # 10 + 3
     (GPT3, 1, 8, 0, "full", 25165824 * 2),
     # SP: (34 + 5*96*2048/12288)/8 = (34 + 80)/8 = 14.25
-    (GPT3, 1, 8, 1, "none", 358612992),                   # 25,165,824 * 14.25
-    (GPT3, 1, 8, 1, "selective", 106954752),              # 25,165,824 * 34/8
-    (GPT3, 1, 8, 1, "full", 6291456),                     # 25,165,824 * 2/8
+    (GPT3, 1, 8, 1, "none", 358612992),  # 25,165,824 * 14.25
+    (GPT3, 1, 8, 1, "selective", 106954752),  # 25,165,824 * 34/8
+    (GPT3, 1, 8, 1, "full", 6291456),  # 25,165,824 * 2/8
     # s*b*h = 1024*4*4096 = 16,777,216; 10 + 24/4 + 5*32*1024/(4096*4) = 26
-    (MID, 4, 4, 0, "none", 16777216 * 26),                # 436,207,616
-    (MID, 4, 2, 1, "none", 16777216 * (34 + 40) // 2),    # 5*32*1024/4096 = 40
+    (MID, 4, 4, 0, "none", 16777216 * 26),  # 436,207,616
+    (MID, 4, 2, 1, "none", 16777216 * (34 + 40) // 2),  # 5*32*1024/4096 = 40
 ]
 
 
@@ -198,5 +198,5 @@ def test_buffers():
     m = ModelSpec(num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=51200, seq_length=2048)
     assert memory.logits_buffer_bytes(m, 1, 8, 2) == 2048 * 51200 // 8 * 6
     assert memory.zero3_working_set_bytes(1e6) == 4e6
-    assert memory.gradient_bucket_bytes(1e6) == 2e6       # small model: all its gradients
-    assert memory.gradient_bucket_bytes(1e9) == 50e6      # two 25 MB buckets
+    assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients
+    assert memory.gradient_bucket_bytes(1e9) == 50e6  # two 25 MB buckets

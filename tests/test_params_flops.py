@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.cost import params
-from simulator.cost import workload
-from simulator.specs import load_model, ModelSpec
+from simulator.cost import params, workload
+from simulator.specs import ModelSpec, load_model
 
 V_MEGATRON, S_MEGATRON = 51200, 2048
 
@@ -53,12 +52,15 @@ def test_total_params_vs_megatron_formula():
         assert params.total_params(m) - params.megatron_params_formula(m) == pytest.approx(2 * h, abs=1e-3 * h)
 
 
-@pytest.mark.parametrize("name,count", [
-    # exact counts of the released checkpoints (Hugging Face model cards / safetensors metadata)
-    ("llama2-7b", 6_738_415_616),
-    ("llama2-70b", 68_976_648_192),
-    ("llama3-8b", 8_030_261_248),
-])
+@pytest.mark.parametrize(
+    "name,count",
+    [
+        # exact counts of the released checkpoints (Hugging Face model cards / safetensors metadata)
+        ("llama2-7b", 6_738_415_616),
+        ("llama2-70b", 68_976_648_192),
+        ("llama3-8b", 8_030_261_248),
+    ],
+)
 def test_builtin_llama_parameter_counts_are_exact(name, count):
     assert params.total_params(load_model(name)) == count
 
@@ -75,8 +77,8 @@ def test_llama_layer_by_hand():
     SwiGLU MLP 3*8192*28672 = 704,643,072; two RMSNorm weights 16,384; no biases."""
     m = load_model("llama2-70b")
     assert params.layer_params(m) == 150_994_944 + 704_643_072 + 16_384
-    assert params.embedding_params(m) == 32000 * 8192          # rotary: no position table
-    assert params.head_params(m) == 8192 + 32000 * 8192         # untied output layer + final norm
+    assert params.embedding_params(m) == 32000 * 8192  # rotary: no position table
+    assert params.head_params(m) == 8192 + 32000 * 8192  # untied output layer + final norm
 
 
 # ------------------------------------------------------------------ per rank under TP
@@ -113,7 +115,9 @@ def test_stage_params_cover_the_model(name):
     assert params.stage_params_per_rank(m, 1, 1, l, True, True) == params.total_params(m)
     # a pipeline split: the stages add up to the model (+ a second word embedding if tied)
     half = l // 2
-    two = params.stage_params_per_rank(m, 1, 2, half, True, False) + params.stage_params_per_rank(m, 1, 2, l - half, False, True)
+    two = params.stage_params_per_rank(m, 1, 2, half, True, False) + params.stage_params_per_rank(
+        m, 1, 2, l - half, False, True
+    )
     extra = m.vocab_size * m.hidden_size if m.tie_embeddings else 0
     assert two == params.total_params(m) + extra
 
@@ -137,7 +141,7 @@ def test_megatron_eq3_by_hand_gpt3():
     expected = 96 * B * s * l * h**2 + 16 * B * s**2 * l * h + 6 * B * s * h * V
     m = load_model("gpt3-175b")
     assert workload.megatron_flops_with_recompute(m, B) == pytest.approx(expected, rel=1e-12)
-    assert expected == pytest.approx(4.511e18, rel=1e-3)   # 4.5 EFLOP per iteration
+    assert expected == pytest.approx(4.511e18, rel=1e-3)  # 4.5 EFLOP per iteration
 
 
 @pytest.mark.parametrize("name,B", [("gpt3-175b", 1536), ("gpt-1t", 3072), ("tiny", 8)])

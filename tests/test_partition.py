@@ -12,8 +12,15 @@ from simulator.specs import ModelSpec
 
 def heavy_ends_model() -> ModelSpec:
     """A huge vocabulary makes the embedding (first stage) and LM head (last stage) heavy."""
-    return ModelSpec(name="heavy-ends", num_layers=16, hidden_size=2048, num_attention_heads=16,
-                     vocab_size=256000, seq_length=2048, tie_embeddings=False)
+    return ModelSpec(
+        name="heavy-ends",
+        num_layers=16,
+        hidden_size=2048,
+        num_attention_heads=16,
+        vocab_size=256000,
+        seq_length=2048,
+        tie_embeddings=False,
+    )
 
 
 def test_partition_beats_or_equals_uniform_on_heavy_ends():
@@ -34,8 +41,9 @@ def test_partition_beats_or_equals_uniform_on_heavy_ends():
 
 
 def test_recompute_selection_fits_with_less_recompute_than_full():
-    model = ModelSpec(name="m", num_layers=24, hidden_size=4096, num_attention_heads=32,
-                      vocab_size=51200, seq_length=2048)
+    model = ModelSpec(
+        name="m", num_layers=24, hidden_size=4096, num_attention_heads=32, vocab_size=51200, seq_length=2048
+    )
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
     base = Plan(t=1, p=1, d=8, mb=4, zero=3)
     none = estimate(Job.make(model, cluster, base.replace(ckpt="none"), 64))
@@ -50,8 +58,9 @@ def test_recompute_selection_fits_with_less_recompute_than_full():
 
 
 def test_no_partition_when_nothing_fits():
-    model = ModelSpec(name="m", num_layers=8, hidden_size=16384, num_attention_heads=128,
-                      vocab_size=51200, seq_length=2048)
+    model = ModelSpec(
+        name="m", num_layers=8, hidden_size=16384, num_attention_heads=128, vocab_size=51200, seq_length=2048
+    )
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
     assert optimize_partition(model, cluster, Plan(t=1, p=2, d=1, mb=1, ckpt="full"), 4) is None
 

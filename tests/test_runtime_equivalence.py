@@ -11,21 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from hwprofiles.load import load_cluster
-from simulator.job import Job
-from simulator.plan import parse_plan
-from simulator.specs import load_model, ModelSpec
-
 from autoplan.emit.writer import write_run_dir
 from autoplan.runtime.support import unsupported_reason
 from autoplan.verify import run_and_verify
+from hwprofiles.load import load_cluster
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import ModelSpec, load_model
 
 TINY = load_model("tiny")
 # Llama-style variant: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied embeddings.
-TINY_LLAMA = TINY.model_copy(update={
-    "name": "tiny-llama", "num_query_groups": 2, "ffn_hidden_size": 352, "activation": "swiglu",
-    "tie_embeddings": False, "position_embedding_type": "rope", "normalization": "RMSNorm",
-})
+TINY_LLAMA = TINY.model_copy(
+    update={
+        "name": "tiny-llama",
+        "num_query_groups": 2,
+        "ffn_hidden_size": 352,
+        "activation": "swiglu",
+        "tie_embeddings": False,
+        "position_embedding_type": "rope",
+        "normalization": "RMSNorm",
+    }
+)
 
 CASES = [
     ("t=2,ckpt=full", TINY),
@@ -37,7 +43,7 @@ CASES = [
     ("d=2,zero=3", TINY_LLAMA),
     ("t=2,p=2,ckpt=full", TINY_LLAMA),
     ("t=2,d=2,sp=1,zero=1", TINY),
-    ("p=2,d=2,zero=1", TINY),   # tied embeddings: the last stage's copy weighs 0 in the norm
+    ("p=2,d=2,zero=1", TINY),  # tied embeddings: the last stage's copy weighs 0 in the norm
 ]
 
 

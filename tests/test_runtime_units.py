@@ -8,36 +8,49 @@ from pathlib import Path
 
 import pytest
 
-from simulator.plan import Plan
-from simulator.specs import load_model, ModelSpec
-
 from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
 from autoplan.runtime.layout import Layout, chunk_layer_ids
 from autoplan.runtime.support import unsupported_reason
 from autoplan.runtime.zero1 import shard_pieces
+from simulator.plan import Plan
+from simulator.specs import ModelSpec, load_model
 
 LLAMA_LIKE = ModelSpec(
-    name="tiny-llama", num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-    ffn_hidden_size=96, vocab_size=128, seq_length=16, activation="swiglu", tie_embeddings=False,
-    position_embedding_type="rope", normalization="RMSNorm",
+    name="tiny-llama",
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=96,
+    vocab_size=128,
+    seq_length=16,
+    activation="swiglu",
+    tie_embeddings=False,
+    position_embedding_type="rope",
+    normalization="RMSNorm",
 )
 
 
 def test_planner_side_modules_do_not_import_torch():
-    code = ("import sys, autoplan.runtime.support, autoplan.runtime.config, autoplan.emit.writer, autoplan.verify; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys, autoplan.runtime.support, autoplan.runtime.config, autoplan.emit.writer, autoplan.verify; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
-@pytest.mark.parametrize("plan,m,expected", [
-    (Plan(t=2, p=2, d=1), 4, None),
-    (Plan(d=4, zero=3, offload="nvme"), 4, "offload=nvme"),
-    (Plan(d=4, zero=1, offload="cpu"), 4, "offload=cpu with zero=1"),
-    (Plan(d=4, zero=3, offload="cpu"), 4, None),
-    (Plan(p=4, schedule="1f1b"), 2, "at least as many microbatches"),
-    (Plan(p=4, schedule="gpipe"), 2, None),
-    (Plan(p=2, v=2, schedule="interleaved"), 3, "multiple of p=2"),
-])
+@pytest.mark.parametrize(
+    "plan,m,expected",
+    [
+        (Plan(t=2, p=2, d=1), 4, None),
+        (Plan(d=4, zero=3, offload="nvme"), 4, "offload=nvme"),
+        (Plan(d=4, zero=1, offload="cpu"), 4, "offload=cpu with zero=1"),
+        (Plan(d=4, zero=3, offload="cpu"), 4, None),
+        (Plan(p=4, schedule="1f1b"), 2, "at least as many microbatches"),
+        (Plan(p=4, schedule="gpipe"), 2, None),
+        (Plan(p=2, v=2, schedule="interleaved"), 3, "multiple of p=2"),
+    ],
+)
 def test_unsupported_reason(plan, m, expected):
     reason = unsupported_reason(load_model("tiny"), plan, m)
     assert reason is None if expected is None else expected in reason
@@ -45,7 +58,7 @@ def test_unsupported_reason(plan, m, expected):
 
 def test_layout_coordinates_and_looped_chunks():
     plan = Plan(t=2, p=2, d=2, v=2, schedule="interleaved")
-    coords = [(l.pp_rank, l.dp_rank, l.tp_rank) for l in (Layout.of(plan, r) for r in range(8))]
+    coords = [(lay.pp_rank, lay.dp_rank, lay.tp_rank) for lay in (Layout.of(plan, r) for r in range(8))]
     assert coords == [(pp, dp, tp) for pp in range(2) for dp in range(2) for tp in range(2)]
     first, last = Layout.of(plan, 0), Layout.of(plan, 7)
     assert first.chunks == [0, 2] and first.has_first and not first.has_last
@@ -83,7 +96,7 @@ def test_zero1_shards_cover_every_value_once():
             length, pieces = shard_pieces(sizes, ranks, r)
             assert length * ranks >= sum(sizes) > (length - 1) * ranks
             for pc in pieces:
-                assert 0 <= pc.shard_start and pc.shard_start + pc.length <= length
+                assert pc.shard_start >= 0 and pc.shard_start + pc.length <= length
                 for k in range(pc.param_start, pc.param_start + pc.length):
                     seen[pc.index][k] += 1
         assert all(c == 1 for row in seen for c in row)
@@ -129,7 +142,9 @@ def test_data_parallel_shards_cover_the_global_batch():
 def test_plan_json_round_trip(tmp_path: Path):
     import json
 
-    spec = RunSpec(model=LLAMA_LIKE, plan=Plan(t=2, p=2, d=2, layers=(1, 3), recompute=((1, 0), (0, 2))), global_batch=8)
+    spec = RunSpec(
+        model=LLAMA_LIKE, plan=Plan(t=2, p=2, d=2, layers=(1, 3), recompute=((1, 0), (0, 2))), global_batch=8
+    )
     (tmp_path / "plan.json").write_text(json.dumps(run_spec_to_dict(spec)))
     back = load_run_spec(tmp_path)
     assert back == spec and back.num_microbatches == 4 and back.world_size == 8

@@ -16,8 +16,17 @@ def max_in_flight(order) -> int:
     return peak
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 3, 1),
-                                            ("interleaved", 4, 8, 2), ("interleaved", 4, 4, 3), ("interleaved", 2, 6, 4)])
+@pytest.mark.parametrize(
+    "schedule,p,m,v",
+    [
+        ("gpipe", 4, 8, 1),
+        ("1f1b", 4, 8, 1),
+        ("1f1b", 8, 3, 1),
+        ("interleaved", 4, 8, 2),
+        ("interleaved", 4, 4, 3),
+        ("interleaved", 2, 6, 4),
+    ],
+)
 def test_each_pass_once_forward_first(schedule, p, m, v):
     for s in range(p):
         order = device_order(schedule, p, m, v, s)

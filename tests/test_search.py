@@ -10,30 +10,42 @@ from scipy.stats import spearmanr
 from autoplan import space
 from autoplan.search import NoPlanFits, SearchOptions, search
 from hwprofiles.load import cluster_from_mapping, load_cluster
-from simulator.analytic import estimate
 from simulator import simulate
+from simulator.analytic import estimate
 from simulator.job import Job
 from simulator.plan import parse_plan
 from simulator.specs import ModelSpec
 
 
 def small_cluster(nodes: int = 1, gpus_per_node: int = 4, gpu: str = "a100-sxm4-40gb"):
-    return cluster_from_mapping({
-        "name": f"small-{nodes}x{gpus_per_node}", "nodes": nodes,
-        "node": {"name": "small-node", "gpu": gpu, "gpus_per_node": gpus_per_node,
-                 "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
-                 "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
-                 "nics_per_node": gpus_per_node, "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
-                 "host_memory_GiB": 512},
-    }, "test")
+    return cluster_from_mapping(
+        {
+            "name": f"small-{nodes}x{gpus_per_node}",
+            "nodes": nodes,
+            "node": {
+                "name": "small-node",
+                "gpu": gpu,
+                "gpus_per_node": gpus_per_node,
+                "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
+                "pcie": {"kind": "pcie", "bandwidth_GBps": 25, "latency_us": 2},
+                "nics_per_node": gpus_per_node,
+                "nic": {"kind": "infiniband", "bandwidth_Gbps": 200, "latency_us": 5},
+                "host_memory_GiB": 512,
+            },
+        },
+        "test",
+    )
 
 
-SMALL = ModelSpec(name="small", num_layers=8, hidden_size=2048, num_attention_heads=16,
-                  vocab_size=32000, seq_length=1024)
-MEDIUM = ModelSpec(name="medium", num_layers=16, hidden_size=5120, num_attention_heads=40,
-                   vocab_size=51200, seq_length=2048)
-LARGE = ModelSpec(name="large", num_layers=32, hidden_size=8192, num_attention_heads=64,
-                  vocab_size=51200, seq_length=2048)
+SMALL = ModelSpec(
+    name="small", num_layers=8, hidden_size=2048, num_attention_heads=16, vocab_size=32000, seq_length=1024
+)
+MEDIUM = ModelSpec(
+    name="medium", num_layers=16, hidden_size=5120, num_attention_heads=40, vocab_size=51200, seq_length=2048
+)
+LARGE = ModelSpec(
+    name="large", num_layers=32, hidden_size=8192, num_attention_heads=64, vocab_size=51200, seq_length=2048
+)
 
 
 def all_feasible(model, cluster, B, fix=None, fidelity="des"):
@@ -56,11 +68,14 @@ def test_planner_matches_brute_force_des():
     assert found.best_result.step_time <= des_best * 1.01
 
 
-@pytest.mark.parametrize("model,cluster_args,B,fix", [
-    (SMALL, (1, 4), 16, "offload=none,zero=0"),
-    (MEDIUM, (2, 4), 32, "offload=none,zero=1"),
-    (LARGE, (2, 8), 32, "offload=none,zero=1,ckpt=full"),
-])
+@pytest.mark.parametrize(
+    "model,cluster_args,B,fix",
+    [
+        (SMALL, (1, 4), 16, "offload=none,zero=0"),
+        (MEDIUM, (2, 4), 32, "offload=none,zero=1"),
+        (LARGE, (2, 8), 32, "offload=none,zero=1,ckpt=full"),
+    ],
+)
 def test_pruning_is_safe(model, cluster_args, B, fix):
     """The analytic estimate ranks plans like the DES (Spearman >= 0.9) and the DES-best plan
     is inside the analytic top K."""
@@ -76,13 +91,14 @@ def test_pruning_is_safe(model, cluster_args, B, fix):
 
 def test_fix_is_honoured():
     found = search(MEDIUM, small_cluster(2, 4), 32, SearchOptions(fix="t=2,zero=1,ckpt=full", fidelity="analytic"))
-    for r in [found.best_result] + found.top:
+    for r in [found.best_result, *found.top]:
         assert r.job.plan.t == 2 and r.job.plan.zero == 1 and r.job.plan.ckpt == "full"
 
 
 def test_no_plan_fits_raises_with_smallest_memory():
-    huge = ModelSpec(name="huge", num_layers=96, hidden_size=12288, num_attention_heads=96,
-                     vocab_size=51200, seq_length=2048)
+    huge = ModelSpec(
+        name="huge", num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=51200, seq_length=2048
+    )
     with pytest.raises(NoPlanFits, match=r"smallest needs [0-9.]+ GiB"):
         search(huge, small_cluster(1, 2), 8, SearchOptions(fix="offload=none", fidelity="analytic"))
 
@@ -92,22 +108,60 @@ def run_cli(*args):
 
 
 def test_cli_infeasible_fix_exit_2():
-    r = run_cli("plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "2",
-                "--global-batch", "64", "--fix", "t=7")
+    r = run_cli(
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--nodes",
+        "2",
+        "--global-batch",
+        "64",
+        "--fix",
+        "t=7",
+    )
     assert r.returncode == 2
     assert r.stderr.startswith("autoplan: error: --fix") and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_cli_no_fit_exit_3():
-    r = run_cli("plan", "--model", "gpt-1t", "--cluster", "dgx-a100-80gb", "--nodes", "1",
-                "--global-batch", "8", "--fix", "offload=none", "--fidelity", "analytic")
+    r = run_cli(
+        "plan",
+        "--model",
+        "gpt-1t",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "8",
+        "--fix",
+        "offload=none",
+        "--fidelity",
+        "analytic",
+    )
     assert r.returncode == 3
     assert "no plan fits" in r.stderr and "GiB" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_plan_json_has_contract_fields():
-    r = run_cli("plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--nodes", "1",
-                "--global-batch", "32", "--json", "--top", "3", "--jobs", "1")
+    r = run_cli(
+        "plan",
+        "--model",
+        "llama2-7b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "32",
+        "--json",
+        "--top",
+        "3",
+        "--jobs",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     for key in ("best", "top", "candidates_total", "candidates_feasible", "candidates_simulated", "search_time_s"):

@@ -10,8 +10,8 @@ import yaml
 from hwprofiles import InputError
 from simulator.cost import params
 from simulator.job import Job
-from simulator.plan import parse_plan, parse_plan_items, Plan, plan_errors, resolve_plan, validate_plan
-from simulator.specs import builtin_models, load_model, ModelSpec
+from simulator.plan import Plan, parse_plan, parse_plan_items, plan_errors, resolve_plan, validate_plan
+from simulator.specs import ModelSpec, builtin_models, load_model
 
 GPT3 = load_model("gpt3-175b")
 
@@ -42,21 +42,37 @@ def test_seq_len_override():
 
 def test_model_yaml(tmp_path):
     p = tmp_path / "m.yaml"
-    p.write_text(yaml.safe_dump({"name": "mine", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
-                                 "num_query_groups": 2, "vocab_size": 1000, "seq_length": 128, "activation": "swiglu",
-                                 "ffn_hidden_size": 512, "tie_embeddings": False}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "name": "mine",
+                "num_layers": 4,
+                "hidden_size": 256,
+                "num_attention_heads": 8,
+                "num_query_groups": 2,
+                "vocab_size": 1000,
+                "seq_length": 128,
+                "activation": "swiglu",
+                "ffn_hidden_size": 512,
+                "tie_embeddings": False,
+            }
+        )
+    )
     m = load_model(str(p))
     assert (m.name, m.kv_heads, m.kv_size, m.ffn, m.tie_embeddings) == ("mine", 2, 64, 512, False)
 
 
-@pytest.mark.parametrize("change,key", [
-    ({"num_layers": -1}, "num_layers"),
-    ({"hidden_size": "big"}, "hidden_size"),
-    ({"activation": "relu"}, "activation"),
-    ({"num_attention_heads": 7}, "num_attention_heads"),   # 256 % 7
-    ({"num_query_groups": 3}, "num_query_groups"),         # 8 % 3
-    ({"dropout": 0.1}, "dropout"),                         # unknown key
-])
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"num_layers": -1}, "num_layers"),
+        ({"hidden_size": "big"}, "hidden_size"),
+        ({"activation": "relu"}, "activation"),
+        ({"num_attention_heads": 7}, "num_attention_heads"),  # 256 % 7
+        ({"num_query_groups": 3}, "num_query_groups"),  # 8 % 3
+        ({"dropout": 0.1}, "dropout"),  # unknown key
+    ],
+)
 def test_bad_model_yaml_names_the_key(tmp_path, change, key):
     data = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "vocab_size": 1000, "seq_length": 128}
     data.update(change)
@@ -68,7 +84,7 @@ def test_bad_model_yaml_names_the_key(tmp_path, change, key):
 
 
 def test_unknown_and_missing_models(tmp_path):
-    with pytest.raises(InputError, match="unknown model 'gpt5'.*gpt3-175b"):
+    with pytest.raises(InputError, match=r"unknown model 'gpt5'.*gpt3-175b"):
         load_model("gpt5")
     with pytest.raises(InputError, match="no such file"):
         load_model(str(tmp_path / "nope.yaml"))
@@ -79,20 +95,47 @@ def test_unknown_and_missing_models(tmp_path):
 # ------------------------------------------------------------ Hugging Face config.json
 
 GPT2_CONFIG = {  # huggingface.co/gpt2/blob/main/config.json (abridged)
-    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-    "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_inner": None, "n_layer": 12, "n_positions": 1024,
-    "layer_norm_epsilon": 1e-05, "vocab_size": 50257,
+    "activation_function": "gelu_new",
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "n_ctx": 1024,
+    "n_embd": 768,
+    "n_head": 12,
+    "n_inner": None,
+    "n_layer": 12,
+    "n_positions": 1024,
+    "layer_norm_epsilon": 1e-05,
+    "vocab_size": 50257,
 }
 LLAMA2_7B_CONFIG = {  # meta-llama/Llama-2-7b-hf
-    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
-    "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
-    "num_key_value_heads": 32, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 32000,
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
 }
 MISTRAL_7B_CONFIG = {  # mistralai/Mistral-7B-v0.1
-    "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
-    "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
-    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
-    "tie_word_embeddings": False, "vocab_size": 32000,
+    "architectures": ["MistralForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
 }
 
 
@@ -108,12 +151,17 @@ def test_hf_gpt2(tmp_path):
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.ffn) == (12, 768, 12, 12, 3072)
     assert (m.vocab_size, m.seq_length, m.activation) == (50257, 1024, "gelu")
     assert m.tie_embeddings and m.normalization == "LayerNorm" and m.position_embedding_type == "learned_absolute"
-    assert params.total_params(m) == 124_439_808          # GPT-2 small, as counted by transformers
+    assert params.total_params(m) == 124_439_808  # GPT-2 small, as counted by transformers
 
 
 def test_hf_llama(tmp_path):
     m = load_model(write_json(tmp_path, "llama", LLAMA2_7B_CONFIG))
-    assert (m.activation, m.tie_embeddings, m.normalization, m.position_embedding_type) == ("swiglu", False, "RMSNorm", "rope")
+    assert (m.activation, m.tie_embeddings, m.normalization, m.position_embedding_type) == (
+        "swiglu",
+        False,
+        "RMSNorm",
+        "rope",
+    )
     assert (m.ffn, m.seq_length) == (11008, 4096)
     assert params.total_params(m) == 6_738_415_616
     assert m == load_model("llama2-7b").model_copy(update={"name": m.name})
@@ -123,7 +171,7 @@ def test_hf_mistral_gqa(tmp_path):
     m = load_model(write_json(tmp_path, "mistral", MISTRAL_7B_CONFIG))
     assert (m.kv_heads, m.kv_size, m.ffn, m.seq_length) == (8, 1024, 14336, 32768)
     assert not m.tie_embeddings and m.activation == "swiglu"
-    assert params.total_params(m) == 7_241_732_096        # Mistral 7B
+    assert params.total_params(m) == 7_241_732_096  # Mistral 7B
     assert load_model(write_json(tmp_path, "m2", MISTRAL_7B_CONFIG), seq_len=4096).seq_length == 4096
 
 
@@ -137,7 +185,9 @@ def test_hf_tie_flags(tmp_path):
     # no flag: transformers' default is tied (GPT-2); Llama-style families ship untied
     no_flag = {k: v for k, v in LLAMA2_7B_CONFIG.items() if k != "tie_word_embeddings"}
     assert not load_model(write_json(tmp_path, "noflag", no_flag)).tie_embeddings
-    assert load_model(write_json(tmp_path, "gpt2", dict(GPT2_CONFIG, tie_word_embeddings=False))).tie_embeddings is False
+    assert (
+        load_model(write_json(tmp_path, "gpt2", dict(GPT2_CONFIG, tie_word_embeddings=False))).tie_embeddings is False
+    )
 
 
 def test_hf_bad_configs(tmp_path):
@@ -158,7 +208,15 @@ def test_hf_bad_configs(tmp_path):
 def test_plan_defaults():
     plan, m = parse_plan("t=8,p=16", GPT3, 1024, 1536)
     assert plan == Plan(t=8, p=16, d=8)
-    assert (plan.mb, plan.zero, plan.ckpt, plan.v, plan.schedule, plan.offload, plan.sp) == (1, 0, "none", 1, "1f1b", "none", 0)
+    assert (plan.mb, plan.zero, plan.ckpt, plan.v, plan.schedule, plan.offload, plan.sp) == (
+        1,
+        0,
+        "none",
+        1,
+        "1f1b",
+        "none",
+        0,
+    )
     assert m == 1536 // 8
     assert parse_plan("mb=2", GPT3, 8, 16)[0].d == 8
 
@@ -198,7 +256,9 @@ def test_plan_to_dict_has_the_json_keys():
 
 
 def test_layers_accept_dash_or_slash():
-    assert parse_plan_items("layers=24-24-24-24") == parse_plan_items("layers=24/24/24/24") == {"layers": (24, 24, 24, 24)}
+    assert (
+        parse_plan_items("layers=24-24-24-24") == parse_plan_items("layers=24/24/24/24") == {"layers": (24, 24, 24, 24)}
+    )
 
 
 def test_chunk_layers_and_recompute():
@@ -210,39 +270,42 @@ def test_chunk_layers_and_recompute():
     assert p.chunk_layers(6) == (2, 4) and p.chunk_recompute(6) == ((0, 0), (0, 0))
 
 
-@pytest.mark.parametrize("text,gpus,B,needle", [
-    ("t=64", 1024, 1536, "num_attention_heads=96"),                 # t does not divide heads
-    ("t=8,p=16", 1024, 1537, "global batch 1537 is not divisible"),  # B not divisible by d*mb
-    ("t=8,p=16,mb=4", 1024, 1544, "d*mb = 8*4"),
-    ("t=3", 1024, 1536, "does not divide the cluster's 1024 GPUs"),
-    ("t=8,p=8,d=8", 1024, 1536, "t*p*d"),
-    ("t=0", 8, 8, "key 't'"),
-    ("mb=-1", 8, 8, "key 'mb'"),
-    ("d=0", 8, 8, "d must be a positive integer"),
-    ("zero=4", 8, 8, "zero must be 0, 1, 2 or 3"),
-    ("sp=2,t=2", 8, 8, "sp must be 0 or 1"),
-    ("sp=1", 8, 8, "needs t > 1"),
-    ("ckpt=some", 8, 8, "key 'ckpt': expected one of none, selective, full"),
-    ("schedule=zb", 8, 8, "key 'schedule'"),
-    ("offload=disk", 8, 8, "key 'offload'"),
-    ("tp=8", 8, 8, "unknown key 'tp'"),
-    ("t=8,t=8", 8, 8, "given twice"),
-    ("t", 8, 8, "expected key=value"),
-    ("t=eight", 8, 8, "key 't': expected an integer"),
-    ("", 8, 8, "empty plan"),
-    ("p=4,v=2,schedule=1f1b", 8, 16, "v=2 needs schedule=interleaved"),
-    ("p=8,v=2", 8, 12, "multiple of p=8"),              # m = 12 not a multiple of p
-    ("p=4,v=5", 4, 8, "divide num_layers=96"),           # 96 % 20
-    ("p=128", 128, 128, "exceed the model's 96 layers"),
-    ("p=2,layers=40/40", 2, 8, "sum to num_layers=96"),
-    ("p=2,layers=96", 2, 8, "expected p*v = 2"),
-    ("p=2,layers=-48/48", 2, 8, "key 'layers'"),        # a minus sign is not a separator to drop
-    ("p=2,layers=48//48", 2, 8, "key 'layers'"),
-    ("p=2,layers=", 2, 8, "key 'layers'"),
-    ("p=2,recompute=50:0/0:0", 2, 8, "exceeds its 48 layers"),
-    ("zero=0,offload=cpu,d=8", 8, 8, "needs zero >= 1"),
-    ("zero=1,offload=nvme", 8, 8, "needs zero=3"),
-])
+@pytest.mark.parametrize(
+    "text,gpus,B,needle",
+    [
+        ("t=64", 1024, 1536, "num_attention_heads=96"),  # t does not divide heads
+        ("t=8,p=16", 1024, 1537, "global batch 1537 is not divisible"),  # B not divisible by d*mb
+        ("t=8,p=16,mb=4", 1024, 1544, "d*mb = 8*4"),
+        ("t=3", 1024, 1536, "does not divide the cluster's 1024 GPUs"),
+        ("t=8,p=8,d=8", 1024, 1536, "t*p*d"),
+        ("t=0", 8, 8, "key 't'"),
+        ("mb=-1", 8, 8, "key 'mb'"),
+        ("d=0", 8, 8, "d must be a positive integer"),
+        ("zero=4", 8, 8, "zero must be 0, 1, 2 or 3"),
+        ("sp=2,t=2", 8, 8, "sp must be 0 or 1"),
+        ("sp=1", 8, 8, "needs t > 1"),
+        ("ckpt=some", 8, 8, "key 'ckpt': expected one of none, selective, full"),
+        ("schedule=zb", 8, 8, "key 'schedule'"),
+        ("offload=disk", 8, 8, "key 'offload'"),
+        ("tp=8", 8, 8, "unknown key 'tp'"),
+        ("t=8,t=8", 8, 8, "given twice"),
+        ("t", 8, 8, "expected key=value"),
+        ("t=eight", 8, 8, "key 't': expected an integer"),
+        ("", 8, 8, "empty plan"),
+        ("p=4,v=2,schedule=1f1b", 8, 16, "v=2 needs schedule=interleaved"),
+        ("p=8,v=2", 8, 12, "multiple of p=8"),  # m = 12 not a multiple of p
+        ("p=4,v=5", 4, 8, "divide num_layers=96"),  # 96 % 20
+        ("p=128", 128, 128, "exceed the model's 96 layers"),
+        ("p=2,layers=40/40", 2, 8, "sum to num_layers=96"),
+        ("p=2,layers=96", 2, 8, "expected p*v = 2"),
+        ("p=2,layers=-48/48", 2, 8, "key 'layers'"),  # a minus sign is not a separator to drop
+        ("p=2,layers=48//48", 2, 8, "key 'layers'"),
+        ("p=2,layers=", 2, 8, "key 'layers'"),
+        ("p=2,recompute=50:0/0:0", 2, 8, "exceeds its 48 layers"),
+        ("zero=0,offload=cpu,d=8", 8, 8, "needs zero >= 1"),
+        ("zero=1,offload=nvme", 8, 8, "needs zero=3"),
+    ],
+)
 def test_plan_errors(text, gpus, B, needle):
     with pytest.raises(InputError) as e:
         parse_plan(text, GPT3, gpus, B)
@@ -251,7 +314,7 @@ def test_plan_errors(text, gpus, B, needle):
 
 
 def test_gqa_kv_heads_limit_t():
-    llama = load_model("llama2-70b")            # 64 heads, 8 KV groups
+    llama = load_model("llama2-70b")  # 64 heads, 8 KV groups
     assert plan_errors(llama, Plan(t=8, d=1), 8, 8) == []
     errs = plan_errors(llama, Plan(t=16, d=1), 16, 16)
     assert any("KV heads" in e for e in errs)
@@ -282,8 +345,11 @@ def test_plan_kinds_are_enums_and_literals_that_agree():
     from simulator.plan import CKPT_MODES, OFFLOADS, SCHEDULES, Offload, Plan, Recompute, Schedule
 
     hints = typing.get_type_hints(Plan, vars(plan_module))
-    for field, enum, values in (("ckpt", Recompute, CKPT_MODES), ("schedule", Schedule, SCHEDULES),
-                                ("offload", Offload, OFFLOADS)):
+    for field, enum, values in (
+        ("ckpt", Recompute, CKPT_MODES),
+        ("schedule", Schedule, SCHEDULES),
+        ("offload", Offload, OFFLOADS),
+    ):
         assert set(typing.get_args(hints[field])) == {e.value for e in enum} == set(values)
     assert {f.name for f in dataclasses.fields(Plan)} >= {"ckpt", "schedule", "offload"}
     assert Schedule.INTERLEAVED == "interleaved" and Recompute("full") is Recompute.FULL

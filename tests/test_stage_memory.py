@@ -12,14 +12,55 @@ from simulator.plan import Plan
 
 CASES = [
     # (model, nodes, global batch, plan): uneven splits and mixed recomputation, every schedule
-    ("gpt3-175b", 16, 256, Plan(t=8, p=8, d=2, mb=1, zero=1, ckpt="full", schedule="1f1b",
-                                layers=(11, 12, 12, 12, 12, 12, 12, 13),
-                                recompute=((11, 0), (6, 6), (0, 12), (3, 0), (12, 0), (0, 0), (5, 7), (13, 0)))),
-    ("gpt3-175b", 16, 256, Plan(t=8, p=4, d=4, mb=1, zero=2, ckpt="selective", v=2, schedule="interleaved",
-                                layers=(12, 12, 12, 12, 12, 12, 12, 12),
-                                recompute=((0, 12), (2, 10), (0, 0), (0, 12), (12, 0), (0, 12), (1, 1), (0, 12)))),
-    ("llama2-70b", 8, 64, Plan(t=8, p=4, d=2, mb=2, zero=3, ckpt="selective", schedule="gpipe",
-                               layers=(19, 20, 20, 21), recompute=((0, 19), (10, 0), (0, 20), (0, 0)))),
+    (
+        "gpt3-175b",
+        16,
+        256,
+        Plan(
+            t=8,
+            p=8,
+            d=2,
+            mb=1,
+            zero=1,
+            ckpt="full",
+            schedule="1f1b",
+            layers=(11, 12, 12, 12, 12, 12, 12, 13),
+            recompute=((11, 0), (6, 6), (0, 12), (3, 0), (12, 0), (0, 0), (5, 7), (13, 0)),
+        ),
+    ),
+    (
+        "gpt3-175b",
+        16,
+        256,
+        Plan(
+            t=8,
+            p=4,
+            d=4,
+            mb=1,
+            zero=2,
+            ckpt="selective",
+            v=2,
+            schedule="interleaved",
+            layers=(12, 12, 12, 12, 12, 12, 12, 12),
+            recompute=((0, 12), (2, 10), (0, 0), (0, 12), (12, 0), (0, 12), (1, 1), (0, 12)),
+        ),
+    ),
+    (
+        "llama2-70b",
+        8,
+        64,
+        Plan(
+            t=8,
+            p=4,
+            d=2,
+            mb=2,
+            zero=3,
+            ckpt="selective",
+            schedule="gpipe",
+            layers=(19, 20, 20, 21),
+            recompute=((0, 19), (10, 0), (0, 20), (0, 0)),
+        ),
+    ),
     ("llama2-7b", 1, 32, Plan(t=2, p=2, d=2, mb=4, zero=0, ckpt="none", schedule="1f1b")),
 ]
 

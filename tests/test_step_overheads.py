@@ -36,8 +36,16 @@ def test_calibrated_optimizer_is_tensors_plus_parameters_on_a_cpu_rank():
 
 def test_calibrated_optimizer_on_a_gpu_overlaps_host_and_kernels():
     c = load_cluster("dgx-a100-80gb", 1)
-    eager = {"layer_forward_us": 1, "layer_backward_us": 1, "embedding_forward_us": 1, "embedding_backward_us": 1,
-             "head_forward_us": 1, "head_backward_us": 1, "optimizer_tensor_us": 20.0, "optimizer_param_ns": 0.05}
+    eager = {
+        "layer_forward_us": 1,
+        "layer_backward_us": 1,
+        "embedding_forward_us": 1,
+        "embedding_backward_us": 1,
+        "head_forward_us": 1,
+        "head_backward_us": 1,
+        "optimizer_tensor_us": 20.0,
+        "optimizer_param_ns": 0.05,
+    }
     gpu = c.gpu.model_validate({**c.gpu.model_dump(), "eager": eager})
     c = c.model_copy(update={"node": c.node.model_copy(update={"gpu": gpu})})
     job = Job.make(load_model("tiny"), c, Plan(t=4, p=1, d=2), 2)
@@ -48,7 +56,7 @@ def test_calibrated_optimizer_on_a_gpu_overlaps_host_and_kernels():
 
 def test_step_syncs_on_gloo_are_ring_latency_bound():
     c = load_cluster("localhost-cpu")
-    bw, lat = c.node.intra_figures("all_reduce")   # the node's own all-reduce fit
+    bw, lat = c.node.intra_figures("all_reduce")  # the node's own all-reduce fit
     job = Job.make(load_model("tiny"), c, Plan(t=1, p=1, d=4), 8)
     # gloo rings, 4 ranks: 6 steps each; norm 8 B and loss 4 B over the same 4 ranks
     norm = 6 * lat + 2 * 3 / 4 * 8 / bw

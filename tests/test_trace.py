@@ -10,10 +10,10 @@ import pytest
 from hwprofiles import load_cluster
 from simulator.des import simulate_des
 from simulator.des.plot import plot_timeline
+from simulator.des.trace import write_trace
 from simulator.job import Job
 from simulator.plan import parse_plan
 from simulator.specs import ModelSpec
-from simulator.des.trace import write_trace
 
 MODEL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)
 
@@ -91,6 +91,7 @@ def test_plot_writes_a_png(result, tmp_path):
 
 def test_analytic_results_have_no_timeline(tmp_path):
     from simulator.analytic import estimate
+
     cluster = load_cluster("dgx-a100-80gb", 1)
     plan, _ = parse_plan("t=2,p=2", MODEL, cluster.num_gpus, 8)
     r = estimate(Job.make(MODEL, cluster, plan, 8))

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from autoplan.emit.writer import write_run_dir
+from autoplan.verify import run_and_verify
 from hwprofiles.errors import InputError
 from hwprofiles.load import load_cluster
 from simulator.job import Job
 from simulator.plan import parse_plan
 from simulator.specs import load_model
-
-from autoplan.emit.writer import write_run_dir
-from autoplan.verify import run_and_verify
 
 CLI = [sys.executable, "-m", "autoplan"]
 
@@ -52,19 +51,39 @@ def emit_data_parallel_run_dir(tmp_path: Path) -> Path:
 def test_missing_run_dir_is_bad_input(tmp_path):
     with pytest.raises(InputError, match="no such run directory"):
         run_and_verify(tmp_path / "nope", steps=1, timeout_s=10)
-    with pytest.raises(InputError, match="plan.json: no such file"):
+    with pytest.raises(InputError, match=r"plan\.json: no such file"):
         run_and_verify(tmp_path, steps=1, timeout_s=10)
 
 
-@pytest.mark.parametrize("plan,batch,reason", [
-    ("d=4,zero=3,offload=nvme", 4, "offload=nvme"),
-    ("d=4,zero=1,offload=cpu", 4, "offload=cpu with zero=1"),
-    ("p=4,schedule=1f1b", 2, "at least as many microbatches as stages"),
-])
+@pytest.mark.parametrize(
+    "plan,batch,reason",
+    [
+        ("d=4,zero=3,offload=nvme", 4, "offload=nvme"),
+        ("d=4,zero=1,offload=cpu", 4, "offload=cpu with zero=1"),
+        ("p=4,schedule=1f1b", 2, "at least as many microbatches as stages"),
+    ],
+)
 def test_emit_refuses_plans_the_runtime_cannot_run(tmp_path, plan, batch, reason):
     out = tmp_path / "run"
-    r = subprocess.run(CLI + ["emit", "--model", "tiny", "--cluster", str(node_file(tmp_path, 4)), "--global-batch", str(batch),
-                              "--plan", plan, "-o", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            *CLI,
+            "emit",
+            "--model",
+            "tiny",
+            "--cluster",
+            str(node_file(tmp_path, 4)),
+            "--global-batch",
+            str(batch),
+            "--plan",
+            plan,
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "runtime cannot run this plan correctly" in r.stderr and reason in r.stderr
     assert not out.exists()
@@ -83,14 +102,22 @@ def test_killed_worker_fails_the_run_with_the_rank_named(tmp_path):
     run_dir = emit_data_parallel_run_dir(tmp_path)
     log = run_dir / "results" / "rank1.log"
     start = time.monotonic()
-    proc = subprocess.Popen(CLI + ["run", str(run_dir), "--steps", "100000", "--timeout", "180"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "run", str(run_dir), "--steps", "100000", "--timeout", "180"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         while not (log.exists() and "timed step" in log.read_text()):
             assert proc.poll() is None and time.monotonic() - start < 150, "run did not reach its timed steps"
             time.sleep(0.2)
-        pids = {int(r): int(p) for r, p in
-                (re.search(r"\[rank (\d)\] \S+ pid (\d+)", f.read_text()).groups() for f in log.parent.glob("rank*.log"))}
+        pids = {
+            int(r): int(p)
+            for r, p in (
+                re.search(r"\[rank (\d)\] \S+ pid (\d+)", f.read_text()).groups() for f in log.parent.glob("rank*.log")
+            )
+        }
         os.kill(pids[1], signal.SIGKILL)
         killed = time.monotonic()
         _, err = proc.communicate(timeout=120)
@@ -108,16 +135,37 @@ def test_killed_worker_fails_the_run_with_the_rank_named(tmp_path):
 @pytest.mark.timeout(300)
 def test_cli_emit_then_run_json(tmp_path):
     out = tmp_path / "run"
-    emit = subprocess.run(CLI + ["emit", "--model", "tiny", "--cluster", str(node_file(tmp_path, 2)), "--global-batch", "4",
-                                 "--plan", "t=2,ckpt=selective", "-o", str(out)], capture_output=True, text=True, timeout=120)
+    emit = subprocess.run(
+        [
+            *CLI,
+            "emit",
+            "--model",
+            "tiny",
+            "--cluster",
+            str(node_file(tmp_path, 2)),
+            "--global-batch",
+            "4",
+            "--plan",
+            "t=2,ckpt=selective",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert emit.returncode == 0, emit.stderr
-    assert (out / "plan.json").is_file() and json.loads((out / "plan.json").read_text())["prediction"]["step_time_s"] > 0
-    run = subprocess.run(CLI + ["run", str(out), "--steps", "2", "--json"], capture_output=True, text=True, timeout=280)
+    assert (out / "plan.json").is_file() and json.loads((out / "plan.json").read_text())["prediction"][
+        "step_time_s"
+    ] > 0
+    run = subprocess.run([*CLI, "run", str(out), "--steps", "2", "--json"], capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["loss_match"] is True and result["max_rel_loss_diff"] <= 1e-4
     assert result["measured_step_time_s"] > 0 and result["measured_peak_memory_gib"] > 0
     assert result["device"] == "cpu" and result["world_size"] == 2 and len(result["ranks"]) == 2
     if result["predicted_step_time_s"] is not None:
-        expected = 100 * (result["measured_step_time_s"] - result["predicted_step_time_s"]) / result["predicted_step_time_s"]
+        expected = (
+            100 * (result["measured_step_time_s"] - result["predicted_step_time_s"]) / result["predicted_step_time_s"]
+        )
         assert result["error_pct"] == pytest.approx(expected)

@@ -6,11 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from simulator.plan import Plan
-from simulator.specs import load_model
-
 from autoplan.runtime.config import RunSpec
 from autoplan.verify import _failed_rank, _hang_culprit, compare, format_report, summarize
+from simulator.plan import Plan
+from simulator.specs import load_model
 
 TORCHRUN_TAIL = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 Failures:
@@ -26,7 +25,7 @@ Root Cause (first observed failure):
 
 def _logs(out: Path, lines: dict[int, list[str]]) -> None:
     for r, ls in lines.items():
-        (out / f"rank{r}.log").write_text("".join(f"[rank {r}] 00:00:0{i} {l}\n" for i, l in enumerate(ls)))
+        (out / f"rank{r}.log").write_text("".join(f"[rank {r}] 00:00:0{i} {line}\n" for i, line in enumerate(ls)))
 
 
 def test_failed_rank_is_torchruns_root_cause_not_the_collateral_failure(tmp_path):
@@ -54,9 +53,16 @@ def test_summary_and_report():
     spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
     timed = {"step_time_s": 0.5, "peak_memory_bytes": 2**29 + 2**28, "losses": [6.0]}
     ranks = [
-        {"rank": r, "device": "cpu", "backend": "gloo", "coords": {"pp": r, "dp": 0, "tp": 0}, "has_last_stage": r == 1,
-         "rss_baseline_bytes": 2**28, "timed": timed,
-         "check": {"losses": [6.0, 5.9] if r else [None, None], "grad_norms": [1.0, 0.9]}}
+        {
+            "rank": r,
+            "device": "cpu",
+            "backend": "gloo",
+            "coords": {"pp": r, "dp": 0, "tp": 0},
+            "has_last_stage": r == 1,
+            "rss_baseline_bytes": 2**28,
+            "timed": timed,
+            "check": {"losses": [6.0, 5.9] if r else [None, None], "grad_norms": [1.0, 0.9]},
+        }
         for r in range(2)
     ]
     ref = {"losses": [6.0, 5.9 * (1 + 2e-4)], "grad_norms": [1.0, 0.9]}

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hwprofiles.schema import GpuProfile
-from simulator.cost import ops
-from simulator.cost import workload
-from simulator.specs import load_model, ModelSpec
+from simulator.cost import ops, workload
+from simulator.specs import ModelSpec, load_model
 
 GEMM_KINDS = ("gemm", "bmm")
 
@@ -53,7 +52,11 @@ def test_layer_gemm_shapes_megatron_split():
     assert (by_name["proj"].m, by_name["proj"].n, by_name["proj"].k) == (s, h, h // 8)
     assert (by_name["fc1"].m, by_name["fc1"].n, by_name["fc1"].k) == (s, 4 * h // 8, h)
     assert (by_name["fc2"].m, by_name["fc2"].n, by_name["fc2"].k) == (s, h, 4 * h // 8)
-    assert by_name["scores"].count == 12 and (by_name["scores"].m, by_name["scores"].n, by_name["scores"].k) == (s, s, 128)
+    assert by_name["scores"].count == 12 and (by_name["scores"].m, by_name["scores"].n, by_name["scores"].k) == (
+        s,
+        s,
+        128,
+    )
     assert by_name["attn_v"].count == 12
 
 
@@ -87,9 +90,15 @@ def test_gemm_op_bytes():
 
 
 def gpu(**kw) -> GpuProfile:
-    base = dict(name="test-gpu", peak_tflops={"fp16": 100.0, "fp32": 10.0}, memory_GiB=10, memory_bandwidth_GBps=1000,
-                memory_efficiency=0.5, kernel_launch_us=5.0,
-                gemm={"max_efficiency": 0.8, "half_dim_m": 64, "half_dim_n": 64, "half_dim_k": 32})
+    base = dict(
+        name="test-gpu",
+        peak_tflops={"fp16": 100.0, "fp32": 10.0},
+        memory_GiB=10,
+        memory_bandwidth_GBps=1000,
+        memory_efficiency=0.5,
+        kernel_launch_us=5.0,
+        gemm={"max_efficiency": 0.8, "half_dim_m": 64, "half_dim_n": 64, "half_dim_k": 32},
+    )
     base.update(kw)
     return GpuProfile.model_validate(base)
 
@@ -108,7 +117,7 @@ def test_op_time_compute_bound_gemm():
     g = gpu()
     op = workload.gemm("big", 1024, 1024, 1024, 2)
     eff = 0.8 * (1024 / 1088) ** 2 * (1024 / 1056)
-    compute = 2 * 1024**3 / (100e12 * eff)           # 31.2 us, over the 12.6 us of memory traffic
+    compute = 2 * 1024**3 / (100e12 * eff)  # 31.2 us, over the 12.6 us of memory traffic
     assert ops.op_time(op, g) == pytest.approx(compute + 5e-6, rel=1e-9)
 
 
@@ -120,8 +129,15 @@ def test_op_time_memory_bound_elementwise():
 
 
 def test_measured_table_is_exact_at_a_measured_shape():
-    g = gpu(gemm={"max_efficiency": 0.8, "table": [{"m": 1024, "n": 1024, "k": 1024, "tflops": 50.0},
-                                                    {"m": 4096, "n": 4096, "k": 4096, "tflops": 75.0}]})
+    g = gpu(
+        gemm={
+            "max_efficiency": 0.8,
+            "table": [
+                {"m": 1024, "n": 1024, "k": 1024, "tflops": 50.0},
+                {"m": 4096, "n": 4096, "k": 4096, "tflops": 75.0},
+            ],
+        }
+    )
     assert ops.gemm_efficiency(g, 1024, 1024, 1024) == pytest.approx(0.5)
     assert ops.gemm_efficiency(g, 4096, 4096, 4096) == pytest.approx(0.75)
     between = ops.gemm_efficiency(g, 2048, 2048, 2048)
@@ -131,8 +147,8 @@ def test_measured_table_is_exact_at_a_measured_shape():
 def test_backward_is_two_gemms_of_forward_size():
     op = workload.gemm("fc1", 2048, 512, 1024, 2)
     dgrad, wgrad = ops.backward_ops(op)
-    assert (dgrad.m, dgrad.n, dgrad.k) == (2048, 1024, 512)      # dA = dC B^T
-    assert (wgrad.m, wgrad.n, wgrad.k) == (1024, 512, 2048)      # dB = A^T dC
+    assert (dgrad.m, dgrad.n, dgrad.k) == (2048, 1024, 512)  # dA = dC B^T
+    assert (wgrad.m, wgrad.n, wgrad.k) == (1024, 512, 2048)  # dB = A^T dC
     assert dgrad.flops + wgrad.flops == 2 * op.flops
     (ew,) = ops.backward_ops(workload.elementwise("gelu", 100, 4, 8))
     assert ew.flops == 1600 and ew.bytes == 800

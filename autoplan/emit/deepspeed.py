@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.job import Job
-
 from autoplan.runtime.config import TrainSettings
+from simulator.job import Job
 
 
 def _notes(job: Job) -> list[str]:
@@ -25,9 +24,13 @@ def _notes(job: Job) -> list[str]:
     if plan.p > 1 and plan.zero >= 2:
         notes.append(f"zero={plan.zero} with p={plan.p}: DeepSpeed supports pipeline parallelism only with ZeRO-0/1")
     if plan.ckpt == "selective" or any(s for _, s in plan.chunk_recompute(job.model.num_layers)):
-        notes.append("selective recompute: DeepSpeed checkpoints whole layers (the model code decides what to recompute)")
+        notes.append(
+            "selective recompute: DeepSpeed checkpoints whole layers (the model code decides what to recompute)"
+        )
     if plan.sp:
-        notes.append("sp=1: Megatron sequence parallelism lives in the model code (Megatron-DeepSpeed --sequence-parallel)")
+        notes.append(
+            "sp=1: Megatron sequence parallelism lives in the model code (Megatron-DeepSpeed --sequence-parallel)"
+        )
     return notes
 
 
@@ -51,7 +54,12 @@ def deepspeed_config(job: Job, train: TrainSettings) -> dict[str, Any]:
         "bf16": {"enabled": True},
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": train.lr, "betas": list(train.betas), "eps": train.eps, "weight_decay": train.weight_decay},
+            "params": {
+                "lr": train.lr,
+                "betas": list(train.betas),
+                "eps": train.eps,
+                "weight_decay": train.weight_decay,
+            },
         },
         "zero_optimization": zero,
         "tensor_parallel": {"autotp_size": plan.t},

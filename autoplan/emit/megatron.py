@@ -12,20 +12,35 @@ comment line of the file.
 
 from __future__ import annotations
 
-from simulator.job import Job
-
 from autoplan.emit.launch import node_shape
 from autoplan.runtime.config import TrainSettings
+from simulator.job import Job
 
 
 def _model_args(job: Job) -> list[str]:
     m = job.model
     args = [
-        "--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
-        "--num-attention-heads", str(m.num_attention_heads), "--ffn-hidden-size", str(m.ffn),
-        "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length),
-        "--position-embedding-type", m.position_embedding_type, "--normalization", m.normalization,
-        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size), "--mock-data",
+        "--num-layers",
+        str(m.num_layers),
+        "--hidden-size",
+        str(m.hidden_size),
+        "--num-attention-heads",
+        str(m.num_attention_heads),
+        "--ffn-hidden-size",
+        str(m.ffn),
+        "--seq-length",
+        str(m.seq_length),
+        "--max-position-embeddings",
+        str(m.seq_length),
+        "--position-embedding-type",
+        m.position_embedding_type,
+        "--normalization",
+        m.normalization,
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        str(m.vocab_size),
+        "--mock-data",
     ]
     if m.kv_heads != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
@@ -56,7 +71,9 @@ def _parallel_args(job: Job, notes: list[str]) -> list[str]:
     elif plan.v > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (plan.p * plan.v))]
     if plan.p > 1 and plan.schedule == "gpipe":
-        notes.append("schedule=gpipe: Megatron-LM has no GPipe schedule; it runs 1F1B (same bubble, less activation memory)")
+        notes.append(
+            "schedule=gpipe: Megatron-LM has no GPipe schedule; it runs 1F1B (same bubble, less activation memory)"
+        )
     if plan.sp:
         args.append("--sequence-parallel")
     args += ["--micro-batch-size", str(plan.mb), "--global-batch-size", str(job.global_batch)]
@@ -64,8 +81,15 @@ def _parallel_args(job: Job, notes: list[str]) -> list[str]:
         args.append("--use-distributed-optimizer")
     elif plan.zero >= 2:
         strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
-        args += ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
-                 "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+        args += [
+            "--use-distributed-optimizer",
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            strategy,
+            "--no-gradient-accumulation-fusion",
+            "--ckpt-format",
+            "fsdp_dtensor",
+        ]
     if plan.offload == "cpu":
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
     elif plan.offload == "nvme":
@@ -79,10 +103,18 @@ def _recompute_args(job: Job, notes: list[str]) -> list[str]:
     full = max(f for f, _ in per_chunk)
     sel = max(s for _, s in per_chunk)
     if plan.recompute is not None and len(set(per_chunk)) > 1:
-        notes.append(f"recompute={'/'.join(f'{f}:{s}' for f, s in per_chunk)}: Megatron-LM applies one count to every stage")
+        notes.append(
+            f"recompute={'/'.join(f'{f}:{s}' for f, s in per_chunk)}: Megatron-LM applies one count to every stage"
+        )
     if full:
-        return ["--recompute-granularity", "full", "--recompute-method", "block" if plan.recompute else "uniform",
-                "--recompute-num-layers", str(full if plan.recompute else 1)]
+        return [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "block" if plan.recompute else "uniform",
+            "--recompute-num-layers",
+            str(full if plan.recompute else 1),
+        ]
     if sel:
         return ["--recompute-granularity", "selective"]
     return []
@@ -90,10 +122,31 @@ def _recompute_args(job: Job, notes: list[str]) -> list[str]:
 
 def _train_args(train: TrainSettings) -> list[str]:
     return [
-        "--bf16", "--optimizer", "adam", "--lr", str(train.lr), "--adam-beta1", str(train.betas[0]),
-        "--adam-beta2", str(train.betas[1]), "--adam-eps", str(train.eps), "--weight-decay", str(train.weight_decay),
-        "--clip-grad", str(train.max_norm), "--attention-dropout", "0", "--hidden-dropout", "0",
-        "--seed", str(train.seed), "--train-iters", "100", "--log-interval", "1",
+        "--bf16",
+        "--optimizer",
+        "adam",
+        "--lr",
+        str(train.lr),
+        "--adam-beta1",
+        str(train.betas[0]),
+        "--adam-beta2",
+        str(train.betas[1]),
+        "--adam-eps",
+        str(train.eps),
+        "--weight-decay",
+        str(train.weight_decay),
+        "--clip-grad",
+        str(train.max_norm),
+        "--attention-dropout",
+        "0",
+        "--hidden-dropout",
+        "0",
+        "--seed",
+        str(train.seed),
+        "--train-iters",
+        "100",
+        "--log-interval",
+        "1",
     ]
 
 

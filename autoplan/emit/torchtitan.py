@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.job import Job
-
 from autoplan.runtime.config import TrainSettings
+from simulator.job import Job
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 
@@ -34,15 +33,28 @@ def _value(v: Any) -> str:
 def _dp(job: Job, notes: list[str]) -> dict[str, Any]:
     plan = job.plan
     if plan.zero >= 2:
-        return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": plan.d,
-                "fsdp_reshard_after_forward": "always" if plan.zero == 3 else "never"}
+        return {
+            "data_parallel_replicate_degree": 1,
+            "data_parallel_shard_degree": plan.d,
+            "fsdp_reshard_after_forward": "always" if plan.zero == 3 else "never",
+        }
     if plan.d > 1 and (plan.t > 1 or plan.p > 1):
-        notes.append(f"zero={plan.zero} with TP/PP: torchtitan's DDP is 1-D only, so this uses FSDP without "
-                     "resharding after forward (ZeRO-2 memory)")
-        return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": plan.d, "fsdp_reshard_after_forward": "never"}
+        notes.append(
+            f"zero={plan.zero} with TP/PP: torchtitan's DDP is 1-D only, so this uses FSDP without "
+            "resharding after forward (ZeRO-2 memory)"
+        )
+        return {
+            "data_parallel_replicate_degree": 1,
+            "data_parallel_shard_degree": plan.d,
+            "fsdp_reshard_after_forward": "never",
+        }
     if plan.zero == 1 and plan.d > 1:
         notes.append("zero=1: torchtitan has no optimizer-only sharding; this is plain DDP (ZeRO-0 memory)")
-    return {"data_parallel_replicate_degree": plan.d, "data_parallel_shard_degree": 1, "fsdp_reshard_after_forward": "default"}
+    return {
+        "data_parallel_replicate_degree": plan.d,
+        "data_parallel_shard_degree": 1,
+        "fsdp_reshard_after_forward": "default",
+    }
 
 
 def _pipeline(job: Job, notes: list[str]) -> dict[str, Any]:
@@ -60,7 +72,9 @@ def _pipeline(job: Job, notes: list[str]) -> dict[str, Any]:
         for i, n in enumerate(sizes):
             part = [f"layers.{j}" for j in range(start, start + n)]
             start += n
-            parts.append((["tok_embeddings"] if i == 0 else []) + part + (["norm", "output"] if i == len(sizes) - 1 else []))
+            parts.append(
+                (["tok_embeddings"] if i == 0 else []) + part + (["norm", "output"] if i == len(sizes) - 1 else [])
+            )
         out["module_fqns_per_model_part"] = parts
     return out
 
@@ -68,7 +82,9 @@ def _pipeline(job: Job, notes: list[str]) -> dict[str, Any]:
 def _checkpoint(job: Job, notes: list[str]) -> dict[str, Any]:
     plan = job.plan
     if plan.recompute is not None:
-        notes.append(f"recompute={'/'.join(f'{f}:{s}' for f, s in plan.recompute)}: torchtitan applies one mode to every layer")
+        notes.append(
+            f"recompute={'/'.join(f'{f}:{s}' for f, s in plan.recompute)}: torchtitan applies one mode to every layer"
+        )
     if plan.ckpt == "selective":
         return {"mode": "selective", "selective_ac_option": "op"}
     return {"mode": plan.ckpt}
@@ -81,16 +97,34 @@ def torchtitan_toml(job: Job, train: TrainSettings) -> str:
         notes.append("sp=0: torchtitan always uses sequence parallelism with tensor parallelism")
     if plan.offload == "nvme":
         notes.append("offload=nvme: torchtitan has no NVMe offload")
-    parallelism = {**_dp(job, notes), "tensor_parallel_degree": plan.t, **_pipeline(job, notes), "context_parallel_degree": 1}
+    parallelism = {
+        **_dp(job, notes),
+        "tensor_parallel_degree": plan.t,
+        **_pipeline(job, notes),
+        "context_parallel_degree": 1,
+    }
     sections: dict[str, dict[str, Any]] = {
         "job": {"dump_folder": "./outputs", "description": f"autoplan: {m.name}, plan {plan.to_string()}"},
         "model": {"name": "llama3", "flavor": m.name},
-        "optimizer": {"name": "AdamW", "lr": train.lr, "beta1": train.betas[0], "beta2": train.betas[1],
-                      "eps": train.eps, "weight_decay": train.weight_decay},
-        "training": {"local_batch_size": job.global_batch // plan.d, "global_batch_size": job.global_batch,
-                     "seq_len": m.seq_length, "max_norm": train.max_norm, "steps": 100,
-                     "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32",
-                     "enable_cpu_offload": plan.offload == "cpu", "dataset": "c4_test"},
+        "optimizer": {
+            "name": "AdamW",
+            "lr": train.lr,
+            "beta1": train.betas[0],
+            "beta2": train.betas[1],
+            "eps": train.eps,
+            "weight_decay": train.weight_decay,
+        },
+        "training": {
+            "local_batch_size": job.global_batch // plan.d,
+            "global_batch_size": job.global_batch,
+            "seq_len": m.seq_length,
+            "max_norm": train.max_norm,
+            "steps": 100,
+            "mixed_precision_param": "bfloat16",
+            "mixed_precision_reduce": "float32",
+            "enable_cpu_offload": plan.offload == "cpu",
+            "dataset": "c4_test",
+        },
         "parallelism": parallelism,
         "activation_checkpoint": _checkpoint(job, notes),
     }

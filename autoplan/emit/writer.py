@@ -7,15 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hwprofiles.errors import InputError
-from simulator.job import Job
-
 from autoplan import __version__
 from autoplan.emit.deepspeed import deepspeed_config
 from autoplan.emit.launch import launch_sh, slurm_sbatch
 from autoplan.emit.megatron import megatron_args_text
 from autoplan.emit.torchtitan import torchtitan_toml
 from autoplan.runtime.config import PLAN_FILE, RunSpec, TrainSettings, run_spec_to_dict
+from hwprofiles.errors import InputError
+from simulator.job import Job
 
 
 def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings) -> dict[str, Any]:
@@ -26,13 +25,20 @@ def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings) -> dic
     return {
         "autoplan_version": __version__,
         **run_spec_to_dict(spec),
-        "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "gpu": gpu,
-                    "backend": c.node.backend},
+        "cluster": {
+            "name": c.name,
+            "nodes": c.nodes,
+            "gpus_per_node": c.gpus_per_node,
+            "gpu": gpu,
+            "backend": c.node.backend,
+        },
         "prediction": prediction,
     }
 
 
-def write_run_dir(job: Job, prediction: dict[str, Any], out_dir: Path, train: TrainSettings | None = None) -> list[Path]:
+def write_run_dir(
+    job: Job, prediction: dict[str, Any], out_dir: Path, train: TrainSettings | None = None
+) -> list[Path]:
     """Write every run-dir file into ``out_dir`` (created if needed); return the paths written."""
     train = train or TrainSettings()
     out_dir = Path(out_dir)

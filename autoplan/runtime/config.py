@@ -38,7 +38,7 @@ class TrainSettings:
     init_std: float = 0.02
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "TrainSettings":
+    def from_dict(d: dict[str, Any]) -> TrainSettings:
         known = {k: v for k, v in d.items() if k in TrainSettings.__dataclass_fields__}
         if "betas" in known:
             known["betas"] = tuple(known["betas"])

@@ -23,7 +23,9 @@ def global_batch(step: int, batch: int, seq: int, vocab: int, seed: int) -> tupl
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def local_batch(step: int, batch: int, seq: int, vocab: int, seed: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
+def local_batch(
+    step: int, batch: int, seq: int, vocab: int, seed: int, dp_rank: int, dp: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This data-parallel rank's share of step ``step``'s global batch."""
     x, y = global_batch(step, batch, seq, vocab, seed)
     n = batch // dp

@@ -13,7 +13,7 @@ mechanism a plan gets: ``autoplan.runtime.support.dp_mode``).
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -22,9 +22,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from hwprofiles.units import MiB
-
 from autoplan.runtime.model import GPT
+from hwprofiles.units import MiB
 
 BUCKET_BYTES = 25 * MiB
 
@@ -34,11 +33,15 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, zero: int, offload: bool, param_dtype: Optional[torch.dtype]) -> None:
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, zero: int, offload: bool, param_dtype: torch.dtype | None) -> None:
     """FSDP2 over the data-parallel mesh: each transformer layer, then the chunk's root."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype
+        else MixedPrecisionPolicy()
+    )
     kw = dict(
         mesh=dp_mesh,
         reshard_after_forward=zero >= 3,

@@ -17,8 +17,8 @@ slowest torch modules to import and every worker pays for them.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,8 +26,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
-
-from simulator.plan import Plan
 
 from autoplan.runtime.config import RunSpec
 from autoplan.runtime.data import local_batch
@@ -38,6 +36,7 @@ from autoplan.runtime.layout import Layout, chunk_layer_ids
 from autoplan.runtime.model import GPT, layer_recompute, lm_loss
 from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
+from simulator.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class DistEnv:
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: Optional[float]
+    loss: float | None
     grad_norm: float
 
 
@@ -67,7 +66,7 @@ def import_plan_modules(plan: Plan) -> None:
     that their code counts in a rank's RSS baseline and not as training memory (the pipelining
     and tensor-parallel modules add about 30 MiB of RSS)."""
     if plan.p > 1:
-        import autoplan.runtime.pipeline  # noqa: F401
+        import autoplan.runtime.pipeline
     if plan.t > 1:
         import autoplan.runtime.tensor_parallel  # noqa: F401
     if dp_mode(plan) == "fsdp":
@@ -94,14 +93,16 @@ class Trainer:
         self.dp_group = env.mesh["dp"].get_group()
         self.chunks = [self._build_chunk(c) for c in layout.chunks]
         self.params = list(dict.fromkeys(p for m in self.chunks for p in m.parameters()))
-        self.ddp: Optional[DistributedDataParallel] = None
+        self.ddp: DistributedDataParallel | None = None
         if self.mode == "ddp":
             self.ddp = DistributedDataParallel(
                 self.chunks[0], process_group=self.dp_group, device_ids=[env.local_rank] if env.cuda else None
             )
         self.optimizer, self.zero1 = self._build_optimizer(optimizer)
         self.manual_all_reduce = (
-            ManualGradAllReduce(self.params, self.dp_group, plan.d) if self.mode == "manual" and plan.zero == 0 else None
+            ManualGradAllReduce(self.params, self.dp_group, plan.d)
+            if self.mode == "manual" and plan.zero == 0
+            else None
         )
         self.tied = self._tied_sync()
         self.norm_weights = self._norm_weights()
@@ -110,7 +111,12 @@ class Trainer:
             from autoplan.runtime.pipeline import build_schedule
 
             self.schedule = build_schedule(
-                self.chunks, layout, plan.schedule, spec.num_microbatches, lm_loss, env.device,
+                self.chunks,
+                layout,
+                plan.schedule,
+                spec.num_microbatches,
+                lm_loss,
+                env.device,
                 env.mesh["pp"].get_group(),
             )
         use_autocast = self.bf16 and self.mode != "fsdp"
@@ -134,22 +140,28 @@ class Trainer:
         init_parameters(m, spec.train.seed, spec.train.init_std, model.tie_embeddings)
         if self.mode == "fsdp":
             apply_fsdp(
-                m, env.mesh["dp"], plan.zero, offload=plan.offload == "cpu" and env.cuda,
+                m,
+                env.mesh["dp"],
+                plan.zero,
+                offload=plan.offload == "cpu" and env.cuda,
                 param_dtype=torch.bfloat16 if self.bf16 else None,
             )
         return m
 
-    def _build_optimizer(self, kind: str) -> tuple[Optional[torch.optim.Optimizer], Optional[Zero1Optimizer]]:
+    def _build_optimizer(self, kind: str) -> tuple[torch.optim.Optimizer | None, Zero1Optimizer | None]:
         tr = self.spec.train
         if kind == "sgd":
             cls, kw = torch.optim.SGD, {"lr": tr.check_lr}
         else:
-            cls, kw = torch.optim.AdamW, {"lr": tr.lr, "betas": tr.betas, "eps": tr.eps, "weight_decay": tr.weight_decay}
+            cls, kw = (
+                torch.optim.AdamW,
+                {"lr": tr.lr, "betas": tr.betas, "eps": tr.eps, "weight_decay": tr.weight_decay},
+            )
         if self.plan.zero == 1 and self.mode == "manual":
             return None, Zero1Optimizer(self.params, lambda ps: cls(_param_groups(ps), **kw), self.dp_group)
         return cls(_param_groups(self.params), **kw), None
 
-    def _tied_sync(self) -> Optional[TiedEmbeddingSync]:
+    def _tied_sync(self) -> TiedEmbeddingSync | None:
         if self.plan.p == 1 or not self.spec.model.tie_embeddings:
             return None
         param = None
@@ -166,24 +178,30 @@ class Trainer:
             duplicate = self.chunks[-1].head.out.weight
         dp_unique = self.zero1 is not None
         return [
-            (p, 0.0 if p is duplicate else 1.0 / replicas(p, self.plan.t, self.plan.d, dp_unique))
-            for p in self.params
+            (p, 0.0 if p is duplicate else 1.0 / replicas(p, self.plan.t, self.plan.d, dp_unique)) for p in self.params
         ]
 
     # ------------------------------------------------------------------ one step
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.spec.model
-        x, y = local_batch(step, self.spec.global_batch, m.seq_length, m.vocab_size, self.spec.train.seed,
-                           self.layout.dp_rank, self.plan.d)
+        x, y = local_batch(
+            step,
+            self.spec.global_batch,
+            m.seq_length,
+            m.vocab_size,
+            self.spec.train.seed,
+            self.layout.dp_rank,
+            self.plan.d,
+        )
         return x.to(self.env.device), y.to(self.env.device)
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> Optional[torch.Tensor]:
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         if self.schedule is not None:
             from autoplan.runtime.pipeline import run_schedule
 
             with self.amp():
                 losses = run_schedule(self.schedule, self.layout, x, y)
-            return torch.stack([l.detach().float() for l in losses]).mean() if losses else None
+            return torch.stack([loss.detach().float() for loss in losses]).mean() if losses else None
         model = self.ddp if self.ddp is not None else self.chunks[0]
         m, mb = self.spec.num_microbatches, self.plan.mb
         total = torch.zeros((), device=self.env.device)
@@ -196,7 +214,7 @@ class Trainer:
             total += loss.detach().float()
         return total / m
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, max_norm: Optional[float]) -> StepResult:
+    def step(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None) -> StepResult:
         for p in self.params:
             p.grad = None
         loss = self._forward_backward(x, y)

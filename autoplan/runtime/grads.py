@@ -9,7 +9,6 @@ identical copy, and one all-reduce over the world gives the global sum of square
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -47,9 +46,7 @@ def settle_partial_grads(params: list[nn.Parameter]) -> None:
 
 
 @torch.no_grad()
-def clip_global_norm(
-    weighted: list[tuple[torch.Tensor, float]], max_norm: Optional[float], device: torch.device
-) -> float:
+def clip_global_norm(weighted: list[tuple[torch.Tensor, float]], max_norm: float | None, device: torch.device) -> float:
     """Global L2 norm of all local gradients (each weighted by 1/replicas); scale them to ``max_norm``.
 
     Same arithmetic as ``torch.nn.utils.clip_grad_norm_``: the norm of the tensors' norms
@@ -79,9 +76,9 @@ class TiedEmbeddingSync:
     Every rank must construct this (it creates one two-rank group per (dp, tp) position).
     """
 
-    def __init__(self, p: int, d: int, t: int, rank: int, param: Optional[nn.Parameter]):
+    def __init__(self, p: int, d: int, t: int, rank: int, param: nn.Parameter | None):
         self.param = param
-        self.group: Optional[dist.ProcessGroup] = None
+        self.group: dist.ProcessGroup | None = None
         for dp in range(d):
             for tp in range(t):
                 first, last = dp * t + tp, ((p - 1) * d + dp) * t + tp

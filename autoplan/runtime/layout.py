@@ -24,7 +24,7 @@ class Layout:
     rank: int
 
     @staticmethod
-    def of(plan: Plan, rank: int) -> "Layout":
+    def of(plan: Plan, rank: int) -> Layout:
         return Layout(p=plan.p, d=plan.d, t=plan.t, v=plan.v, rank=rank)
 
     @property

@@ -50,7 +50,7 @@ class Stopwatch:
     device: torch.device
     start: float = 0.0
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Stopwatch:
         synchronize(self.device)
         self.start = time.perf_counter()
         return self

@@ -14,7 +14,7 @@ unsharded and under DTensor tensor parallelism (local shards of q/k/v and fc1).
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +134,11 @@ class Embed(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.pos = nn.Embedding(spec.seq_length, spec.hidden_size) if spec.position_embedding_type == "learned_absolute" else None
+        self.pos = (
+            nn.Embedding(spec.seq_length, spec.hidden_size)
+            if spec.position_embedding_type == "learned_absolute"
+            else None
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
@@ -168,7 +172,7 @@ class GPT(nn.Module):
         layer_ids: Sequence[int],
         first: bool,
         last: bool,
-        recompute: Optional[dict[int, str]] = None,
+        recompute: dict[int, str] | None = None,
     ):
         super().__init__()
         recompute = recompute or {}
@@ -203,7 +207,9 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def layer_recompute(spec: ModelSpec, chunk_layers: Sequence[int], chunk_recompute: Sequence[tuple[int, int]]) -> dict[int, str]:
+def layer_recompute(
+    spec: ModelSpec, chunk_layers: Sequence[int], chunk_recompute: Sequence[tuple[int, int]]
+) -> dict[int, str]:
     """Recompute mode of every layer: in each chunk the first ``full`` layers are fully
     recomputed, the next ``selective`` ones selectively, the rest not at all."""
     modes: dict[int, str] = {}

@@ -8,7 +8,7 @@ plan's microbatches and averages gradients over them (``scale_grads``).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -38,9 +38,9 @@ def build_schedule(
     return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
 
 
-def run_schedule(schedule, layout: Layout, x: torch.Tensor, y: torch.Tensor) -> Optional[list[torch.Tensor]]:
+def run_schedule(schedule, layout: Layout, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor] | None:
     """One pipelined forward+backward over the local batch; microbatch losses on the last stage."""
-    losses: Optional[list[torch.Tensor]] = [] if layout.has_last else None
+    losses: list[torch.Tensor] | None = [] if layout.has_last else None
     target = y if layout.has_last else None
     if layout.has_first:
         schedule.step(x, target=target, losses=losses, return_outputs=False)

@@ -19,9 +19,8 @@ What is supported and how: see ``autoplan.runtime.data_parallel`` (ZeRO), ``pipe
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
-from simulator.job import Job, NO_DP_OVERLAP
+from simulator.job import NO_DP_OVERLAP, Job
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
@@ -46,13 +45,15 @@ def program_job(job: Job) -> Job:
     return job
 
 
-def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> Optional[str]:
+def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:
     """Why the runtime cannot run ``plan`` correctly, or None when it can."""
     if plan.offload == "nvme":
         return "offload=nvme (ZeRO-Infinity) has no PyTorch implementation; use the emitted DeepSpeed config"
     if plan.offload == "cpu" and plan.zero != 3:
-        return (f"offload=cpu with zero={plan.zero}: PyTorch offloads only through FSDP2's CPUOffloadPolicy, which "
-                "moves parameters, gradients and optimizer state together (ZeRO-3); use zero=3 or the DeepSpeed config")
+        return (
+            f"offload=cpu with zero={plan.zero}: PyTorch offloads only through FSDP2's CPUOffloadPolicy, which "
+            "moves parameters, gradients and optimizer state together (ZeRO-3); use zero=3 or the DeepSpeed config"
+        )
     if plan.schedule not in ("gpipe", "1f1b", "interleaved"):
         return f"schedule={plan.schedule} is not one of gpipe, 1f1b, interleaved"
     stages = plan.p * plan.v

@@ -55,11 +55,13 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sp: bool) -> None:
         return
     if model.embed is not None:
         parallelize_module(
-            model.embed, tp_mesh,
+            model.embed,
+            tp_mesh,
             PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True),
         )
     if model.head is not None:
         parallelize_module(
-            model.head, tp_mesh,
+            model.head,
+            tp_mesh,
             PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
         )

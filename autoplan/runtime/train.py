@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -58,7 +58,7 @@ class RankLog:
 
     def __init__(self, out: Path, rank: int):
         out.mkdir(parents=True, exist_ok=True)
-        self.f: TextIO = open(out / f"rank{rank}.log", "a", buffering=1)
+        self.f: TextIO = open(out / f"rank{rank}.log", "a", buffering=1)  # noqa: SIM115 (open for the process lifetime)
         self.rank = rank
         self.lines = 0
         self.heartbeat = out / f"rank{rank}.heartbeat"
@@ -80,7 +80,9 @@ class RankLog:
 
 def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
     """CUDA when asked or when every local rank can have its own GPU; else CPU."""
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available() and torch.cuda.device_count() >= local_world):
+    if choice == "cuda" or (
+        choice == "auto" and torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    ):
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -107,7 +109,7 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
     """AdamW steps; mean time of the timed ones (data generation excluded) and peak memory."""
     reset_peak(env.device)
     trainer = Trainer(spec, env, "adamw", mixed_precision=True)
-    losses: list[Optional[float]] = []
+    losses: list[float | None] = []
     for k in range(warmup):
         losses.append(trainer.step(*trainer.batch(k), spec.train.max_norm).loss)
         log(f"warmup step {k + 1}/{warmup} loss {losses[-1]}")
@@ -123,7 +125,12 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
     peak = peak_memory_bytes(env.device)
     del trainer
     release_memory(env.device)
-    return {"step_time_s": sum(step_times) / steps, "step_times_s": step_times, "losses": losses, "peak_memory_bytes": peak}
+    return {
+        "step_time_s": sum(step_times) / steps,
+        "step_times_s": step_times,
+        "losses": losses,
+        "peak_memory_bytes": peak,
+    }
 
 
 def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[str, Any]:
@@ -160,14 +167,20 @@ def run(args: argparse.Namespace) -> None:
     mesh = init_device_mesh(device.type, (plan.p, plan.d, plan.t), mesh_dim_names=("pp", "dp", "tp"))
     layout = Layout.of(plan, rank)
     env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, mesh=mesh, layout=layout)
-    log(f"{backend} on {device}; plan {plan.to_string()}; pp={layout.pp_rank} dp={layout.dp_rank} "
-        f"tp={layout.tp_rank} chunks={layout.chunks}")
+    log(
+        f"{backend} on {device}; plan {plan.to_string()}; pp={layout.pp_rank} dp={layout.dp_rank} "
+        f"tp={layout.tp_rank} chunks={layout.chunks}"
+    )
     import_plan_modules(plan)
     warm_up_runtime(device)
     result: dict[str, Any] = {
-        "rank": rank, "pid": os.getpid(), "device": device.type, "backend": backend,
+        "rank": rank,
+        "pid": os.getpid(),
+        "device": device.type,
+        "backend": backend,
         "coords": {"pp": layout.pp_rank, "dp": layout.dp_rank, "tp": layout.tp_rank},
-        "has_last_stage": layout.has_last, "rss_baseline_bytes": rss_bytes(),
+        "has_last_stage": layout.has_last,
+        "rss_baseline_bytes": rss_bytes(),
     }
     if args.steps > 0:
         result["timed"] = timed_phase(spec, env, args.warmup, args.steps, log)
@@ -179,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args)

@@ -13,8 +13,8 @@ zero=1 -- a reduce-scatter of the gradients and an all-gather of the parameters
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -32,7 +32,6 @@ only inside :func:`run_calibration`, so importing it (and ``hwprofiles``) stays 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from hwprofiles.errors import InputError
 
@@ -61,7 +60,7 @@ def gpu_reference(out: Path) -> str:
     return out.stem if _is_builtin_gpu(out) else str(out.resolve())
 
 
-def _check_inputs(device: str, out: Path, ranks: int, node_out: Optional[Path]) -> None:
+def _check_inputs(device: str, out: Path, ranks: int, node_out: Path | None) -> None:
     if device not in DEVICES:
         raise InputError(f"calibrate: --device: expected one of {', '.join(DEVICES)}, got {device!r}")
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
@@ -79,15 +78,18 @@ def _check_cuda(ranks: int) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise InputError(f"calibrate: --device cuda: CUDA is not available (torch {torch.__version__}, "
-                         f"{'no GPU visible' if torch.version.cuda else 'a CPU-only build'})")
+        raise InputError(
+            f"calibrate: --device cuda: CUDA is not available (torch {torch.__version__}, "
+            f"{'no GPU visible' if torch.version.cuda else 'a CPU-only build'})"
+        )
     count = torch.cuda.device_count()
     if ranks > count:
         raise InputError(f"calibrate: --ranks {ranks}: only {count} CUDA device(s) visible (one rank per GPU)")
 
 
-def run_calibration(device: str, out: Path, quick: bool = False, ranks: int = 2, progress: bool = True,
-                    node_out: Optional[Path] = None) -> list[Path]:
+def run_calibration(
+    device: str, out: Path, quick: bool = False, ranks: int = 2, progress: bool = True, node_out: Path | None = None
+) -> list[Path]:
     """Measure ``device`` and write its GPU profile to ``out`` (and, with ``ranks`` >= 2, the
     node profile to ``node_out``, default ``<stem>-node.yaml`` beside ``out``).
 

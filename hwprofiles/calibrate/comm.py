@@ -25,8 +25,9 @@ import os
 import queue as queue_mod
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,7 @@ class CommResult:
     ranks: int
     samples: list[CollectiveSample]
     rank_resident_GiB: float  # RSS of rank 0 after init_process_group and the benchmarks
-    tp_ratios: TpRatios       # the tensor-parallel reference layer's host time over the plain one's (mean over ranks)
+    tp_ratios: TpRatios  # the tensor-parallel reference layer's host time over the plain one's (mean over ranks)
     compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
     busy_wait_s: float | None = None  # CPU, 3+ ranks: extra message latency while the other ranks compute
 
@@ -73,8 +74,9 @@ def _pair_groups(world: int) -> list[Any]:
     return [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)]
 
 
-def _collective(op: str, nbytes: int, rank: int, world: int, size: int, group: Any,
-                device: torch.device) -> tuple[Callable[[], None], int]:
+def _collective(
+    op: str, nbytes: int, rank: int, world: int, size: int, group: Any, device: torch.device
+) -> tuple[Callable[[], None], int]:
     """(one call, messages per call) of ``op`` over ``group`` (``size`` ranks; None: all ranks)
     moving ``nbytes`` (rounded to whole fp32 shards); send/recv pairs rank r with r xor 1."""
     n = max(size, nbytes // 4 // size * size)
@@ -137,8 +139,16 @@ def comm_items(ranks: int, n_sizes: int) -> int:
     return len(_schedule(ranks)) * n_sizes + 1
 
 
-def _worker(rank: int, world: int, device_type: str, init_file: str, sizes: tuple[int, ...],
-            timing: Timing, eager_repeats: int, out: Any) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    device_type: str,
+    init_file: str,
+    sizes: tuple[int, ...],
+    timing: Timing,
+    eager_repeats: int,
+    out: Any,
+) -> None:
     """One rank: join the group, time every (collective, size), rank 0 reports to ``out``."""
     if device_type == "cuda":
         torch.cuda.set_device(rank)
@@ -179,8 +189,9 @@ def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], N
     return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5], msg[6]
 
 
-def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int,
-                        tick: Callable[[str], None]) -> CommResult:
+def measure_collectives(
+    device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int, tick: Callable[[str], None]
+) -> CommResult:
     """Spawn ``ranks`` processes and time the collectives (module docstring)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -188,8 +199,12 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
     final: tuple | None = None
     with tempfile.TemporaryDirectory(prefix="autoplan-calibrate-") as tmp:
         procs = mp.start_processes(
-            _worker, args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, eager_repeats, out),
-            nprocs=ranks, join=False, start_method="spawn")
+            _worker,
+            args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, eager_repeats, out),
+            nprocs=ranks,
+            join=False,
+            start_method="spawn",
+        )
         try:
             finished = False
             while not finished:
@@ -217,5 +232,12 @@ def measure_collectives(device: str, ranks: int, sizes: tuple[int, ...], timing:
                 p.join()
     if final is None:
         raise RuntimeError("collective benchmark: rank 0 did not report its results")
-    return CommResult(backend="nccl" if device == "cuda" else "gloo", ranks=ranks, samples=samples,
-                      rank_resident_GiB=final[0], tp_ratios=final[1], compute_slots=final[2], busy_wait_s=final[3])
+    return CommResult(
+        backend="nccl" if device == "cuda" else "gloo",
+        ranks=ranks,
+        samples=samples,
+        rank_resident_GiB=final[0],
+        tp_ratios=final[1],
+        compute_slots=final[2],
+        busy_wait_s=final[3],
+    )

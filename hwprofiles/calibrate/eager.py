@@ -48,14 +48,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-_H, _S, _HEADS, _VOCAB = 16, 8, 2, 32   # negligible arithmetic: every block is all host work
+_H, _S, _HEADS, _VOCAB = 16, 8, 2, 32  # negligible arithmetic: every block is all host work
 _CALLS = 20
 _OPT_TENSORS = 64
 _OPT_LARGE_ELEMENTS, _OPT_LARGE_TENSORS, _OPT_LARGE_CALLS = 1 << 18, 4, 5
@@ -125,8 +126,12 @@ def layer_training_step() -> Callable[[], None]:
 def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
     """Megatron's column/row split of ``layer`` over a 1-D DeviceMesh, in place."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     gather = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
     plan = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")}
@@ -179,13 +184,13 @@ def _layer_host(layer: nn.Module, device: str, repeats: int) -> tuple[PassHost, 
     from torch.distributed.tensor import DTensor
 
     x = _activation(device)
-    passes = time_passes(lambda: layer(x), repeats)   # leaves every parameter with a gradient
+    passes = time_passes(lambda: layer(x), repeats)  # leaves every parameter with a gradient
     params = list(layer.parameters())
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
     opt = torch.optim.AdamW(params, lr=1e-4)
 
     def step() -> None:
-        torch.nn.utils.get_total_norm(grads)   # the runtime's norm runs on the local shards
+        torch.nn.utils.get_total_norm(grads)  # the runtime's norm runs on the local shards
         opt.step()
 
     for _ in range(3):
@@ -233,8 +238,9 @@ def _optimizer_step(elements: int, tensors: int, device: str) -> Callable[[], No
     return step
 
 
-def _per_call(step: Callable[[], None], calls: int, repeats: int, clock: Callable[[], float],
-              sync: Callable[[], None]) -> float:
+def _per_call(
+    step: Callable[[], None], calls: int, repeats: int, clock: Callable[[], float], sync: Callable[[], None]
+) -> float:
     """Median over ``repeats`` loops of ``calls`` calls of the mean time per call."""
     samples = []
     for _ in range(repeats):
@@ -270,8 +276,8 @@ class EagerResult:
     head: PassHost
     optimizer_tensor_s: float
     optimizer_param_s: float
-    tp_layer: PassHost | None = None   # filled in by the collective benchmark's ranks
-    tp_optimizer_tensor_s: float | None = None   # also filled in by those ranks
+    tp_layer: PassHost | None = None  # filled in by the collective benchmark's ranks
+    tp_optimizer_tensor_s: float | None = None  # also filled in by those ranks
 
 
 def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> EagerResult:
@@ -287,11 +293,17 @@ def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> Eag
 
 def median_result(rounds: list[EagerResult]) -> EagerResult:
     """Each figure's median over measurement rounds (module docstring)."""
+
     def med(get: Callable[[EagerResult], float]) -> float:
         return statistics.median(get(r) for r in rounds)
 
     def passes(get: Callable[[EagerResult], PassHost]) -> PassHost:
         return PassHost(med(lambda r: get(r).forward_s), med(lambda r: get(r).backward_s))
 
-    return EagerResult(passes(lambda r: r.layer), passes(lambda r: r.embedding), passes(lambda r: r.head),
-                       med(lambda r: r.optimizer_tensor_s), med(lambda r: r.optimizer_param_s))
+    return EagerResult(
+        passes(lambda r: r.layer),
+        passes(lambda r: r.embedding),
+        passes(lambda r: r.head),
+        med(lambda r: r.optimizer_tensor_s),
+        med(lambda r: r.optimizer_param_s),
+    )

@@ -16,8 +16,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -72,8 +72,16 @@ def fit_gemm_curve(points: Sequence[GemmPoint], peak_tflops: float) -> GemmFit:
     x0 = np.array([min(1.0, float(eff.max())), 32.0, 32.0, 32.0])
     lower = np.array([1e-6, 0.0, 0.0, 0.0])
     upper = np.array([1.0, 1e6, 1e6, 1e6])
-    sol = least_squares(residual, x0, bounds=(lower, upper), x_scale=np.array([0.1, 32.0, 32.0, 32.0]),
-                        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    sol = least_squares(
+        residual,
+        x0,
+        bounds=(lower, upper),
+        x_scale=np.array([0.1, 32.0, 32.0, 32.0]),
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+        max_nfev=2000,
+    )
     e, hm, hn, hk = (float(v) if v >= 1e-6 else 0.0 for v in sol.x)
     rms = float(np.sqrt(np.mean(residual(np.array([e, hm, hn, hk])) ** 2)))
     return GemmFit(max_efficiency=e, half_dim_m=hm, half_dim_n=hn, half_dim_k=hk, rms_log_error=rms)
@@ -153,8 +161,18 @@ def fit_link(samples: Iterable[CollectiveSample], trees: bool = True) -> LinkFit
     i_small, i_big = int(np.argmin(gbytes)), int(np.argmax(gbytes))
     lat0 = max(t[i_small] / steps[i_small] * 1e6 * 0.5, 1e-3)
     inv_bw0 = max(t[i_big] / max(gbytes[i_big], 1e-12) * 0.5, 1e-6)
-    sol = least_squares(residual, np.array([lat0, inv_bw0]), bounds=([0.0, 1e-9], [np.inf, np.inf]),
-                        x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    sol = least_squares(
+        residual,
+        np.array([lat0, inv_bw0]),
+        bounds=([0.0, 1e-9], [np.inf, np.inf]),
+        x_scale="jac",
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+        max_nfev=2000,
+    )
     lat_us, s_per_gb = float(sol.x[0]), float(sol.x[1])
     rms = float(np.sqrt(np.mean(residual(sol.x) ** 2)))
-    return LinkFit(latency_s=lat_us * 1e-6, bandwidth_Bps=GB / s_per_gb, rms_rel_error=rms, samples=len(rows), trees=trees)
+    return LinkFit(
+        latency_s=lat_us * 1e-6, bandwidth_Bps=GB / s_per_gb, rms_rel_error=rms, samples=len(rows), trees=trees
+    )

@@ -9,7 +9,7 @@ The per-op overhead is left out because the simulator adds ``kernel_launch_us`` 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -54,9 +54,16 @@ def measure_gemm(settings: Settings, tick: Callable[[str], None]) -> list[GemmPo
                 t = raw_seconds(_mm(m, n, k, dtype, settings.device, gen), settings.device, settings.timing)
                 raw[(dtype, m, n, k)] = min(raw.get((dtype, m, n, k), float("inf")), t)
                 tick(f"gemm {dtype} {m}x{n}x{k}")
-    return [GemmPoint(m=m, n=n, k=k, dtype=dtype,
-                      tflops=2.0 * m * n * k / work_seconds(t, dispatch[dtype], settings.device) / 1e12)
-            for (dtype, m, n, k), t in raw.items()]
+    return [
+        GemmPoint(
+            m=m,
+            n=n,
+            k=k,
+            dtype=dtype,
+            tflops=2.0 * m * n * k / work_seconds(t, dispatch[dtype], settings.device) / 1e12,
+        )
+        for (dtype, m, n, k), t in raw.items()
+    ]
 
 
 def peak_by_dtype(points: list[GemmPoint]) -> dict[str, GemmPoint]:

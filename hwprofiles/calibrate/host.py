@@ -17,8 +17,8 @@ import platform
 import resource
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -50,8 +50,10 @@ def measure_copies(settings: Settings, tick: Callable[[str], None]) -> CopyResul
         d2h = settings.host_copy_bytes / seconds_per_call(lambda: host.copy_(gpu), dev, settings.timing) / GB
         tick("host<->device copies")
         h1, g1 = torch.empty(1, pin_memory=True), torch.empty(1, device="cuda")
-        lat = 0.5 * (seconds_per_call(lambda: g1.copy_(h1), dev, settings.timing)
-                     + seconds_per_call(lambda: h1.copy_(g1), dev, settings.timing))
+        lat = 0.5 * (
+            seconds_per_call(lambda: g1.copy_(h1), dev, settings.timing)
+            + seconds_per_call(lambda: h1.copy_(g1), dev, settings.timing)
+        )
         tick("host<->device latency")
         return CopyResult(h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat * 1e6)
     src, dst = torch.randn(n), torch.empty(n)
@@ -138,8 +140,9 @@ def host_name() -> str:
 def nvlink_present() -> bool:
     """Whether GPU 0 has an active NVLink (``nvidia-smi nvlink --status``); False if unknown."""
     try:
-        out = subprocess.run(["nvidia-smi", "nvlink", "--status", "-i", "0"], capture_output=True, text=True,
-                             timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "nvlink", "--status", "-i", "0"], capture_output=True, text=True, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return "GB/s" in out

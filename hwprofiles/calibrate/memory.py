@@ -25,8 +25,8 @@ counts them) over its work time; reported in ``measured`` only.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +38,9 @@ from hwprofiles.units import GB
 
 @dataclass(frozen=True)
 class MemoryResult:
-    bandwidth_GBps: float                      # median copy bandwidth over the sizes
-    efficiency: float                          # median over other ops x sizes of achieved / best copy
-    by_op_GBps: dict[str, float] = field(default_factory=dict)   # median over sizes, per op
+    bandwidth_GBps: float  # median copy bandwidth over the sizes
+    efficiency: float  # median over other ops x sizes of achieved / best copy
+    by_op_GBps: dict[str, float] = field(default_factory=dict)  # median over sizes, per op
     attention_tflops: dict[str, float] = field(default_factory=dict)
 
 
@@ -52,7 +52,12 @@ def _row_widths(device: str) -> tuple[int, int]:
 
 #: bytes read + written per element, as (bytes per element of the dtype, extra bytes)
 _TRAFFIC: dict[str, tuple[int, int]] = {
-    "copy": (2, 0), "add": (3, 0), "scale": (2, 0), "gelu": (2, 0), "dropout": (2, 1), "layer_norm": (2, 0),
+    "copy": (2, 0),
+    "add": (3, 0),
+    "scale": (2, 0),
+    "gelu": (2, 0),
+    "dropout": (2, 1),
+    "layer_norm": (2, 0),
     "softmax": (2, 0),
 }
 
@@ -103,13 +108,19 @@ def measure_memory(settings: Settings, dtype: str, tick: Callable[[str], None]) 
                 t = raw_seconds(_memory_op(name, n, settings.device, tdt), settings.device, settings.timing)
                 raw[(name, n)] = min(raw.get((name, n), float("inf")), t)
                 tick(f"{name} {n} elements")
-    bw = {(name, n): _memory_bytes(name, n, tdt) / work_seconds(t, base[name], settings.device) / GB
-          for (name, n), t in raw.items()}
+    bw = {
+        (name, n): _memory_bytes(name, n, tdt) / work_seconds(t, base[name], settings.device) / GB
+        for (name, n), t in raw.items()
+    }
     by_op = {name: statistics.median(bw[(name, n)] for n in settings.mem_elements) for name in MEMORY_OPS}
     copy = by_op["copy"]
     eff = statistics.median(v / copy for (name, _), v in bw.items() if name != "copy")
-    return MemoryResult(bandwidth_GBps=copy, efficiency=min(1.0, eff), by_op_GBps=by_op,
-                        attention_tflops=_measure_attention(settings, tdt, tick))
+    return MemoryResult(
+        bandwidth_GBps=copy,
+        efficiency=min(1.0, eff),
+        by_op_GBps=by_op,
+        attention_tflops=_measure_attention(settings, tdt, tick),
+    )
 
 
 def _attention(b: int, a: int, s: int, d: int, device: str, tdt: torch.dtype) -> Callable[[], object]:

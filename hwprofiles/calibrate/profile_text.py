@@ -37,14 +37,21 @@ def _stamp(c: Calibration) -> str:
 
 def _table_lines(c: Calibration) -> list[str]:
     stamp = _stamp(c)
-    return [f"    - {{m: {p.m}, n: {p.n}, k: {p.k}, tflops: {num(p.tflops)}, dtype: {p.dtype}}}   # {stamp}"
-            for p in c.gemm_points]
+    return [
+        f"    - {{m: {p.m}, n: {p.n}, k: {p.k}, tflops: {num(p.tflops)}, dtype: {p.dtype}}}   # {stamp}"
+        for p in c.gemm_points
+    ]
 
 
 def _measured_lines(c: Calibration) -> list[str]:
     items: dict[str, str] = {
-        "date": c.date, "device": c.device_name, "torch": c.torch_version, "host": c.host, "mode": c.mode,
-        "intra_op_threads": str(c.threads), "load_average_before_after": c.host_load,
+        "date": c.date,
+        "device": c.device_name,
+        "torch": c.torch_version,
+        "host": c.host,
+        "mode": c.mode,
+        "intra_op_threads": str(c.threads),
+        "load_average_before_after": c.host_load,
         "dispatch_us": num(c.dispatch_us),
         "autograd_forward_op_us": num(c.forward_op_us),
         "autograd_backward_op_us": num(c.backward_op_us),
@@ -58,7 +65,7 @@ def _measured_lines(c: Calibration) -> list[str]:
 _GPU_NOTES: dict[str, str] = {
     "memory_bandwidth_GBps": "copy_ (read+write bytes)/time, median over tensor sizes",
     "memory_efficiency": "median over add, scale, gelu, dropout, layer_norm, softmax x sizes "
-                         "of achieved / copy bandwidth",
+    "of achieved / copy bandwidth",
     "kernel_launch_us": "per-op overhead of a forward+backward of tiny ops, backward counted as 2 ops",
     "max_efficiency": "least-squares fit (log error) of the curve to the table, vs the default dtype's peak",
 }
@@ -66,8 +73,11 @@ _GPU_NOTES: dict[str, str] = {
 
 def _gpu_header(c: Calibration) -> list[str]:
     what = "one CPU core (torch.set_num_threads(1), one rank per core)" if c.device == "cpu" else "one GPU"
-    work = ("the thread's CPU time of the op less that of the same op on a tiny tensor" if c.device == "cpu"
-            else "device time, the host's launch time hidden")
+    work = (
+        "the thread's CPU time of the op less that of the same op on a tiny tensor"
+        if c.device == "cpu"
+        else "device time, the host's launch time hidden"
+    )
     return [
         f"# {c.device_name}: profile of {what},",
         f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
@@ -89,29 +99,50 @@ def _eager_lines(c: Calibration) -> list[str]:
     if e is None:
         return []
     s = _stamp(c)
-    lines = ["eager:   # host time (thread CPU time) of eager PyTorch per pass at negligible arithmetic "
-             "(hidden 16, 8 tokens), median of timed loops, single-process blocks: median of "
-             f"{EAGER_ROUNDS} rounds spread over the calibration"]
-    blocks = [("layer", e.layer, "pre-norm GPT layer"), ("embedding", e.embedding, "token + position embedding"),
-              ("head", e.head, "final LayerNorm, output Linear, cross-entropy")]
+    lines = [
+        "eager:   # host time (thread CPU time) of eager PyTorch per pass at negligible arithmetic "
+        "(hidden 16, 8 tokens), median of timed loops, single-process blocks: median of "
+        f"{EAGER_ROUNDS} rounds spread over the calibration"
+    ]
+    blocks = [
+        ("layer", e.layer, "pre-norm GPT layer"),
+        ("embedding", e.embedding, "token + position embedding"),
+        ("head", e.head, "final LayerNorm, output Linear, cross-entropy"),
+    ]
     if e.tp_layer is not None:
-        blocks.insert(1, ("tp_layer", e.tp_layer, f"the layer under DTensor tensor parallelism over the plain layer, "
-                                                   f"both timed by 2-rank groups of {c.ranks} {c.backend} ranks one group at "
-                                                   f"a time (collective waits excluded; median of {EAGER_ROUNDS} turns, mean "
-                                                   f"over ranks), times layer_*_us"))
+        blocks.insert(
+            1,
+            (
+                "tp_layer",
+                e.tp_layer,
+                f"the layer under DTensor tensor parallelism over the plain layer, "
+                f"both timed by 2-rank groups of {c.ranks} {c.backend} ranks one group at "
+                f"a time (collective waits excluded; median of {EAGER_ROUNDS} turns, mean "
+                f"over ranks), times layer_*_us",
+            ),
+        )
     for key, p, what in blocks:
         lines.append(f"  {key}_forward_us: {num(p.forward_s * 1e6)}   # {what}; {s}")
         lines.append(f"  {key}_backward_us: {num(p.backward_s * 1e6)}   # same, backward; {s}")
-    lines.append(f"  optimizer_tensor_us: {num(e.optimizer_tensor_s * 1e6)}   # AdamW step + global grad norm + "
-                 f"clipping, per parameter tensor; {s}")
+    lines.append(
+        f"  optimizer_tensor_us: {num(e.optimizer_tensor_s * 1e6)}   # AdamW step + global grad norm + "
+        f"clipping, per parameter tensor; {s}"
+    )
     if e.tp_optimizer_tensor_s is not None:
-        lines.append(f"  tp_optimizer_tensor_us: {num(e.tp_optimizer_tensor_s * 1e6)}   # AdamW step over the tensor-parallel "
-                     f"layer's parameters (DTensors where sharded) + norm of the local gradients, per tensor, over the "
-                     f"same step on the plain layer's, same groups and turns as tp_layer, times optimizer_tensor_us; {s}")
-    how = ("wall-clock, device synchronized" if c.device == "cuda"
-           else "thread CPU time less the tensors' optimizer_tensor_us")
-    lines.append(f"  optimizer_param_ns: {num(e.optimizer_param_s * 1e9)}   # the same step on 4 x 2^18-element "
-                 f"tensors, per parameter ({how}); {s}")
+        lines.append(
+            f"  tp_optimizer_tensor_us: {num(e.tp_optimizer_tensor_s * 1e6)}   # AdamW step over the tensor-parallel "
+            f"layer's parameters (DTensors where sharded) + norm of the local gradients, per tensor, over the "
+            f"same step on the plain layer's, same groups and turns as tp_layer, times optimizer_tensor_us; {s}"
+        )
+    how = (
+        "wall-clock, device synchronized"
+        if c.device == "cuda"
+        else "thread CPU time less the tensors' optimizer_tensor_us"
+    )
+    lines.append(
+        f"  optimizer_param_ns: {num(e.optimizer_param_s * 1e9)}   # the same step on 4 x 2^18-element "
+        f"tensors, per parameter ({how}); {s}"
+    )
     return lines
 
 
@@ -147,10 +178,13 @@ def render_gpu(c: Calibration, name: str) -> str:
 
 def _link_comment(c: Calibration) -> str:
     assert c.link is not None
-    per_op = ", ".join(f"{op} {num(f.bandwidth_Bps / GB, 3)} GB/s {num(f.latency_s * 1e6, 3)} us"
-                       for op, f in c.link_by_op.items())
-    return (f"{c.backend} over {c.ranks} ranks, ring alpha-beta fit of all-reduce, all-gather, reduce-scatter, "
-            f"send/recv (rms error {num(c.link.rms_rel_error * 100, 2)}%; per op: {per_op}); {_stamp(c)}")
+    per_op = ", ".join(
+        f"{op} {num(f.bandwidth_Bps / GB, 3)} GB/s {num(f.latency_s * 1e6, 3)} us" for op, f in c.link_by_op.items()
+    )
+    return (
+        f"{c.backend} over {c.ranks} ranks, ring alpha-beta fit of all-reduce, all-gather, reduce-scatter, "
+        f"send/recv (rms error {num(c.link.rms_rel_error * 100, 2)}%; per op: {per_op}); {_stamp(c)}"
+    )
 
 
 def _slots(slots: dict[int, float]) -> str:
@@ -167,8 +201,10 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         header = f"# This host as a node of {c.gpus_per_node} CPU ranks joined by {c.backend} over loopback"
     else:
         pcie_kind = "pcie"
-        pcie_note = (f"pinned host<->device copies: H2D {num(c.copy_h2d_GBps, 3)}, "
-                     f"D2H {num(c.copy_d2h_GBps, 3)} GB/s (mean), 4-byte copy latency; {s}")
+        pcie_note = (
+            f"pinned host<->device copies: H2D {num(c.copy_h2d_GBps, 3)}, "
+            f"D2H {num(c.copy_d2h_GBps, 3)} GB/s (mean), 4-byte copy latency; {s}"
+        )
         header = f"# This host's {c.gpus_per_node} x {c.device_name} joined by {c.backend}"
     count_note = "ranks of the collective benchmark" if c.device == "cpu" else "torch.cuda.device_count()"
     lines = [
@@ -178,33 +214,49 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         f"gpu: {_q(gpu_ref)}",
         f"gpus_per_node: {c.gpus_per_node}   # {count_note}",
         f"backend: {c.backend}",
-        (f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / GB)}, "
-         f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   "
-         f"# bus bandwidth and per-step latency: {_link_comment(c)}"),
-        (f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
-         f"latency_us: {num(c.copy_latency_us)}, efficiency: 1.0}}   # {pcie_note}"),
+        (
+            f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / GB)}, "
+            f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   "
+            f"# bus bandwidth and per-step latency: {_link_comment(c)}"
+        ),
+        (
+            f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
+            f"latency_us: {num(c.copy_latency_us)}, efficiency: 1.0}}   # {pcie_note}"
+        ),
         "nics_per_node: 0   # not measured: a one-host calibration sees no NIC (add one for multi-node clusters)",
         f"host_memory_GiB: {num(c.host_memory_GiB)}   # physical memory (sysconf); {s}",
-        (f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # torch.optim.Adam.step, 12 B/param of fp32 state / step time, "
-         f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"),
+        (
+            f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # torch.optim.Adam.step, 12 B/param of fp32 state / step time, "
+            f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"
+        ),
     ]
     if _own_fits(c):
-        lines.append(f"collectives:   # each collective's own ring alpha-beta fit (gloo runs each with its own code); {s}")
+        lines.append(
+            f"collectives:   # each collective's own ring alpha-beta fit (gloo runs each with its own code); {s}"
+        )
         for op, f in c.link_by_op.items():
-            lines.append(f"  {op}: {{bandwidth_GBps: {num(f.bandwidth_Bps / GB)}, latency_us: {num(f.latency_s * 1e6)}}}"
-                         f"   # rms error {num(f.rms_rel_error * 100, 2)}% over {f.samples} samples")
+            lines.append(
+                f"  {op}: {{bandwidth_GBps: {num(f.bandwidth_Bps / GB)}, latency_us: {num(f.latency_s * 1e6)}}}"
+                f"   # rms error {num(f.rms_rel_error * 100, 2)}% over {f.samples} samples"
+            )
     if c.device == "cpu" and c.compute_slots:
-        lines.append(f"compute_slots: {_slots(c.compute_slots)}   # busy ranks: throughput of single-threaded training "
-                     f"loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the busy ranks synchronized "
-                     f"by a scalar all-reduce after each, its time alone taken out) on that many ranks at once / on one "
-                     f"alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}")
+        lines.append(
+            f"compute_slots: {_slots(c.compute_slots)}   # busy ranks: throughput of single-threaded training "
+            f"loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the busy ranks synchronized "
+            f"by a scalar all-reduce after each, its time alone taken out) on that many ranks at once / on one "
+            f"alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}"
+        )
     if c.device == "cpu" and c.busy_wait_s is not None:
-        lines.append(f"busy_latency_us: {{{c.ranks}: {num(c.busy_wait_s * 1e6)}}}   # with this many ranks: extra one-way "
-                     f"latency of a 16 KiB send/recv between two ranks while the others run training steps (a woken "
-                     f"rank waits for a core), median of {WAIT_ROUNDS} rounds of busy minus idle; {s}")
+        lines.append(
+            f"busy_latency_us: {{{c.ranks}: {num(c.busy_wait_s * 1e6)}}}   # with this many ranks: extra one-way "
+            f"latency of a 16 KiB send/recv between two ranks while the others run training steps (a woken "
+            f"rank waits for a core), median of {WAIT_ROUNDS} rounds of busy minus idle; {s}"
+        )
     if c.device == "cpu" and not c.compute_slots:
-        lines.append(f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
-                     f"ranks beyond that share cores; {s}")
+        lines.append(
+            f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
+            f"ranks beyond that share cores; {s}"
+        )
     return "\n".join(lines + _sample_lines(c)) + "\n"
 
 
@@ -220,8 +272,10 @@ def _sample_lines(c: Calibration) -> list[str]:
     assert c.link is not None
     own = _own_fits(c)
     what = "each collective's own fit above" if own else "the intra_node link above"
-    out = [f"# Collective times {_stamp(c)} (best loop mean of the slowest rank; model: {what}):",
-           "#   op              ranks        bytes   measured_us      model_us"]
+    out = [
+        f"# Collective times {_stamp(c)} (best loop mean of the slowest rank; model: {what}):",
+        "#   op              ranks        bytes   measured_us      model_us",
+    ]
     for x in c.collective_samples:
         model = (c.link_by_op[x.op] if own else c.link).predict(x.op, x.nbytes, x.ranks)
         out.append(f"#   {x.op:<15} {x.ranks:>5} {x.nbytes:>12} {x.seconds * 1e6:>13.1f} {model * 1e6:>13.1f}")

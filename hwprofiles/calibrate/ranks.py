@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -73,8 +74,9 @@ def _slots_round(rank: int, busy: int, calls: int, device: torch.device, group: 
         t0, t1 = _layer_loop(calls)
         solo = t1 - t0
     dist.barrier()
-    start, end = (_layer_loop(calls, lambda: dist.all_reduce(flag, group=group)) if rank < busy
-                  else (math.inf, -math.inf))
+    start, end = (
+        _layer_loop(calls, lambda: dist.all_reduce(flag, group=group)) if rank < busy else (math.inf, -math.inf)
+    )
     dist.barrier()
     alone = _all_reduces(calls, flag, group) if rank < busy else 0.0
     solo, alone = (x * world for x in _mean_over_ranks([solo, alone / busy], device))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from hwprofiles.calibrate.eager import EagerResult
 from hwprofiles.calibrate.fit import CollectiveSample, GemmFit, LinkFit
@@ -14,16 +13,16 @@ from hwprofiles.schema import GemmPoint
 class Calibration:
     # provenance
     date: str
-    device: str                 # "cpu" | "cuda"
+    device: str  # "cpu" | "cuda"
     device_name: str
     torch_version: str
     host: str
-    mode: str                   # "quick" | "full"
-    threads: int                # intra-op threads of the compute benchmarks
-    host_load: str              # 1-minute load average before / after (other work on the host)
+    mode: str  # "quick" | "full"
+    threads: int  # intra-op threads of the compute benchmarks
+    host_load: str  # 1-minute load average before / after (other work on the host)
     # compute
     default_dtype: str
-    peaks: dict[str, GemmPoint]     # fastest GEMM per dtype
+    peaks: dict[str, GemmPoint]  # fastest GEMM per dtype
     gemm_points: list[GemmPoint]
     gemm_fit: GemmFit
     dispatch_us: float
@@ -37,7 +36,7 @@ class Calibration:
     memory_GiB: float
     memory_reserved_GiB: float
     reserved_how: str
-    eager: Optional[EagerResult]  # host time of eager blocks (None: not measured)
+    eager: EagerResult | None  # host time of eager blocks (None: not measured)
     # host and node
     copy_h2d_GBps: float
     copy_d2h_GBps: float
@@ -45,13 +44,13 @@ class Calibration:
     cpu_adam_GBps: float
     host_memory_GiB: float
     cpu_cores: int
-    compute_slots: Optional[dict[int, float]]  # busy ranks -> slots, measured by the ranks (CPU); None: not measured
-    busy_wait_s: Optional[float]  # extra message latency while the other ranks compute (CPU, 3+ ranks); None: not measured
+    compute_slots: dict[int, float] | None  # busy ranks -> slots, measured by the ranks (CPU); None: not measured
+    busy_wait_s: float | None  # extra message latency while the other ranks compute (CPU, 3+ ranks); None: not measured
     gpus_per_node: int
-    intra_kind: str             # Link.kind of the measured intra-node link
+    intra_kind: str  # Link.kind of the measured intra-node link
     # collectives (None when fewer than 2 ranks were measured)
     ranks: int
     backend: str
-    link: Optional[LinkFit] = None
+    link: LinkFit | None = None
     link_by_op: dict[str, LinkFit] = field(default_factory=dict)
     collective_samples: list[CollectiveSample] = field(default_factory=list)

@@ -13,7 +13,6 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from datetime import date
-from typing import Optional
 
 import torch
 from tqdm import tqdm
@@ -36,7 +35,7 @@ from hwprofiles.schema import GemmPoint
 class _Benchmarks:
     """What the benchmarks measured, before the collective fits."""
 
-    threads: int                  # intra-op threads the compute benchmarks ran with
+    threads: int  # intra-op threads the compute benchmarks ran with
     overhead: Overhead
     points: list[GemmPoint]
     default_dtype: str
@@ -45,10 +44,10 @@ class _Benchmarks:
     memory: MemoryResult
     copies: CopyResult
     adam_GBps: float
-    eager: EagerResult            # single-process blocks, median of the rounds
+    eager: EagerResult  # single-process blocks, median of the rounds
     reserved_GiB: float
     reserved_how: str
-    comm: Optional[CommResult]    # None: fewer than 2 ranks
+    comm: CommResult | None  # None: fewer than 2 ranks
 
 
 def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration:
@@ -58,8 +57,14 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
     s = settings_for(device, quick)
     n_comm = comm_items(ranks, len(s.comm_bytes)) if ranks >= 2 else 0
     threads = torch.get_num_threads()
-    bar = tqdm(total=s.compute_items() + n_comm, desc=f"calibrate {device}", unit="bench",
-               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=s.compute_items() + n_comm,
+        desc=f"calibrate {device}",
+        unit="bench",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
 
     def tick(label: str) -> None:
         bar.set_postfix_str(label, refresh=False)
@@ -83,17 +88,19 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         eager_rounds.append(measure_eager(device, s.eager_repeats, tick))
         eager = median_result(eager_rounds)
         reserved, how = _reserved(device, baseline_rss)
-        comm = (measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, s.eager_repeats, tick)
-                if ranks >= 2 else None)
+        comm = (
+            measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, s.eager_repeats, tick)
+            if ranks >= 2
+            else None
+        )
     finally:
         torch.set_num_threads(threads)
         bar.close()
-    b = _Benchmarks(used_threads, ovh, points, default_dtype, peaks, fit, mem, copies, adam, eager, reserved, how,
-                    comm)
+    b = _Benchmarks(used_threads, ovh, points, default_dtype, peaks, fit, mem, copies, adam, eager, reserved, how, comm)
     return _calibration(device, quick, ranks, load_before, b)
 
 
-def _with_collectives(device: str, b: _Benchmarks) -> tuple[Optional[LinkFit], dict[str, LinkFit], _Benchmarks]:
+def _with_collectives(device: str, b: _Benchmarks) -> tuple[LinkFit | None, dict[str, LinkFit], _Benchmarks]:
     """The link fits (all collectives, and each alone) and the figures the ranks measured: the
     tensor-parallel blocks' host time and, on CPU, a rank's resident memory as the reserve."""
     comm = b.comm
@@ -103,12 +110,17 @@ def _with_collectives(device: str, b: _Benchmarks) -> tuple[Optional[LinkFit], d
     link = fit_link(comm.samples, trees)
     by_op = {op: fit_link([x for x in comm.samples if x.op == op], trees) for op in COLLECTIVES}
     if device == "cpu":
-        b = dataclasses.replace(b, reserved_GiB=comm.rank_resident_GiB,
-                                reserved_how=f"resident memory of a {comm.backend} rank after its collectives")
+        b = dataclasses.replace(
+            b,
+            reserved_GiB=comm.rank_resident_GiB,
+            reserved_how=f"resident memory of a {comm.backend} rank after its collectives",
+        )
     r, e = comm.tp_ratios, b.eager
     eager = dataclasses.replace(
-        e, tp_layer=PassHost(r.forward * e.layer.forward_s, r.backward * e.layer.backward_s),
-        tp_optimizer_tensor_s=r.optimizer * e.optimizer_tensor_s)
+        e,
+        tp_layer=PassHost(r.forward * e.layer.forward_s, r.backward * e.layer.backward_s),
+        tp_optimizer_tensor_s=r.optimizer * e.optimizer_tensor_s,
+    )
     return link, by_op, dataclasses.replace(b, eager=eager)
 
 
@@ -117,23 +129,45 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
     link, by_op, b = _with_collectives(device, b)
     comm, ovh, mem, copies = b.comm, b.overhead, b.memory, b.copies
     return Calibration(
-        date=date.today().isoformat(), device=device, device_name=host.device_name(device),
-        torch_version=torch.__version__, host=host.host_name(), mode="quick" if quick else "full",
-        threads=b.threads, host_load=f"{load_before:.2f} / {host.load_average():.2f}",
-        default_dtype=b.default_dtype, peaks=b.peaks, gemm_points=b.points, gemm_fit=b.gemm_fit,
-        dispatch_us=ovh.dispatch_s * 1e6, forward_op_us=ovh.forward_op_s * 1e6,
-        backward_op_us=ovh.backward_op_s * 1e6, kernel_launch_us=ovh.kernel_launch_s * 1e6,
-        memory_bandwidth_GBps=mem.bandwidth_GBps, memory_efficiency=mem.efficiency,
-        memory_by_op_GBps=mem.by_op_GBps, attention_tflops=mem.attention_tflops,
-        memory_GiB=host.device_memory_GiB(device, ranks), memory_reserved_GiB=b.reserved_GiB,
+        date=date.today().isoformat(),
+        device=device,
+        device_name=host.device_name(device),
+        torch_version=torch.__version__,
+        host=host.host_name(),
+        mode="quick" if quick else "full",
+        threads=b.threads,
+        host_load=f"{load_before:.2f} / {host.load_average():.2f}",
+        default_dtype=b.default_dtype,
+        peaks=b.peaks,
+        gemm_points=b.points,
+        gemm_fit=b.gemm_fit,
+        dispatch_us=ovh.dispatch_s * 1e6,
+        forward_op_us=ovh.forward_op_s * 1e6,
+        backward_op_us=ovh.backward_op_s * 1e6,
+        kernel_launch_us=ovh.kernel_launch_s * 1e6,
+        memory_bandwidth_GBps=mem.bandwidth_GBps,
+        memory_efficiency=mem.efficiency,
+        memory_by_op_GBps=mem.by_op_GBps,
+        attention_tflops=mem.attention_tflops,
+        memory_GiB=host.device_memory_GiB(device, ranks),
+        memory_reserved_GiB=b.reserved_GiB,
         reserved_how=b.reserved_how,
-        copy_h2d_GBps=copies.h2d_GBps, copy_d2h_GBps=copies.d2h_GBps, copy_latency_us=copies.latency_us,
-        cpu_adam_GBps=b.adam_GBps, host_memory_GiB=host.host_memory_GiB(), cpu_cores=host.cpu_cores(),
+        copy_h2d_GBps=copies.h2d_GBps,
+        copy_d2h_GBps=copies.d2h_GBps,
+        copy_latency_us=copies.latency_us,
+        cpu_adam_GBps=b.adam_GBps,
+        host_memory_GiB=host.host_memory_GiB(),
+        cpu_cores=host.cpu_cores(),
         compute_slots=comm.compute_slots if comm is not None else None,
         busy_wait_s=comm.busy_wait_s if comm is not None else None,
         gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
-        intra_kind=_intra_kind(device), ranks=ranks, backend="nccl" if device == "cuda" else "gloo",
-        eager=b.eager, link=link, link_by_op=by_op, collective_samples=comm.samples if comm is not None else [],
+        intra_kind=_intra_kind(device),
+        ranks=ranks,
+        backend="nccl" if device == "cuda" else "gloo",
+        eager=b.eager,
+        link=link,
+        link_by_op=by_op,
+        collective_samples=comm.samples if comm is not None else [],
     )
 
 

@@ -19,7 +19,7 @@ host hold the core; on CUDA the wall clock (``time.perf_counter``).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

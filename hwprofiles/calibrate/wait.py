@@ -25,7 +25,7 @@ from hwprofiles.calibrate.settings import WAIT_ROUNDS
 
 MESSAGE_BYTES = 16384
 PINGS = 200
-BUSY_FACTOR = 8.0   # the busy ranks compute this many idle ping-pong durations
+BUSY_FACTOR = 8.0  # the busy ranks compute this many idle ping-pong durations
 
 
 def _ping_pong(rank: int, x: torch.Tensor) -> float:

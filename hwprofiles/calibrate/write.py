@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
-from hwprofiles.calibrate.result import Calibration
 from hwprofiles.calibrate.profile_text import render_gpu, render_node
+from hwprofiles.calibrate.result import Calibration
 from hwprofiles.load import build, load_gpu, load_node, node_from_mapping, read_yaml
 from hwprofiles.schema import GpuProfile
 
 
-def write_profiles(c: Calibration, out: Path, node_out: Optional[Path], gpu_ref: str) -> list[Path]:
+def write_profiles(c: Calibration, out: Path, node_out: Path | None, gpu_ref: str) -> list[Path]:
     """Write the GPU profile to ``out`` and, when given, the node profile to ``node_out``.
 
     The GPU profile is named after ``out``'s stem, the node after ``node_out``'s. Both are read

@@ -26,11 +26,17 @@ from simulator.cost.collectives import GroupLink
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import StageCost, stage_groups
 from simulator.cost.stage_memory import StageMemory, stage_memory
-from simulator.cost.step import (host_fits, host_state_bytes, local_params, optimizer_tensors, optimizer_time,
-                                 step_sync_time)
+from simulator.cost.step import (
+    host_fits,
+    host_state_bytes,
+    local_params,
+    optimizer_tensors,
+    optimizer_time,
+    step_sync_time,
+)
 from simulator.cost.workload import executed_flops_per_iteration
-from simulator.result import SimResult
 from simulator.job import Job
+from simulator.result import SimResult
 from simulator.specs import ModelSpec
 
 __all__ = ["estimate", "memory_only"]
@@ -44,13 +50,13 @@ _FLOPS = IdentityCache(4096)
 class PipelinePhase:
     """The pipelined passes of one step, seen from the critical (slowest) device."""
 
-    m: int                   # microbatches
-    per_mb: list[float]      # each distinct stage's time per microbatch
+    m: int  # microbatches
+    per_mb: list[float]  # each distinct stage's time per microbatch
     z3_exposed: list[float]  # of which exposed ZeRO-3 gathers and scatters (and offloaded fetches)
-    sends: list[int]         # blocking pipeline sends per microbatch
-    crit: int                # index (into the groups) of the critical stage
-    saved: float             # recomputation GPipe skips for the last microbatch
-    bubble: float            # the critical stage's idle time (pipeline.pipeline_bubble)
+    sends: list[int]  # blocking pipeline sends per microbatch
+    crit: int  # index (into the groups) of the critical stage
+    saved: float  # recomputation GPipe skips for the last microbatch
+    bubble: float  # the critical stage's idle time (pipeline.pipeline_bubble)
 
     @property
     def steady(self) -> float:
@@ -150,14 +156,24 @@ def estimate(job: Job) -> SimResult:
         extra["host_memory_gib"] = host / 2**30
         fits_host = host_fits(job, host)
     return SimResult(
-        job=job, step_time=step, peak_memory=pm.total, memory_capacity=cluster.gpu.usable_memory_bytes,
+        job=job,
+        step_time=step,
+        peak_memory=pm.total,
+        memory_capacity=cluster.gpu.usable_memory_bytes,
         time_breakdown=breakdown,
-        memory_breakdown={"params": pm.params, "grads": pm.grads, "optimizer": pm.optimizer,
-                          "activations": pm.activations, "buffers": pm.buffers},
+        memory_breakdown={
+            "params": pm.params,
+            "grads": pm.grads,
+            "optimizer": pm.optimizer,
+            "activations": pm.activations,
+            "buffers": pm.buffers,
+        },
         executed_flops=_per_sequence_flops(model, full, sel) * job.global_batch,
         model_flops=_per_sequence_flops(model, 0, 0) * job.global_batch,
         bubble_fraction=pipe.bubble / pipe.steady if pipe.steady > 0 else 0.0,
-        fidelity="analytic", extra=extra, host_fits=fits_host,
+        fidelity="analytic",
+        extra=extra,
+        host_fits=fits_host,
     )
 
 

@@ -30,7 +30,9 @@ def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
     return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
 
 
-def per_microbatch_dp(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, overlap: bool) -> tuple[float, float]:
+def per_microbatch_dp(
+    cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, overlap: bool
+) -> tuple[float, float]:
     """(communication time, exposed time) per microbatch of the ZeRO stages that keep only a
     gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
     DeepSpeed and FSDP both do): overlapped with that microbatch's backward when the

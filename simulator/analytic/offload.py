@@ -30,8 +30,13 @@ def offload_time(job: Job, psi_local: float) -> float:
     if plan.zero < 3:
         phases.append(psi_local * 2 / pcie + node.pcie.latency_s)
     if plan.offload == "nvme" and node.nvme is not None:
-        phases.append(2 * node.gpus_per_node * psi_local * memory.OPTIMIZER_BYTES_PER_PARAM
-                      / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9))
+        phases.append(
+            2
+            * node.gpus_per_node
+            * psi_local
+            * memory.OPTIMIZER_BYTES_PER_PARAM
+            / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9)
+        )
     k = OFFLOAD_SUBGROUPS
     return down + sum(phases) / k + (k - 1) / k * max(phases)
 

@@ -34,7 +34,9 @@ def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
 def p2p_exposed(job: Job) -> float:
     """Seconds of one pipeline send (cached per model, cluster and layout; see _p2p_time)."""
     plan = job.plan
-    return _P2P.get_or_make((job.model, job.cluster), (plan.t, plan.sp, plan.mb, plan.p, plan.d), lambda: _p2p_time(job))
+    return _P2P.get_or_make(
+        (job.model, job.cluster), (plan.t, plan.sp, plan.mb, plan.p, plan.d), lambda: _p2p_time(job)
+    )
 
 
 def _pipeline_link(cluster: ClusterSpec, plan: Plan) -> tuple[float, float, bool]:
@@ -87,5 +89,7 @@ def tied_embedding_time(job: Job) -> float:
 def _tied_all_reduce(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     size = tied_embedding_bytes(model, plan.t, dtype_bytes(cluster.gpu))
     bw, lat, crosses = _pipeline_link(cluster, plan)
-    link = collectives.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else collectives.node_link(cluster)
+    link = (
+        collectives.GroupLink(bw, lat, uses_trees(cluster.node.backend)) if crosses else collectives.node_link(cluster)
+    )
     return collectives.all_reduce_time(size, 2, link)

@@ -7,8 +7,9 @@ entry guarantees an id is not reused while its entry lives.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from operator import is_
-from typing import Any, Callable, Hashable
+from typing import Any
 
 
 class IdentityCache:

@@ -27,8 +27,8 @@ from simulator.cost.layout import GroupShape
 
 @dataclass(frozen=True)
 class GroupLink:
-    bandwidth: float    # bytes/s of bus bandwidth per rank
-    latency: float      # seconds per algorithm step
+    bandwidth: float  # bytes/s of bus bandwidth per rank
+    latency: float  # seconds per algorithm step
     trees: bool = True  # latency-bound collectives run as trees (NCCL; gloo: rings only)
     per_collective: tuple[tuple[str, float, float], ...] = ()  # (name, bytes/s, latency): own fits inside a node
 
@@ -58,7 +58,9 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
         raise ValueError(f"node {node.name} has no NICs but the group spans {shape.nodes} nodes")
     inter = node.nics_per_node * node.nic.bytes_per_s / shape.concurrent
     bw = min(inter, intra.bytes_per_s) if shape.per_node > 1 else min(inter, node.nic.bytes_per_s * node.nics_per_node)
-    lat = node.nic.latency_s + cluster.network.switch_latency_us * 1e-6 * (1 if cluster.network.topology == "single-switch" else 3)
+    lat = node.nic.latency_s + cluster.network.switch_latency_us * 1e-6 * (
+        1 if cluster.network.topology == "single-switch" else 3
+    )
     return GroupLink(bw, max(lat, intra.latency_s), trees)
 
 
@@ -77,8 +79,12 @@ def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     wait = in_pass_wait(cluster) if shape.nodes <= 1 else 0.0
     if not wait:
         return link
-    return GroupLink(link.bandwidth, link.latency + wait, link.trees,
-                     tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective))
+    return GroupLink(
+        link.bandwidth,
+        link.latency + wait,
+        link.trees,
+        tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective),
+    )
 
 
 def all_reduce_time(size_bytes: float, n: int, link: GroupLink) -> float:

@@ -12,8 +12,8 @@ from simulator.specs import ModelSpec
 
 # Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
 OPTIMIZER_BYTES_PER_PARAM = 12  # K
-PARAM_BYTES = 2                 # fp16/bf16 working copy
-GRAD_BYTES = 2                  # fp16/bf16 gradients
+PARAM_BYTES = 2  # fp16/bf16 working copy
+GRAD_BYTES = 2  # fp16/bf16 gradients
 
 
 def state_bytes_per_param(e: int) -> tuple[int, int, int]:
@@ -34,9 +34,15 @@ class ModelStates:
         return self.params + self.grads + self.optimizer
 
 
-def model_state_bytes(psi: float, d: int, zero: int, offload: str = "none",
-                      param_bytes: int = PARAM_BYTES, grad_bytes: int = GRAD_BYTES,
-                      k: int = OPTIMIZER_BYTES_PER_PARAM) -> ModelStates:
+def model_state_bytes(
+    psi: float,
+    d: int,
+    zero: int,
+    offload: str = "none",
+    param_bytes: int = PARAM_BYTES,
+    grad_bytes: int = GRAD_BYTES,
+    k: int = OPTIMIZER_BYTES_PER_PARAM,
+) -> ModelStates:
     """Bytes of model states on one GPU for Psi parameters held by its model-parallel rank.
 
     ZeRO (Rajbhandari et al. 2020, Figure 1), with 2/2/K bytes per parameter:
@@ -135,7 +141,9 @@ def logits_buffer_bytes(model: ModelSpec, b: int, t: int, e: int = 2, vocab: int
     return b * model.seq_length * (vocab or model.vocab_size) / t * (e + 4)
 
 
-def zero3_working_set_bytes(layer_params_rank: float, prefetch_layers: int = 2, param_bytes: int = PARAM_BYTES) -> float:
+def zero3_working_set_bytes(
+    layer_params_rank: float, prefetch_layers: int = 2, param_bytes: int = PARAM_BYTES
+) -> float:
     """ZeRO-3 gathers each layer's full (TP-local) parameters before use and prefetches the
     next: about two layers of fp16 parameters are resident (Rajbhandari et al. 2021, section 5)."""
     return prefetch_layers * layer_params_rank * param_bytes

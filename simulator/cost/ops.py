@@ -75,8 +75,14 @@ def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | 
 
 
 #: simulator elementwise op (forward name) -> the measured kind of ``GpuProfile.elementwise_GBps``
-ELEMENTWISE_KIND = {"ln1": "layer_norm", "ln2": "layer_norm", "final_norm": "layer_norm", "softmax": "softmax",
-                    "gelu": "gelu", "swiglu": "gelu"}
+ELEMENTWISE_KIND = {
+    "ln1": "layer_norm",
+    "ln2": "layer_norm",
+    "final_norm": "layer_norm",
+    "softmax": "softmax",
+    "gelu": "gelu",
+    "swiglu": "gelu",
+}
 
 
 def elementwise_bandwidth(op: Op, gpu: GpuProfile) -> float:
@@ -121,7 +127,16 @@ def backward_ops(op: Op) -> list[Op]:
         return [Op(op.name + "_bwd", "elementwise", 2 * op.flops, bwd_bytes, kernels=op.bwd_kernels)]
     e = op.bytes / (op.count * (op.m * op.k + op.k * op.n + op.m * op.n))
     dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count)
-    wgrad = Op(op.name + "_wgrad", op.kind, op.flops, e * op.count * (op.k * op.m + op.m * op.n + op.k * op.n), op.k, op.n, op.m, op.count)
+    wgrad = Op(
+        op.name + "_wgrad",
+        op.kind,
+        op.flops,
+        e * op.count * (op.k * op.m + op.m * op.n + op.k * op.n),
+        op.k,
+        op.n,
+        op.m,
+        op.count,
+    )
     return [dgrad, wgrad]
 
 
@@ -142,8 +157,14 @@ class PassTimes:
 ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v")
 
 
-def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0, backward_extra: tuple[Op, ...] | list[Op] = (),
-               host_async: bool = False, host_us: tuple[float, float] | None = None) -> PassTimes:
+def pass_times(
+    ops: list[Op],
+    gpu: GpuProfile,
+    slowdown: float = 1.0,
+    backward_extra: tuple[Op, ...] | list[Op] = (),
+    host_async: bool = False,
+    host_us: tuple[float, float] | None = None,
+) -> PassTimes:
     """Forward, backward and attention-core times of a block's ops; ``slowdown`` >= 1 scales
     compute when ranks share a processor (more ranks than compute slots on a CPU host).
     ``backward_extra``: backward-only ops (bias-gradient reductions, gradient accumulation).
@@ -161,8 +182,11 @@ def pass_times(ops: list[Op], gpu: GpuProfile, slowdown: float = 1.0, backward_e
         core = sum(work_time(o, gpu) for o in core_ops)
         return PassTimes(combine(work_f, host_f) * slowdown, combine(work_b, host_b) * slowdown, core * slowdown)
     if host_async:
-        return PassTimes(stream_time(ops, gpu) * slowdown, stream_time(bwd_ops + list(backward_extra), gpu) * slowdown,
-                         stream_time(core_ops, gpu) * slowdown)
+        return PassTimes(
+            stream_time(ops, gpu) * slowdown,
+            stream_time(bwd_ops + list(backward_extra), gpu) * slowdown,
+            stream_time(core_ops, gpu) * slowdown,
+        )
     bwd = serial_time(bwd_ops, gpu) + sum(work_time(x, gpu) for x in backward_extra)
     return PassTimes(serial_time(ops, gpu) * slowdown, bwd * slowdown, serial_time(core_ops, gpu) * slowdown)
 

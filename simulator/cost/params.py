@@ -76,8 +76,9 @@ def head_params_per_rank(model: ModelSpec, t: int, p: int, vocab: int | None = N
     return norm + ((vocab or model.vocab_size) * model.hidden_size / t if untied_or_separate else 0.0)
 
 
-def stage_params_per_rank(model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool,
-                          vocab: int | None = None) -> float:
+def stage_params_per_rank(
+    model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool, vocab: int | None = None
+) -> float:
     """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers
     (``vocab``: see :func:`embedding_params_per_rank`)."""
     n = layers * layer_params_per_rank(model, t)

@@ -11,17 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives
-from simulator.cost import layout
-from simulator.cost import memory
-from simulator.cost import params
+from simulator.cost import collectives, layout, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.stage_memory import StageShape
+from simulator.cost.workload import (
+    embedding_backward_extra_ops,
+    embedding_forward_ops,
+    head_backward_extra_ops,
+    head_forward_ops,
+    layer_backward_extra_ops,
+    layer_forward_ops,
+    padded_vocab_size,
+)
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
-from simulator.cost.workload import (embedding_backward_extra_ops, embedding_forward_ops, head_backward_extra_ops,
-                                head_forward_ops, layer_backward_extra_ops, layer_forward_ops, padded_vocab_size)
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,12 @@ class BlockTimes:
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
 # sequence parallelism each is an all-gather + reduce-scatter pair, Korthikanti et al. 2022):
-TP_FORWARD = 2               # per layer forward: after attention and after the MLP (the g operators)
-TP_BACKWARD = 2              # per layer backward: the f operators' conjugates
+TP_FORWARD = 2  # per layer forward: after attention and after the MLP (the g operators)
+TP_BACKWARD = 2  # per layer backward: the f operators' conjugates
 TP_PER_LAYER = TP_FORWARD + TP_BACKWARD
 TP_PER_FULL_RECOMPUTE = TP_FORWARD  # a fully recomputed layer runs its forward's again
-TP_EMBEDDING = 1             # the vocab-parallel embedding's forward
-TP_HEAD = 1                  # the vocab-parallel LM head's backward
+TP_EMBEDDING = 1  # the vocab-parallel embedding's forward
+TP_HEAD = 1  # the vocab-parallel LM head's backward
 
 _BLOCKS = IdentityCache(4096)
 _STAGES = IdentityCache(8192)
@@ -79,14 +83,30 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
     eager = gpu.eager
     bt = BlockTimes(
-        layer=pass_times(layer_forward_ops(model, mb, t, sp, e), gpu, slow, layer_extra, asy,
-                         eager.layer_us(t > 1) if eager else None),
-        embedding=pass_times(embedding_forward_ops(model, mb, t, sp, e), gpu, slow,
-                             embedding_backward_extra_ops(model, t, e, vocab), asy,
-                             (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None),
-        head=pass_times(head_forward_ops(model, mb, t, sp, e, vocab), gpu, slow,
-                        head_backward_extra_ops(model, t, e, vocab), asy,
-                        (eager.head_forward_us, eager.head_backward_us) if eager else None),
+        layer=pass_times(
+            layer_forward_ops(model, mb, t, sp, e),
+            gpu,
+            slow,
+            layer_extra,
+            asy,
+            eager.layer_us(t > 1) if eager else None,
+        ),
+        embedding=pass_times(
+            embedding_forward_ops(model, mb, t, sp, e),
+            gpu,
+            slow,
+            embedding_backward_extra_ops(model, t, e, vocab),
+            asy,
+            (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
+        ),
+        head=pass_times(
+            head_forward_ops(model, mb, t, sp, e, vocab),
+            gpu,
+            slow,
+            head_backward_extra_ops(model, t, e, vocab),
+            asy,
+            (eager.head_forward_us, eager.head_backward_us) if eager else None,
+        ),
         tp_all_reduce=collectives.all_reduce_time(act, t, link),
         act_bytes=act,
     )
@@ -98,10 +118,10 @@ class StageCost(StageShape):
     """One pipeline device, one microbatch (all its chunks): its shape (layers, recomputation,
     parameters, embedding/head) and its times."""
 
-    forward: float = 0.0      # compute, no communication
+    forward: float = 0.0  # compute, no communication
     backward: float = 0.0
     recompute: float = 0.0
-    tp_comm: float = 0.0      # forward + backward + recompute TP collectives
+    tp_comm: float = 0.0  # forward + backward + recompute TP collectives
 
     @property
     def total(self) -> float:
@@ -112,7 +132,6 @@ def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
     """Chunk indices (model order) on each pipeline device: chunk c lives on device c % p."""
     chunks = plan.p * plan.v
     return [list(range(dev, chunks, plan.p)) for dev in range(plan.p)]
-
 
 
 def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
@@ -132,12 +151,16 @@ def stage_groups(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tup
     return _stages(model, cluster, plan)[1]
 
 
-def _stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
+def _stages(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan
+) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     rest = (plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute)
     return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan))
 
 
-def _make_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
+def _make_stages(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan
+) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
     sizes = plan.chunk_layers(model.num_layers)
     rec = plan.chunk_recompute(model.num_layers)
@@ -168,8 +191,18 @@ def _make_stages(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> tuple[li
             bwd += bt.head.backward
             tp += TP_HEAD * bt.tp_all_reduce
         psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, padded_vocab_size(model, plan.t))
-        made[sig] = StageCost(layers=n, full_layers=full, selective_layers=sel, params=psi, first=first, last=last,
-                              forward=fwd, backward=bwd, recompute=recompute, tp_comm=tp)
+        made[sig] = StageCost(
+            layers=n,
+            full_layers=full,
+            selective_layers=sel,
+            params=psi,
+            first=first,
+            last=last,
+            forward=fwd,
+            backward=bwd,
+            recompute=recompute,
+            tp_comm=tp,
+        )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]
     uniq = [tuple(g) for g in groups.values()]

@@ -67,23 +67,29 @@ class StageShape:
     layers: int
     full_layers: int
     selective_layers: int
-    params: float     # parameters held by one rank of the device (before ZeRO sharding)
+    params: float  # parameters held by one rank of the device (before ZeRO sharding)
     first: bool
     last: bool
 
 
 def layer_activations(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> tuple[float, float, float]:
     """(full, selective, none): one layer's activations per microbatch by recompute mode (cached)."""
-    return _ACTIVATIONS.get_or_make((model,), (b, t, sp, e), lambda: tuple(
-        memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none")))
+    return _ACTIVATIONS.get_or_make(
+        (model,),
+        (b, t, sp, e),
+        lambda: tuple(
+            memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none")
+        ),
+    )
 
 
 def _layer_params(model: ModelSpec, t: int) -> float:
     return _LAYER_PARAMS.get_or_make((model,), t, lambda: params.layer_params_per_rank(model, t))
 
 
-def stage_buffers(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, last: bool,
-                  psi: float | None) -> float:
+def stage_buffers(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, last: bool, psi: float | None
+) -> float:
     """Buffers of one rank of device ``stage`` (module docstring); ``psi`` None: the gradient
     buckets at their cap (the linear form)."""
     e = dtype_bytes(cluster.gpu)
@@ -99,20 +105,26 @@ def stage_buffers(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, st
     return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
 
 
-def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> StageMemory:
+def stage_memory(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape
+) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.state_bytes_per_param(e)
     states = memory.model_state_bytes(shape.params, plan.d, plan.zero, plan.offload, pb, gb, k)
     # the activations do not depend on d, ZeRO or offload: shared by those variants
-    act = _ACT_PEAK.get_or_make((shape, model, cluster),
-                                (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t),
-                                lambda: _activation_peak(model, cluster, plan, m, stage, shape))
+    act = _ACT_PEAK.get_or_make(
+        (shape, model, cluster),
+        (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t),
+        lambda: _activation_peak(model, cluster, plan, m, stage, shape),
+    )
     buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 
-def _activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> float:
+def _activation_peak(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape
+) -> float:
     """Activation bytes of one rank of device ``stage`` at its peak (module docstring)."""
     e = dtype_bytes(cluster.gpu)
     sp, b, t = bool(plan.sp), plan.mb, plan.t
@@ -123,10 +135,14 @@ def _activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int,
         act = inflight * (shape.full_layers * per_full + shape.selective_layers * per_sel + none_layers * per_none)
     else:  # chunks of the device may differ: the schedule's worst per-chunk occupancy
         sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
-        held = [f * per_full + s_ * per_sel + (n - f - s_) * per_none
-                for (f, s_), n in ((rec[c], sizes[c]) for c in range(stage, plan.p * plan.v, plan.p))]
-        act = max(sum(k * x for k, x in zip(vec, held))
-                  for vec in memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v))
+        held = [
+            f * per_full + s_ * per_sel + (n - f - s_) * per_none
+            for (f, s_), n in ((rec[c], sizes[c]) for c in range(stage, plan.p * plan.v, plan.p))
+        ]
+        act = max(
+            sum(k * x for k, x in zip(vec, held))
+            for vec in memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
+        )
     act += per_none if shape.full_layers else 0.0
     if plan.schedule == "gpipe" and m > 1:
         act += shape.full_layers * (per_none - per_full) + shape.selective_layers * (per_none - per_sel)
@@ -139,40 +155,53 @@ def _activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int,
 class DeviceMemoryModel:
     """The linear form of :func:`stage_memory` for one device (module docstring)."""
 
-    fixed: float                                  # bytes that do not scale with the device's layers
-    layer_states: float                           # model states of one layer
+    fixed: float  # bytes that do not scale with the device's layers
+    layer_states: float  # model states of one layer
     a_full: float
     a_sel: float
     a_none: float
-    occupancy: tuple[tuple[int, ...], ...]        # reachable per-chunk in-flight counts (memory.chunk_occupancy)
-    gpipe_last_kept: bool                         # GPipe, m > 1: the last microbatch keeps full activations
+    occupancy: tuple[tuple[int, ...], ...]  # reachable per-chunk in-flight counts (memory.chunk_occupancy)
+    gpipe_last_kept: bool  # GPipe, m > 1: the last microbatch keeps full activations
 
     @staticmethod
-    def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, first: bool, last: bool) -> "DeviceMemoryModel":
+    def of(
+        model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, first: bool, last: bool
+    ) -> DeviceMemoryModel:
         e = dtype_bytes(cluster.gpu)
         pb, gb, k = memory.state_bytes_per_param(e)
         a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e)
-        layer_states = memory.model_state_bytes(_layer_params(model, plan.t), plan.d, plan.zero, plan.offload, pb, gb, k).total
+        layer_states = memory.model_state_bytes(
+            _layer_params(model, plan.t), plan.d, plan.zero, plan.offload, pb, gb, k
+        ).total
         psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
         fixed = memory.model_state_bytes(psi, plan.d, plan.zero, plan.offload, pb, gb, k).total
         fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
         if first:
             inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-            fixed += inflight * memory.embedding_activation_bytes(plan.mb, model.seq_length, model.hidden_size, plan.t,
-                                                                   bool(plan.sp))
+            fixed += inflight * memory.embedding_activation_bytes(
+                plan.mb, model.seq_length, model.hidden_size, plan.t, bool(plan.sp)
+            )
         occupancy = memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
-        return DeviceMemoryModel(fixed, layer_states, a_full, a_sel, a_none, occupancy,
-                                 plan.schedule == "gpipe" and m > 1)
+        return DeviceMemoryModel(
+            fixed, layer_states, a_full, a_sel, a_none, occupancy, plan.schedule == "gpipe" and m > 1
+        )
 
     def coefficients(self, vec: tuple[int, ...]) -> list[tuple[float, float, float]]:
         """Per chunk of the device, the bytes per unit of (n_c, f_c, s_c) under occupancy ``vec``."""
         g = 1.0 if self.gpipe_last_kept else 0.0
-        return [(self.layer_states + k * self.a_none,
-                 k * (self.a_full - self.a_none) + g * (self.a_none - self.a_full),
-                 k * (self.a_sel - self.a_none) + g * (self.a_none - self.a_sel)) for k in vec]
+        return [
+            (
+                self.layer_states + k * self.a_none,
+                k * (self.a_full - self.a_none) + g * (self.a_none - self.a_full),
+                k * (self.a_sel - self.a_none) + g * (self.a_none - self.a_sel),
+            )
+            for k in vec
+        ]
 
     def bytes(self, n: list[int], f: list[int], s: list[int]) -> float:
         """The peak for the device's chunks' (n, f, s), in local chunk order."""
-        worst = max(sum(cn * nc + cf * fc + cs * sc for (cn, cf, cs), nc, fc, sc in zip(self.coefficients(vec), n, f, s))
-                    for vec in self.occupancy)
+        worst = max(
+            sum(cn * nc + cf * fc + cs * sc for (cn, cf, cs), nc, fc, sc in zip(self.coefficients(vec), n, f, s))
+            for vec in self.occupancy
+        )
         return self.fixed + (self.a_none if any(f) else 0.0) + worst

@@ -32,12 +32,12 @@ from simulator.job import Job
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
-ADAM_HBM_BYTES_PER_PARAM = 28          # Adam alone: read grad, param, m, v; write param, m, v (fp32)
-OPTIMIZER_STEP_BYTES_PER_PARAM = 60    # mixed-precision step with fp32 master weights (optimizer_time)
-CPU_ADAM_STATE_BYTES = 16              # fp32 master, momentum, variance and gradient per parameter on the host
-OFFLOAD_SUBGROUPS = 4                  # the offloaded optimizer step is pipelined over this many sub-groups
-NON_LAYER_TENSORS = 4                  # word and position embeddings, final norm weight and bias
-GRAD_NORM_BYTES, LOSS_BYTES = 8, 4     # fp64 squared norm, fp32 loss
+ADAM_HBM_BYTES_PER_PARAM = 28  # Adam alone: read grad, param, m, v; write param, m, v (fp32)
+OPTIMIZER_STEP_BYTES_PER_PARAM = 60  # mixed-precision step with fp32 master weights (optimizer_time)
+CPU_ADAM_STATE_BYTES = 16  # fp32 master, momentum, variance and gradient per parameter on the host
+OFFLOAD_SUBGROUPS = 4  # the offloaded optimizer step is pipelined over this many sub-groups
+NON_LAYER_TENSORS = 4  # word and position embeddings, final norm weight and bias
+GRAD_NORM_BYTES, LOSS_BYTES = 8, 4  # fp64 squared norm, fp32 loss
 
 _SYNC = IdentityCache(4096)
 

@@ -63,16 +63,39 @@ class Op:
 
 def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1) -> Op:
     """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs; reads A and B, writes C (e bytes per element)."""
-    return Op(name, "gemm" if count == 1 else "bmm", 2.0 * m * n * k * count, float(e * (m * k + k * n + m * n) * count), m, n, k, count)
+    return Op(
+        name,
+        "gemm" if count == 1 else "bmm",
+        2.0 * m * n * k * count,
+        float(e * (m * k + k * n + m * n) * count),
+        m,
+        n,
+        k,
+        count,
+    )
 
 
-def elementwise(name: str, elements: float, bytes_per_element: float, flops_per_element: float = 1.0,
-                kernels: int = 1, bwd_kernels: int = 1, bwd_bytes_per_element: float | None = None) -> Op:
+def elementwise(
+    name: str,
+    elements: float,
+    bytes_per_element: float,
+    flops_per_element: float = 1.0,
+    kernels: int = 1,
+    bwd_kernels: int = 1,
+    bwd_bytes_per_element: float | None = None,
+) -> Op:
     """A memory-bound op touching ``elements`` values with ``bytes_per_element`` of traffic each
     (backward: ``bwd_bytes_per_element``, default twice the forward's)."""
     bwd = -1.0 if bwd_bytes_per_element is None else bwd_bytes_per_element * elements
-    return Op(name, "elementwise", flops_per_element * elements, bytes_per_element * elements,
-              kernels=kernels, bwd_kernels=bwd_kernels, bwd_bytes=bwd)
+    return Op(
+        name,
+        "elementwise",
+        flops_per_element * elements,
+        bytes_per_element * elements,
+        kernels=kernels,
+        bwd_kernels=bwd_kernels,
+        bwd_bytes=bwd,
+    )
 
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM --make-vocab-size-divisible-by default
@@ -129,8 +152,9 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
         gemm("attn_v", s, model.head_dim, s, e, count=b * heads),
         elementwise("context_copy", tok * h / t, 2 * e, 0, bwd_bytes_per_element=2 * e),
         gemm("proj", tok, h, h // t, e),
-        elementwise("dropout_residual1", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3,
-                    bwd_bytes_per_element=6 * e + 1),
+        elementwise(
+            "dropout_residual1", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3, bwd_bytes_per_element=6 * e + 1
+        ),
         elementwise("ln2", tok_sp * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
     ]
     if model.activation == "swiglu":
@@ -145,27 +169,27 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
         ]
     ops += [
         gemm("fc2", tok, h, f // t, e),
-        elementwise("dropout_residual2", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3,
-                    bwd_bytes_per_element=6 * e + 1),
+        elementwise(
+            "dropout_residual2", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3, bwd_bytes_per_element=6 * e + 1
+        ),
     ]
     return ops
 
 
 def layer_backward_extra_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, params_per_rank: float) -> list[Op]:
     """Backward-only work of one layer per microbatch (no forward counterpart):
-      qkv_grad: the q, k, v gradients written back into the fused QKV layout (split/view
-          backward: read and write, 2e) plus the QKV bias-gradient reduction (e);
-      grad_accum: each parameter's new gradient added to its accumulated .grad (AccumulateGrad
-          in fp16 for DeepSpeed, main_grad.add_ for Megatron-LM): read both, write one: 3e per
-          parameter, one kernel per parameter tensor.
+    qkv_grad: the q, k, v gradients written back into the fused QKV layout (split/view
+        backward: read and write, 2e) plus the QKV bias-gradient reduction (e);
+    grad_accum: each parameter's new gradient added to its accumulated .grad (AccumulateGrad
+        in fp16 for DeepSpeed, main_grad.add_ for Megatron-LM): read both, write one: 3e per
+        parameter, one kernel per parameter tensor.
     """
     s, h, kv = model.seq_length, model.hidden_size, model.kv_size
     tok = b * s
     qkv = tok * (h + 2 * kv) / t
     return [
         elementwise("qkv_grad", qkv, 3 * e, 0, kernels=2),
-        elementwise("grad_accum", params_per_rank, 3 * e, 1,
-                    kernels=layer_param_tensors(model)),
+        elementwise("grad_accum", params_per_rank, 3 * e, 1, kernels=layer_param_tensors(model)),
     ]
 
 
@@ -226,6 +250,7 @@ def forward_flops(ops: list[Op]) -> float:
 
 # ----------------------------------------------------------------------- closed forms
 
+
 def layer_forward_flops(model: ModelSpec, b: int) -> float:
     """Forward FLOPs of one layer for b sequences at t = 1, general (GQA, any ffn, SwiGLU):
     2*b*s*h*(h + 2*kv)  [QKV] + 4*b*s^2*h [attention] + 2*b*s*h^2 [proj]
@@ -243,7 +268,9 @@ def logits_forward_flops(model: ModelSpec, b: int) -> float:
 
 def model_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
     """Model FLOPs of one iteration, forward + backward, no recomputation: 3 * forward."""
-    return 3.0 * (model.num_layers * layer_forward_flops(model, global_batch) + logits_forward_flops(model, global_batch))
+    return 3.0 * (
+        model.num_layers * layer_forward_flops(model, global_batch) + logits_forward_flops(model, global_batch)
+    )
 
 
 def megatron_flops_with_recompute(model: ModelSpec, global_batch: int) -> float:
@@ -253,12 +280,16 @@ def megatron_flops_with_recompute(model: ModelSpec, global_batch: int) -> float:
     return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
-def executed_flops_per_iteration(model: ModelSpec, global_batch: int, full_layers: float, selective_layers: float) -> float:
+def executed_flops_per_iteration(
+    model: ModelSpec, global_batch: int, full_layers: float, selective_layers: float
+) -> float:
     """FLOPs actually executed: model FLOPs plus recomputed forwards.
 
     ``full_layers``/``selective_layers`` are the (average over pipeline) numbers of layers
     recomputed fully / selectively; selective recompute redoes only the attention core
     (the 4*b*s^2*h score and attention-times-V FLOPs) (Korthikanti et al. 2022, section 5)."""
     b = global_batch
-    attn_core = 4.0 * b * model.seq_length ** 2 * model.hidden_size
-    return model_flops_per_iteration(model, b) + full_layers * layer_forward_flops(model, b) + selective_layers * attn_core
+    attn_core = 4.0 * b * model.seq_length**2 * model.hidden_size
+    return (
+        model_flops_per_iteration(model, b) + full_layers * layer_forward_flops(model, b) + selective_layers * attn_core
+    )

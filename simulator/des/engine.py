@@ -19,8 +19,9 @@ builder walks to attribute waiting time.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from simulator.des.network import Flow, Network
 
@@ -47,7 +48,7 @@ class Phase:
 class Engine:
     """Streams, tasks and the event loop. Build with ``stream``/``task``/``transfer``, then ``run``."""
 
-    def __init__(self, network: Optional[Network] = None):
+    def __init__(self, network: Network | None = None):
         self.net = network
         self.now = 0.0
         self.events = 0
@@ -102,7 +103,9 @@ class Engine:
         self.stream_queue[stream].append(tid)
         return tid
 
-    def transfer(self, stream: int, phases: Sequence[Phase], kind: str, deps: Sequence[int] = (), info: Any = None) -> int:
+    def transfer(
+        self, stream: int, phases: Sequence[Phase], kind: str, deps: Sequence[int] = (), info: Any = None
+    ) -> int:
         """A task made of network phases; its duration is known only when it ends."""
         tid = self.task(stream, 0.0, kind, deps, info)
         if phases:

@@ -27,6 +27,7 @@ collective loads the links and pays latency at its fitted rates (:func:`own_fit`
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from hwprofiles.algorithms import Collective, latency_steps, uses_trees
 from simulator.des.topology import Topology
 

@@ -54,8 +54,9 @@ class MemoryTimeline:
             self._cat.append(_CAT_INDEX[category])
             self._delta.append(delta)
 
-    def add_many(self, task: int, rank: int, at_start: tuple[tuple[str, float], ...],
-                 at_end: tuple[tuple[str, float], ...]) -> None:
+    def add_many(
+        self, task: int, rank: int, at_start: tuple[tuple[str, float], ...], at_end: tuple[tuple[str, float], ...]
+    ) -> None:
         """Several (category, delta) changes at ``task``'s start and end (one record)."""
         self._bulk.append((task, rank, at_start, at_end))
 
@@ -94,6 +95,7 @@ class MemoryTimeline:
                     totals.append(total)
                 if total > peak:
                     peak, peak_t, peak_cur = total, t, list(cur)
-            out.append(RankMemory(times, totals, peak, peak_t,
-                                  dict(zip(CATEGORIES, peak_cur)), dict(zip(CATEGORIES, best))))
+            out.append(
+                RankMemory(times, totals, peak, peak_t, dict(zip(CATEGORIES, peak_cur)), dict(zip(CATEGORIES, best)))
+            )
         return out

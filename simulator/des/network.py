@@ -13,13 +13,12 @@ Rates are recomputed whenever a flow starts or ends (lazily, once per simulated 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 
 class Flow:
     """One transfer in flight. ``owner`` is the engine task that waits for it."""
 
-    __slots__ = ("rem", "size", "rate", "links", "weights", "owner")
+    __slots__ = ("links", "owner", "rate", "rem", "size", "weights")
 
     def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
         self.size = size
@@ -140,8 +139,9 @@ class Network:
         return {lid: b / (self.cap[lid] * horizon) for lid, b in self.link_bytes.items()}
 
 
-def fair_rates(capacities: list[float], routes: list[tuple[int, ...]],
-               weights: Optional[list[tuple[float, ...]]] = None) -> list[float]:
+def fair_rates(
+    capacities: list[float], routes: list[tuple[int, ...]], weights: list[tuple[float, ...]] | None = None
+) -> list[float]:
     """Max-min fair rates of flows on routes (a pure helper for tests and the analytic side)."""
     net = Network(capacities, record=False)
     fl = []

@@ -24,15 +24,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Segments = tuple[tuple[str, float], ...]  # (segment kind, seconds) in execution order
-
-from simulator.cost.memory import activation_bytes_per_layer, embedding_activation_bytes, logits_buffer_bytes, state_bytes_per_param
+from simulator.cost.memory import (
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    logits_buffer_bytes,
+    state_bytes_per_param,
+)
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.workload import padded_vocab_size
 from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from simulator.cost.stage import TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE, block_times
+from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
-from simulator.cost.stage import (TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE,
-                                  block_times)
+
+Segments = tuple[tuple[str, float], ...]  # (segment kind, seconds) in execution order
 
 
 @dataclass(frozen=True)
@@ -42,25 +46,25 @@ class Costs:
     fwd: float
     bwd: float
     attn_core: float
-    tp_all_reduce: float        # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
+    tp_all_reduce: float  # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
     tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
     emb_f: float
     emb_b: float
     head_f: float
     head_b: float
-    act: dict[str, float]      # activations per layer per microbatch by recompute mode
-    emb_act: float             # first stage: embedding dropout mask per microbatch
+    act: dict[str, float]  # activations per layer per microbatch by recompute mode
+    emb_act: float  # first stage: embedding dropout mask per microbatch
     logits: float
     layer_params: float
     emb_params: float
     head_params: float
-    e: int                     # activation bytes
+    e: int  # activation bytes
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
 
     @staticmethod
-    def of(job: Job, free_comm: bool = False) -> "Costs":
+    def of(job: Job, free_comm: bool = False) -> Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
@@ -69,16 +73,25 @@ class Costs:
         vocab = padded_vocab_size(model, t)
         tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
-            fwd=bt.layer.forward, bwd=bt.layer.backward, attn_core=bt.layer.attention_core,
-            tp_all_reduce=tp, tp_all_reduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
-            emb_f=bt.embedding.forward, emb_b=bt.embedding.backward, head_f=bt.head.forward, head_b=bt.head.backward,
+            fwd=bt.layer.forward,
+            bwd=bt.layer.backward,
+            attn_core=bt.layer.attention_core,
+            tp_all_reduce=tp,
+            tp_all_reduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
+            emb_f=bt.embedding.forward,
+            emb_b=bt.embedding.backward,
+            head_f=bt.head.forward,
+            head_b=bt.head.backward,
             act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
             logits=logits_buffer_bytes(model, b, t, e, vocab),
             layer_params=layer_params_per_rank(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),
-            e=e, param_bytes=pb, grad_bytes=gb, optimizer_bytes=k,
+            e=e,
+            param_bytes=pb,
+            grad_bytes=gb,
+            optimizer_bytes=k,
         )
 
 
@@ -87,13 +100,13 @@ class Item:
     """One layer of one pass (the embedding and head folded into the chunk's end layers)."""
 
     segs: tuple[tuple[str, float], ...]
-    alloc_act: float = 0.0     # forward: allocated at start
+    alloc_act: float = 0.0  # forward: allocated at start
     alloc_buf: float = 0.0
-    work: float = 0.0          # backward: transient activations while it runs
-    free_act: float = 0.0      # backward: freed at its end
+    work: float = 0.0  # backward: transient activations while it runs
+    free_act: float = 0.0  # backward: freed at its end
     free_buf: float = 0.0
-    params: float = 0.0        # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
-    tp_bytes: float = 0.0      # bytes one rank sends in TP collectives
+    params: float = 0.0  # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
+    tp_bytes: float = 0.0  # bytes one rank sends in TP collectives
     tp_layer_all_reduces: int = 0
     rec_full: int = 0
     rec_sel: int = 0
@@ -129,7 +142,10 @@ def make_piece(kind: str, its: list[Item]) -> Piece:
     at the start and free everything their items held at the end."""
     segs = merge_segs([s for it in its for s in it.segs])
     if kind == "F":
-        start: Segments = (("activations", sum(it.alloc_act for it in its)), ("buffers", sum(it.alloc_buf for it in its)))
+        start: Segments = (
+            ("activations", sum(it.alloc_act for it in its)),
+            ("buffers", sum(it.alloc_buf for it in its)),
+        )
         end: Segments = ()
     else:
         work = max(it.work for it in its)
@@ -154,7 +170,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
     tp = c.tp_all_reduce
     ar = c.tp_all_reduce_bytes
     out: list[Item] = []
-    for i in (range(n) if kind == "F" else reversed(range(n))):
+    for i in range(n) if kind == "F" else reversed(range(n)):
         mode = modes[i]
         stored = c.act[mode]
         has_emb, has_head = first and i == 0, last and i == n - 1
@@ -168,9 +184,16 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
             segs += [("fwd", c.fwd), ("tp", TP_FORWARD * tp)]
             if has_head:
                 segs.append(("fwd", c.head_f))
-            out.append(Item(merge_segs(segs), alloc_act=stored + (c.emb_act if has_emb else 0.0),
-                            alloc_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
-                            tp_layer_all_reduces=TP_FORWARD))
+            out.append(
+                Item(
+                    merge_segs(segs),
+                    alloc_act=stored + (c.emb_act if has_emb else 0.0),
+                    alloc_buf=c.logits if has_head else 0.0,
+                    params=params,
+                    tp_bytes=tp_bytes,
+                    tp_layer_all_reduces=TP_FORWARD,
+                )
+            )
             continue
         tp_bytes = TP_BACKWARD * ar
         n_ar = TP_BACKWARD
@@ -188,9 +211,19 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
         segs += [("bwd", c.bwd), ("tp", TP_BACKWARD * tp)]
         if has_emb:
             segs.append(("bwd", c.emb_b))
-        out.append(Item(merge_segs(segs), work=work, free_act=stored + (c.emb_act if has_emb else 0.0),
-                        free_buf=c.logits if has_head else 0.0, params=params, tp_bytes=tp_bytes,
-                        tp_layer_all_reduces=n_ar, rec_full=int(mode == "full"), rec_sel=int(mode == "selective")))
+        out.append(
+            Item(
+                merge_segs(segs),
+                work=work,
+                free_act=stored + (c.emb_act if has_emb else 0.0),
+                free_buf=c.logits if has_head else 0.0,
+                params=params,
+                tp_bytes=tp_bytes,
+                tp_layer_all_reduces=n_ar,
+                rec_full=int(mode == "full"),
+                rec_sel=int(mode == "selective"),
+            )
+        )
     return out
 
 

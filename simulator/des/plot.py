@@ -35,9 +35,16 @@ COLORS = {
     "cpu": "#64B5CD",
 }
 LABELS = {
-    "fwd": "forward", "bwd": "backward", "recompute": "recompute", "tp": "TP collective",
-    "opt": "optimizer", "pp": "PP send", "dp": "DP collective", "zero": "ZeRO-3 gather",
-    "offload": "offload (PCIe/NVMe)", "cpu": "CPU optimizer",
+    "fwd": "forward",
+    "bwd": "backward",
+    "recompute": "recompute",
+    "tp": "TP collective",
+    "opt": "optimizer",
+    "pp": "PP send",
+    "dp": "DP collective",
+    "zero": "ZeRO-3 gather",
+    "offload": "offload (PCIe/NVMe)",
+    "cpu": "CPU optimizer",
 }
 COMM_LANES = ("pp_fwd", "pp_bwd", "dp", "zero", "h2d", "d2h", "nvme", "nvme_w", "cpu")
 
@@ -54,10 +61,10 @@ def _time_unit(step: float) -> tuple[float, str]:
 class Frame:
     """Scale and sizes shared by the lanes of one picture."""
 
-    scale: float        # seconds -> plotted time unit
+    scale: float  # seconds -> plotted time unit
     px_per_unit: float  # plotted time unit -> pixels
     fontsize: int
-    n: int              # lanes (stages)
+    n: int  # lanes (stages)
 
     @property
     def min_w(self) -> float:
@@ -95,8 +102,14 @@ def plot_timeline(result: SimResult, path: str | Path, max_stages: int = 32) -> 
         fontsize=10,
     )
     order = [k for k in COLORS if k in used]
-    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in order], loc="upper center",
-              bbox_to_anchor=(0.5, -0.04), ncol=min(len(order), 10), fontsize=8, frameon=False)
+    ax.legend(
+        handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in order],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.04),
+        ncol=min(len(order), 10),
+        fontsize=8,
+        frameon=False,
+    )
     ax.tick_params(axis="x", labelbottom=False)
     _draw_memory(axm, rec, devs, result.memory_capacity / GiB, T, frame)
     axm.set_xlabel(f"time ({unit})")
@@ -118,8 +131,16 @@ def _draw_lane(ax: Axes, rec: DesRecord, dev: Device, y: int, frame: Frame) -> s
         w = eng.dur[task] * scale
         label = str(info.microbatch)
         if eng.kind[task] in ("F", "B") and w * frame.px_per_unit >= 5.5 * len(label) + 3:
-            ax.text(eng.start[task] * scale + w / 2, y + 0.3, label, ha="center", va="center",
-                    fontsize=frame.fontsize, color="white", clip_on=True)
+            ax.text(
+                eng.start[task] * scale + w / 2,
+                y + 0.3,
+                label,
+                ha="center",
+                va="center",
+                fontsize=frame.fontsize,
+                color="white",
+                clip_on=True,
+            )
     for seg, xs in bars.items():
         ax.broken_barh(xs, (y + 0.05, 0.5), facecolors=COLORS[seg], edgecolor="none")
         used.add(seg)
@@ -128,7 +149,9 @@ def _draw_lane(ax: Axes, rec: DesRecord, dev: Device, y: int, frame: Frame) -> s
         s = dev.streams.get(lane)
         for task in eng.stream_queue[s] if s is not None else ():
             if eng.dur[task] > 0:  # at least ~1 pixel wide, so short sends stay visible
-                comm.setdefault(eng.kind[task], []).append((eng.start[task] * scale, max(eng.dur[task] * scale, frame.min_w)))
+                comm.setdefault(eng.kind[task], []).append(
+                    (eng.start[task] * scale, max(eng.dur[task] * scale, frame.min_w))
+                )
     for kind, xs in comm.items():
         ax.broken_barh(xs, (y - 0.3, 0.28), facecolors=COLORS.get(kind, "#999999"), edgecolor="none", alpha=0.9)
         used.add(kind)
@@ -143,8 +166,14 @@ def _draw_memory(axm: Axes, rec: DesRecord, devs: list[Device], cap: float, T: f
         mem = rec.memory[dev.idx]
         xs = [t * frame.scale for t in mem.times] + [T]
         ys = [v / GiB for v in mem.totals] + [mem.totals[-1] / GiB]
-        axm.step(xs, ys, where="post", color=cmap(row / max(n - 1, 1)), lw=1.1,
-                 label=f"stage {dev.pp}" if n <= 8 or row in (0, n - 1) else None)
+        axm.step(
+            xs,
+            ys,
+            where="post",
+            color=cmap(row / max(n - 1, 1)),
+            lw=1.1,
+            label=f"stage {dev.pp}" if n <= 8 or row in (0, n - 1) else None,
+        )
     axm.axhline(cap, color="#C44E52", ls="--", lw=1)
     axm.text(T * 0.995, cap, f"usable {cap:.0f} GiB", ha="right", va="bottom", fontsize=8, color="#C44E52")
     top = max(max(m.peak for m in rec.memory) / GiB, cap)

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.step import host_fits, host_state_bytes, local_params
+from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
 from simulator.des.attribution import rank_breakdown
 from simulator.des.engine import Engine
 from simulator.des.memtimeline import RankMemory
 from simulator.des.network import Network
-from simulator.des.program import Device, DesOptions, Program, build_program
-from simulator.result import SimResult
-from simulator.job import Job
+from simulator.des.program import DesOptions, Device, Program, build_program
 from simulator.des.topology import Topology
-from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
+from simulator.job import Job
+from simulator.result import SimResult
 
 _TOPO_CACHE: list[tuple[str, Topology]] = []
 
@@ -77,8 +77,7 @@ class DesRecord:
     breakdowns: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
-def simulate_des(job: Job, full: bool = False, trace: bool = False,
-                 options: Optional[DesOptions] = None) -> SimResult:
+def simulate_des(job: Job, full: bool = False, trace: bool = False, options: DesOptions | None = None) -> SimResult:
     """Simulate one iteration of ``job``. ``full`` simulates every rank instead of one
     pipeline; ``trace`` keeps link-utilization series for the Perfetto trace (task records
     and memory timelines are always kept; :func:`simulator.des.trace.write_trace` re-runs the
@@ -110,10 +109,23 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
     extra = _summary(prog, topo, eng, util, crit_dev)
     wall = time.perf_counter() - t0
     extra["_des"] = DesRecord(
-        engine=eng, topology=topo, devices=prog.devices, lanes=prog.lanes, memory=memory,
-        link_series=net.series, link_utilization=util, step_time=step, critical_rank=crit,
-        counters=dict(prog.counters), wall_s=wall, full=full, schedule=plan.schedule,
-        num_microbatches=job.m, links_recorded=net.record, options=opts, breakdowns={crit: breakdown},
+        engine=eng,
+        topology=topo,
+        devices=prog.devices,
+        lanes=prog.lanes,
+        memory=memory,
+        link_series=net.series,
+        link_utilization=util,
+        step_time=step,
+        critical_rank=crit,
+        counters=dict(prog.counters),
+        wall_s=wall,
+        full=full,
+        schedule=plan.schedule,
+        num_microbatches=job.m,
+        links_recorded=net.record,
+        options=opts,
+        breakdowns={crit: breakdown},
     )
     fits_host = True
     if plan.offload != "none":
@@ -121,19 +133,30 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False,
         host = host_state_bytes(job, local_params(max(prog.device_params(dev) for dev in prog.devices), plan))
         extra["host_memory_gib"] = host / 2**30
         fits_host = host_fits(job, host)
-    return SimResult(job=job, step_time=step, peak_memory=pm.peak, memory_capacity=job.cluster.gpu.usable_memory_bytes,
-                     time_breakdown=breakdown, memory_breakdown=dict(pm.breakdown), executed_flops=executed,
-                     model_flops=model_flops, bubble_fraction=bubble_fraction, fidelity="des", extra=extra,
-                     host_fits=fits_host)
+    return SimResult(
+        job=job,
+        step_time=step,
+        peak_memory=pm.peak,
+        memory_capacity=job.cluster.gpu.usable_memory_bytes,
+        time_breakdown=breakdown,
+        memory_breakdown=dict(pm.breakdown),
+        executed_flops=executed,
+        model_flops=model_flops,
+        bubble_fraction=bubble_fraction,
+        fidelity="des",
+        extra=extra,
+        host_fits=fits_host,
+    )
 
 
 def _executed_flops(job: Job, prog: Program, model_flops: float) -> float:
     """Model FLOPs plus the recomputed layers' (full: a layer forward; selective: the attention
     core, 4*b*s^2*h) over the d pipeline replicas."""
     model, plan = job.model, job.plan
-    attn_core = 4.0 * plan.mb * model.seq_length ** 2 * model.hidden_size
-    return model_flops + plan.d * (prog.recomputed["full"] * layer_forward_flops(model, plan.mb)
-                                   + prog.recomputed["selective"] * attn_core)
+    attn_core = 4.0 * plan.mb * model.seq_length**2 * model.hidden_size
+    return model_flops + plan.d * (
+        prog.recomputed["full"] * layer_forward_flops(model, plan.mb) + prog.recomputed["selective"] * attn_core
+    )
 
 
 def _summary(prog: Program, topo: Topology, eng: Engine, util: dict[int, float], crit_dev: Device) -> dict[str, Any]:
@@ -160,7 +183,9 @@ def des_record(result: SimResult, trace: bool = False) -> DesRecord:
     if rec is None and result.fidelity != "des":
         raise ValueError("the result has no DES record (simulate with fidelity 'des')")
     if rec is None or (trace and not rec.links_recorded):
-        full = rec.full if rec is not None else result.extra.get("simulated_ranks", 0) >= result.job.cluster.num_gpus > 1
+        full = (
+            rec.full if rec is not None else result.extra.get("simulated_ranks", 0) >= result.job.cluster.num_gpus > 1
+        )
         options = rec.options if rec is not None else None
         rec = simulate_des(result.job, full=full, trace=trace, options=options).extra["_des"]
     return rec

@@ -38,8 +38,8 @@ equivalent NICs/spines) and cached per (source, destination).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Optional
 
 import networkx as nx
 
@@ -53,10 +53,10 @@ class LinkInfo:
     """Static description of one directed link."""
 
     name: str
-    kind: str          # nvlink, pcie, nic, uplink, downlink, cpu, nvme
-    node: int          # node index, or -1 for fabric links between nodes
-    capacity: float    # bytes/s per direction
-    latency: float     # seconds, one way
+    kind: str  # nvlink, pcie, nic, uplink, downlink, cpu, nvme
+    node: int  # node index, or -1 for fabric links between nodes
+    capacity: float  # bytes/s per direction
+    latency: float  # seconds, one way
 
 
 class Topology:
@@ -79,18 +79,18 @@ class Topology:
 
         # per node lookup tables of link ids
         G = self.gpus_per_node
-        self._nvl_up: list[list[int]] = []      # [node][gpu] gpu -> switch (star fabrics)
-        self._nvl_down: list[list[int]] = []    # [node][gpu] switch -> gpu
+        self._nvl_up: list[list[int]] = []  # [node][gpu] gpu -> switch (star fabrics)
+        self._nvl_down: list[list[int]] = []  # [node][gpu] switch -> gpu
         self._mesh: list[dict[tuple[int, int], int]] = []
-        self._gpu_sw: list[list[int]] = []      # gpu -> pcie switch
-        self._sw_gpu: list[list[int]] = []      # pcie switch -> gpu
-        self._sw_host: list[list[int]] = []     # pcie switch -> host
+        self._gpu_sw: list[list[int]] = []  # gpu -> pcie switch
+        self._sw_gpu: list[list[int]] = []  # pcie switch -> gpu
+        self._sw_host: list[list[int]] = []  # pcie switch -> host
         self._host_sw: list[list[int]] = []
-        self._sw_nic: list[list[int]] = []      # pcie switch -> nic
+        self._sw_nic: list[list[int]] = []  # pcie switch -> nic
         self._nic_sw: list[list[int]] = []
-        self._nic_up: list[list[int]] = []      # nic -> leaf
-        self._nic_down: list[list[int]] = []    # leaf -> nic
-        self._nic_leaf: list[list[int]] = []    # leaf index of each nic
+        self._nic_up: list[list[int]] = []  # nic -> leaf
+        self._nic_down: list[list[int]] = []  # leaf -> nic
+        self._nic_leaf: list[list[int]] = []  # leaf index of each nic
         self._cpu: list[int] = []
         self._nvme: list[int] = []
         self._leaf_up: list[int] = []
@@ -105,7 +105,7 @@ class Topology:
 
     # ------------------------------------------------------------------ construction
 
-    def _link(self, u: str, v: str, kind: str, node: int, cap: float, lat: float, lid: Optional[int] = None) -> int:
+    def _link(self, u: str, v: str, kind: str, node: int, cap: float, lat: float, lid: int | None = None) -> int:
         if lid is None:
             lid = len(self.links)
             self.links.append(LinkInfo(f"{u}->{v}", kind, node, cap, lat))
@@ -131,7 +131,9 @@ class Topology:
                 for a in range(G):
                     for b in range(G):
                         if a != b:
-                            mesh[(a, b)] = self._link(pre + f"gpu{a}", pre + f"gpu{b}", "nvlink", k, intra.bytes_per_s, intra.latency_s)
+                            mesh[(a, b)] = self._link(
+                                pre + f"gpu{a}", pre + f"gpu{b}", "nvlink", k, intra.bytes_per_s, intra.latency_s
+                            )
             else:
                 sw = pre + {"pcie": "p2p", "loopback": "loopback"}.get(self.intra_kind, "nvswitch")
                 self.graph.add_node(sw, kind="nvswitch", node=k)
@@ -217,7 +219,7 @@ class Topology:
         if n_leaves > 1:
             self.graph.add_node("spine", kind="switch")
             cap = up * nic.bytes_per_s
-            for j, nm in enumerate(leaf_names):
+            for _j, nm in enumerate(leaf_names):
                 self._leaf_up.append(self._link(nm, "spine", "uplink", -1, cap, self.switch_latency))
                 self._leaf_down.append(self._link("spine", nm, "downlink", -1, cap, self.switch_latency))
 
@@ -256,11 +258,11 @@ class Topology:
         if self.nics_per_node == 0:
             raise ValueError(f"node profile {self.cluster.node.name} has no NICs but traffic crosses nodes")
         ia, ib = self.nic_of(ga), self.nic_of(gb)
-        path = self._gpu_to_nic(ka, ga, ia) + [self._nic_up[ka][ia]]
+        path = [*self._gpu_to_nic(ka, ga, ia), self._nic_up[ka][ia]]
         la, lb = self._nic_leaf[ka][ia], self._nic_leaf[kb][ib]
         if la != lb:
             path += [self._leaf_up[la], self._leaf_down[lb]]
-        path += [self._nic_down[kb][ib]] + self._nic_to_gpu(kb, ib, gb)
+        path += [self._nic_down[kb][ib], *self._nic_to_gpu(kb, ib, gb)]
         return tuple(path)
 
     def _switch_of_gpu(self, g: int) -> int:
@@ -318,4 +320,4 @@ class Topology:
             return n in (src, dst) or kinds[n].get("kind") != "gpu"
 
         path = nx.shortest_path(nx.subgraph_view(self.graph, filter_node=keep), src, dst)
-        return tuple(self.graph.edges[u, v]["link"] for u, v in zip(path, path[1:]))
+        return tuple(self.graph.edges[u, v]["link"] for u, v in itertools.pairwise(path))

@@ -35,7 +35,13 @@ THREADS = {
     "nvme_w": (10, "NVMe write"),
     "cpu": (11, "host CPU optimizer"),
 }
-SEGMENT_NAMES = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "tp": "TP collective", "opt": "optimizer step"}
+SEGMENT_NAMES = {
+    "fwd": "forward",
+    "bwd": "backward",
+    "recompute": "recompute",
+    "tp": "TP collective",
+    "opt": "optimizer step",
+}
 US = 1e6
 
 
@@ -54,8 +60,9 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
     ev: list[dict[str, Any]] = []
     for dev in rec.devices:
         pid = dev.idx + 1
-        ev.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                   "args": {"name": f"GPU {dev.gpu} ({dev.name})"}})
+        ev.append(
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"GPU {dev.gpu} ({dev.name})"}}
+        )
         ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": dev.idx}})
         lanes = set(dev.streams) | ({"tp"} if result.job.plan.t > 1 else set())
         for lane in sorted(lanes, key=lambda x: THREADS[x][0]):
@@ -68,21 +75,40 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
         for task in eng.stream_queue[s]:
             start, dur, kind, info = eng.start[task], eng.dur[task], eng.kind[task], eng.info[task]
             name = _task_name(kind, info)
-            ev.append({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid,
-                       "ts": start * US, "dur": max(dur, 0.0) * US})
+            ev.append(
+                {
+                    "ph": "X",
+                    "name": name,
+                    "cat": kind,
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": start * US,
+                    "dur": max(dur, 0.0) * US,
+                }
+            )
             if lane != "compute":
                 continue
             t = start * US
             stop = t + max(dur, 0.0) * US
             for seg, d in info.segments:
                 d = min(d * US, stop - t)  # nest inside the task despite rounding
-                ev.append({"ph": "X", "name": SEGMENT_NAMES[seg], "cat": seg, "pid": pid,
-                           "tid": THREADS["tp"][0] if seg == "tp" else tid, "ts": t, "dur": max(d, 0.0)})
+                ev.append(
+                    {
+                        "ph": "X",
+                        "name": SEGMENT_NAMES[seg],
+                        "cat": seg,
+                        "pid": pid,
+                        "tid": THREADS["tp"][0] if seg == "tp" else tid,
+                        "ts": t,
+                        "dur": max(d, 0.0),
+                    }
+                )
                 t += d
     for dev, mem in zip(rec.devices, rec.memory):
         for t, total in zip(mem.times, mem.totals):
-            ev.append({"ph": "C", "name": "memory", "pid": dev.idx + 1, "tid": 0, "ts": t * US,
-                       "args": {"GiB": total / GiB}})
+            ev.append(
+                {"ph": "C", "name": "memory", "pid": dev.idx + 1, "tid": 0, "ts": t * US, "args": {"GiB": total / GiB}}
+            )
     if rec.link_series:
         npid = len(rec.devices) + 1
         ev.append({"ph": "M", "name": "process_name", "pid": npid, "tid": 0, "args": {"name": "network"}})

@@ -20,13 +20,12 @@ by that difference, which staggers their use of the shared links rather than add
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hwprofiles.algorithms import Collective
-
-from typing import Callable
-
-from simulator.des.flows import PhasePlan, collective_phases
-from simulator.des.engine import FlowSpec, Phase
 from simulator.cost.layout import rank_of
+from simulator.des.engine import FlowSpec, Phase
+from simulator.des.flows import PhasePlan, collective_phases
 from simulator.des.topology import Topology
 
 # one phase of one copy: ((src gpu, links, unit bytes), ...), steps, extra seconds, link load per byte
@@ -49,8 +48,15 @@ class Transfers:
     def gpu(self, pp: int, dp: int, tp: int) -> int:
         return rank_of(pp, dp, tp, self.t, self.d)
 
-    def phases(self, key: tuple, make: Callable[[], list[list[RoutedPhase]]], copy: int, rep_gpu: int,
-               size: float, count_gpu: int = -1) -> tuple[list[Phase], float]:
+    def phases(
+        self,
+        key: tuple,
+        make: Callable[[], list[list[RoutedPhase]]],
+        copy: int,
+        rep_gpu: int,
+        size: float,
+        count_gpu: int = -1,
+    ) -> tuple[list[Phase], float]:
         """(engine phases of copy ``copy`` of class ``key`` for ``size`` bytes, bytes that
         ``count_gpu`` sends in them). ``rep_gpu``: the simulated GPU (symmetric mode)."""
         if self.free or size <= 0.0:
@@ -67,8 +73,13 @@ class Transfers:
                 cached = self._weigh(self._class(key, make), rep_gpu)
                 self._weighted[(key, rep_gpu)] = cached
             weighted = cached
-        sent = size * sum(b for (_, _, srcs) in weighted for (s, b) in srcs if s == count_gpu) if count_gpu >= 0 else 0.0
-        out = [Phase(tuple(FlowSpec(f.links, f.weights, f.nbytes * size) for f in specs), lat) for (specs, lat, _) in weighted]
+        sent = (
+            size * sum(b for (_, _, srcs) in weighted for (s, b) in srcs if s == count_gpu) if count_gpu >= 0 else 0.0
+        )
+        out = [
+            Phase(tuple(FlowSpec(f.links, f.weights, f.nbytes * size) for f in specs), lat)
+            for (specs, lat, _) in weighted
+        ]
         self._cache[ckey] = (out, sent)
         return out, sent
 
@@ -83,56 +94,93 @@ class Transfers:
         return steps * max((self.topo.latency(links) for (_, links, _) in flows), default=0.0) + extra
 
     def _unweighted(self, copy: list[RoutedPhase]) -> Weighted:
-        return [(tuple(FlowSpec(links, (1.0,) * len(links), b * load) for (_, links, b) in flows),
-                 self._latency(flows, steps, extra), tuple((s, b) for (s, _, b) in flows))
-                for flows, steps, extra, load in copy]
+        return [
+            (
+                tuple(FlowSpec(links, (1.0,) * len(links), b * load) for (_, links, b) in flows),
+                self._latency(flows, steps, extra),
+                tuple((s, b) for (s, _, b) in flows),
+            )
+            for flows, steps, extra, load in copy
+        ]
 
     def _weigh(self, copies: list[list[RoutedPhase]], rep_gpu: int) -> Weighted:
         out: Weighted = []
         for pi, (flows, steps, extra, load) in enumerate(copies[0]):
             total: dict[int, float] = {}
             for cp in copies:
-                for (_, links, b) in cp[pi][0]:
+                for _, links, b in cp[pi][0]:
                     for lid in links:
                         total[lid] = total.get(lid, 0.0) + b
             mine_flows = [f for f in flows if f[0] == rep_gpu]
             mine: dict[int, float] = {}
-            for (_, links, b) in mine_flows:
+            for _, links, b in mine_flows:
                 for lid in links:
                     mine[lid] = mine.get(lid, 0.0) + b
-            specs = tuple(FlowSpec(links, tuple(total[lid] / mine[lid] for lid in links), b * load)
-                          for (_, links, b) in mine_flows)
+            specs = tuple(
+                FlowSpec(links, tuple(total[lid] / mine[lid] for lid in links), b * load)
+                for (_, links, b) in mine_flows
+            )
             lat = self._latency(flows, steps, extra)
             out.append((specs, lat, tuple((s, b) for (s, _, b) in flows)))
         return out
 
     def _routed(self, phases: list[PhasePlan], extra: float = 0.0) -> list[RoutedPhase]:
         route = self.topo.route
-        return [(tuple((s, route(s, d), b) for (s, d, b) in ph.flows), ph.steps, extra if i == len(phases) - 1 else 0.0,
-                 ph.load) for i, ph in enumerate(phases)]
+        return [
+            (
+                tuple((s, route(s, d), b) for (s, d, b) in ph.flows),
+                ph.steps,
+                extra if i == len(phases) - 1 else 0.0,
+                ph.load,
+            )
+            for i, ph in enumerate(phases)
+        ]
 
     # ------------------------------------------------------------------ class makers
 
     def dp_class(self, stage: int, op: Collective) -> Callable[[], list[list[RoutedPhase]]]:
         """``op`` over the data-parallel group of each tensor rank of ``stage`` (copy = tp)."""
+
         def make() -> list[list[RoutedPhase]]:
-            return [self._routed(collective_phases(self.topo, op, [self.gpu(stage, dp, tp) for dp in range(self.d)], 1.0))
-                    for tp in range(self.t)]
+            return [
+                self._routed(collective_phases(self.topo, op, [self.gpu(stage, dp, tp) for dp in range(self.d)], 1.0))
+                for tp in range(self.t)
+            ]
+
         return make
 
     def p2p_class(self, s0: int, s1: int, extra: float) -> Callable[[], list[list[RoutedPhase]]]:
         """Every (dp, tp) rank of stage s0 sends to its peer of stage s1 (copy = dp*t + tp);
         ``extra``: the receivers' all-gather after a scattered send."""
+
         def make() -> list[list[RoutedPhase]]:
-            return [self._routed(collective_phases(self.topo, Collective.SEND_RECV, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0), extra)
-                    for dp in range(self.d) for tp in range(self.t)]
+            return [
+                self._routed(
+                    collective_phases(
+                        self.topo, Collective.SEND_RECV, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0
+                    ),
+                    extra,
+                )
+                for dp in range(self.d)
+                for tp in range(self.t)
+            ]
+
         return make
 
     def pair_all_reduce_class(self, s0: int, s1: int) -> Callable[[], list[list[RoutedPhase]]]:
         """All-reduce between each (dp, tp) rank of stage s0 and its peer of s1 (tied embeddings)."""
+
         def make() -> list[list[RoutedPhase]]:
-            return [self._routed(collective_phases(self.topo, Collective.ALL_REDUCE, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0))
-                    for dp in range(self.d) for tp in range(self.t)]
+            return [
+                self._routed(
+                    collective_phases(
+                        self.topo, Collective.ALL_REDUCE, [self.gpu(s0, dp, tp), self.gpu(s1, dp, tp)], 1.0
+                    )
+                )
+                for dp in range(self.d)
+                for tp in range(self.t)
+            ]
+
         return make
 
     def host_class(self, stage: int, what: str) -> Callable[[], list[list[RoutedPhase]]]:
@@ -157,6 +205,7 @@ class Transfers:
                     g = self.gpu(stage, dp, tp)
                     out.append([(((g, links_of(g), 1.0),), 1, 0.0, 1.0)])
             return out
+
         return make
 
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 from simulator.cost.schedules import device_order
 from simulator.des.engine import Engine
 from simulator.des.program import compute, data_parallel, memory, optimizer, pipeline
-from simulator.des.program.state import Device, DesOptions, Program, TaskInfo
+from simulator.des.program.state import DesOptions, Device, Program, TaskInfo
 from simulator.des.topology import Topology
 from simulator.job import Job
 
-__all__ = ["Device", "DesOptions", "Program", "TaskInfo", "build_program"]
+__all__ = ["DesOptions", "Device", "Program", "TaskInfo", "build_program"]
 
 
 def build_program(job: Job, topo: Topology, engine: Engine, full: bool, options: DesOptions) -> Program:

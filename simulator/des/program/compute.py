@@ -22,17 +22,18 @@ from simulator.des.program.state import Device, Program, Split, TaskInfo
 class ReductionMode:
     """How a rank's gradients and parameters move around its passes."""
 
-    zero3: bool       # per-layer parameter gathers and gradient reduce-scatters
-    overlap: bool     # bucketed reductions overlap the backward
-    per_mb: bool      # reduce every microbatch (ZeRO-2)
-    dp_sync: bool     # any data-parallel gradient reduction (ZeRO 0-2 with d > 1)
+    zero3: bool  # per-layer parameter gathers and gradient reduce-scatters
+    overlap: bool  # bucketed reductions overlap the backward
+    per_mb: bool  # reduce every microbatch (ZeRO-2)
+    dp_sync: bool  # any data-parallel gradient reduction (ZeRO 0-2 with d > 1)
 
     @staticmethod
-    def of(prog: Program) -> "ReductionMode":
+    def of(prog: Program) -> ReductionMode:
         plan = prog.plan
         dp_sync = plan.d > 1 and plan.zero < 3
         return ReductionMode(
-            zero3=plan.zero == 3 and (plan.d > 1 or plan.offload != "none"),  # offloaded params are fetched even at d = 1
+            zero3=plan.zero == 3
+            and (plan.d > 1 or plan.offload != "none"),  # offloaded params are fetched even at d = 1
             overlap=dp_sync and prog.job.runtime.dp_overlap,
             per_mb=dp_sync and plan.zero == 2,
             dp_sync=dp_sync,
@@ -72,8 +73,18 @@ def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
         prog.recomputed["selective"] += rec_s
 
 
-def _add_pass(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool, split: Split, mode: ReductionMode,
-              bucketed: bool, pieces: list[int], nred: int) -> int:
+def _add_pass(
+    prog: Program,
+    dev: Device,
+    op: PipeOp,
+    j: int,
+    norec: bool,
+    split: Split,
+    mode: ReductionMode,
+    bucketed: bool,
+    pieces: list[int],
+    nred: int,
+) -> int:
     """The compute tasks of one pass; returns the rank's reduction count after it."""
     cs = prog.stream(dev, "compute")
     for gi, pc in enumerate(prog.pieces(op.kind, j, norec, split)):

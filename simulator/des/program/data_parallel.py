@@ -36,12 +36,35 @@ def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int]) -
     shard = size / plan.d
     if plan.offload != "none":
         if plan.offload == "nvme":
-            dep = prog.transfer(dev, Send("nvme", ("nvme", dev.pp), xfer.host_class(dev.pp, "nvme"), "dptp", shard,
-                                          "offload", "param read"), (dep,))
-        dep = prog.transfer(dev, Send("h2d", ("h2d", dev.pp), xfer.host_class(dev.pp, "h2d"), "dptp", shard,
-                                      "offload", "param up", "offload_bytes"), (dep,))
-    send = Send("zero", ("ag", dev.pp), xfer.dp_class(dev.pp, Collective.ALL_GATHER), "tp", size, "zero",
-                "param gather", "dp_bytes")
+            dep = prog.transfer(
+                dev,
+                Send("nvme", ("nvme", dev.pp), xfer.host_class(dev.pp, "nvme"), "dptp", shard, "offload", "param read"),
+                (dep,),
+            )
+        dep = prog.transfer(
+            dev,
+            Send(
+                "h2d",
+                ("h2d", dev.pp),
+                xfer.host_class(dev.pp, "h2d"),
+                "dptp",
+                shard,
+                "offload",
+                "param up",
+                "offload_bytes",
+            ),
+            (dep,),
+        )
+    send = Send(
+        "zero",
+        ("ag", dev.pp),
+        xfer.dp_class(dev.pp, Collective.ALL_GATHER),
+        "tp",
+        size,
+        "zero",
+        "param gather",
+        "dp_bytes",
+    )
     g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)))
     prog.mem.add(g, dev.idx, False, "buffers", size)
     return g
@@ -50,8 +73,16 @@ def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int]) -
 def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction count)."""
     size = params * prog.costs.grad_bytes
-    send = Send("dp", ("rs", dev.pp), prog.xfer.dp_class(dev.pp, Collective.REDUCE_SCATTER), "tp", size, "dp",
-                "grad reduce-scatter", "dp_bytes")
+    send = Send(
+        "dp",
+        ("rs", dev.pp),
+        prog.xfer.dp_class(dev.pp, Collective.REDUCE_SCATTER),
+        "tp",
+        size,
+        "dp",
+        "grad reduce-scatter",
+        "dp_bytes",
+    )
     rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)))
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, rs, size))
 
@@ -69,8 +100,16 @@ def _grad_down(prog: Program, dev: Device, reduced: int, size: float) -> int:
     """With offload, this rank's reduced gradient shard goes to host memory over PCIe."""
     if prog.plan.offload == "none":
         return reduced
-    send = Send("d2h", ("d2h", dev.pp), prog.xfer.host_class(dev.pp, "d2h"), "dptp", size / prog.plan.d, "offload",
-                "grad down", "offload_bytes")
+    send = Send(
+        "d2h",
+        ("d2h", dev.pp),
+        prog.xfer.host_class(dev.pp, "d2h"),
+        "dptp",
+        size / prog.plan.d,
+        "offload",
+        "grad down",
+        "offload_bytes",
+    )
     return prog.transfer(dev, send, (reduced,))
 
 
@@ -84,8 +123,11 @@ def add_tied_embedding_all_reduce(prog: Program) -> None:
         if dev.pp != 0:
             continue
         other = prog.dev_at[(prog.p - 1, dev.dp, dev.tp)]
-        deps = ([prog.pieces_of[dev.idx][-1], prog.pieces_of[other.idx][-1]]
-                + prog.dp_done[dev.idx] + prog.dp_done[other.idx])
+        deps = (
+            [prog.pieces_of[dev.idx][-1], prog.pieces_of[other.idx][-1]]
+            + prog.dp_done[dev.idx]
+            + prog.dp_done[other.idx]
+        )
         x = prog.transfer(dev, Send("dp", ("emb",), make, "dptp", size, "dp", "embedding all-reduce", "dp_bytes"), deps)
         prog.dp_done[dev.idx].append(x)
         prog.dp_done[other.idx].append(x)
@@ -98,6 +140,14 @@ def add_param_all_gather(prog: Program) -> None:
     for dev in prog.devices:
         size = prog.device_params(dev) * gather_bytes(prog)
         after = prog.opt_last[dev.idx]
-        send = Send("dp", ("ag", dev.pp), prog.xfer.dp_class(dev.pp, Collective.ALL_GATHER), "tp", size, "dp",
-                    "param all-gather", "dp_bytes")
+        send = Send(
+            "dp",
+            ("ag", dev.pp),
+            prog.xfer.dp_class(dev.pp, Collective.ALL_GATHER),
+            "tp",
+            size,
+            "dp",
+            "param all-gather",
+            "dp_bytes",
+        )
         prog.group_task(dev, ("pag",), after, functools.partial(prog.transfer, dev, send, (after,)))

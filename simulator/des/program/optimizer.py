@@ -10,8 +10,14 @@ back up over PCIe (ZeRO-3: parameters stay on the host).
 
 from __future__ import annotations
 
-from simulator.cost.step import (CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS, local_params, optimizer_tensors,
-                                 optimizer_time, step_sync_time)
+from simulator.cost.step import (
+    CPU_ADAM_STATE_BYTES,
+    OFFLOAD_SUBGROUPS,
+    local_params,
+    optimizer_tensors,
+    optimizer_time,
+    step_sync_time,
+)
 from simulator.des.program.data_parallel import gather_bytes
 from simulator.des.program.state import Device, Program, Send, TaskInfo
 
@@ -21,11 +27,14 @@ def add_step(prog: Program, dev: Device) -> None:
     deps = prog.dp_done[dev.idx] + [prog.pieces_of[dev.idx][-1]]
     sync = 0.0 if prog.opt.free_comm else step_sync_time(prog.job)
     if sync > 0:
-        deps = [prog.eng.task(prog.stream(dev, "dp"), sync, "dp", deps, TaskInfo(dev.idx, label="norm and loss all-reduce"))]
+        deps = [
+            prog.eng.task(prog.stream(dev, "dp"), sync, "dp", deps, TaskInfo(dev.idx, label="norm and loss all-reduce"))
+        ]
     if prog.plan.offload == "none":
         dur = optimizer_time(prog.job, shard, optimizer_tensors(prog.job.model, prog.device_layers(dev)))
-        prog.opt_last[dev.idx] = prog.eng.task(prog.stream(dev, "compute"), dur, "opt", deps,
-                                               TaskInfo(dev.idx, segments=(("opt", dur),)))
+        prog.opt_last[dev.idx] = prog.eng.task(
+            prog.stream(dev, "compute"), dur, "opt", deps, TaskInfo(dev.idx, segments=(("opt", dur),))
+        )
         return
     prog.opt_last[dev.idx] = _offloaded_step(prog, dev, shard, deps)
 
@@ -40,16 +49,42 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
     for _ in range(k):
         pre = list(deps)
         if plan.offload == "nvme":
-            pre.append(prog.transfer(dev, Send("nvme", ("nvme", dev.pp), nvme, "dptp", state, "offload",
-                                               "optimizer state read"), deps))
-        cpu = prog.transfer(dev, Send("cpu", ("cpu", dev.pp), xfer.host_class(dev.pp, "cpu"), "dptp",
-                                      shard * CPU_ADAM_STATE_BYTES / k, "cpu", "CPU Adam"), pre)
+            pre.append(
+                prog.transfer(
+                    dev, Send("nvme", ("nvme", dev.pp), nvme, "dptp", state, "offload", "optimizer state read"), deps
+                )
+            )
+        cpu = prog.transfer(
+            dev,
+            Send(
+                "cpu",
+                ("cpu", dev.pp),
+                xfer.host_class(dev.pp, "cpu"),
+                "dptp",
+                shard * CPU_ADAM_STATE_BYTES / k,
+                "cpu",
+                "CPU Adam",
+            ),
+            pre,
+        )
         if plan.offload == "nvme":
-            prog.transfer(dev, Send("nvme_w", ("nvme", dev.pp), nvme, "dptp", state, "offload", "optimizer state write"),
-                          (cpu,))
+            prog.transfer(
+                dev, Send("nvme_w", ("nvme", dev.pp), nvme, "dptp", state, "offload", "optimizer state write"), (cpu,)
+            )
         ups.append(cpu)
         if plan.zero < 3:
-            ups[-1] = prog.transfer(dev, Send("h2d", ("h2d", dev.pp), xfer.host_class(dev.pp, "h2d"), "dptp",
-                                              shard * gather_bytes(prog) / k, "offload", "params up", "offload_bytes"),
-                                    (cpu,))
+            ups[-1] = prog.transfer(
+                dev,
+                Send(
+                    "h2d",
+                    ("h2d", dev.pp),
+                    xfer.host_class(dev.pp, "h2d"),
+                    "dptp",
+                    shard * gather_bytes(prog) / k,
+                    "offload",
+                    "params up",
+                    "offload_bytes",
+                ),
+                (cpu,),
+            )
     return ups[-1]

@@ -38,8 +38,16 @@ def add_sends(prog: Program, dev: Device) -> None:
         size, tail = boundary_send(prog, dev.pp, s1)
         fwd = op.kind == "F"
         make = prog.xfer.p2p_class(dev.pp, s1, 0.0 if prog.opt.free_comm else tail)
-        send = Send("pp_fwd" if fwd else "pp_bwd", ("pp", dev.pp, s1), make, "dptp", size, "pp",
-                    "send activations" if fwd else "send gradients", "pp_bytes")
+        send = Send(
+            "pp_fwd" if fwd else "pp_bwd",
+            ("pp", dev.pp, s1),
+            make,
+            "dptp",
+            size,
+            "pp",
+            "send activations" if fwd else "send gradients",
+            "pp_bytes",
+        )
         x = prog.transfer(dev, send, (prog.last[(dev.idx, op.kind, op.mb, j)],), op.mb, j)
         rcv = prog.dev_at[(s1, dev.dp, dev.tp)]
         prog.gate(prog.first[(rcv.idx, op.kind, op.mb, nxt)], x)

@@ -8,8 +8,9 @@ the step depend on (the first and last task of each pass, each rank's reductions
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal, NamedTuple, Optional
+from typing import Literal, NamedTuple
 
 from simulator.cost.layout import rank_of
 from simulator.cost.memory import DP_BUCKET_BYTES
@@ -45,11 +46,11 @@ class DesOptions:
 class TaskInfo(NamedTuple):
     """What an engine task stands for (the trace, plot and attribution read it)."""
 
-    device: int                # index of the simulated rank in Program.devices
-    microbatch: int = -1       # -1 outside a pass
-    chunk: int = -1            # pipeline chunk (model order), -1 outside a pass
-    label: str = ""            # transfers and step-end tasks: what they do
-    segments: Segments = ()    # compute tasks: (segment kind, seconds) in execution order
+    device: int  # index of the simulated rank in Program.devices
+    microbatch: int = -1  # -1 outside a pass
+    chunk: int = -1  # pipeline chunk (model order), -1 outside a pass
+    label: str = ""  # transfers and step-end tasks: what they do
+    segments: Segments = ()  # compute tasks: (segment kind, seconds) in execution order
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Send:
     size: float
     kind: str
     label: str
-    counter: Optional[str] = None
+    counter: str | None = None
 
 
 @dataclass
@@ -109,18 +110,23 @@ class Program:
                     self.devices.append(dev)
                     self.dev_at[(pp, dp, tp)] = dev
         self.mem = MemoryTimeline(len(self.devices))
-        self.counters: dict[str, float] = {"tp_bytes": 0.0, "tp_layer_all_reduces": 0.0, "pp_bytes": 0.0,
-                                           "dp_bytes": 0.0, "offload_bytes": 0.0}
+        self.counters: dict[str, float] = {
+            "tp_bytes": 0.0,
+            "tp_layer_all_reduces": 0.0,
+            "pp_bytes": 0.0,
+            "dp_bytes": 0.0,
+            "offload_bytes": 0.0,
+        }
         self.recomputed = {"full": 0, "selective": 0}  # layer passes recomputed by one pipeline replica
-        self.lanes: dict[int, tuple[int, str]] = {}    # stream id -> (device idx, lane)
-        self.orders: dict[int, list[PipeOp]] = {}      # device idx -> its passes in schedule order
+        self.lanes: dict[int, tuple[int, str]] = {}  # stream id -> (device idx, lane)
+        self.orders: dict[int, list[PipeOp]] = {}  # device idx -> its passes in schedule order
         self.first: dict[tuple[int, str, int, int], int] = {}  # (device, kind, mb, chunk) -> first task
-        self.last: dict[tuple[int, str, int, int], int] = {}   # ... -> last task
+        self.last: dict[tuple[int, str, int, int], int] = {}  # ... -> last task
         self.dp_done: dict[int, list[int]] = {dev.idx: [] for dev in self.devices}  # reductions the step waits for
-        self.pieces_of: dict[int, list[int]] = {}      # device idx -> compute tasks in stream order
-        self.opt_last: dict[int, int] = {}             # device idx -> last task of its optimizer step
+        self.pieces_of: dict[int, list[int]] = {}  # device idx -> compute tasks in stream order
+        self.opt_last: dict[int, int] = {}  # device idx -> last task of its optimizer step
         self.piece_index: dict[int, tuple[int, int]] = {}  # compute task -> (device, index in pieces_of)
-        self.gates: list[tuple[int, int]] = []             # (compute task, transfer it waits for)
+        self.gates: list[tuple[int, int]] = []  # (compute task, transfer it waits for)
         self._piece_cache: dict[tuple, list[Piece]] = {}
         self._totals_cache: dict[tuple, tuple[float, int, int, int]] = {}
         self._groups: dict[tuple, int] = {}
@@ -174,8 +180,12 @@ class Program:
         got = self._totals_cache.get(key)
         if got is None:
             its = self._items(kind, j, norec)
-            got = (sum(i.tp_bytes for i in its), sum(i.tp_layer_all_reduces for i in its),
-                   sum(i.rec_full for i in its), sum(i.rec_sel for i in its))
+            got = (
+                sum(i.tp_bytes for i in its),
+                sum(i.tp_layer_all_reduces for i in its),
+                sum(i.rec_full for i in its),
+                sum(i.rec_sel for i in its),
+            )
             self._totals_cache[key] = got
         return got
 
@@ -194,20 +204,23 @@ class Program:
             self.lanes[s] = (dev.idx, lane)
         return s
 
-    def transfer(self, dev: Device, send: Send, deps: tuple[int, ...] | list[int], mb: int = -1, chunk: int = -1) -> int:
+    def transfer(
+        self, dev: Device, send: Send, deps: tuple[int, ...] | list[int], mb: int = -1, chunk: int = -1
+    ) -> int:
         """An engine transfer of ``dev``'s copy of ``send``'s class on its lane's stream."""
         count_gpu = dev.gpu if (send.counter is not None and dev.idx == 0) else -1
         copy = copy_index(self.full, dev.dp, dev.tp, self.t, send.per)
         phases, sent = self.xfer.phases(send.key, send.make, copy, dev.gpu, send.size, count_gpu)
         if send.counter is not None:
             self.counters[send.counter] += sent
-        return self.eng.transfer(self.stream(dev, send.lane), phases, send.kind, deps,
-                                 TaskInfo(dev.idx, mb, chunk, send.label))
+        return self.eng.transfer(
+            self.stream(dev, send.lane), phases, send.kind, deps, TaskInfo(dev.idx, mb, chunk, send.label)
+        )
 
     def group_task(self, dev: Device, key: tuple, dep: int, make: Callable[[], int]) -> int:
         """A data-parallel group's collective: created by its dp = 0 member, joined (as a
         dependency) by the other members in the full simulation."""
-        gkey = (dev.pp, dev.tp) + key
+        gkey = (dev.pp, dev.tp, *key)
         if dev.dp == 0:
             tid = make()
             self._groups[gkey] = tid
