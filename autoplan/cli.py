@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
@@ -72,7 +72,7 @@ Hugging Face config.json. Clusters: a cluster name or file, or a node name (with
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2
         sub = self.prog.removeprefix("autoplan").strip()
         raise InputError(f"{sub + ': ' if sub else ''}{message}")
 
@@ -346,7 +346,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 class _StderrHandler(logging.StreamHandler):
     """A handler on the ``sys.stderr`` of the moment (a caller or a test may have replaced it)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):
         return sys.stderr
 

@@ -19,12 +19,12 @@ m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times, device_chunks
 from simulator.cost.stage_memory import DeviceMemoryModel
-from simulator.plan import Plan
+from simulator.plan import Plan, RecomputeName
 from simulator.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -157,11 +157,11 @@ def _add_devices(
 
 def _solved_plan(plan: Plan, L: int, layers: tuple[int, ...], rec: tuple[tuple[int, int], ...] | None) -> Plan:
     """The plan with the solver's split and recomputation (uniform ones left implicit)."""
-    ckpt = plan.ckpt
+    ckpt: RecomputeName = plan.ckpt
     if rec is not None:
-        ckpt = _summary_ckpt(rec, layers)
-        if ckpt != "mixed":
-            rec = None
+        summary = _summary_ckpt(rec, layers)
+        if summary != "mixed":
+            ckpt, rec = summary, None
         else:  # the plan's ckpt names the strongest mode used; recompute= holds the map
             ckpt = "full" if any(f for f, _ in rec) else "selective"
     new = plan.replace(layers=layers, recompute=rec, ckpt=ckpt)
@@ -175,7 +175,7 @@ def _coef(x: float) -> int:
     return round(x / MIB * 1000)
 
 
-def _summary_ckpt(rec: tuple[tuple[int, int], ...], layers: tuple[int, ...]) -> str:
+def _summary_ckpt(rec: tuple[tuple[int, int], ...], layers: tuple[int, ...]) -> RecomputeName | Literal["mixed"]:
     """'none'/'selective'/'full' when every layer got the same mode, else 'mixed'."""
     if all(f == 0 and s == 0 for f, s in rec):
         return "none"

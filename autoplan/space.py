@@ -14,7 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwprofiles.errors import PlanError
-from simulator.plan import CKPT_MODES, OFFLOADS, ZERO_STAGES, Plan, parse_plan_items, plan_errors, resolve_plan
+from simulator.plan import (
+    CKPT_MODES,
+    OFFLOADS,
+    ZERO_STAGES,
+    OffloadName,
+    Plan,
+    RecomputeName,
+    ScheduleName,
+    ZeroStage,
+    parse_plan_items,
+    plan_errors,
+    resolve_plan,
+)
 from simulator.specs import ModelSpec
 
 MAX_MB = 16
@@ -35,7 +47,7 @@ class Shape:
     d: int
     mb: int
     sp: int
-    schedule: str
+    schedule: ScheduleName
     v: int
 
 
@@ -66,7 +78,7 @@ def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any
                         yield Shape(t, p, d, mb, sp, schedule, v)
 
 
-def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iterator[tuple[str, int]]:
+def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iterator[tuple[ScheduleName, int]]:
     want = fix.get("schedule")
     if p == 1:
         if want in (None, "1f1b") and fix.get("v", 1) == 1:
@@ -82,7 +94,7 @@ def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iter
                 yield "interleaved", v
 
 
-def memory_options(fix: Mapping[str, Any]) -> list[tuple[int, str, str]]:
+def memory_options(fix: Mapping[str, Any]) -> list[tuple[ZeroStage, RecomputeName, OffloadName]]:
     """(zero, ckpt, offload) combinations allowed by the rules and the pins."""
     out = []
     for zero in ZERO_STAGES:
@@ -96,7 +108,7 @@ def memory_options(fix: Mapping[str, Any]) -> list[tuple[int, str, str]]:
     return out
 
 
-def plan_of(shape: Shape, zero: int, ckpt: str, offload: str) -> Plan:
+def plan_of(shape: Shape, zero: ZeroStage, ckpt: RecomputeName, offload: OffloadName) -> Plan:
     return Plan(
         t=shape.t,
         p=shape.p,

@@ -204,10 +204,10 @@ def launch(
             raise
     _kill_leftovers(out)
     if rc != 0:
-        r, how = _failed_rank(out, torchrun_log, world)
-        if r is None:
+        failed, how = _failed_rank(out, torchrun_log, world)
+        if failed is None:
             raise RunError(f"torchrun exited with code {rc}; last lines: {' | '.join(_tail(torchrun_log))}")
-        raise RunError(f"worker rank {r} failed ({how}); its last log lines: {_last_lines(out, r)}")
+        raise RunError(f"worker rank {failed} failed ({how}); its last log lines: {_last_lines(out, failed)}")
     log(f"autoplan run: workers finished in {time.monotonic() - start:.1f} s")
     return out
 
@@ -279,9 +279,10 @@ def summarize(
     """The ``run --json`` dict (docs/design.md section 3) from per-rank results and the reference."""
     result: dict[str, Any] = dict(prediction) if prediction else {"plan": spec.plan.to_dict(spec.num_microbatches)}
     last = next(r for r in ranks if r["has_last_stage"])
-    timed = [r.get("timed") for r in ranks]
-    measured_time = max(t["step_time_s"] for t in timed) if all(timed) else None
-    peak = max(_tensor_memory(r) for r in ranks) / GiB if all(timed) else None
+    timed = [r["timed"] for r in ranks if r.get("timed")]
+    all_timed = len(timed) == len(ranks)
+    measured_time = max(t["step_time_s"] for t in timed) if all_timed else None
+    peak = max(_tensor_memory(r) for r in ranks) / GiB if all_timed else None
     pred_time = prediction.get("step_time_s") if prediction else None
     pred_mem = prediction.get("peak_memory_gib") if prediction else None
     result.update(
@@ -290,7 +291,7 @@ def summarize(
             "backend": ranks[0]["backend"],
             "world_size": len(ranks),
             "measured_peak_rss_gib": max(t["peak_memory_bytes"] for t in timed) / GiB
-            if all(timed) and ranks[0]["device"] == "cpu"
+            if all_timed and ranks[0]["device"] == "cpu"
             else None,
             "measured_step_time_s": measured_time,
             "predicted_step_time_s": pred_time,

@@ -170,7 +170,11 @@ class Link(_Strict):
     @property
     def bytes_per_s(self) -> float:
         """Achievable bytes/s per direction: nominal * efficiency."""
-        nominal = self.bandwidth_GBps * GB if self.bandwidth_GBps is not None else self.bandwidth_Gbps * GB / 8
+        if self.bandwidth_GBps is not None:
+            nominal = self.bandwidth_GBps * GB
+        else:
+            assert self.bandwidth_Gbps is not None  # the validator requires one of the two
+            nominal = self.bandwidth_Gbps * GB / 8
         return nominal * self.efficiency
 
     @property
@@ -280,7 +284,7 @@ class NodeProfile(_Strict):
         got = _measured_at(slots, ranks)
         return min(float(ranks), got) if got is not None else float(ranks)
 
-    def intra_figures(self, collective: str) -> tuple[float, float]:
+    def intra_figures(self, collective: CollectiveName) -> tuple[float, float]:
         """(bus bytes/s, per-step latency in s) of ``collective`` inside this node: its own fit
         when the node has one, else the intra-node link's."""
         fit = self.collectives.get(collective) if self.collectives else None

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from hwprofiles.errors import PlanError
 from simulator.specs import ModelSpec
@@ -49,10 +49,10 @@ ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
 OffloadName = Literal["none", "cpu", "nvme"]
 ZeroStage = Literal[0, 1, 2, 3]
 
-CKPT_MODES: tuple[str, ...] = tuple(Recompute)
-SCHEDULES: tuple[str, ...] = tuple(Schedule)
-OFFLOADS: tuple[str, ...] = tuple(Offload)
-ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+CKPT_MODES: tuple[RecomputeName, ...] = get_args(RecomputeName)  # the enums' values, in order (tested)
+SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
+OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
+ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
 PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp")
 PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS}
 PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")

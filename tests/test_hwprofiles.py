@@ -189,6 +189,18 @@ def test_per_collective_fits(tmp_path):
         node_from_mapping(dict(NODE, collectives={"all_reduce": {"bandwidth_GBps": 0, "latency_us": 1}}), "n.yaml")
 
 
+def test_fittable_collectives_are_priced_collectives():
+    """Every collective a profile may carry a fit for is one the simulator prices by that name
+    (a misspelt key would load and never be used)."""
+    import typing
+
+    from hwprofiles.algorithms import Collective
+    from hwprofiles.schema import CollectiveName
+
+    assert set(typing.get_args(CollectiveName)) <= {c.value for c in Collective}
+    assert set(typing.get_args(CollectiveName)) == set(Collective) - {Collective.BROADCAST}
+
+
 def test_nics_needed_by_nics_per_node():
     with pytest.raises(InputError, match="nic"):
         node_from_mapping({k: v for k, v in NODE.items() if k != "nic"}, "n.yaml")

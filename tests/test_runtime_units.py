@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
-from autoplan.runtime.layout import Layout, chunk_layer_ids
+from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import unsupported_reason
 from autoplan.runtime.zero1 import shard_pieces
 from simulator.plan import Plan
@@ -58,9 +58,9 @@ def test_unsupported_reason(plan, m, expected):
 
 def test_layout_coordinates_and_looped_chunks():
     plan = Plan(t=2, p=2, d=2, v=2, schedule="interleaved")
-    coords = [(lay.pp_rank, lay.dp_rank, lay.tp_rank) for lay in (Layout.of(plan, r) for r in range(8))]
+    coords = [(lay.pp_rank, lay.dp_rank, lay.tp_rank) for lay in (RankLayout.of(plan, r) for r in range(8))]
     assert coords == [(pp, dp, tp) for pp in range(2) for dp in range(2) for tp in range(2)]
-    first, last = Layout.of(plan, 0), Layout.of(plan, 7)
+    first, last = RankLayout.of(plan, 0), RankLayout.of(plan, 7)
     assert first.chunks == [0, 2] and first.has_first and not first.has_last
     assert last.chunks == [1, 3] and last.has_last
     assert [last.global_rank(1, 1, 1), first.global_rank(0, 1, 0)] == [7, 2]

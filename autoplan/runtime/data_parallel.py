@@ -42,15 +42,9 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, zero: int, offload: bool, param_
         if param_dtype
         else MixedPrecisionPolicy()
     )
-    kw = dict(
-        mesh=dp_mesh,
-        reshard_after_forward=zero >= 3,
-        mp_policy=mp,
-        offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
-    )
-    for block in model.layers.values():
-        fully_shard(block, **kw)
-    fully_shard(model, **kw)
+    offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    for module in [*model.layers.values(), model]:
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero >= 3, mp_policy=mp, offload_policy=offload_policy)
 
 
 def buckets(tensors: list[torch.Tensor], cap: int = BUCKET_BYTES) -> Iterable[list[torch.Tensor]]:

@@ -76,7 +76,7 @@ class TiedEmbeddingSync:
     Every rank must construct this (it creates one two-rank group per (dp, tp) position).
     """
 
-    def __init__(self, p: int, d: int, t: int, rank: int, param: nn.Parameter | None):
+    def __init__(self, p: int, d: int, t: int, rank: int, param: torch.Tensor | None):
         self.param = param
         self.group: dist.ProcessGroup | None = None
         for dp in range(d):

@@ -189,7 +189,7 @@ class GPT(nn.Module):
 
     def tie_weights(self) -> None:
         """Share the output projection with the token embedding (call again after to_empty)."""
-        if self.tied_locally:
+        if self.embed is not None and self.head is not None and self.spec.tie_embeddings:
             self.head.out.weight = self.embed.tok.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,19 +8,20 @@ plan's microbatches and averages gradients over them (``scale_grads``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from autoplan.runtime.layout import Layout
+from autoplan.runtime.rank import RankLayout
 
 
 def build_schedule(
-    modules: list[nn.Module],
-    layout: Layout,
+    modules: Sequence[nn.Module],
+    layout: RankLayout,
     schedule: str,
     num_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -28,7 +29,7 @@ def build_schedule(
     group: dist.ProcessGroup,
 ):
     """One stage per local chunk (in ``layout.chunks`` order) and the plan's schedule over them."""
-    stages = [
+    stages: list[Any] = [  # the schedules' annotation names torch's private stage base class
         PipelineStage(m, stage_index=c, num_stages=layout.num_chunks, device=device, group=group)
         for m, c in zip(modules, layout.chunks)
     ]
@@ -38,7 +39,7 @@ def build_schedule(
     return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
 
 
-def run_schedule(schedule, layout: Layout, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor] | None:
+def run_schedule(schedule, layout: RankLayout, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor] | None:
     """One pipelined forward+backward over the local batch; microbatch losses on the last stage."""
     losses: list[torch.Tensor] | None = [] if layout.has_last else None
     target = y if layout.has_last else None

@@ -50,6 +50,7 @@ def _layer_plan(block: Block, sp: bool) -> dict[str, ParallelStyle]:
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Shard ``model``'s layers over ``tp_mesh`` in place (works on a meta-device model)."""
     for block in model.layers.values():
+        assert isinstance(block, Block)
         parallelize_module(block, tp_mesh, _layer_plan(block, sp))
     if not sp:
         return

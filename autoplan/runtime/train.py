@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.runtime.config import RunSpec, load_run_spec
-from autoplan.runtime.engine import DistEnv, Trainer, import_plan_modules
-from autoplan.runtime.layout import Layout
 from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, reset_peak, rss_bytes
+from autoplan.runtime.rank import RankLayout
+from autoplan.runtime.trainer import DistEnv, Trainer, import_plan_modules
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> None:
         dist.init_process_group(backend, timeout=timeout)
     plan = spec.plan
     mesh = init_device_mesh(device.type, (plan.p, plan.d, plan.t), mesh_dim_names=("pp", "dp", "tp"))
-    layout = Layout.of(plan, rank)
+    layout = RankLayout.of(plan, rank)
     env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, mesh=mesh, layout=layout)
     log(
         f"{backend} on {device}; plan {plan.to_string()}; pp={layout.pp_rank} dp={layout.dp_rank} "

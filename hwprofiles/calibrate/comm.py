@@ -76,7 +76,7 @@ def _pair_groups(world: int) -> list[Any]:
 
 def _collective(
     op: str, nbytes: int, rank: int, world: int, size: int, group: Any, device: torch.device
-) -> tuple[Callable[[], None], int]:
+) -> tuple[Callable[[], object], int]:
     """(one call, messages per call) of ``op`` over ``group`` (``size`` ranks; None: all ranks)
     moving ``nbytes`` (rounded to whole fp32 shards); send/recv pairs rank r with r xor 1."""
     n = max(size, nbytes // 4 // size * size)
@@ -104,7 +104,7 @@ def _slowest(x: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def _time_collective(fn: Callable[[], None], device: torch.device, timing: Timing) -> float:
+def _time_collective(fn: Callable[[], object], device: torch.device, timing: Timing) -> float:
     """Best over the timed loops of the slowest rank's mean time per call (seconds). Every rank
     sees the same (all-reduced) samples, so all decide alike when they are enough."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -128,13 +128,14 @@ def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        ParallelStyle,
         PrepareModuleInput,
         RowwiseParallel,
         parallelize_module,
     )
 
     gather = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
-    plan = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")}
+    plan: dict[str, ParallelStyle] = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")}
     plan.update({"attn.o": RowwiseParallel(), "mlp.fc2": RowwiseParallel(), "attn": gather, "mlp": gather})
     parallelize_module(layer, mesh, plan)
     return layer
@@ -186,7 +187,7 @@ def _layer_host(layer: nn.Module, device: str, repeats: int) -> tuple[PassHost, 
     x = _activation(device)
     passes = time_passes(lambda: layer(x), repeats)  # leaves every parameter with a gradient
     params = list(layer.parameters())
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
     opt = torch.optim.AdamW(params, lr=1e-4)
 
     def step() -> None:

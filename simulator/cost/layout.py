@@ -33,7 +33,13 @@ class GroupShape:
 
 
 def rank_of(pp: int, dp: int, tp: int, t: int, d: int) -> int:
+    """The global rank of grid coordinate (pp, dp, tp)."""
     return pp * (d * t) + dp * t + tp
+
+
+def coords_of(rank: int, t: int, d: int) -> tuple[int, int, int]:
+    """(pp, dp, tp) of a global rank: the inverse of :func:`rank_of`."""
+    return rank // (d * t), (rank // t) % d, rank % t
 
 
 @functools.lru_cache(maxsize=4096)

@@ -27,8 +27,10 @@ collective loads the links and pays latency at its fitted rates (:func:`own_fit`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from hwprofiles.algorithms import Collective, latency_steps, uses_trees
+from hwprofiles.schema import CollectiveName
 from simulator.des.topology import Topology
 
 
@@ -52,7 +54,7 @@ def own_fit(topo: Topology, op: Collective, gpus: list[int], phases: list[PhaseP
     node = topo.cluster.node
     if not node.collectives or op not in node.collectives or len({g // topo.gpus_per_node for g in gpus}) > 1:
         return phases
-    bw, lat = node.intra_figures(op)
+    bw, lat = node.intra_figures(cast(CollectiveName, op.value))  # a key of node.collectives (checked above)
     link_lat = node.intra_node.latency_s
     load = node.intra_node.bytes_per_s / bw
     steps = lat / link_lat if link_lat > 0 else 1.0

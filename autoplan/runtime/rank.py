@@ -1,20 +1,22 @@
 """Where this rank sits in the (pp, dp, tp) grid and which pipeline chunks it runs.
 
-Ranks are laid out pp-major, tp-minor (rank = (pp * d + dp) * t + tp), so a tensor-parallel
-group is made of consecutive ranks (one node, fast links) as in Megatron-LM. With v virtual
-stages per rank, pipeline rank r runs chunks r, r + p, ..., r + (v-1)p (looped placement).
+The rank order is the simulator's (:mod:`simulator.cost.layout`: pp-major, tp-minor, so a
+tensor-parallel group is consecutive ranks on one node, as in Megatron-LM); this module only
+asks it. With v virtual stages per rank, pipeline rank r runs chunks r, r + p, ..., r + (v-1)p
+(looped placement).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.cost.layout import coords_of, rank_of
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
 
 @dataclass(frozen=True)
-class Layout:
+class RankLayout:
     """This rank's coordinates and its share of the model."""
 
     p: int
@@ -24,8 +26,8 @@ class Layout:
     rank: int
 
     @staticmethod
-    def of(plan: Plan, rank: int) -> Layout:
-        return Layout(p=plan.p, d=plan.d, t=plan.t, v=plan.v, rank=rank)
+    def of(plan: Plan, rank: int) -> RankLayout:
+        return RankLayout(p=plan.p, d=plan.d, t=plan.t, v=plan.v, rank=rank)
 
     @property
     def world(self) -> int:
@@ -33,18 +35,18 @@ class Layout:
 
     @property
     def pp_rank(self) -> int:
-        return self.rank // (self.d * self.t)
+        return coords_of(self.rank, self.t, self.d)[0]
 
     @property
     def dp_rank(self) -> int:
-        return (self.rank // self.t) % self.d
+        return coords_of(self.rank, self.t, self.d)[1]
 
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.t
+        return coords_of(self.rank, self.t, self.d)[2]
 
     def global_rank(self, pp: int, dp: int, tp: int) -> int:
-        return (pp * self.d + dp) * self.t + tp
+        return rank_of(pp, dp, tp, self.t, self.d)
 
     @property
     def num_chunks(self) -> int:

@@ -32,8 +32,8 @@ from autoplan.runtime.data import local_batch
 from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, local
 from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
 from autoplan.runtime.init import init_parameters
-from autoplan.runtime.layout import Layout, chunk_layer_ids
 from autoplan.runtime.model import GPT, layer_recompute, lm_loss
+from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
 from simulator.plan import Plan
@@ -48,7 +48,7 @@ class DistEnv:
     local_rank: int
     device: torch.device
     mesh: DeviceMesh
-    layout: Layout
+    layout: RankLayout
 
     @property
     def cuda(self) -> bool:
@@ -150,32 +150,35 @@ class Trainer:
 
     def _build_optimizer(self, kind: str) -> tuple[torch.optim.Optimizer | None, Zero1Optimizer | None]:
         tr = self.spec.train
-        if kind == "sgd":
-            cls, kw = torch.optim.SGD, {"lr": tr.check_lr}
-        else:
-            cls, kw = (
-                torch.optim.AdamW,
-                {"lr": tr.lr, "betas": tr.betas, "eps": tr.eps, "weight_decay": tr.weight_decay},
+
+        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+            if kind == "sgd":
+                return torch.optim.SGD(_param_groups(params), lr=tr.check_lr)
+            return torch.optim.AdamW(
+                _param_groups(params), lr=tr.lr, betas=tr.betas, eps=tr.eps, weight_decay=tr.weight_decay
             )
+
         if self.plan.zero == 1 and self.mode == "manual":
-            return None, Zero1Optimizer(self.params, lambda ps: cls(_param_groups(ps), **kw), self.dp_group)
-        return cls(_param_groups(self.params), **kw), None
+            return None, Zero1Optimizer(self.params, make, self.dp_group)
+        return make(self.params), None
 
     def _tied_sync(self) -> TiedEmbeddingSync | None:
         if self.plan.p == 1 or not self.spec.model.tie_embeddings:
             return None
+        embed, head = self.chunks[0].embed, self.chunks[-1].head
         param = None
-        if self.layout.has_first:
-            param = self.chunks[0].embed.tok.weight
-        elif self.layout.has_last:
-            param = self.chunks[-1].head.out.weight
+        if self.layout.has_first and embed is not None:
+            param = embed.tok.weight
+        elif self.layout.has_last and head is not None:
+            param = head.out.weight
         return TiedEmbeddingSync(self.plan.p, self.plan.d, self.plan.t, self.env.rank, param)
 
     def _norm_weights(self) -> list[tuple[nn.Parameter, float]]:
         """1/replicas per parameter; the last stage's copy of a tied embedding counts 0."""
         duplicate = None
-        if self.tied is not None and self.layout.has_last and not self.layout.has_first:
-            duplicate = self.chunks[-1].head.out.weight
+        head = self.chunks[-1].head
+        if self.tied is not None and self.layout.has_last and not self.layout.has_first and head is not None:
+            duplicate = head.out.weight
         dp_unique = self.zero1 is not None
         return [
             (p, 0.0 if p is duplicate else 1.0 / replicas(p, self.plan.t, self.plan.d, dp_unique)) for p in self.params
@@ -231,7 +234,7 @@ class Trainer:
         norm = clip_global_norm(grads, max_norm, self.env.device)
         if self.zero1 is not None:
             self.zero1.step()
-        else:
+        elif self.optimizer is not None:
             self.optimizer.step()
         if loss is not None and self.plan.d > 1:
             dist.all_reduce(loss, group=self.dp_group)
