@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan import space
-from autoplan.partition import optimize_partition
+from autoplan.finalists import refine_and_simulate_all
+from autoplan.scoring import Scored, score_all
+from autoplan.workers import SHARED
 from hwprofiles.errors import FitError, PlanError
 from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
-from simulator import simulate
-from simulator.analytic import estimate, memory_only
-from simulator.job import OVERLAPPED, Job, Runtime
-from simulator.plan import Plan, num_microbatches
+from simulator.job import OVERLAPPED, Runtime
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
 
@@ -57,17 +53,6 @@ class SearchOptions:
     partition_time_s: float = 0.5  # CP-SAT time limit per finalist
     runtime: Runtime = OVERLAPPED  # how the program reduces gradients (see simulator.specs.Runtime)
     keep_timeline: bool = False  # keep each finalist's DES record (for plots and traces; megabytes each)
-
-
-@dataclass
-class Scored:
-    """A plan's analytic score: step time, peak memory, fits."""
-
-    plan: Plan
-    nodes: int
-    step_time: float
-    peak_memory: float
-    fits: bool
 
 
 @dataclass
@@ -108,73 +93,6 @@ def cost_per_mtok(r: SimResult) -> float:
     return r.job.cluster.num_gpus * r.step_time / 3600.0 / (tokens / 1e6)
 
 
-# ------------------------------------------------------------------- parallel scoring
-
-_WORK: dict[str, Any] = {}
-
-
-def _score_chunk(args: tuple[int, Sequence[Plan]]) -> list[tuple[float, float, bool]]:
-    nodes, plans = args
-    model, B = _WORK["model"], _WORK["B"]
-    cluster = _WORK["clusters"][nodes]
-    cap = cluster.gpu.usable_memory_bytes
-    out = []
-    for plan in plans:
-        job = Job(model, cluster, plan, B, _WORK["opts"].runtime)
-        peak = memory_only(job)  # memory first: most plans stop here
-        if peak > cap:
-            out.append((math.inf, peak, False))
-            continue
-        r = estimate(job)
-        out.append((r.step_time, r.peak_memory, r.fits))
-    return out
-
-
-def _score_all(
-    model: ModelSpec, clusters: dict[int, ClusterSpec], B: int, todo: list[tuple[int, Plan]], jobs: int, progress: bool
-) -> list[Scored]:
-    _WORK.update(model=model, clusters=clusters, B=B)
-    chunk = 2000
-    batches: list[tuple[int, list[Plan]]] = []
-    for nodes in sorted({n for n, _ in todo}):
-        plans = [p for n, p in todo if n == nodes]
-        batches += [(nodes, plans[i : i + chunk]) for i in range(0, len(plans), chunk)]
-    bar = _progress(len(todo), progress)
-    results: list[list[tuple[float, float, bool]]]
-    if jobs > 1 and len(todo) > 4 * chunk and "fork" in mp.get_all_start_methods():
-        with mp.get_context("fork").Pool(jobs) as pool:
-            results = []
-            for res in pool.imap(_score_chunk, batches):
-                results.append(res)
-                bar.update(len(res))
-    else:
-        results = []
-        for b in batches:
-            results.append(_score_chunk(b))
-            bar.update(len(b[1]))
-    bar.close()
-    scored = []
-    for (nodes, plans), res in zip(batches, results):
-        scored += [Scored(p, nodes, *r) for p, r in zip(plans, res)]
-    return scored
-
-
-class _NoBar:
-    def update(self, n: int) -> None: ...
-    def close(self) -> None: ...
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled or total < 20000:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="estimating plans", unit="plan", file=sys.stderr, leave=False, mininterval=0.3)
-
-
-# -------------------------------------------------------------------------- search
-
-
 def _node_counts(cluster: ClusterSpec, objective: str) -> list[int]:
     if objective != "cost":
         return [cluster.nodes]
@@ -203,8 +121,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     if not todo:
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
 
-    _WORK.update(fix=fix, opts=opts)
-    scored = _score_all(model, clusters, global_batch, todo, opts.jobs, opts.progress)
+    SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts)
+    scored = score_all(todo, opts.jobs, opts.progress)
     feasible = [s for s in scored if s.fits]
     log.debug(
         "search: %d candidate plans on %s nodes, %d fit in memory",
@@ -222,15 +140,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)
     ][: max(opts.top, opts.max_finalists)]
 
-    # CP-SAT partition / recompute, then the DES, of each finalist in the worker pool; the
-    # costliest simulations first (longest-processing-time order balances the workers)
-    order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
     log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
-    with _Pool(opts.jobs if len(finalists) > 1 else 1) as pool:
-        done = pool.map(
-            _refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order]
-        )
-    in_rank_order = [x for _, x in sorted(zip(order, done), key=lambda pair: pair[0])]
+    in_rank_order = refine_and_simulate_all(finalists, global_batch, opts.jobs)
     gains = [g for g, _ in in_rank_order if g]
     simulated = [r for _, r in in_rank_order]
     fitting = [r for r in simulated if r.fits] or simulated
@@ -246,79 +157,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         objective=opts.objective,
         partition_gains=gains,
     )
-
-
-class _Pool:
-    """A fork pool of ``jobs`` workers sharing _WORK, or plain in-process map for one job."""
-
-    def __init__(self, jobs: int):
-        self.jobs = jobs
-        self.pool = mp.get_context("fork").Pool(jobs) if jobs > 1 and "fork" in mp.get_all_start_methods() else None
-
-    def map(self, fn, items):
-        return self.pool.map(fn, items, chunksize=1) if self.pool else [fn(x) for x in items]
-
-    def __enter__(self) -> _Pool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool:
-            self.pool.terminate()
-
-
-def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | None]:
-    """CP-SAT partition/recompute for one finalist; keeps it when predicted faster."""
-    nodes, plan, step = args
-    model, B, fix, opts = _WORK["model"], _WORK["B"], _WORK["fix"], _WORK["opts"]
-    c = _WORK["clusters"][nodes]
-    if not (opts.partition and _worth_partitioning(model, plan, fix)):
-        return nodes, plan, None
-    job = Job(model, c, plan, B, opts.runtime)
-    part = optimize_partition(
-        model,
-        c,
-        plan,
-        job.m,
-        choose_recompute="recompute" not in fix and "ckpt" not in fix,
-        time_limit_s=opts.partition_time_s,
-    )
-    if part is None:
-        return nodes, plan, None
-    cand = estimate(Job(model, c, part.plan, B, opts.runtime))
-    if not (cand.fits and cand.step_time < step * (1 - 1e-6)):
-        return nodes, plan, None
-    gain = {
-        "uniform": plan.to_string(),
-        "optimized": part.plan.to_string(),
-        "uniform_step_time_s": step,
-        "optimized_step_time_s": cand.step_time,
-        "gain_pct": 100 * (1 - cand.step_time / step),
-    }
-    return nodes, part.plan, gain
-
-
-def _refine_and_simulate(args: tuple[int, Plan, float]) -> tuple[dict[str, Any] | None, SimResult]:
-    """One finalist: CP-SAT refinement (:func:`_refine`), then the simulation of the result."""
-    nodes, plan, gain = _refine(args)
-    opts = _WORK["opts"]
-    result = simulate(Job(_WORK["model"], _WORK["clusters"][nodes], plan, _WORK["B"], opts.runtime), opts.fidelity)
-    if not opts.keep_timeline:  # a DES record is megabytes to send back from a worker; plots re-simulate
-        result.extra.pop("_des", None)
-    return gain, result
-
-
-def _simulation_cost(s: Scored, global_batch: int) -> float:
-    """Relative DES cost of a finalist: its tasks grow with the pipeline's stages x chunks x
-    microbatches (one pipeline is simulated, by symmetry)."""
-    return s.plan.p * s.plan.v * num_microbatches(s.plan, global_batch)
-
-
-def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:
-    """The CP-SAT model can help when stages are uneven (p > 1: embedding and head) or when
-    recomputation can be chosen per layer (ckpt not none)."""
-    if "layers" in fix:
-        return False
-    return plan.p > 1 or plan.ckpt != "none"
 
 
 def _pareto(feasible: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, Any]]:

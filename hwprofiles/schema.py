@@ -1,4 +1,4 @@
-"""Pydantic schema of GPU, node and cluster profiles (DESIGN.md section 2).
+"""Pydantic schema of GPU, node and cluster profiles (docs/design.md section 2).
 
 Every model forbids unknown keys, so a typo in a profile is an error, not a silently
 ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps`` is

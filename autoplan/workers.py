@@ -1,0 +1,55 @@
+"""What the search's worker processes share: the job's inputs, a fork pool, a progress bar.
+
+The search sets :data:`SHARED` (model, clusters by node count, global batch, pins, options)
+before it forks, so each worker reads them instead of receiving them with every task; a plain
+in-process map is used for one job or where ``fork`` is not available.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+#: the search's inputs, read by the scoring and finalist functions in the workers
+SHARED: dict[str, Any] = {}
+
+
+def can_fork() -> bool:
+    return "fork" in mp.get_all_start_methods()
+
+
+class Pool:
+    """A fork pool of ``jobs`` workers sharing :data:`SHARED`, or a plain in-process map for one job."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.pool = mp.get_context("fork").Pool(jobs) if jobs > 1 and can_fork() else None
+
+    def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        return self.pool.map(fn, items, chunksize=1) if self.pool else [fn(x) for x in items]
+
+    def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
+        return self.pool.imap(fn, items) if self.pool else (fn(x) for x in items)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool:
+            self.pool.terminate()
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def progress(total: int, enabled: bool) -> Any:
+    """A tqdm bar on stderr for long searches (20,000 plans or more), else a silent one."""
+    if not enabled or total < 20000:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="estimating plans", unit="plan", file=sys.stderr, leave=False, mininterval=0.3)
