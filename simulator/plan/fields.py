@@ -1,0 +1,139 @@
+"""The plan itself: its kinds (enums and the matching Literals), the :class:`Plan` record and
+what follows from it alone (docs/design.md section 2, "Plan string")."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal, get_args
+
+
+class Recompute(StrEnum):
+    """Activation recomputation of a layer (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # the attention core only
+    FULL = "full"  # the whole layer from its input
+
+
+class Schedule(StrEnum):
+    """Pipeline schedules (simulator.cost.schedules)."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Offload(StrEnum):
+    """Where ZeRO-Offload / ZeRO-Infinity keep the optimizer state (and ZeRO-3 parameters)."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+RecomputeName = Literal["none", "selective", "full"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+OffloadName = Literal["none", "cpu", "nvme"]
+ZeroStage = Literal[0, 1, 2, 3]
+
+CKPT_MODES: tuple[RecomputeName, ...] = get_args(RecomputeName)  # the enums' values, in order (tested)
+SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
+OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
+ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
+PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp")
+PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS}
+PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One parallelization plan (docs/design.md section 2, "Plan string").
+
+    ``layers``: transformer layers per pipeline chunk, in model order (p*v entries), or None
+    for the uniform split. ``recompute``: per pipeline chunk, (layers fully recomputed,
+    layers selectively recomputed); the rest run without recomputation. None means every
+    layer uses ``ckpt``. Both are chosen by the planner's CP-SAT model.
+    """
+
+    t: int = 1
+    p: int = 1
+    d: int = 1
+    mb: int = 1
+    zero: int = 0  # ZeroStage once validated (plan_errors)
+    ckpt: RecomputeName = "none"
+    v: int = 1
+    schedule: ScheduleName = "1f1b"
+    offload: OffloadName = "none"
+    sp: int = 0
+    layers: tuple[int, ...] | None = None
+    recompute: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def model_parallel(self) -> int:
+        return self.t * self.p
+
+    @property
+    def gpus(self) -> int:
+        return self.t * self.p * self.d
+
+    def replace(self, **kw: Any) -> Plan:
+        return dataclasses.replace(self, **kw)
+
+    def to_string(self) -> str:
+        s = (
+            f"t={self.t},p={self.p},d={self.d},mb={self.mb},zero={self.zero},ckpt={self.ckpt},"
+            f"v={self.v},schedule={self.schedule},offload={self.offload},sp={self.sp}"
+        )
+        if self.layers is not None:
+            s += ",layers=" + "/".join(map(str, self.layers))
+        if self.recompute is not None:
+            s += ",recompute=" + "/".join(f"{f}:{sel}" for f, sel in self.recompute)
+        return s
+
+    def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "t": self.t,
+            "p": self.p,
+            "d": self.d,
+            "mb": self.mb,
+        }
+        if num_microbatches is not None:
+            out["num_microbatches"] = num_microbatches
+        out.update(
+            {
+                "zero": self.zero,
+                "ckpt": self.ckpt,
+                "v": self.v,
+                "schedule": self.schedule,
+                "offload": self.offload,
+                "sp": self.sp,
+            }
+        )
+        if self.layers is not None:
+            out["layers"] = list(self.layers)
+        if self.recompute is not None:
+            out["recompute"] = [list(x) for x in self.recompute]
+        return out
+
+    def chunk_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers in each of the p*v pipeline chunks (model order): explicit or uniform."""
+        if self.layers is not None:
+            return self.layers
+        n = self.p * self.v
+        base, extra = divmod(num_layers, n)
+        return tuple(base + (1 if i < extra else 0) for i in range(n))
+
+    def chunk_recompute(self, num_layers: int) -> tuple[tuple[int, int], ...]:
+        """(full, selective) recomputed layers per chunk, explicit or from ``ckpt``."""
+        if self.recompute is not None:
+            return self.recompute
+        return tuple(
+            (n, 0) if self.ckpt == "full" else (0, n) if self.ckpt == "selective" else (0, 0)
+            for n in self.chunk_layers(num_layers)
+        )
+
+
+def num_microbatches(plan: Plan, global_batch: int) -> int:
+    return global_batch // (plan.d * plan.mb)

@@ -1,0 +1,117 @@
+"""Every rule a plan must keep for a model, a GPU count and a global batch, each family in its
+own function with its own message (:func:`plan_errors`); :func:`validate_plan` raises the first
+as a :class:`PlanError`, :func:`parse_plan` parses and validates a plan string."""
+
+from __future__ import annotations
+
+from hwprofiles.errors import PlanError
+from simulator.plan.fields import ZERO_STAGES, Offload, Plan, Schedule, num_microbatches
+from simulator.plan.text import parse_plan_items, resolve_plan
+from simulator.specs import ModelSpec
+
+
+def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> list[str]:
+    """Every rule a plan breaks for this model, GPU count and global batch (empty: valid)."""
+    e = [
+        f"{key} must be a positive integer, got {getattr(plan, key)}"
+        for key in ("t", "p", "d", "mb", "v")
+        if getattr(plan, key) < 1
+    ]
+    if e:
+        return e
+    e += _layout_errors(model, plan, gpus)
+    if global_batch < 1:
+        e.append(f"global batch must be positive, got {global_batch}")
+    elif global_batch % (plan.d * plan.mb):
+        e.append(f"global batch {global_batch} is not divisible by d*mb = {plan.d}*{plan.mb} = {plan.d * plan.mb}")
+    m = global_batch // (plan.d * plan.mb) if global_batch > 0 else 0
+    return e + _schedule_errors(plan, m) + _split_errors(model, plan) + _memory_errors(plan)
+
+
+def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:
+    """ZeRO and SP values, t*p*d against the cluster, t against the heads, KV groups and ffn."""
+    e: list[str] = []
+    if plan.zero not in ZERO_STAGES:
+        e.append(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
+    if plan.sp not in (0, 1):
+        e.append(f"sp must be 0 or 1, got {plan.sp}")
+    if plan.t * plan.p * plan.d != gpus:
+        e.append(f"t*p*d = {plan.t}*{plan.p}*{plan.d} = {plan.gpus} but the cluster has {gpus} GPUs")
+    if model.num_attention_heads % plan.t:
+        e.append(f"t={plan.t} does not divide num_attention_heads={model.num_attention_heads}")
+    if model.kv_heads % plan.t:
+        e.append(f"t={plan.t} does not divide the {model.kv_heads} KV heads (num_query_groups)")
+    if model.ffn % plan.t:
+        e.append(f"t={plan.t} does not divide ffn_hidden_size={model.ffn}")
+    if plan.sp and plan.t == 1:
+        e.append("sp=1 (sequence parallelism) needs t > 1")
+    if plan.sp and model.seq_length % plan.t:
+        e.append(f"sp=1 needs t={plan.t} to divide seq_length={model.seq_length}")
+    return e
+
+
+def _schedule_errors(plan: Plan, m: int) -> list[str]:
+    """Virtual stages need the interleaved schedule, which needs p >= 2, v >= 2 and m % p == 0."""
+    e: list[str] = []
+    if plan.v > 1 and plan.schedule != Schedule.INTERLEAVED:
+        e.append(f"v={plan.v} needs schedule=interleaved (got {plan.schedule})")
+    if plan.schedule == Schedule.INTERLEAVED:
+        if plan.p < 2:
+            e.append("schedule=interleaved needs p >= 2")
+        if plan.v < 2:
+            e.append("schedule=interleaved needs v >= 2 virtual stages per device")
+        if m and m % plan.p:
+            e.append(f"interleaved schedule needs the {m} microbatches to be a multiple of p={plan.p}")
+    return e
+
+
+def _split_errors(model: ModelSpec, plan: Plan) -> list[str]:
+    """The layer split (uniform or layers=) and the recompute map against the model's layers."""
+    e: list[str] = []
+    chunks = plan.p * plan.v
+    if plan.layers is None:
+        if model.num_layers < chunks:
+            e.append(f"p*v = {chunks} pipeline chunks exceed the model's {model.num_layers} layers")
+        elif plan.v > 1 and model.num_layers % chunks:
+            e.append(f"interleaving needs p*v = {chunks} to divide num_layers={model.num_layers}")
+    elif len(plan.layers) != chunks:
+        e.append(f"layers= gives {len(plan.layers)} stage sizes, expected p*v = {chunks}")
+    elif sum(plan.layers) != model.num_layers or min(plan.layers) < 1:
+        e.append(
+            f"layers= must be positive and sum to num_layers={model.num_layers}, got {'/'.join(map(str, plan.layers))}"
+        )
+    if plan.recompute is not None:
+        sizes = plan.chunk_layers(model.num_layers)
+        if len(plan.recompute) != len(sizes):
+            e.append(f"recompute= gives {len(plan.recompute)} entries, expected p*v = {chunks}")
+        else:
+            for i, ((f, s), n) in enumerate(zip(plan.recompute, sizes)):
+                if f < 0 or s < 0 or f + s > n:
+                    e.append(f"recompute= chunk {i}: {f} full + {s} selective exceeds its {n} layers")
+                    break
+    return e
+
+
+def _memory_errors(plan: Plan) -> list[str]:
+    """Offload needs a ZeRO stage that partitions the optimizer state; NVMe needs ZeRO-3."""
+    e: list[str] = []
+    if plan.offload != Offload.NONE and plan.zero == 0:
+        e.append(f"offload={plan.offload} needs zero >= 1 (ZeRO-Offload partitions the optimizer state)")
+    if plan.offload == Offload.NVME and plan.zero != 3:
+        e.append("offload=nvme needs zero=3 (ZeRO-Infinity)")
+    return e
+
+
+def validate_plan(model: ModelSpec, plan: Plan, gpus: int, global_batch: int, source: str = "--plan") -> int:
+    """Raise PlanError with the first broken rule; return the microbatch count m."""
+    errors = plan_errors(model, plan, gpus, global_batch)
+    if errors:
+        more = f" (and {len(errors) - 1} more: {'; '.join(errors[1:])})" if len(errors) > 1 else ""
+        raise PlanError(f"{source}: {errors[0]}{more}")
+    return num_microbatches(plan, global_batch)
+
+
+def parse_plan(text: str, model: ModelSpec, gpus: int, global_batch: int, source: str = "--plan") -> tuple[Plan, int]:
+    """Parse and validate a plan string; returns (plan, num_microbatches)."""
+    plan = resolve_plan(parse_plan_items(text, source), gpus, source)
+    return plan, validate_plan(model, plan, gpus, global_batch, source)
