@@ -8,7 +8,8 @@ from conftest import NODE_MAPPING
 
 from hwprofiles import InputError, load_cluster, load_gpu, load_node
 from hwprofiles.load import GPU_DIR, NODE_DIR, cluster_from_mapping, node_from_mapping
-from hwprofiles.schema import GiB, GpuProfile, Link, NodeProfile
+from hwprofiles.schema import GpuProfile, Link, NodeProfile
+from hwprofiles.units import GiB
 
 # docs/design.md section 2: profiles that must ship (the CPU profile / localhost-cpu node are checked
 # by the verification tests of whoever adds them)

@@ -1,0 +1,141 @@
+"""A GPU profile: peak rates, the GEMM efficiency model, memory, and the eager-mode host costs."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, field_validator, model_validator
+
+from hwprofiles.schema.base import Strict
+from hwprofiles.units import GiB
+
+
+class GemmPoint(Strict):
+    """One measured GEMM: C[m,n] = A[m,k] @ B[k,n] in ``dtype`` at ``tflops`` achieved."""
+
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    tflops: float = Field(gt=0)
+    dtype: str = "fp16"
+
+
+class GemmModel(Strict):
+    """Shape-dependent GEMM efficiency (fraction of the dtype's peak).
+
+    Curve (used when no measured table is present):
+        eff(m, n, k) = max_efficiency * prod_x (x / (x + half_dim_x)),  x in {m, n, k}
+    a saturating curve: a dimension equal to its ``half_dim`` halves throughput, a large
+    one costs nothing. This is the shape of cuBLAS throughput-vs-size plots (e.g. NVIDIA's
+    "Matrix Multiplication Background" guide); the constants come from the profile's source.
+    When ``table`` holds measurements (from ``autoplan calibrate``), the simulator
+    interpolates them instead (see ``simulator.cost.ops.gemm_efficiency``).
+    """
+
+    max_efficiency: float = Field(gt=0, le=1)
+    half_dim_m: float = Field(ge=0, default=64)
+    half_dim_n: float = Field(ge=0, default=64)
+    half_dim_k: float = Field(ge=0, default=64)
+    table: list[GemmPoint] = Field(default_factory=list)
+
+
+class EagerHost(Strict):
+    """Host time of PyTorch eager training per pass of a block, at negligible arithmetic
+    (``autoplan calibrate``, ``hwprofiles.calibrate.eager``): Python module calls, the
+    dispatcher, autograd bookkeeping and, under tensor parallelism, DTensor's sharding
+    propagation and redistribution. The simulator charges a pass
+        synchronous (a CPU rank): sum of its ops' work + host time
+        asynchronous (a GPU):    max(sum of its ops' work, host time)
+    instead of ``kernel_launch_us`` per op. ``tp_layer_*``: the layer under Megatron-style
+    DTensor tensor parallelism, collectives excluded (the simulator prices them on the link).
+    ``optimizer_tensor_us``: AdamW step, global gradient norm and clipping, per parameter tensor;
+    ``optimizer_param_ns``: the same step per parameter on large tensors (its arithmetic and
+    memory passes, beyond the per-tensor host time); without it the simulator streams the
+    optimizer's bytes at the elementwise bandwidth. ``tp_optimizer_tensor_us``: the step per
+    tensor of the tensor-parallel layer's parameters (DTensor dispatch on every op)."""
+
+    layer_forward_us: float = Field(ge=0)
+    layer_backward_us: float = Field(ge=0)
+    tp_layer_forward_us: float | None = Field(default=None, ge=0)
+    tp_layer_backward_us: float | None = Field(default=None, ge=0)
+    embedding_forward_us: float = Field(ge=0)
+    embedding_backward_us: float = Field(ge=0)
+    head_forward_us: float = Field(ge=0)
+    head_backward_us: float = Field(ge=0)
+    optimizer_tensor_us: float = Field(ge=0)
+    optimizer_param_ns: float | None = Field(default=None, ge=0)
+    tp_optimizer_tensor_us: float | None = Field(default=None, ge=0)
+
+    def optimizer_us(self, tensor_parallel: bool) -> float:
+        """Optimizer host time per parameter tensor; with TP the DTensor figure when measured."""
+        if tensor_parallel and self.tp_optimizer_tensor_us is not None:
+            return self.tp_optimizer_tensor_us
+        return self.optimizer_tensor_us
+
+    def layer_us(self, tensor_parallel: bool) -> tuple[float, float]:
+        """(forward, backward) host time of a layer; with TP, the TP figures when measured."""
+        if tensor_parallel and self.tp_layer_forward_us is not None and self.tp_layer_backward_us is not None:
+            return self.tp_layer_forward_us, self.tp_layer_backward_us
+        return self.layer_forward_us, self.layer_backward_us
+
+
+#: elementwise op kinds a profile may give a measured bandwidth for (``elementwise_GBps``)
+ELEMENTWISE_KINDS = ("add", "scale", "gelu", "dropout", "layer_norm", "softmax")
+
+
+class GpuProfile(Strict):
+    """One accelerator: dense peak throughput per dtype, memory, and kernel efficiency."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    memory_GiB: float = Field(gt=0)
+    memory_bandwidth_GBps: float = Field(gt=0)
+    memory_efficiency: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth of elementwise kernels")
+    gemm: GemmModel
+    kernel_launch_us: float = Field(ge=0, default=5.0)
+    memory_reserved_GiB: float = Field(ge=0, default=1.0, description="CUDA context, NCCL and library workspaces")
+    allocator_fragmentation: float = Field(
+        ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator"
+    )
+    default_dtype: str = "fp16"
+    elementwise_GBps: dict[str, float] = Field(
+        default_factory=dict,
+        description="achieved bandwidth (bytes read+written / time) per elementwise op kind; "
+        "ops without an entry run at memory_bandwidth_GBps * memory_efficiency",
+    )
+    eager: EagerHost | None = None
+    measured: dict[str, str] | None = None
+
+    @field_validator("elementwise_GBps")
+    @classmethod
+    def _known_kinds(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if k not in ELEMENTWISE_KINDS:
+                raise ValueError(f"unknown elementwise op kind {k!r} (known: {', '.join(ELEMENTWISE_KINDS)})")
+            if not (x > 0 and math.isfinite(x)):
+                raise ValueError(f"bandwidth of {k!r} must be a positive number, got {x!r}")
+        return v
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _positive_peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("needs at least one dtype")
+        for k, x in v.items():
+            if not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)):
+                raise ValueError(f"peak for {k!r} must be a positive number, got {x!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_dtype_known(self) -> GpuProfile:
+        if self.default_dtype not in self.peak_tflops:
+            raise ValueError(f"default_dtype {self.default_dtype!r} has no entry in peak_tflops")
+        return self
+
+    def peak_flops(self, dtype: str | None = None) -> float:
+        return self.peak_tflops[dtype or self.default_dtype] * 1e12
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Capacity left for tensors: total minus runtime reserve minus allocator fragmentation."""
+        return (self.memory_GiB * (1.0 - self.allocator_fragmentation) - self.memory_reserved_GiB) * GiB
