@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwprofiles.schema import ClusterSpec
+from hwprofiles.units import GiB
 from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
 from simulator.des.attribution import rank_breakdown
@@ -127,12 +128,7 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
         options=opts,
         breakdowns={crit: breakdown},
     )
-    fits_host = True
-    if plan.offload != "none":
-        # as simulator.analytic: a node's ranks keep fp32 state (+ fp16 params with ZeRO-3) in host memory
-        host = host_state_bytes(job, local_params(max(prog.device_params(dev) for dev in prog.devices), plan))
-        extra["host_memory_gib"] = host / 2**30
-        fits_host = host_fits(job, host)
+    fits_host = _host_memory_fits(job, prog, extra)
     return SimResult(
         job=job,
         step_time=step,
@@ -189,3 +185,14 @@ def des_record(result: SimResult, trace: bool = False) -> DesRecord:
         options = rec.options if rec is not None else None
         rec = simulate_des(result.job, full=full, trace=trace, options=options).extra["_des"]
     return rec
+
+
+def _host_memory_fits(job: Job, prog: Program, extra: dict[str, Any]) -> bool:
+    """With offload, a node's ranks keep fp32 state (+ fp16 parameters with ZeRO-3) in host
+    memory, as simulator.analytic counts it (:func:`simulator.cost.step.host_state_bytes`); the
+    figure goes to ``extra["host_memory_gib"]``."""
+    if job.plan.offload == "none":
+        return True
+    host = host_state_bytes(job, local_params(max(prog.device_params(dev) for dev in prog.devices), job.plan))
+    extra["host_memory_gib"] = host / GiB
+    return host_fits(job, host)
