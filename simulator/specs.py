@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwprofiles.errors import SpecError
 from hwprofiles.load import build, is_file, read_yaml
+from simulator.hf_unsupported import unsupported_architecture
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "autoplan" / "models"
 
@@ -84,9 +85,11 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def model_from_hf_config(cfg: Mapping[str, Any], source: str) -> ModelSpec:
+def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | None = None) -> ModelSpec:
     """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style) onto ModelSpec
-    (SpecError when it cannot be used)."""
+    (SpecError when it cannot be used, or when a key makes it a model autoplan does not model:
+    :mod:`simulator.hf_unsupported`). ``seq_len``: the sequence it will be planned for, when not
+    the config's own."""
     data: dict[str, Any] = {
         "name": str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(source).parent.name or "hf-model")
     }
@@ -107,6 +110,10 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str) -> ModelSpec:
     data["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", not llama_like))
     data["position_embedding_type"] = "rope" if llama_like else "learned_absolute"
     data["normalization"] = "RMSNorm" if ("rms_norm_eps" in cfg or llama_like) else "LayerNorm"
+    found = unsupported_architecture(cfg, seq_len or data.get("seq_length"))
+    if found is not None:
+        key, why = found
+        raise SpecError(f"{source}: key '{key}': {why}; refusing to plan it as a different (dense) model")
     return build(ModelSpec, data, source)
 
 
@@ -138,7 +145,7 @@ def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
             raise SpecError(f"unknown model '{ref}' (built-in: {', '.join(builtin_models())}; or give a path)")
     data = _read_json(path) if path.suffix == ".json" and is_file(path) else read_yaml(path)
     if isinstance(data, Mapping) and is_hf_config(data):
-        model = model_from_hf_config(data, str(path))
+        model = model_from_hf_config(data, str(path), seq_len)
     else:
         model = build(ModelSpec, data, str(path))
     if seq_len is not None and seq_len < 1:

@@ -121,7 +121,7 @@ LLAMA2_7B_CONFIG = {  # meta-llama/Llama-2-7b-hf
     "tie_word_embeddings": False,
     "vocab_size": 32000,
 }
-MISTRAL_7B_CONFIG = {  # mistralai/Mistral-7B-v0.1
+MISTRAL_7B_CONFIG = {  # mistralai/Mistral-7B-Instruct-v0.2 (v0.1's 4096-token sliding window: test_hf_unsupported)
     "architectures": ["MistralForCausalLM"],
     "hidden_act": "silu",
     "hidden_size": 4096,
@@ -132,8 +132,8 @@ MISTRAL_7B_CONFIG = {  # mistralai/Mistral-7B-v0.1
     "num_hidden_layers": 32,
     "num_key_value_heads": 8,
     "rms_norm_eps": 1e-05,
-    "rope_theta": 10000.0,
-    "sliding_window": 4096,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
     "tie_word_embeddings": False,
     "vocab_size": 32000,
 }
