@@ -16,19 +16,14 @@ torch is imported only inside the functions that need it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autoplan.launch import last_lines, launch
 from autoplan.runtime.config import RunSpec, load_plan_json, load_run_spec
 from hwprofiles.errors import InputError, RunError
 from hwprofiles.units import GiB
@@ -36,180 +31,12 @@ from hwprofiles.units import GiB
 logger = logging.getLogger(__name__)
 
 CHECK_STEPS = 3
-WARMUP_STEPS = 2
 REL_TOL = 1e-4
 CPU_NODE = "localhost-cpu"
 
 
 def _info(msg: str) -> None:
     logger.info("%s", msg)
-
-
-# ----------------------------------------------------------------------------- launching
-
-
-def _tail(path: Path, n: int = 3) -> list[str]:
-    try:
-        lines = [line.rstrip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return []
-    return lines[-n:]
-
-
-def _worker_pids(out: Path) -> dict[int, int]:
-    """rank -> pid, from the 'pid N start' line each worker logs first."""
-    pids = {}
-    for log in out.glob("rank*.log"):
-        m = re.search(r"\[rank (\d+)\] \S+ pid (\d+) start", log.read_text(errors="replace"))
-        if m:
-            pids[int(m.group(1))] = int(m.group(2))
-    return pids
-
-
-def _is_our_worker(pid: int) -> bool:
-    try:
-        return b"autoplan.runtime.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _kill_leftovers(out: Path) -> None:
-    """SIGKILL any worker of this run still alive (by the pids the workers logged)."""
-    for pid in _worker_pids(out).values():
-        if _is_our_worker(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _stop(proc: subprocess.Popen, out: Path) -> None:
-    """Stop torchrun (its own session) and then every worker it may have left."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            break
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-    _kill_leftovers(out)
-
-
-def _last_lines(out: Path, rank: int, n: int = 3) -> str:
-    """The rank's last log lines (its own '[rank r]' lines, not traceback frames)."""
-    lines = [line for line in _tail(out / f"rank{rank}.log", 10_000) if line.startswith("[rank")]
-    return " | ".join(lines[-n:]) if lines else "(no log lines)"
-
-
-def _failure_reason(out: Path, rank: int) -> str | None:
-    p = out / f"rank{rank}.log"
-    m = re.search(r"FAILED: (.*)", p.read_text(errors="replace")) if p.exists() else None
-    return m.group(1)[:300] if m else None
-
-
-def _failed_rank(out: Path, torchrun_log: Path, world: int) -> tuple[int | None, str]:
-    """The rank that failed first (torchrun's root cause, else a worker that logged FAILED) and how."""
-    text = torchrun_log.read_text(errors="replace") if torchrun_log.exists() else ""
-    m = (
-        re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text.split("Root Cause", 1)[1], re.S)
-        if "Root Cause" in text
-        else None
-    )
-    if m:
-        rank, code = int(m.group(1)), int(m.group(2))
-        how = _failure_reason(out, rank) or f"exit code {code}"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                how = f"killed by {signal.Signals(-code).name}"
-        return rank, how
-    for r in range(world):
-        reason = _failure_reason(out, r)
-        if reason:
-            return r, reason
-    return None, "unknown failure"
-
-
-def _hang_culprit(out: Path, world: int, stale_s: float = 5.0) -> tuple[int, str]:
-    """On a hang: a rank whose heartbeat stopped (stopped or stuck outside Python), else the
-    rank that logged least (the others wait for it in a collective)."""
-    now = time.time()
-    beats: dict[int, dict[str, float]] = {}
-    for r in range(world):
-        try:
-            beats[r] = json.loads((out / f"rank{r}.heartbeat").read_text())
-        except (OSError, ValueError):
-            return r, "never started"
-    stale = [r for r in range(world) if now - beats[r]["time"] > stale_s]
-    if stale:
-        r = max(stale, key=lambda r: now - beats[r]["time"])
-        return r, f"stopped responding (no heartbeat for {now - beats[r]['time']:.0f} s)"
-    r = min(range(world), key=lambda r: (beats[r]["lines"], r))
-    if all(b["lines"] == beats[r]["lines"] for b in beats.values()):
-        return r, "is stuck at the same point as every other rank"
-    return r, "is behind the other ranks, which wait for it"
-
-
-def launch(
-    run_dir: Path, spec: RunSpec, steps: int, check_steps: int, timeout_s: float, log: Callable[[str], None]
-) -> Path:
-    """Run ``launch.sh`` on this machine; return the results dir. Raises RunError on failure."""
-    script = run_dir / "launch.sh"
-    if not script.is_file():
-        raise InputError(f"{script}: no such file (is {run_dir} a directory written by 'autoplan emit'?)")
-    out = run_dir / "results"
-    out.mkdir(exist_ok=True)
-    for old in [*out.glob("rank*.json"), *out.glob("rank*.log"), *out.glob("rank*.heartbeat")]:
-        old.unlink()
-    torchrun_log = out / "torchrun.log"
-    world = spec.world_size
-    env = dict(
-        os.environ,
-        NNODES="1",
-        NODE_RANK="0",
-        NPROC_PER_NODE=str(world),
-        PYTHON=sys.executable,
-        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-    )
-    cmd = [
-        "bash",
-        str(script),
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(WARMUP_STEPS if steps else 0),
-        "--check-steps",
-        str(check_steps),
-        "--out",
-        str(out),
-        "--pg-timeout",
-        str(timeout_s + 60),
-    ]
-    log(f"autoplan run: {world} processes, plan {spec.plan.to_string()}, logs in {out}")
-    start = time.monotonic()
-    with open(torchrun_log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            r, how = _hang_culprit(out, world)
-            _stop(proc, out)
-            raise RunError(
-                f"run timed out after {timeout_s:.0f} s (a worker hung): rank {r} {how}; "
-                f"its last log lines: {_last_lines(out, r)}"
-            ) from None
-        except BaseException:
-            _stop(proc, out)
-            raise
-    _kill_leftovers(out)
-    if rc != 0:
-        failed, how = _failed_rank(out, torchrun_log, world)
-        if failed is None:
-            raise RunError(f"torchrun exited with code {rc}; last lines: {' | '.join(_tail(torchrun_log))}")
-        raise RunError(f"worker rank {failed} failed ({how}); its last log lines: {_last_lines(out, failed)}")
-    log(f"autoplan run: workers finished in {time.monotonic() - start:.1f} s")
-    return out
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -220,7 +47,7 @@ def read_results(out: Path, world: int) -> list[dict[str, Any]]:
     for r in range(world):
         path = out / f"rank{r}.json"
         if not path.is_file():
-            raise RunError(f"worker rank {r} wrote no results ({path}); its last log lines: {_last_lines(out, r)}")
+            raise RunError(f"worker rank {r} wrote no results ({path}); its last log lines: {last_lines(out, r)}")
         ranks.append(json.loads(path.read_text()))
     return ranks
 

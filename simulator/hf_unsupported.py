@@ -77,14 +77,20 @@ def unsupported_architecture(cfg: Mapping[str, Any], seq_length: int | None) -> 
         if key in cfg and departs(cfg[key]):
             return key, f"{what}: {key} = {cfg[key]!r}"
     window = cfg.get("sliding_window")
-    if _positive(window) and cfg.get("use_sliding_window", True) is not False:
-        if seq_length is None or window < seq_length:
-            return "sliding_window", (
-                f"sliding-window attention over {window} tokens, shorter than the {seq_length}-token sequence "
-                "(autoplan models full attention; a --seq-len within the window plans it exactly)"
-            )
+    window_on = cfg.get("use_sliding_window", True) is not False
+    if isinstance(window, int) and window > 0 and window_on and (seq_length is None or window < seq_length):
+        return "sliding_window", (
+            f"sliding-window attention over {window} tokens, shorter than the {seq_length}-token sequence "
+            "(autoplan models full attention; a --seq-len within the window plans it exactly)"
+        )
     heads, hidden, head_dim = cfg.get("num_attention_heads"), cfg.get("hidden_size"), cfg.get("head_dim")
-    if _positive(head_dim) and _positive(heads) and _positive(hidden) and head_dim * heads != hidden:
+    if (
+        isinstance(head_dim, int)
+        and isinstance(heads, int)
+        and isinstance(hidden, int)
+        and min(head_dim, heads, hidden) > 0
+        and head_dim * heads != hidden
+    ):
         return "head_dim", (
             f"a head size of {head_dim} with {heads} heads, not hidden_size/heads = {hidden / heads:g} "
             "(autoplan models heads of hidden_size/heads)"

@@ -6,8 +6,9 @@ import json
 import time
 from pathlib import Path
 
+from autoplan.launch import _failed_rank, _hang_culprit
 from autoplan.runtime.config import RunSpec
-from autoplan.verify import _failed_rank, _hang_culprit, compare, format_report, summarize
+from autoplan.verify import compare, format_report, summarize
 from simulator.plan import Plan
 from simulator.specs import load_model
 
