@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from autoplan.outputs import check_output_file, check_run_dir
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = cmd("emit", "Write a run directory: torch program launch files and Megatron/DeepSpeed/torchtitan configs.")
     _job_args(p, plan_required=True)
-    p.add_argument("-o", "--out", type=Path, required=True, help="output directory")
+    p.add_argument("-o", "--out", type=Path, required=True, help="output directory (new or empty)")
+    p.add_argument("--force", action="store_true", help="replace the emitted files in a folder that already has files")
 
     p = cmd("run", "Run an emitted plan with torchrun and compare with the prediction.")
     p.add_argument("dir", type=Path, help="a directory written by 'autoplan emit'")
@@ -210,6 +212,14 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
+def _check_picture_outputs(a: argparse.Namespace) -> None:
+    """--plot and --trace: a DES result to draw and paths that can be written, before the work."""
+    if (a.plot or a.trace) and a.fidelity != "des":
+        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
+    check_output_file(a.plot, "--plot")
+    check_output_file(a.trace, "--trace")
+
+
 def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
     if not plot and not trace:
         return
@@ -231,6 +241,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from autoplan.report import format_result
     from simulator import simulate
 
+    _check_picture_outputs(a)
     job = _make_job(a)
     if a.full and a.fidelity != "des":
         raise InputError("--full needs --fidelity des")
@@ -275,6 +286,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from autoplan.report import format_plan_report
     from autoplan.search import SearchOptions, search
 
+    _check_picture_outputs(a)
     model, cluster = _load_job_inputs(a)
     opts = SearchOptions(
         fix=a.fix,
@@ -300,13 +312,14 @@ def cmd_emit(a: argparse.Namespace) -> int:
     from autoplan.runtime.support import program_job, unsupported_reason
     from simulator import simulate
 
+    check_run_dir(a.out, a.force)
     job = _make_job(a)
     reason = unsupported_reason(job.model, job.plan, job.m)
     if reason:
         raise InputError(f"--plan: the runtime cannot run this plan correctly: {reason}")
     job = program_job(job)
     prediction = simulate(job, "analytic").to_dict()
-    files = write_run_dir(job, prediction, a.out)
+    files = write_run_dir(job, prediction, a.out, force=a.force)
     log.info("wrote %d files to %s; run it with: autoplan run %s", len(files), a.out, a.out)
     for f in files:
         print(f)
@@ -327,6 +340,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from hwprofiles.calibrate import run_calibration
 
+    check_output_file(a.out, "-o")
+    check_output_file(a.node_out, "--node-out")
     progress = log.isEnabledFor(logging.INFO) and not a.no_progress
     files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out)
     for f in files:

@@ -12,6 +12,7 @@ from autoplan.emit.deepspeed import deepspeed_config
 from autoplan.emit.launch import launch_sh, slurm_sbatch
 from autoplan.emit.megatron import megatron_args_text
 from autoplan.emit.torchtitan import torchtitan_toml
+from autoplan.outputs import check_run_dir
 from autoplan.runtime.config import PLAN_FILE, RunSpec, TrainSettings, run_spec_to_dict
 from hwprofiles.errors import InputError
 from simulator.job import Job
@@ -37,13 +38,13 @@ def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings) -> dic
 
 
 def write_run_dir(
-    job: Job, prediction: dict[str, Any], out_dir: Path, train: TrainSettings | None = None
+    job: Job, prediction: dict[str, Any], out_dir: Path, train: TrainSettings | None = None, force: bool = False
 ) -> list[Path]:
-    """Write every run-dir file into ``out_dir`` (created if needed); return the paths written."""
+    """Write every run-dir file into ``out_dir`` (created if needed; a folder that holds files
+    only with ``force``: :func:`autoplan.outputs.check_run_dir`); return the paths written."""
     train = train or TrainSettings()
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"-o {out_dir}: exists and is not a directory")
+    check_run_dir(out_dir, force)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -1,0 +1,91 @@
+"""Outputs are checked before the work (exit 2, one line) and nothing is overwritten silently:
+``--plot``/``--trace``/``calibrate -o`` that cannot be written, ``emit`` into a folder with files."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+
+from autoplan.outputs import check_output_file, check_run_dir
+from hwprofiles import InputError
+
+SIMULATE = ["simulate", "--model", "tiny", "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "t=2"]
+PLAN = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128", "--global-batch", "1536"]
+EMIT = ["emit", "--model", "tiny", "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "t=2"]
+
+
+def _one_line_bad_input(r, *words: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert all(w in r.stderr for w in words), r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--trace"])
+def test_unwritable_picture_path_stops_the_search_before_it_starts(tmp_path, flag):
+    """The main job's search would take seconds; the bad path is refused first (no report printed)."""
+    r = run_cli(*PLAN, flag, str(tmp_path / "missing" / "out.png"))
+    _one_line_bad_input(r, flag, "does not exist")
+    assert r.stdout == ""
+
+
+def test_picture_path_that_is_a_folder(tmp_path):
+    _one_line_bad_input(run_cli(*SIMULATE, "--plot", str(tmp_path)), "--plot", "is a folder")
+
+
+def test_picture_needs_the_des_before_the_work(tmp_path):
+    r = run_cli(*SIMULATE, "--fidelity", "analytic", "--trace", str(tmp_path / "t.json"))
+    _one_line_bad_input(r, "--fidelity des")
+    assert r.stdout == ""
+
+
+def test_calibrate_output_checked_before_measuring(tmp_path):
+    (tmp_path / "file").write_text("x")
+    r = run_cli("calibrate", "--device", "cpu", "--quick", "-o", str(tmp_path / "file" / "cpu.yaml"))
+    _one_line_bad_input(r, "-o", "is not a folder")
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_emit_refuses_a_folder_with_files_unless_forced(tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(*EMIT, "-o", str(out)).returncode == 0
+    edited = "# my edits\n" + (out / "launch.sh").read_text()
+    (out / "launch.sh").write_text(edited)
+    r = run_cli(*EMIT, "-o", str(out))
+    _one_line_bad_input(r, "not empty", "--force")
+    assert (out / "launch.sh").read_text() == edited  # untouched
+    r = run_cli(*EMIT, "-o", str(out), "--force")
+    assert r.returncode == 0 and "replacing" in r.stderr
+    assert (out / "launch.sh").read_text() != edited
+
+
+def test_check_output_file_cases(tmp_path):
+    check_output_file(None, "--plot")
+    check_output_file(tmp_path / "new.png", "--plot")
+    (tmp_path / "old.png").write_text("")
+    check_output_file(tmp_path / "old.png", "--plot")  # a file the user named is theirs to replace
+    with pytest.raises(InputError, match="does not exist"):
+        check_output_file(tmp_path / "a" / "b.png", "--plot")
+
+
+def test_check_run_dir_cases(tmp_path):
+    check_run_dir(tmp_path / "new" / "deeper", force=False)  # created by emit
+    (tmp_path / "empty").mkdir()
+    check_run_dir(tmp_path / "empty", force=False)
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InputError, match="not a folder"):
+        check_run_dir(tmp_path / "f", force=True)
+    with pytest.raises(InputError, match="not empty"):
+        check_run_dir(tmp_path, force=False)
+    check_run_dir(tmp_path, force=True)
+
+
+def test_the_readme_emit_target_is_ignored_by_git():
+    """The README emits into runs/: its files must not show up as changes of the checkout."""
+    import subprocess
+
+    from conftest import REPO
+
+    r = subprocess.run(["git", "check-ignore", "-q", "runs/gpt3-175b/plan.json"], cwd=REPO)
+    if r.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert r.returncode == 0
