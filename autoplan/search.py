@@ -27,6 +27,7 @@ from autoplan.workers import SHARED
 from hwprofiles.errors import FitError, PlanError
 from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
+from simulator import Fidelity, check_fidelity
 from simulator.job import OVERLAPPED, Runtime
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
@@ -45,7 +46,7 @@ class SearchOptions:
     top: int = 8
     jobs: int = 1
     objective: str = "time"  # time | cost
-    fidelity: str = "des"  # how the finalists are simulated
+    fidelity: Fidelity = "des"  # how the finalists are simulated
     progress: bool = False
     tolerance: float = 0.02  # finalists: top K plus plans within this fraction of the best
     max_finalists: int = 16
@@ -117,9 +118,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         n: (cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n}))
         for n in _node_counts(cluster, opts.objective)
     }
+    space.check_cluster_size(model, cluster.num_gpus, global_batch)
     todo = [(n, p) for n, c in clusters.items() for p in space.enumerate_plans(model, c.num_gpus, global_batch, fix)]
     if not todo:
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
+    check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
 
     SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts)
     scored = score_all(todo, opts.jobs, opts.progress)

@@ -129,9 +129,33 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping
     return [plan_of(s, *o) for s in shapes(model, gpus, global_batch, fix) for o in opts]
 
 
+def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:
+    """The most GPUs any plan can occupy: d <= global batch (one sequence per replica at least),
+    t <= the largest split of the heads, KV groups and FFN, p <= layers (one layer per stage)."""
+    t_max = max(t for t in divisors(model.num_attention_heads) if model.kv_heads % t == 0 and model.ffn % t == 0)
+    return global_batch * t_max * model.num_layers
+
+
+def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
+    """PlanError when no plan can use every GPU of the cluster (before any plan is enumerated)."""
+    most = max_usable_gpus(model, global_batch)
+    if gpus > most:
+        raise PlanError(
+            f"no plan can use {gpus:,} GPUs: {model.name} with global batch {global_batch} occupies at most "
+            f"{most:,} (d <= batch, t <= {most // (global_batch * model.num_layers)}, p <= {model.num_layers} layers); "
+            "give fewer --nodes or a larger --global-batch"
+        )
+
+
 def explain_empty(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> str:
-    """Why no plan satisfies the pins: the first rule the pinned values break (the message of
-    the PlanError the caller raises)."""
+    """Why no plan satisfies the pins (or, with none, why no split fits the cluster): the first
+    rule broken (the message of the PlanError the caller raises)."""
+    if not fix:
+        return (
+            f"no valid plan for {gpus:,} GPUs and global batch {global_batch}: no t*p*d = {gpus:,} with t dividing "
+            f"the heads, p <= {model.num_layers} layers and d dividing the batch; try a --global-batch that "
+            "the data-parallel size divides, or another --nodes"
+        )
     try:
         plan = resolve_plan(fix, gpus, "--fix")
     except PlanError as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from hwprofiles.errors import InputError
 from simulator.job import NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
 from simulator.plan import Plan, parse_plan
 from simulator.result import SimResult
@@ -24,7 +25,22 @@ from simulator.specs import ModelSpec, load_model
 Fidelity = Literal["des", "analytic"]
 FIDELITIES: tuple[Fidelity, ...] = ("des", "analytic")
 
+#: the largest cluster the DES simulates: it builds every node's links, and one iteration of a
+#: 7B model on 32,768 GPUs already takes ~8 s and ~0.4 GiB on a 2-core machine (measured
+#: 2026-11-24); the analytic estimate has no such limit
+DES_MAX_GPUS = 32_768
+
+
+def check_fidelity(fidelity: Fidelity, gpus: int) -> None:
+    """InputError when ``fidelity`` cannot simulate ``gpus`` GPUs (call it before the work)."""
+    if fidelity == "des" and gpus > DES_MAX_GPUS:
+        raise InputError(
+            f"the DES simulates clusters of up to {DES_MAX_GPUS:,} GPUs, this one has {gpus:,}: "
+            "give --fidelity analytic (the closed-form estimate)"
+        )
+
 __all__ = [
+    "DES_MAX_GPUS",
     "FIDELITIES",
     "NO_DP_OVERLAP",
     "OVERLAPPED",
@@ -34,6 +50,7 @@ __all__ = [
     "Plan",
     "Runtime",
     "SimResult",
+    "check_fidelity",
     "load_model",
     "memory_only",
     "parse_plan",
@@ -52,6 +69,7 @@ def simulate(job: Job, fidelity: Fidelity = "des", full: bool = False, trace: bo
     if fidelity == "des":
         from simulator.des import simulate_des
 
+        check_fidelity(fidelity, job.cluster.num_gpus)
         return simulate_des(job, full=full, trace=trace)
     raise ValueError(f"unknown fidelity {fidelity!r} (expected one of {', '.join(FIDELITIES)})")
 
