@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -238,9 +237,7 @@ def check_sane_gpu(path):
 
 def test_quick_cpu_calibration_end_to_end(tmp_path):
     out = tmp_path / "box.yaml"
-    t0 = time.monotonic()
     written = run_calibration("cpu", out, quick=True, ranks=2, progress=False)
-    elapsed = time.monotonic() - t0
     assert written == [out, tmp_path / "box-node.yaml"]
     g = check_sane_gpu(out)
     assert g.name == "box"
@@ -264,4 +261,3 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     with_eager = estimate(job).step_time
     without = estimate(Job(job.model, bare, plan, 8)).step_time
     assert with_eager > 1.5 * without  # DTensor's host work dominates a tiny t=2 step
-    assert elapsed < 120, f"--quick took {elapsed:.0f} s (meant to be well under a minute on 2 idle cores)"
