@@ -32,7 +32,7 @@ from simulator.result import SimResult
 from simulator.specs import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
-VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO.parent / "shared" / "validation"))
+VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO / "validation"))
 VTRAIN_FILES = ("ground_truth_single.csv", "ground_truth_multi.csv")
 VTRAIN_CLUSTER = "vtrain-a100"  # hwprofiles/clusters/vtrain-a100.yaml
 VTRAIN_VOCAB = 50257  # vTrain README / src/config.py: GPT-2 vocabulary
@@ -65,8 +65,19 @@ class PublishedRow:
     tflops_per_gpu: float
 
 
+def reference_file(*parts: str) -> Path:
+    """A file of the reference data; a missing one stops the benchmark with one line naming it."""
+    path = VALIDATION_DIR.joinpath(*parts)
+    if not path.is_file():
+        raise SystemExit(
+            f"accuracy: reference data not found: {path} (the repository ships it in validation/; "
+            "AUTOPLAN_VALIDATION_DIR points at another copy)"
+        )
+    return path
+
+
 def read_csv(name: str) -> list[dict[str, str]]:
-    path = VALIDATION_DIR / "vtrain" / name
+    path = reference_file("vtrain", name)
     with path.open(newline="") as f:
         rows = list(csv.reader(f))
     header = [h.strip() for h in rows[0]]
@@ -110,7 +121,7 @@ def vtrain_rows(name: str, base: ClusterSpec | None = None) -> list[VTrainRow]:
 
 
 def published_rows() -> list[PublishedRow]:
-    data = yaml.safe_load((VALIDATION_DIR / "published.yaml").read_text())
+    data = yaml.safe_load(reference_file("published.yaml").read_text())
     out = []
     for r in data["megatron_2021_throughput"]:
         model = ModelSpec(

@@ -4,7 +4,7 @@
 
 1. `autoplan plan --model gpt-1t --cluster dgx-a100-80gb --nodes 384 --global-batch 3072`
    through the real CLI: wall time (target <= 10 s on a 2-core machine) and the candidate counts.
-2. For each Megatron-LM 2021 row in ../shared/validation/published.yaml:
+2. For each Megatron-LM 2021 row in validation/published.yaml:
    `autoplan plan ... --fix t=T,p=P,zero=0,ckpt=full,sp=0 --json`: the best tflops_per_gpu next to
    the published one, and the error in percent. sp=0 because sequence parallelism (Korthikanti
    et al. 2022) came after the 2021 paper's runs; with it free the planner finds faster plans

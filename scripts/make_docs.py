@@ -588,7 +588,7 @@ def _shrink_png_b64(b64: str) -> str:
 
 def _label_paths(text: str, d: Docs) -> str:
     """Machine paths in a notebook's output as labels: the scratch folder (mkdtemp suffixes as XXXXXXXX), the checkout
-    and its parent folder (where ../shared/validation lies)."""
+    and its parent folder."""
     text = MKDTEMP_SUFFIX.sub(r"\1XXXXXXXX", d.clean_keep_lines(text))
     return text.replace(str(REPO), "/path/to/autoplan").replace(str(REPO.parent) + os.sep, "/path/to/")
 

@@ -39,6 +39,7 @@ def check_fidelity(fidelity: Fidelity, gpus: int) -> None:
             "give --fidelity analytic (the closed-form estimate)"
         )
 
+
 __all__ = [
     "DES_MAX_GPUS",
     "FIDELITIES",

@@ -24,12 +24,6 @@ sys.path.insert(0, str(BENCH))
 data = pytest.importorskip("_accuracy_data")
 
 
-@pytest.fixture(scope="module")
-def have_data() -> None:
-    if not (data.VALIDATION_DIR / "vtrain" / "ground_truth_single.csv").is_file():
-        pytest.skip(f"validation data not found under {data.VALIDATION_DIR} (set AUTOPLAN_VALIDATION_DIR)")
-
-
 def test_vtrain_cluster_file():
     c = load_cluster("vtrain-a100")
     assert c.gpus_per_node == 8 and c.num_gpus == 512
@@ -37,7 +31,7 @@ def test_vtrain_cluster_file():
     assert c.gpu.name.startswith("a100")
 
 
-def test_vtrain_rows_load_and_one_predicts(have_data):
+def test_vtrain_rows_load_and_one_predicts():
     single = data.vtrain_rows("ground_truth_single.csv")
     multi = data.vtrain_rows("ground_truth_multi.csv")
     assert (len(single), len(multi)) == (1440, 109)
@@ -48,7 +42,7 @@ def test_vtrain_rows_load_and_one_predicts(have_data):
         assert math.isfinite(r.step_time) and r.step_time > 0 and row.measured_s > 0
 
 
-def test_published_row_predicts(have_data):
+def test_published_row_predicts():
     rows = data.published_rows()
     assert [r.params_B for r in rows][:2] == [1.7, 7.5] and len(rows) == 5
     row = rows[0]
