@@ -1,0 +1,207 @@
+"""What each ``autoplan`` command does once its arguments are parsed (:mod:`autoplan.cli` parses
+them and turns errors into exit codes). Heavy modules are imported inside the handlers so that
+``autoplan plan --help`` starts in well under a second; outputs are checked before the work
+(:mod:`autoplan.outputs`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autoplan.outputs import check_output_file, check_run_dir
+from hwprofiles.errors import AutoplanError, FitError, InputError
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = AutoplanError.exit_code  # 1: a failed run (RunError, a loss mismatch) or an internal error
+EXIT_BAD_INPUT = InputError.exit_code  # 2
+EXIT_NO_FIT = FitError.exit_code  # 3: also 'simulate' of a plan that does not fit
+
+
+def _load_job_inputs(a: argparse.Namespace):
+    from hwprofiles.load import load_cluster
+    from simulator.specs import load_model
+
+    model = load_model(a.model, a.seq_len)
+    cluster = load_cluster(a.cluster, a.nodes, a.gpus_per_node)
+    return model, cluster
+
+
+def _make_job(a: argparse.Namespace):
+    from simulator.job import Job
+    from simulator.plan import parse_plan
+
+    model, cluster = _load_job_inputs(a)
+    plan, _ = parse_plan(a.plan, model, cluster.num_gpus, a.global_batch)
+    return Job(model, cluster, plan, a.global_batch, _runtime(a))
+
+
+def _runtime(a: argparse.Namespace):
+    from simulator.job import NO_DP_OVERLAP, OVERLAPPED
+
+    return NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+def _check_picture_outputs(a: argparse.Namespace) -> None:
+    """--plot and --trace: a DES result to draw and paths that can be written, before the work."""
+    if (a.plot or a.trace) and a.fidelity != "des":
+        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
+    check_output_file(a.plot, "--plot")
+    check_output_file(a.trace, "--trace")
+
+
+def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
+    if not plot and not trace:
+        return
+    if result.fidelity != "des":
+        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
+    if trace:
+        from simulator.des.trace import write_trace
+
+        write_trace(result, trace)
+        log.info("wrote trace %s (open in https://ui.perfetto.dev)", trace)
+    if plot:
+        from simulator.des.plot import plot_timeline
+
+        plot_timeline(result, plot)
+        log.info("wrote timeline %s", plot)
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from autoplan.report import format_result
+    from simulator import simulate
+
+    _check_picture_outputs(a)
+    job = _make_job(a)
+    if a.full and a.fidelity != "des":
+        raise InputError("--full needs --fidelity des")
+    result = simulate(job, a.fidelity, full=a.full, trace=bool(a.trace))
+    _write_pictures(result, a.plot, a.trace)
+    out = result.to_dict()
+    if a.json:
+        _emit_json(out)
+    else:
+        print(format_result(out))
+    if not result.fits:  # the result is the output; the exit code and this hint say it does not fit
+        log.warning("%s", _no_fit_hint(out, result.host_fits))
+        return EXIT_NO_FIT
+    return EXIT_OK
+
+
+def _no_fit_hint(out: dict[str, Any], host_fits: bool) -> str:
+    """Why a simulated plan does not fit and what would help, from its memory breakdown."""
+    if not host_fits:
+        return (
+            f"autoplan: the plan does not fit: the offloaded optimizer state ({out.get('host_memory_gib', 0):.0f} GiB) "
+            "exceeds host memory; try offload=nvme with zero=3, or more nodes"
+        )
+    need, cap = out["peak_memory_gib"], out["memory_capacity_gib"]
+    mem = out["memory_breakdown_gib"]
+    plan = out["plan"]
+    hints = []
+    if mem["activations"] > 0.3 * need:
+        hints.append("ckpt=full" if plan["ckpt"] != "full" else "a smaller mb")
+        if plan["t"] > 1 and not plan["sp"]:
+            hints.append("sp=1")
+    if mem["optimizer"] + mem["grads"] + mem["params"] > 0.3 * need:
+        hints.append(f"zero={min(3, plan['zero'] + 1)}" if plan["zero"] < 3 else "offload=cpu")
+        hints.append("more pipeline stages (p) or tensor parallelism (t)")
+    return (
+        f"autoplan: the plan does not fit: it needs {need:.1f} GiB per GPU but {cap:.1f} GiB is usable; "
+        f"try {', '.join(hints) or 'more GPUs'} (or 'autoplan plan' to search)"
+    )
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from autoplan.report import format_plan_report
+    from autoplan.search import SearchOptions, search
+
+    _check_picture_outputs(a)
+    model, cluster = _load_job_inputs(a)
+    opts = SearchOptions(
+        fix=a.fix,
+        top=a.top,
+        jobs=a.jobs or os.cpu_count() or 1,
+        objective=a.objective,
+        fidelity=a.fidelity,
+        progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
+        runtime=_runtime(a),
+        keep_timeline=bool(a.plot or a.trace),
+    )
+    found = search(model, cluster, a.global_batch, opts)  # nothing fits: FitError (exit 3)
+    _write_pictures(found.best_result, a.plot, a.trace)
+    if a.json:
+        _emit_json(found.to_dict())
+    else:
+        print(format_plan_report(found.to_dict()))
+    return EXIT_OK
+
+
+def cmd_emit(a: argparse.Namespace) -> int:
+    from autoplan.emit.writer import write_run_dir
+    from autoplan.runtime.support import program_job, unsupported_reason
+    from simulator import simulate
+
+    check_run_dir(a.out, a.force)
+    job = _make_job(a)
+    reason = unsupported_reason(job.model, job.plan, job.m)
+    if reason:
+        raise InputError(f"--plan: the runtime cannot run this plan correctly: {reason}")
+    job = program_job(job)
+    prediction = simulate(job, "analytic").to_dict()
+    files = write_run_dir(job, prediction, a.out, force=a.force)
+    log.info("wrote %d files to %s; run it with: autoplan run %s", len(files), a.out, a.out)
+    for f in files:
+        print(f)
+    return EXIT_OK
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from autoplan.verify import format_report, run_and_verify
+
+    result = run_and_verify(a.dir, steps=a.steps, timeout_s=a.timeout)  # a failed run: RunError (exit 1)
+    if a.json:
+        _emit_json(result)
+    else:
+        print(format_report(result))
+    return EXIT_OK if result.get("loss_match", True) else EXIT_FAILED
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from hwprofiles.calibrate import run_calibration
+
+    check_output_file(a.out, "-o")
+    check_output_file(a.node_out, "--node-out")
+    progress = log.isEnabledFor(logging.INFO) and not a.no_progress
+    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out)
+    for f in files:
+        print(f)
+    return EXIT_OK
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": cmd_plan,
+    "simulate": cmd_simulate,
+    "emit": cmd_emit,
+    "run": cmd_run,
+    "calibrate": cmd_calibrate,
+}
