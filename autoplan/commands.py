@@ -70,10 +70,7 @@ def _check_picture_outputs(a: argparse.Namespace) -> None:
 
 
 def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
-    if not plot and not trace:
-        return
-    if result.fidelity != "des":
-        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
+    """Draw the DES result (the options were checked before the work: :func:`_check_picture_outputs`)."""
     if trace:
         from simulator.des.trace import write_trace
 

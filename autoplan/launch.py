@@ -137,17 +137,18 @@ class ProgressWatch:
 
     def __init__(self, out: Path, world: int):
         self.out, self.world = out, world
-        self.lines = -1
+        self.lines_by_rank: dict[int, int] = {}  # the last count each rank's heartbeat gave
+        self.lines = -1  # their sum at the last poll (-1: not polled yet)
         self.last_change = time.monotonic()
         self.longest_gap = 0.0
 
     def poll(self) -> None:
-        total = 0
         for r in range(self.world):
             try:
-                total += int(json.loads((self.out / f"rank{r}.heartbeat").read_text())["lines"])
+                self.lines_by_rank[r] = int(json.loads((self.out / f"rank{r}.heartbeat").read_text())["lines"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
+        total = sum(self.lines_by_rank.values())
         now = time.monotonic()
         if total != self.lines:
             if self.lines >= 0:
@@ -158,9 +159,13 @@ class ProgressWatch:
         """Seconds since a rank last logged a new line."""
         return time.monotonic() - self.last_change
 
+    def busiest_rank(self) -> int:
+        """The rank that has logged most (rank 0 before any heartbeat)."""
+        return max(self.lines_by_rank, key=lambda r: (self.lines_by_rank[r], -r), default=0)
+
     def progressing(self, min_quiet_s: float = 10.0) -> bool:
         """Still making progress: the ranks logged a new line more recently than twice the
-        longest gap seen so far (and at least ``min_quiet_s`` ago counts as quiet)."""
+        longest gap seen so far (a quiet spell under ``min_quiet_s`` never counts as a hang)."""
         return self.lines > 0 and self.quiet_s() <= max(min_quiet_s, 2 * self.longest_gap)
 
 
@@ -168,7 +173,7 @@ def timeout_message(timeout_s: float, watch: ProgressWatch, out: Path, world: in
     """What was observed when the run outlasted ``--timeout``: a run still logging new steps was
     slow, not hung; otherwise the rank that stopped or that the others wait for."""
     if watch.progressing():
-        r = max(range(world), key=lambda r: len(_tail(out / f"rank{r}.log", 10_000)))
+        r = watch.busiest_rank()
         return (
             f"run did not finish within --timeout {timeout_s:.0f} s but was still making progress "
             f"(a rank logged {watch.quiet_s():.0f} s before the timeout); give it a longer --timeout or fewer --steps; "
@@ -196,7 +201,8 @@ def results_dir(run_dir: Path) -> Path:
 
 
 def _wait(proc: subprocess.Popen, out: Path, world: int, timeout_s: float) -> int:
-    """torchrun's exit code; RunError saying what was observed when ``timeout_s`` passes first."""
+    """torchrun's exit code; RunError saying what was observed when ``timeout_s`` passes first
+    (the message is taken while the workers still run)."""
     watch = ProgressWatch(out, world)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -204,10 +210,8 @@ def _wait(proc: subprocess.Popen, out: Path, world: int, timeout_s: float) -> in
             return proc.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             watch.poll()
-            if time.monotonic() >= deadline:
-                message = timeout_message(timeout_s, watch, out, world)
-                _stop(proc, out)
-                raise RunError(message) from None
+            if time.monotonic() >= deadline:  # the caller stops torchrun and the workers
+                raise RunError(timeout_message(timeout_s, watch, out, world)) from None
 
 
 def launch(

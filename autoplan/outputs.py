@@ -8,13 +8,10 @@ holds files unless ``--force`` (then it says what it replaces).
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
 from hwprofiles.errors import InputError
-
-log = logging.getLogger(__name__)
 
 
 def _writable_folder(folder: Path, what: str) -> None:
@@ -39,9 +36,9 @@ def check_output_file(path: Path | None, flag: str) -> None:
         raise InputError(f"{what}: the file exists and cannot be written (permission denied)")
 
 
-def check_run_dir(out_dir: Path, force: bool, flag: str = "-o") -> None:
-    """A run dir ``emit`` may write: new, or an empty folder, or (with ``force``) a folder whose
-    files it will replace (a warning lists them). Its parent must exist or be creatable."""
+def check_run_dir(out_dir: Path, force: bool, flag: str = "-o") -> list[str]:
+    """A run dir ``emit`` may write: new, or an empty folder, or (with ``force``) a folder that
+    holds files; returns the names already there. Its parent must exist or be creatable."""
     what = f"{flag} {out_dir}"
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{what}: exists and is not a folder")
@@ -53,11 +50,10 @@ def check_run_dir(out_dir: Path, force: bool, flag: str = "-o") -> None:
                 f"{what}: the folder is not empty ({shown}); autoplan emit does not overwrite files: "
                 "give another -o, or --force to replace the files it writes"
             )
-        if present:
-            log.warning("autoplan emit: --force: replacing the emitted files in %s (other files are kept)", out_dir)
         _writable_folder(out_dir, what)
-        return
+        return present
     ancestor = out_dir.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     _writable_folder(ancestor, what)
+    return []

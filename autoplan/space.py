@@ -56,10 +56,16 @@ def parse_fix(text: str) -> dict[str, Any]:
     return parse_plan_items(text, "--fix") if text and text.strip() else {}
 
 
+def tensor_splits(model: ModelSpec) -> list[int]:
+    """The tensor-parallel sizes t the model allows: t divides the heads, the KV groups and the FFN
+    (the rules of :func:`simulator.plan.plan_errors`, which names the one broken)."""
+    return [t for t in divisors(model.num_attention_heads) if model.kv_heads % t == 0 and model.ffn % t == 0]
+
+
 def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> Iterator[Shape]:
-    heads = model.num_attention_heads
+    allowed = set(tensor_splits(model))
     for t in divisors(gpus):
-        if heads % t or model.kv_heads % t or model.ffn % t or fix.get("t", t) != t:
+        if t not in allowed or fix.get("t", t) != t:
             continue
         for p in divisors(gpus // t):
             if p > model.num_layers or fix.get("p", p) != p:
@@ -132,8 +138,7 @@ def enumerate_plans(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping
 def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:
     """The most GPUs any plan can occupy: d <= global batch (one sequence per replica at least),
     t <= the largest split of the heads, KV groups and FFN, p <= layers (one layer per stage)."""
-    t_max = max(t for t in divisors(model.num_attention_heads) if model.kv_heads % t == 0 and model.ffn % t == 0)
-    return global_batch * t_max * model.num_layers
+    return global_batch * max(tensor_splits(model)) * model.num_layers
 
 
 def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
@@ -142,7 +147,7 @@ def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
     if gpus > most:
         raise PlanError(
             f"no plan can use {gpus:,} GPUs: {model.name} with global batch {global_batch} occupies at most "
-            f"{most:,} (d <= batch, t <= {most // (global_batch * model.num_layers)}, p <= {model.num_layers} layers); "
+            f"{most:,} (d <= batch, t <= {max(tensor_splits(model))}, p <= {model.num_layers} layers); "
             "give fewer --nodes or a larger --global-batch"
         )
 

@@ -34,29 +34,18 @@ def test_des_limit():
         check_fidelity("des", DES_MAX_GPUS + 8)
 
 
+#: 800,000 A100s for a 7B model (the DES limit is 32,768 GPUs)
+HUGE = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--nodes", "100000", "--global-batch", "1600000"]
+
+
 def test_hundred_thousand_nodes_is_refused_before_the_search():
-    r = run_cli(
-        "plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--nodes", "100000", "--global-batch", "1600000"
-    )
+    r = run_cli(*HUGE)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "800,000" in r.stderr and "--fidelity analytic" in r.stderr
 
 
 def test_hundred_thousand_nodes_plans_with_the_analytic_estimate():
-    r = run_cli(
-        "plan",
-        "--model",
-        "llama2-7b",
-        "--cluster",
-        "dgx-a100-80gb",
-        "--nodes",
-        "100000",
-        "--global-batch",
-        "1600000",
-        "--fidelity",
-        "analytic",
-        "--json",
-    )
+    r = run_cli(*HUGE, "--fidelity", "analytic", "--json")
     assert r.returncode == 0, r.stderr
     assert '"best"' in r.stdout
 

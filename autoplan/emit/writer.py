@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from autoplan.outputs import check_run_dir
 from autoplan.runtime.config import PLAN_FILE, RunSpec, TrainSettings, run_spec_to_dict
 from hwprofiles.errors import InputError
 from simulator.job import Job
+
+log = logging.getLogger(__name__)
 
 
 def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings) -> dict[str, Any]:
@@ -44,7 +47,8 @@ def write_run_dir(
     only with ``force``: :func:`autoplan.outputs.check_run_dir`); return the paths written."""
     train = train or TrainSettings()
     out_dir = Path(out_dir)
-    check_run_dir(out_dir, force)
+    if check_run_dir(out_dir, force):
+        log.warning("autoplan emit: --force: replacing the emitted files in %s (other files are kept)", out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
