@@ -47,6 +47,21 @@ def plan_label(plan: dict[str, Any]) -> str:
     return s
 
 
+ATTENTION_TEXT = {
+    "flash": "flash (fused kernel, no s x s scores kept: torch SDPA / FlashAttention)",
+    "materialized": "materialized (s x s scores, softmax and dropout kept for backward)",
+}
+
+
+def _published_note(r: dict[str, Any]) -> str:
+    """The best published MFU of the GPU class beside the prediction, flagged when exceeded."""
+    best = r.get("published_best_mfu")
+    if not best:
+        return ""
+    flag = "  ABOVE every published run: check the plan" if r["mfu"] > best["mfu"] else ""
+    return f"  (best published on {best['gpu']}: {100 * best['mfu']:.1f}%, {best['run']}){flag}"
+
+
 def format_result(r: dict[str, Any]) -> str:
     """The simulate report: headline metrics, then time and memory breakdowns."""
     plan = r["plan"]
@@ -57,7 +72,8 @@ def format_result(r: dict[str, Any]) -> str:
         f"fidelity  {r['fidelity']}",
         "",
         f"step time        {r['step_time_s']:.4g} s      tokens/s  {r['tokens_per_s']:,.0f}",
-        f"TFLOP/s per GPU  {r['tflops_per_gpu']:.1f}        MFU       {100 * r['mfu']:.1f}%",
+        f"TFLOP/s per GPU  {r['tflops_per_gpu']:.1f}        MFU       {100 * r['mfu']:.1f}%{_published_note(r)}",
+        f"attention        {ATTENTION_TEXT.get(r.get('attention', ''), r.get('attention', ''))}",
         f"peak memory      {r['peak_memory_gib']:.2f} / {r['memory_capacity_gib']:.2f} GiB usable  ({fit})",
         f"bubble           {100 * r['bubble_fraction']:.1f}% of the ideal pipeline time",
     ]

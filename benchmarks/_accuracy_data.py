@@ -109,6 +109,7 @@ def vtrain_rows(name: str, base: ClusterSpec | None = None) -> list[VTrainRow]:
             num_attention_heads=int(r["attention heads"]),
             vocab_size=VTRAIN_VOCAB,
             seq_length=int(r["sequence length"]),
+            attention="materialized",  # Megatron-DeepSpeed's fused softmax, no flash attention
         )
         if gpus not in clusters:
             clusters[gpus] = _cluster_for(base, gpus)
@@ -131,6 +132,7 @@ def published_rows() -> list[PublishedRow]:
             num_attention_heads=r["heads"],
             vocab_size=MEGATRON_VOCAB,
             seq_length=MEGATRON_SEQ,
+            attention="materialized",  # Megatron-LM 2021: fused scale-mask-softmax, no flash attention
         )
         out.append(PublishedRow(r["params_B"], model, r["t"], r["p"], r["gpus"], r["batch"], r["tflops_per_gpu"]))
     return out

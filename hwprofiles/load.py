@@ -80,6 +80,11 @@ def _names(directory: Path) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml"))
 
 
+def builtin_nodes() -> list[str]:
+    """Names of the built-in node profiles (hwprofiles/nodes)."""
+    return _names(NODE_DIR)
+
+
 def _locate(ref: str, directory: Path, what: str) -> Path:
     p = Path(ref)
     if p.suffix in (".yaml", ".yml", ".json") or is_file(p):

@@ -530,7 +530,25 @@ def gallery_validation(d: Docs) -> str:
             for g, pts in groups.items()
         ],
     )
-    return fence(t1 + "\n\n" + t2)
+    return fence(t1 + "\n\n" + t2 + "\n\n" + _fsdp_table())
+
+
+def _fsdp_table() -> str:
+    """MAPE per source of the published FSDP / ZeRO-3 and Megatron-core rows (analytic)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _accuracy_fsdp as fsdp
+
+    from autoplan.report import table
+
+    res = fsdp.fsdp_section(False, lambda _line: None)
+    rows = [
+        (src, st["n"], f"{st['mape']:.1f}%", f"{st['mean']:+.1f}%", f"{st['min']:+.1f}% .. {st['max']:+.1f}%")
+        for src, st in res["sources"].items()
+    ]
+    return table(["published-fsdp.yaml source (bf16)", "rows", "MAPE", "mean", "range"], rows) + (
+        f"\n{len(res['oom'])} of {res['rows']} runs predicted out of memory (counted as misses); "
+        f"{res['skipped']} fp8 rows skipped"
+    )
 
 
 # ------------------------------------------------------------------------------ notebooks

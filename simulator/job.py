@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from hwprofiles.schema import ClusterSpec
 from simulator.plan import Plan, num_microbatches, validate_plan
@@ -16,14 +17,37 @@ class Runtime:
     ``dp_overlap``: gradient reduction is bucketed and overlapped with the backward pass
     (PyTorch DDP/FSDP, Megatron-core ``--overlap-grad-reduce``, DeepSpeed with buckets).
     False: one reduction after the last backward (Megatron-LM's 2021 "local" DDP,
-    Megatron-DeepSpeed with gradient bucketing off, as in the vTrain measurements)."""
+    Megatron-DeepSpeed with gradient bucketing off, as in the vTrain measurements).
+
+    ``sharded_reduce_bytes``: bytes per gradient element of the ZeRO-2/3 reduce-scatter. 4 for
+    FSDP2 with ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` (autoplan's program,
+    autoplan/runtime/data_parallel.py; torchtitan's default ``mixed_precision_reduce =
+    "float32"``; Composer's DEFAULT FSDP mixed precision); 2 for bf16 reduction (FSDP
+    ``PURE``, DeepSpeed's default ``communication_data_type`` = the model's dtype).
+
+    ``zero3``: which ZeRO-3 runtime the plan runs (simulator.cost.zero3):
+    "fsdp2" (autoplan's program, autoplan/runtime/data_parallel.py, and torchtitan: PyTorch
+    ``fully_shard``, each all-gather's output copied out into the parameters on the compute
+    stream) or "deepspeed" (DeepSpeed stage 3: gathers into the parameters' storage, and a
+    fully recomputed layer gathers its parameters once more in backward, because its
+    pre-forward hook fires again in the recompute forward).
+
+    ``cross_entropy``: "fp32" casts the logits to fp32 and keeps the softmax for backward
+    (autoplan's program, ``F.cross_entropy(logits.float())``; Megatron-LM's vocab-parallel
+    cross-entropy; torchtitan); "fused" keeps only the e-byte logits and writes their gradient
+    in place (flash-attn's ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default
+    ``loss_fn: fused_crossentropy``): simulator.cost.memory.logits_buffer_bytes."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
+    sharded_reduce_bytes: int = 4
+    zero3: Literal["fsdp2", "deepspeed"] = "fsdp2"
+    cross_entropy: Literal["fp32", "fused"] = "fp32"
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)
 NO_DP_OVERLAP = Runtime("no-dp-overlap", dp_overlap=False)
+DEEPSPEED_ZERO3 = Runtime("deepspeed", dp_overlap=True, sharded_reduce_bytes=2, zero3="deepspeed")
 
 
 @dataclass(frozen=True)

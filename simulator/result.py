@@ -7,6 +7,7 @@ from typing import Any
 
 from hwprofiles.units import GiB  # also imported from here (simulator.des.plot, simulator.des.trace)
 from simulator.job import Job
+from simulator.plausibility import published_best
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "offload", "optimizer")
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "buffers")
@@ -72,6 +73,10 @@ class SimResult:
             "bubble_fraction": self.bubble_fraction,
             "fidelity": self.fidelity,
             "dp_overlap": self.job.runtime.dp_overlap,
+            "attention": self.job.model.attention,
         }
+        best = published_best(self.job.cluster.gpu)
+        if best is not None:
+            out["published_best_mfu"] = {"gpu": best.gpu_class, "mfu": best.mfu, "run": best.run, "source": best.source}
         out.update({k: v for k, v in self.extra.items() if not k.startswith("_")})
         return out

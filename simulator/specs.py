@@ -39,6 +39,10 @@ class ModelSpec(BaseModel):
     tie_embeddings: bool = True
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    # "flash": fused attention (FlashAttention / torch SDPA; Dao et al. 2022), no s x s scores
+    # stored; "materialized": scores, softmax and dropout as separate kernels that keep the
+    # s x s tensors (Megatron-LM 2021's fused softmax, Megatron-DeepSpeed without flash)
+    attention: Literal["flash", "materialized"] = "flash"
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelSpec:

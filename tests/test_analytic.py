@@ -116,8 +116,9 @@ def test_time_breakdown_adds_up_to_the_step(gpt3_result):
     assert set(r.time_breakdown) == set(TIME_KEYS)
     assert all(v >= 0 for v in r.time_breakdown.values())
     assert sum(r.time_breakdown.values()) == pytest.approx(r.step_time, rel=1e-9)
-    # full recomputation redoes one forward: a third of forward+backward's GEMM work
-    assert r.time_breakdown["recompute"] == pytest.approx(r.time_breakdown["compute"] / 3, rel=0.1)
+    # full recomputation redoes one forward: a third of forward+backward's GEMM work, less with
+    # flash attention, whose backward (2.5x its forward's FLOPs) is slower than the forward
+    assert r.time_breakdown["compute"] / 4 < r.time_breakdown["recompute"] < r.time_breakdown["compute"] / 3
 
 
 @pytest.mark.parametrize(

@@ -46,17 +46,22 @@ def test_dp_volume_per_rank(nodes, zero):
     r = simulate_des(j)
     d = j.plan.d
     psi = record(r).devices and r.extra["_des"].counters
-    grad_bytes = Costs.of(j).grad_bytes * _params(j)
-    assert psi["dp_bytes"] == pytest.approx(2 * grad_bytes * (d - 1) / d, rel=1e-9)
+    e = Costs.of(j).grad_bytes
+    # ZeRO-0/1 reduce e bytes per gradient; ZeRO-2 reduce-scatters in fp32 (4 bytes, the FSDP2
+    # runtime's reduce dtype); ZeRO-1/2 then all-gather e-byte parameters
+    reduce = 4 if zero == 2 else e
+    per_param = 2 * e if zero == 0 else reduce + e
+    assert psi["dp_bytes"] == pytest.approx(per_param * _params(j) * (d - 1) / d, rel=1e-9)
 
 
-def test_zero3_moves_one_and_a_half_times_the_all_reduce():
+def test_zero3_moves_two_gathers_and_a_reduce_scatter():
+    """Per microbatch: bf16 all-gathers in forward and backward, an fp32 reduce-scatter (the
+    FSDP2 runtime's reduce dtype): (2 + 2 + 4) bytes per parameter, 2x the bf16 all-reduce volume."""
     j = job("t=1,p=1,zero=3", nodes=2, batch=16)  # m = 1
     assert j.m == 1
     r = simulate_des(j)
     d = j.plan.d
-    grad_bytes = 2 * _params(j)
-    assert r.extra["_des"].counters["dp_bytes"] == pytest.approx(1.5 * 2 * grad_bytes * (d - 1) / d, rel=1e-9)
+    assert r.extra["_des"].counters["dp_bytes"] == pytest.approx((2 + 2 + 4) * _params(j) * (d - 1) / d, rel=1e-9)
 
 
 def _params(j: Job) -> float:

@@ -8,6 +8,12 @@ from hwprofiles.schema import GpuProfile
 from simulator.cost import ops, workload
 from simulator.specs import ModelSpec, load_model
 
+
+def materialized(m: ModelSpec) -> ModelSpec:
+    """The model with Megatron-LM 2021's materialized attention, which these hand derivations count op by op."""
+    return m.model_copy(update={"attention": "materialized"})
+
+
 GEMM_KINDS = ("gemm", "bmm")
 
 
@@ -17,7 +23,7 @@ def gemm_flops(op_list) -> float:
 
 def test_layer_forward_flops_megatron():
     """24 b s h^2 + 4 b s^2 h per layer (dense MHA, ffn = 4h, GELU)."""
-    m = load_model("gpt3-175b")
+    m = materialized(load_model("gpt3-175b"))
     b, s, h = 2, 2048, 12288
     expected = 24 * b * s * h**2 + 4 * b * s**2 * h
     assert workload.layer_forward_flops(m, b) == expected
@@ -27,7 +33,7 @@ def test_layer_forward_flops_megatron():
 def test_layer_forward_flops_gqa_swiglu():
     """Llama-2-70B (h=8192, 8 KV heads of 128, ffn 28672, SwiGLU), b=1, s=4096:
     QKV 2bsh(h+2kv) + attention 4bs^2h + proj 2bsh^2 + MLP 3 * 2bshf."""
-    m = load_model("llama2-70b")
+    m = materialized(load_model("llama2-70b"))
     b, s, h, kv, f = 1, 4096, 8192, 1024, 28672
     expected = 2 * b * s * h * (h + 2 * kv) + 4 * b * s**2 * h + 2 * b * s * h**2 + 6 * b * s * h * f
     assert workload.layer_forward_flops(m, b) == expected
@@ -37,7 +43,7 @@ def test_layer_forward_flops_gqa_swiglu():
 @pytest.mark.parametrize("name,t", [("gpt3-175b", 8), ("llama2-70b", 8), ("llama3-8b", 4), ("tiny", 2)])
 @pytest.mark.parametrize("sp", [False, True])
 def test_tensor_parallel_divides_gemms(name, t, sp):
-    m = load_model(name)
+    m = materialized(load_model(name))
     per_rank = workload.layer_forward_ops(m, 1, t, sp, 2)
     assert gemm_flops(per_rank) * t == pytest.approx(workload.layer_forward_flops(m, 1), rel=1e-12)
 
@@ -45,7 +51,7 @@ def test_tensor_parallel_divides_gemms(name, t, sp):
 def test_layer_gemm_shapes_megatron_split():
     """GPT-3 layer on one of t=8 ranks, b=1: QKV column-parallel [s, 3h/t, h], attention per
     head (96/8 = 12 heads), projection row-parallel [s, h, h/t], fc1 [s, 4h/t, h], fc2 [s, h, 4h/t]."""
-    m = load_model("gpt3-175b")
+    m = materialized(load_model("gpt3-175b"))
     by_name = {o.name: o for o in workload.layer_forward_ops(m, 1, 8, False, 2)}
     s, h = 2048, 12288
     assert (by_name["qkv"].m, by_name["qkv"].n, by_name["qkv"].k) == (s, 3 * h // 8, h)
@@ -61,7 +67,7 @@ def test_layer_gemm_shapes_megatron_split():
 
 
 def test_sequence_parallel_splits_elementwise_work():
-    m = load_model("gpt3-175b")
+    m = materialized(load_model("gpt3-175b"))
     plain = {o.name: o for o in workload.layer_forward_ops(m, 1, 8, False, 2)}
     sp = {o.name: o for o in workload.layer_forward_ops(m, 1, 8, True, 2)}
     for name in ("ln1", "ln2", "dropout_residual1", "dropout_residual2"):
@@ -70,12 +76,14 @@ def test_sequence_parallel_splits_elementwise_work():
 
 
 def test_logits_flops():
-    m = load_model("gpt3-175b")
+    m = materialized(load_model("gpt3-175b"))
     assert workload.logits_forward_flops(m, 3) == 2 * 3 * 2048 * 12288 * 51200
     head = {o.name: o for o in workload.head_forward_ops(m, 3, 8, False, 2)}
     assert head["logits"].flops * 8 == workload.logits_forward_flops(m, 3)
     # a vocabulary not divisible by t: each rank gets ceil(V/t) columns
-    odd = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1001, seq_length=16)
+    odd = ModelSpec(
+        num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1001, seq_length=16, attention="materialized"
+    )
     assert {o.name: o for o in workload.head_forward_ops(odd, 1, 4, False, 2)}["logits"].n == 251
 
 
@@ -155,7 +163,7 @@ def test_backward_is_two_gemms_of_forward_size():
 
 
 def test_layer_backward_flops_twice_forward():
-    m = load_model("gpt3-175b")
+    m = materialized(load_model("gpt3-175b"))
     fwd = workload.layer_forward_ops(m, 1, 8, False, 2)
     bwd = [b for o in fwd for b in ops.backward_ops(o)]
     assert gemm_flops(bwd) == pytest.approx(2 * gemm_flops(fwd))

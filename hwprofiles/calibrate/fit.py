@@ -88,18 +88,10 @@ def fit_gemm_curve(points: Sequence[GemmPoint], peak_tflops: float) -> GemmFit:
 
 
 def ring_steps(op: str, ranks: int, trees: bool = True) -> int:
-    """Latency terms of a collective over ``ranks`` ranks: the ring's steps (all-reduce 2(n-1),
-    all-gather/reduce-scatter n-1), or with ``trees`` (NCCL) 2*ceil(log2 n) when fewer
-    (hwprofiles.algorithms); send/recv one hop."""
-    if op == "send_recv":
-        return 1
-    if op == "all_reduce":
-        ring = 2 * (ranks - 1)
-    elif op in ("all_gather", "reduce_scatter"):
-        ring = ranks - 1
-    else:
-        raise ValueError(f"unknown collective {op!r}")
-    return latency_steps(ranks, ring, trees)
+    """Latency terms of a collective over ``ranks`` ranks (hwprofiles.algorithms.latency_steps):
+    the ring's steps (all-reduce 2(n-1), all-gather/reduce-scatter n-1), or for an NCCL
+    all-reduce 2*ceil(log2 n) when fewer; send/recv one hop."""
+    return latency_steps(ranks, op, trees)
 
 
 def bus_factor(op: str, ranks: int) -> float:

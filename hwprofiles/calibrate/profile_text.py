@@ -146,6 +146,21 @@ def _eager_lines(c: Calibration) -> list[str]:
     return lines
 
 
+def _overlap_line(c: Calibration) -> str:
+    """comm_overlap_slowdown, which calibrate does not measure. On a CPU, collectives run on
+    gloo's host threads, whose sharing of the cores is what the node's ``compute_slots`` and
+    ``busy_latency_us`` already charge; on a GPU the schema's published figure applies."""
+    if c.device == "cpu":
+        return (
+            "comm_overlap_slowdown: 0.0   # gloo's collectives run on host threads: their sharing of the cores is "
+            "the node's measured compute_slots and busy_latency_us"
+        )
+    return (
+        "comm_overlap_slowdown: 0.3   # not measured: the schema's default "
+        "(overlapped matmuls run 30-40% slower, pytorch/pytorch PR #179937)"
+    )
+
+
 def render_gpu(c: Calibration, name: str) -> str:
     """The GPU profile (hwprofiles.schema.GpuProfile) of a calibration."""
     s = _stamp(c)
@@ -161,6 +176,7 @@ def render_gpu(c: Calibration, name: str) -> str:
         f"kernel_launch_us: {num(c.kernel_launch_us)}   # {_GPU_NOTES['kernel_launch_us']}; {s}",
         f"memory_reserved_GiB: {num(c.memory_reserved_GiB)}   # {c.reserved_how}; {s}",
         "allocator_fragmentation: 0.05   # not measured: the schema's default (a few percent of capacity)",
+        _overlap_line(c),
         "gemm:",
         f"  max_efficiency: {num(fit.max_efficiency)}   # {_GPU_NOTES['max_efficiency']} ({c.default_dtype}); {s}",
         f"  half_dim_m: {num(fit.half_dim_m)}   # same fit; {s}",

@@ -17,6 +17,18 @@ class Network(Strict):
     oversubscription: float = Field(ge=1.0, default=1.0)
     switch_radix: int = Field(ge=2, default=40, description="ports per leaf switch (HDR QM8700: 40)")
     switch_latency_us: float = Field(ge=0, default=0.13)
+    busbw_scaling: float = Field(
+        ge=0,
+        default=0.094,
+        description="inter-node bus bandwidth falls as (nodes / 4) ** -busbw_scaling beyond 4 nodes: NCCL ring "
+        "reduce-scatter on DGX H100 drops from 360 to 260 GB/s between 4 and 128 nodes (NVIDIA/nccl#1229), "
+        "ln(360/260) / ln(32) = 0.094",
+    )
+
+    def busbw_factor(self, nodes: int) -> float:
+        """Fraction of the few-node bus bandwidth a collective spanning ``nodes`` nodes reaches:
+        min(1, (nodes / 4) ** -busbw_scaling)."""
+        return 1.0 if nodes <= 4 else (nodes / 4) ** -self.busbw_scaling
 
 
 class ClusterSpec(Strict):

@@ -39,6 +39,23 @@ class GemmModel(Strict):
     table: list[GemmPoint] = Field(default_factory=list)
 
 
+class AttentionModel(Strict):
+    """Efficiency of the fused (FlashAttention) kernel, a fraction of the dtype's peak on the
+    FLOPs it executes (causal: half the square), as a function of the sequence length:
+        eff(s) = max_efficiency * s / (s + half_seq)
+    forward and backward apart (the backward is slower: it recomputes the scores and
+    accumulates dQ atomically). The shape of FlashAttention-2's throughput-vs-length plots
+    (Dao 2023, figures 4-7); the constants come from the profile's source."""
+
+    forward_efficiency: float = Field(gt=0, le=1)
+    backward_efficiency: float = Field(gt=0, le=1)
+    half_seq: float = Field(ge=0, default=512)
+
+    def efficiency(self, seq: float, backward: bool) -> float:
+        top = self.backward_efficiency if backward else self.forward_efficiency
+        return top * seq / (seq + self.half_seq)
+
+
 class EagerHost(Strict):
     """Host time of PyTorch eager training per pass of a block, at negligible arithmetic
     (``autoplan calibrate``, ``hwprofiles.calibrate.eager``): Python module calls, the
@@ -92,7 +109,15 @@ class GpuProfile(Strict):
     memory_bandwidth_GBps: float = Field(gt=0)
     memory_efficiency: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth of elementwise kernels")
     gemm: GemmModel
+    attention: AttentionModel | None = None  # fused attention; None: priced as its two GEMMs' shapes
     kernel_launch_us: float = Field(ge=0, default=5.0)
+    comm_overlap_slowdown: float = Field(
+        ge=0,
+        default=0.3,
+        description="fractional slowdown of compute kernels while a collective runs beside them (its kernels "
+        "take SMs and HBM bandwidth): matmuls overlapped with NCCL collectives run 30-40% slower "
+        "(pytorch/pytorch PR #179937; PR #130583; NVIDIA/nccl#338)",
+    )
     memory_reserved_GiB: float = Field(ge=0, default=1.0, description="CUDA context, NCCL and library workspaces")
     allocator_fragmentation: float = Field(
         ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator"

@@ -78,10 +78,9 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
     """Per-microbatch time of each stage and T_pipe. GPipe does not recompute the last
     microbatch: its activations are still resident when its backward runs."""
     plan, m = job.plan, job.m
-    e = dtype_bytes(job.cluster.gpu)
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
-        z3_exp = per_microbatch_dp(c, plan, link, e, job.runtime.dp_overlap)[1] if link else 0.0
+        z3_exp = per_microbatch_dp(c, job, link)[1] if link else 0.0
         if plan.offload != "none" and plan.zero == 3:
             fetch = offloaded_param_fetch(job, c)
             z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)
@@ -107,9 +106,11 @@ def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) ->
     for i, c, _ in groups:
         reduce_t, gather_t = dp_times(c, plan, link, e)
         behind = i * (c.backward + c.recompute + p2p)  # stage i's head start over stage 0
-        slack = (c.backward + c.recompute if job.runtime.dp_overlap else 0.0) + behind
+        hidden = c.backward + c.recompute if job.runtime.dp_overlap else 0.0
+        # beside the last backward it slows the compute (simulator.cost.overlap)
+        contention = job.cluster.gpu.comm_overlap_slowdown * min(reduce_t, hidden)
         tail = last_bucket_reduce_time(c, plan, link, e, reduce_t) - behind
-        exposed = max(exposed, reduce_t - slack, tail)
+        exposed = max(exposed, reduce_t - hidden - behind, tail, contention)
         gather_after = max(gather_after, gather_t)
     return max(0.0, exposed), gather_after
 
@@ -180,7 +181,8 @@ def estimate(job: Job) -> SimResult:
 def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
     """(device, memory) of the first device of each distinct stage: in-flight microbatches
     never grow with the device index, so that device is the peak of its kind."""
-    return [(i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c)) for i, c, _ in groups]
+    fused = job.runtime.cross_entropy == "fused"
+    return [(i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c, fused)) for i, c, _ in groups]
 
 
 def memory_only(job: Job) -> float:

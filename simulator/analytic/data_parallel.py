@@ -10,8 +10,9 @@ all-gather the updated parameters. Without bucketing (``job.runtime.dp_overlap``
 Megatron-LM's "local" DDP of 2021, or Megatron-DeepSpeed with gradient bucketing off) the whole
 reduction starts after the stage's last backward and only the i backward steps of slack remain.
 ZeRO-2 and ZeRO-3 keep only a gradient shard, so they reduce-scatter every microbatch's
-gradients under its backward; ZeRO-3 also gathers parameters in forward and again in backward
-(1.5x the all-reduce volume at m = 1), prefetched under the compute of that pass.
+gradients under its backward; ZeRO-3 also gathers each unit's parameters in forward and again
+in backward, prefetched under the compute of that pass (simulator.cost.zero3). Whatever
+overlaps compute slows it (simulator.cost.overlap).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from __future__ import annotations
 import math
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, layout, memory
+from simulator.cost import collectives, layout, memory, zero3
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.overlap import overlap_cost
 from simulator.cost.stage import StageCost
 from simulator.cost.step import gradient_reduction, param_gather_bytes
+from simulator.job import Job
 from simulator.plan import Plan
 
 
@@ -30,23 +34,23 @@ def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
     return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
 
 
-def per_microbatch_dp(
-    cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, overlap: bool
-) -> tuple[float, float]:
+def per_microbatch_dp(cost: StageCost, job: Job, link: collectives.GroupLink) -> tuple[float, float]:
     """(communication time, exposed time) per microbatch of the ZeRO stages that keep only a
     gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
-    DeepSpeed and FSDP both do): overlapped with that microbatch's backward when the
-    runtime overlaps. ZeRO-3 also all-gathers the stage's parameters for the forward and
-    again for the backward, prefetched under that pass's compute."""
+    DeepSpeed and FSDP both do), overlapped with that microbatch's backward when the runtime
+    overlaps, at the contention price of simulator.cost.overlap. ZeRO-3 also all-gathers each
+    unit's parameters for the forward and again for the backward (simulator.cost.zero3)."""
+    plan, gpu = job.plan, job.cluster.gpu
     if plan.zero < 2 or plan.d == 1:
         return 0.0, 0.0
-    scatter = collectives.reduce_scatter_time(cost.params * e, plan.d, link)
+    e = dtype_bytes(gpu)
+    sigma = gpu.comm_overlap_slowdown
     bwd = cost.backward + cost.recompute
     if plan.zero == 2:
-        return scatter, max(0.0, scatter - bwd) if overlap else scatter
-    gather = collectives.all_gather_time(cost.params * param_gather_bytes(e), plan.d, link)
-    exposed = max(0.0, gather - cost.forward) + max(0.0, gather + scatter - bwd)
-    return 2 * gather + scatter, exposed
+        scatter = collectives.reduce_scatter_time(cost.params * zero3.reduce_bytes(job.runtime, e), plan.d, link)
+        return scatter, overlap_cost(bwd, scatter, sigma) if job.runtime.dp_overlap else scatter
+    z3 = zero3.zero3_pass(cost, plan.d, link, e, param_gather_bytes(e), job.runtime, gpu)
+    return z3.traffic, z3.exposed(cost.forward, bwd, sigma)
 
 
 def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> float:

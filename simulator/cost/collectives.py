@@ -6,14 +6,16 @@ n = ranks, B = bus bandwidth (bytes/s), a = per-step latency:
     all-reduce:              2(n-1)/n * S / B + 2(n-1) a
     reduce-scatter, all-gather: (n-1)/n * S / B + (n-1) a
     point-to-point:          S / B + a
-NCCL switches to tree (double binary tree) algorithms when latency dominates; we take the
+NCCL switches its all-reduce to double binary trees when latency dominates; we take the
 ring bandwidth term with the smaller of the ring and tree latency terms (2*ceil(log2 n) steps);
-gloo runs rings only (hwprofiles.algorithms).
+all-gather and reduce-scatter are rings (n-1 steps) on NCCL and gloo alike, and gloo's
+all-reduce too (hwprofiles.algorithms).
 The bus bandwidth of a group comes from where it sits (simulator.cost.layout): inside a node the
 GPU's NVLink/NVSwitch (or PCIe) link, or the node's own fit of that collective where calibrate
 measured one (gloo's collectives differ in speed: NodeProfile.collectives); across nodes the
-node's NICs shared by the groups that leave the node at the same time, and never more than
-the intra-node link.
+node's NICs shared by the groups that leave the node at the same time, times the fall of bus
+bandwidth with the nodes a ring spans (``Network.busbw_factor``, NVIDIA/nccl#1229), and never
+more than the intra-node link.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
         return node_link(cluster)
     if node.nic is None or node.nics_per_node == 0:
         raise ValueError(f"node {node.name} has no NICs but the group spans {shape.nodes} nodes")
-    inter = node.nics_per_node * node.nic.bytes_per_s / shape.concurrent
+    inter = node.nics_per_node * node.nic.bytes_per_s / shape.concurrent * cluster.network.busbw_factor(shape.nodes)
     bw = min(inter, intra.bytes_per_s) if shape.per_node > 1 else min(inter, node.nic.bytes_per_s * node.nics_per_node)
     lat = node.nic.latency_s + cluster.network.switch_latency_us * 1e-6 * (
         1 if cluster.network.topology == "single-switch" else 3
@@ -92,14 +94,14 @@ def all_reduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0
     bw, lat = link.figures(Collective.ALL_REDUCE)
-    return 2 * (n - 1) / n * size_bytes / bw + latency_steps(n, 2 * (n - 1), link.trees) * lat
+    return 2 * (n - 1) / n * size_bytes / bw + latency_steps(n, Collective.ALL_REDUCE, link.trees) * lat
 
 
 def _ring_pass(collective: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
     if n <= 1 or size_bytes <= 0:
         return 0.0
     bw, lat = link.figures(collective)
-    return (n - 1) / n * size_bytes / bw + latency_steps(n, n - 1, link.trees) * lat
+    return (n - 1) / n * size_bytes / bw + latency_steps(n, collective, link.trees) * lat
 
 
 def all_gather_time(size_bytes: float, n: int, link: GroupLink) -> float:

@@ -76,20 +76,32 @@ def activation_bytes_per_layer(model: ModelSpec, b: int, t: int, sp: bool, ckpt:
             and two dropout masks (2 bytes)           -> (4e + 2)*s*b*h
         tensor-parallel: Q, K, V, proj input, MLP activations
             -> e*s*b*(2h + 2kv + f_act)/t,  f_act = 2f (GELU in/out) or 3f (SwiGLU 2f in, f out)
-        attention scores: softmax output (e), dropout mask (1), dropout output (e)
-            -> (2e + 1)*a*s^2*b/t
+        attention core: the materialized scores' softmax output (e), dropout mask (1) and
+            dropout output (e) -> (2e + 1)*a*s^2*b/t; with FlashAttention only the row
+            log-sum-exp (:func:`attention_core_bytes`)
     Selective recomputation drops the attention-score term; full recomputation keeps only
     the layer input e*s*b*h (split by t with SP).
     """
-    s, h, a = model.seq_length, model.hidden_size, model.num_attention_heads
+    s, h = model.seq_length, model.hidden_size
     sbh = s * b * h
     if ckpt == "full":
         return e * sbh / (t if sp else 1)
     f_act = 3 * model.ffn if model.activation == "swiglu" else 2 * model.ffn
     replicated = (4 * e + 2) * sbh / (t if sp else 1)
     split = e * s * b * (2 * h + 2 * model.kv_size + f_act) / t
-    scores = 0.0 if ckpt == "selective" else (2 * e + 1) * a * s * s * b / t
+    scores = 0.0 if ckpt == "selective" else attention_core_bytes(model, b, t, e)
     return replicated + split + scores
+
+
+def attention_core_bytes(model: ModelSpec, b: int, t: int, e: int = 2) -> float:
+    """What the attention core keeps beyond Q, K, V and its output, per layer and microbatch on
+    one TP rank. Materialized scores: softmax output (e), dropout mask (1) and dropout output
+    (e) over a*s^2*b/t (Korthikanti et al. 2022, eq. 2). FlashAttention keeps only the fp32
+    log-sum-exp of each query row: 4*a*s*b/t (Dao et al. 2022, section 3.1)."""
+    s, a = model.seq_length, model.num_attention_heads
+    if model.attention == "flash":
+        return 4.0 * a * s * b / t
+    return (2 * e + 1) * a * s * s * b / t
 
 
 def in_flight_microbatches(schedule: str, stage: int, p: int, m: int, v: int = 1) -> float:
@@ -135,10 +147,14 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     return tuple(keep)
 
 
-def logits_buffer_bytes(model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None) -> float:
+def logits_buffer_bytes(
+    model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None, fused: bool = False
+) -> float:
     """The last stage's logits (e bytes) and their fp32 softmax for cross-entropy: b*s*V/t*(e + 4);
-    ``vocab`` is the (padded) vocabulary the program really allocates, default the model's."""
-    return b * model.seq_length * (vocab or model.vocab_size) / t * (e + 4)
+    a fused cross-entropy (``fused``: flash-attn's, the gradient written over the logits) keeps
+    the logits only: b*s*V/t*e. ``vocab`` is the (padded) vocabulary the program really
+    allocates, default the model's."""
+    return b * model.seq_length * (vocab or model.vocab_size) / t * (e if fused else e + 4)
 
 
 def zero3_working_set_bytes(

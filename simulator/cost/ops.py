@@ -74,6 +74,15 @@ def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | 
     return measured if measured is not None else curve_efficiency(gpu, m, n, k)
 
 
+def attention_efficiency(gpu: GpuProfile, op: Op, dtype: str | None = None) -> float:
+    """Efficiency of a fused attention op (``op.m`` = sequence length): the profile's
+    :class:`~hwprofiles.schema.gpu.AttentionModel`, forward or backward; without one, the GEMM
+    efficiency of its score GEMM's shape (s, s, head_dim)."""
+    if gpu.attention is not None:
+        return gpu.attention.efficiency(op.m, op.name.endswith("_bwd"))
+    return gemm_efficiency(gpu, op.m, op.n, op.k, dtype)
+
+
 #: simulator elementwise op (forward name) -> the measured kind of ``GpuProfile.elementwise_GBps``
 ELEMENTWISE_KIND = {
     "ln1": "layer_norm",
@@ -102,6 +111,8 @@ def work_time(op: Op, gpu: GpuProfile, dtype: str | None = None) -> float:
         mem = op.bytes / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
     if op.kind == "elementwise":
         comp = op.flops / (gpu.peak_tflops.get("fp32", gpu.peak_flops(dtype) / 1e12) * 1e12)
+    elif op.kind == "attention":
+        comp = op.flops / (gpu.peak_flops(dtype) * attention_efficiency(gpu, op, dtype))
     else:
         comp = op.flops / (gpu.peak_flops(dtype) * gemm_efficiency(gpu, op.m, op.n, op.k, dtype))
     return max(comp, mem)
@@ -119,12 +130,16 @@ def op_time(op: Op, gpu: GpuProfile, dtype: str | None = None, host_async: bool 
 
 def backward_ops(op: Op) -> list[Op]:
     """Backward of an op. GEMM C=AB: dA = dC B^T (m,k,n) and dB = A^T dC (k,n,m), 2x FLOPs.
-    Elementwise: the op's own backward traffic and kernel count when it gives them
+    Fused attention: one kernel of 2.5x the forward FLOPs (it recomputes the scores;
+    FlashAttention-2, section 4.1) reading Q, K, V, O, dO and writing dQ, dK, dV (about twice
+    the forward traffic). Elementwise: the op's own backward traffic and kernel count when it gives them
     (``bwd_bytes``, ``bwd_kernels``), else about twice the forward traffic (the gradient
     reads the saved input and the upstream gradient and writes one gradient per input)."""
     if op.kind == "elementwise":
         bwd_bytes = op.bwd_bytes if op.bwd_bytes >= 0 else 2 * op.bytes
         return [Op(op.name + "_bwd", "elementwise", 2 * op.flops, bwd_bytes, kernels=op.bwd_kernels)]
+    if op.kind == "attention":
+        return [Op(op.name + "_bwd", "attention", 2.5 * op.flops, 2 * op.bytes, op.m, op.n, op.k, op.count, 1, 1)]
     e = op.bytes / (op.count * (op.m * op.k + op.k * op.n + op.m * op.n))
     dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count)
     wgrad = Op(
@@ -154,7 +169,7 @@ class PassTimes:
     attention_core: float  # forward time of scores/softmax/dropout/attn-v (selective recompute)
 
 
-ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v")
+ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v", "flash_attention")
 
 
 def pass_times(

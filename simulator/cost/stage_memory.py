@@ -88,10 +88,18 @@ def _layer_params(model: ModelSpec, t: int) -> float:
 
 
 def stage_buffers(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, last: bool, psi: float | None
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    m: int,
+    stage: int,
+    last: bool,
+    psi: float | None,
+    fused_loss: bool = False,
 ) -> float:
     """Buffers of one rank of device ``stage`` (module docstring); ``psi`` None: the gradient
-    buckets at their cap (the linear form)."""
+    buckets at their cap (the linear form); ``fused_loss``: the program's cross-entropy keeps
+    no fp32 softmax (simulator.job.Runtime.cross_entropy)."""
     e = dtype_bytes(cluster.gpu)
     b, t = plan.mb, plan.t
     out = 0.0
@@ -101,12 +109,18 @@ def stage_buffers(
         out += memory.zero3_working_set_bytes(_layer_params(model, t))
     if last:
         inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-        out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t))
+        out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), fused_loss)
     return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
 
 
 def stage_memory(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    m: int,
+    stage: int,
+    shape: StageShape,
+    fused_loss: bool = False,
 ) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring)."""
     e = dtype_bytes(cluster.gpu)
@@ -118,7 +132,7 @@ def stage_memory(
         (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t),
         lambda: _activation_peak(model, cluster, plan, m, stage, shape),
     )
-    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params)
+    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, fused_loss)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 

@@ -35,7 +35,7 @@ from typing import Literal
 
 from simulator.specs import ModelSpec
 
-OpKind = Literal["gemm", "bmm", "elementwise"]
+OpKind = Literal["gemm", "bmm", "attention", "elementwise"]
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -146,10 +146,7 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
     ops = [
         elementwise("ln1", tok_sp * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
         gemm("qkv", tok, (h + 2 * kv) // t, h, e),
-        gemm("scores", s, s, model.head_dim, e, count=b * heads),
-        elementwise("softmax", b * heads * s * s, 2 * e, 5, bwd_bytes_per_element=3 * e),
-        elementwise("attn_dropout", b * heads * s * s, 2 * e + 1, 1, bwd_bytes_per_element=2 * e + 1),
-        gemm("attn_v", s, model.head_dim, s, e, count=b * heads),
+        *attention_ops(model, b, heads, e),
         elementwise("context_copy", tok * h / t, 2 * e, 0, bwd_bytes_per_element=2 * e),
         gemm("proj", tok, h, h // t, e),
         elementwise(
@@ -174,6 +171,32 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
         ),
     ]
     return ops
+
+
+def attention_ops(model: ModelSpec, b: int, heads: int, e: int) -> list[Op]:
+    """The attention core of one layer on one TP rank (``heads`` = a/t query heads).
+
+    ``model.attention == "flash"``: one fused kernel (FlashAttention-2, Dao 2023; torch
+    ``scaled_dot_product_attention`` on GPU runs it) that never stores the s x s scores. Causal:
+    it skips the blocks above the diagonal, so it executes half of the 4*b*s^2*h/t FLOPs of
+    scores and attention-times-V: 2*b*heads*s^2*head_dim (FlashAttention-2, section 3.1; the
+    paper counts causal FLOPs the same way). Traffic: read Q, K, V, write O (e each) and the
+    fp32 row log-sum-exp (4 bytes per query row). Its backward recomputes the scores:
+    5 GEMMs to the forward's 2, 2.5x the forward FLOPs (FlashAttention-2, section 4.1;
+    :func:`simulator.cost.ops.backward_ops`).
+    ``"materialized"``: scores = baddbmm(q, k^T), fused scale-mask-softmax, attention dropout
+    and bmm with V, each a kernel over the s x s scores (Megatron-LM 2021)."""
+    s, dh = model.seq_length, model.head_dim
+    if model.attention == "flash":
+        kv_heads = max(1, model.kv_heads * heads // model.num_attention_heads)
+        io = e * b * s * dh * (2 * heads + 2 * kv_heads) + 4 * b * heads * s
+        return [Op("flash_attention", "attention", 2.0 * b * heads * s * s * dh, float(io), s, s, dh, b * heads)]
+    return [
+        gemm("scores", s, s, dh, e, count=b * heads),
+        elementwise("softmax", b * heads * s * s, 2 * e, 5, bwd_bytes_per_element=3 * e),
+        elementwise("attn_dropout", b * heads * s * s, 2 * e + 1, 1, bwd_bytes_per_element=2 * e + 1),
+        gemm("attn_v", s, dh, s, e, count=b * heads),
+    ]
 
 
 def layer_backward_extra_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, params_per_rank: float) -> list[Op]:

@@ -1,7 +1,8 @@
 """Where a rank's iteration time goes: busy time by segment kind, waiting time by cause.
 
 The rank's compute stream is busy with forward/backward/recompute compute, tensor-parallel
-collectives (synchronous in Megatron-LM) and the optimizer step. Every gap in it, and the
+collectives (synchronous in Megatron-LM), the optimizer step, and what data-parallel traffic
+beside a piece costs it (contention, FSDP2's copy-out: ``dp_comm``). Every gap in it, and the
 tail after its last compute task, is explained by walking the chain of critical
 predecessors back from the task that ended the gap (``Engine.cause``): the part of the gap
 covered by a pipeline transfer is exposed ``pp_comm``, by a data-parallel or ZeRO collective
@@ -15,7 +16,14 @@ from __future__ import annotations
 from simulator.des.engine import Engine
 from simulator.result import TIME_KEYS
 
-SEGMENT_CATEGORY = {"fwd": "compute", "bwd": "compute", "recompute": "recompute", "tp": "tp_comm", "opt": "optimizer"}
+SEGMENT_CATEGORY = {
+    "fwd": "compute",
+    "bwd": "compute",
+    "recompute": "recompute",
+    "tp": "tp_comm",
+    "opt": "optimizer",
+    "dp": "dp_comm",  # the contention price of DP/ZeRO traffic beside a piece, and FSDP2's copy-out
+}
 TASK_CATEGORY = {"pp": "pp_comm", "dp": "dp_comm", "zero": "dp_comm", "offload": "offload", "cpu": "optimizer"}
 COMPUTE_KINDS = ("F", "B", "opt")
 

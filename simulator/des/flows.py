@@ -89,11 +89,11 @@ def ring_phases(op: Collective, order: list[int], size: float, trees: bool = Tru
     if n <= 1 or size <= 0:
         return []
     if op == Collective.ALL_REDUCE:
-        return [PhasePlan(_ring(order, 2 * (n - 1) / n * size), latency_steps(n, 2 * (n - 1), trees))]
+        return [PhasePlan(_ring(order, 2 * (n - 1) / n * size), latency_steps(n, op, trees))]
     if op in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
-        return [PhasePlan(_ring(order, (n - 1) / n * size), latency_steps(n, n - 1, trees))]
+        return [PhasePlan(_ring(order, (n - 1) / n * size), latency_steps(n, op, trees))]
     if op == Collective.BROADCAST:
-        return [PhasePlan(_ring(order, size, closed=False), latency_steps(n, n - 1, trees))]
+        return [PhasePlan(_ring(order, size, closed=False), latency_steps(n, op, trees))]
     raise ValueError(f"unknown collective {op!r}")
 
 
@@ -109,12 +109,15 @@ def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: flo
     algo = algorithm(topo, gpus)
     order = sorted(gpus)
     trees = uses_trees(topo.cluster.node.backend)
-    if algo != "hierarchical" or op == Collective.BROADCAST:
-        return own_fit(topo, op, gpus, ring_phases(op, order, size, trees))
     G = topo.gpus_per_node
     nodes: dict[int, list[int]] = {}
     for g in order:
         nodes.setdefault(g // G, []).append(g)
+    # a ring across many nodes reaches less bus bandwidth (Network.busbw_factor): its flows
+    # carry proportionally more bytes
+    stretch = 1.0 / topo.cluster.network.busbw_factor(len(nodes))
+    if algo != "hierarchical" or op == Collective.BROADCAST:
+        return own_fit(topo, op, gpus, ring_phases(op, order, size * stretch, trees))
     members = list(nodes.values())
     k = len(members[0])
 
@@ -131,7 +134,7 @@ def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: flo
         flows: list[tuple[int, int, float]] = []
         ph = None
         for j in range(k):
-            ph = ring_phases(op2, [mem[j] for mem in members], size / k, trees)[0]
+            ph = ring_phases(op2, [mem[j] for mem in members], size / k * stretch, trees)[0]
             flows.extend(ph.flows)
         assert ph is not None
         return PhasePlan(tuple(flows), ph.steps)

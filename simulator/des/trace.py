@@ -41,6 +41,7 @@ SEGMENT_NAMES = {
     "recompute": "recompute",
     "tp": "TP collective",
     "opt": "optimizer step",
+    "dp": "slowed by DP/ZeRO traffic (contention, FSDP2 copy-out)",
 }
 US = 1e6
 

@@ -62,6 +62,24 @@ def add_passes(prog: Program, dev: Device) -> None:
         data_parallel.reduce_gradients(prog, dev, prog.device_params(dev), pieces[-1], nred)
 
 
+def _regather(prog: Program, op: PipeOp, j: int, norec: bool) -> float:
+    """DeepSpeed ZeRO-3 gathers a fully recomputed layer once more in backward: the backward's
+    gathers scale by 1 + the chunk's fully recomputed fraction (simulator.cost.zero3)."""
+    if op.kind != "B" or norec or prog.job.runtime.zero3 != "deepspeed":
+        return 1.0
+    layers = prog.plan.chunk_layers(prog.job.model.num_layers)[j]
+    return 1.0 + prog.plan.chunk_recompute(prog.job.model.num_layers)[j][0] / max(layers, 1)
+
+
+def _copy_out(prog: Program, params: float) -> float:
+    """FSDP2 copies a gathered layer out into its parameters on the compute stream
+    (simulator.cost.zero3): read and write the gathered bytes."""
+    if prog.job.runtime.zero3 != "fsdp2":
+        return 0.0
+    gpu = prog.job.cluster.gpu
+    return 2 * params * data_parallel.gather_bytes(prog) / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+
+
 def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
     """TP traffic of the first rank, recomputed layers of one pipeline replica."""
     tp_bytes, tp_n, rec_f, rec_s = prog.totals(op.kind, j, norec)
@@ -87,9 +105,20 @@ def _add_pass(
 ) -> int:
     """The compute tasks of one pass; returns the rank's reduction count after it."""
     cs = prog.stream(dev, "compute")
+    regather = _regather(prog, op, j, norec) if mode.zero3 else 1.0
+    sigma = prog.job.cluster.gpu.comm_overlap_slowdown
     for gi, pc in enumerate(prog.pieces(op.kind, j, norec, split)):
-        gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pieces) if mode.zero3 else -1
-        tid = prog.eng.task(cs, pc.dur, op.kind, (), TaskInfo(dev.idx, op.mb, j, segments=pc.segs))
+        extra = 0.0  # what the data-parallel traffic beside this piece costs it
+        gather = -1
+        if mode.zero3:
+            gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pieces, regather)
+            extra += _copy_out(prog, pc.first_params)
+        if mode.zero3 or bucketed:
+            extra += sigma * min(
+                pc.dur, data_parallel.beside(prog, pc.first_params if mode.zero3 else pc.params, op.kind == "B")
+            )
+        segs = (*pc.segs, ("dp", extra)) if extra > 0 else pc.segs
+        tid = prog.eng.task(cs, pc.dur + extra, op.kind, (), TaskInfo(dev.idx, op.mb, j, segments=segs))
         prog.piece_index[tid] = (dev.idx, len(pieces))
         pieces.append(tid)
         if gather >= 0:

@@ -10,8 +10,10 @@
 * tied embeddings (p > 1): the word-embedding gradient all-reduced between the first and
   the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
 * ZeRO-1/2: the updated parameters all-gathered once every member has stepped.
-Volumes: gradients e bytes per parameter, parameter gathers
-:func:`simulator.cost.step.param_gather_bytes`.
+Volumes: gradients e bytes per parameter (ZeRO-2/3: the runtime's reduce dtype,
+simulator.cost.zero3.reduce_bytes), parameter gathers :func:`simulator.cost.step.param_gather_bytes`.
+A compute piece with traffic beside it is longer by the contention price of
+simulator.cost.overlap (:func:`beside`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import functools
 
 from hwprofiles.algorithms import Collective
+from simulator.cost import collectives, layout
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
+from simulator.cost.zero3 import reduce_bytes
 from simulator.des.program.state import Device, Program, Send
 
 
@@ -28,11 +32,35 @@ def gather_bytes(prog: Program) -> int:
     return param_gather_bytes(prog.costs.e)
 
 
-def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int]) -> int:
-    """All-gather one layer's parameters, at most one layer ahead of the compute."""
+def grad_reduce_bytes(prog: Program) -> int:
+    """Bytes per gradient element of a reduction: the runtime's reduce dtype for the sharded
+    stages (simulator.cost.zero3.reduce_bytes), the gradients' dtype otherwise."""
+    return reduce_bytes(prog.job.runtime, prog.costs.e) if prog.plan.zero >= 2 else prog.costs.grad_bytes
+
+
+def beside(prog: Program, params: float, backward: bool) -> float:
+    """Closed-form seconds of the data-parallel traffic that runs beside one compute piece of
+    ``params`` parameters, for its contention price (simulator.cost.overlap): with ZeRO-3 the
+    next layer's gather (and in backward this layer's reduce-scatter); with ZeRO 0-2 the
+    bucket's reduction. None with free communication (``DesOptions.free_comm``)."""
+    plan = prog.plan
+    if prog.opt.free_comm:
+        return 0.0
+    link = collectives.group_link(prog.job.cluster, layout.dp_shape(plan.t, plan.d, prog.job.cluster.gpus_per_node))
+    if plan.zero == 3:
+        comm = collectives.all_gather_time(params * gather_bytes(prog), plan.d, link)
+        if backward:
+            comm += collectives.reduce_scatter_time(params * grad_reduce_bytes(prog), plan.d, link)
+        return comm
+    return collectives.collective_time(gradient_reduction(plan.zero), params * grad_reduce_bytes(prog), plan.d, link)
+
+
+def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int], times: float = 1.0) -> int:
+    """All-gather one layer's parameters, at most one layer ahead of the compute; ``times`` > 1
+    when DeepSpeed gathers it again for the recompute forward (simulator.cost.zero3)."""
     plan, xfer = prog.plan, prog.xfer
     dep = pieces[-2] if len(pieces) >= 2 else -1
-    size = params * gather_bytes(prog)
+    size = params * gather_bytes(prog) * times
     shard = size / plan.d
     if plan.offload != "none":
         if plan.offload == "nvme":
@@ -72,7 +100,7 @@ def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int]) -
 
 def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction count)."""
-    size = params * prog.costs.grad_bytes
+    size = params * grad_reduce_bytes(prog)
     send = Send(
         "dp",
         ("rs", dev.pp),
@@ -89,7 +117,7 @@ def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, 
 
 def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """A gradient bucket's reduction (ZeRO 0-2) after ``piece``."""
-    size = params * prog.costs.grad_bytes
+    size = params * grad_reduce_bytes(prog)
     op = gradient_reduction(prog.plan.zero)
     send = Send("dp", (op, dev.pp), prog.xfer.dp_class(dev.pp, op), "tp", size, "dp", f"grad {op}", "dp_bytes")
     red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)))

@@ -1,0 +1,102 @@
+"""Issue 19's cost rules, each against a number derived by hand: contention, flash attention,
+ZeRO-3 per unit, ring latency, bus bandwidth at scale."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwprofiles.algorithms import Collective, latency_steps
+from hwprofiles.load import load_cluster
+from simulator.analytic import estimate
+from simulator.cost import collectives, layout, memory, ops, workload, zero3
+from simulator.cost.overlap import overlap_cost, overlapped
+from simulator.cost.stage import StageCost
+from simulator.job import DEEPSPEED_ZERO3, OVERLAPPED, Job
+from simulator.plan import Plan
+from simulator.specs import load_model
+
+
+def test_overlap_costs_sigma_of_the_overlapped_time():
+    # 10 s of compute beside 4 s of traffic at sigma 0.3: 10 + 0.3 * 4 = 11.2 s
+    assert overlapped(10.0, 4.0, 0.3) == pytest.approx(11.2)
+    assert overlap_cost(10.0, 4.0, 0.3) == pytest.approx(1.2)
+    # traffic longer than the compute: the traffic bounds the span (max(10 + 3, 14) = 14)
+    assert overlapped(10.0, 14.0, 0.3) == pytest.approx(14.0)
+    assert overlapped(10.0, 0.0, 0.3) == 10.0 and overlapped(10.0, 4.0, 0.0) == 10.0  # sigma 0: free overlap
+
+
+def test_flash_attention_op_and_memory():
+    m = load_model("llama2-7b")  # s = 4096, a = 32, head_dim 128, MHA
+    b, t, e = 2, 2, 2
+    (op,) = workload.attention_ops(m, b, m.num_attention_heads // t, e)
+    # causal: half of 4*b*s^2*h/t = 2 * 2 * 16 * 4096^2 * 128
+    assert op.kind == "attention" and op.flops == pytest.approx(2 * 2 * 16 * 4096**2 * 128)
+    (bwd,) = ops.backward_ops(op)
+    assert bwd.flops == pytest.approx(2.5 * op.flops)  # FlashAttention-2: the backward recomputes the scores
+    # it keeps the fp32 log-sum-exp per query row: 4 * a * s * b / t bytes, no s x s scores
+    assert memory.attention_core_bytes(m, b, t, e) == pytest.approx(4 * 32 * 4096 * 2 / 2)
+    mat = m.model_copy(update={"attention": "materialized"})
+    assert memory.attention_core_bytes(mat, b, t, e) == pytest.approx((2 * e + 1) * 32 * 4096**2 * 2 / 2)
+    assert [o.name for o in workload.attention_ops(mat, b, 16, e)] == ["scores", "softmax", "attn_dropout", "attn_v"]
+
+
+def test_attention_efficiency_curve():
+    gpu = load_cluster("dgx-h100").gpu
+    assert gpu.attention is not None
+    a = gpu.attention
+    # eff(s) = top * s / (s + half_seq): at s = half_seq, half the top efficiency
+    assert a.efficiency(a.half_seq, backward=False) == pytest.approx(a.forward_efficiency / 2)
+    assert a.efficiency(a.half_seq, backward=True) == pytest.approx(a.backward_efficiency / 2)
+
+
+def test_all_gather_and_reduce_scatter_latency_is_a_ring():
+    assert latency_steps(1536, Collective.ALL_GATHER) == 1535  # not 2*ceil(log2 1536) = 22
+    assert latency_steps(1536, Collective.REDUCE_SCATTER) == 1535
+    assert latency_steps(1536, Collective.ALL_REDUCE) == 22  # NCCL's tree all-reduce
+    assert latency_steps(1536, Collective.ALL_REDUCE, trees=False) == 2 * 1535
+
+
+def test_bus_bandwidth_falls_with_the_nodes_a_ring_spans():
+    net = load_cluster("dgx-h100", nodes=128).network
+    # NVIDIA/nccl#1229: 360 GB/s at 4 nodes, 260 at 128
+    assert 360 * net.busbw_factor(128) == pytest.approx(260, rel=0.01)
+    assert net.busbw_factor(2) == 1.0
+
+
+def _stage(params: float, layers: int, forward: float, backward: float, full: int = 0) -> StageCost:
+    return StageCost(
+        layers=layers, full_layers=full, selective_layers=0, params=params, first=False, last=False,
+        forward=forward, backward=backward,
+    )  # fmt: skip
+
+
+def test_zero3_pass_per_unit_by_hand():
+    c = load_cluster("dgx-a100-80gb", nodes=4)
+    link = collectives.group_link(c, layout.dp_shape(1, 32, 8))
+    stage = _stage(params=8e9, layers=8, forward=1.0, backward=2.0, full=8)
+    z = zero3.zero3_pass(stage, 32, link, 2, 2, OVERLAPPED, c.gpu)
+    # 8 units of 1e9 parameters: each a ring all-gather of 2 GB and an fp32 reduce-scatter of 4 GB
+    assert z.units == 8
+    assert z.gather == pytest.approx(8 * collectives.all_gather_time(2e9, 32, link))
+    assert z.scatter == pytest.approx(8 * collectives.reduce_scatter_time(4e9, 32, link))
+    # FSDP2 copies the gathered 16 GB out: read + write 32 GB of HBM per pass
+    assert z.copy_out == pytest.approx(32e9 / (c.gpu.memory_bandwidth_GBps * 1e9 * c.gpu.memory_efficiency))
+    assert z.regather == 0.0
+    g, r, sigma = z.gather / 8, z.scatter / 8, c.gpu.comm_overlap_slowdown
+    fwd = g + overlap_cost(1.0, z.gather - g, sigma) + z.copy_out
+    bwd = g + r + overlap_cost(2.0, z.gather + z.scatter - g - r, sigma) + z.copy_out
+    assert z.exposed(1.0, 2.0, sigma) == pytest.approx(fwd + bwd)
+    # DeepSpeed gathers every fully recomputed layer once more, reduces in bf16, copies nothing out
+    ds = zero3.zero3_pass(stage, 32, link, 2, 2, DEEPSPEED_ZERO3, c.gpu)
+    assert ds.regather == pytest.approx(z.gather) and ds.copy_out == 0.0
+    assert ds.scatter == pytest.approx(8 * collectives.reduce_scatter_time(2e9, 32, link))
+
+
+def test_main_job_zero3_plan_pays_for_its_traffic():
+    """The audit's plan (t=4, d=256, ZeRO-3 at 175B): its NICs carry ~11 s of traffic per step;
+    the prediction may no longer hide it for free under 16 s of compute."""
+    c = load_cluster("dgx-a100-80gb", nodes=128)
+    plan = Plan(t=4, p=1, d=256, mb=3, zero=3, ckpt="selective", sp=1)
+    r = estimate(Job.make(load_model("gpt3-175b"), c, plan, 1536))
+    # before issue 19 it was charged 0.000 s (fidelity audit); now at least a tenth of the step
+    assert r.time_breakdown["dp_comm"] > 0.1 * r.step_time
