@@ -119,7 +119,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         for n in _node_counts(cluster, opts.objective)
     }
     space.check_cluster_size(model, cluster.num_gpus, global_batch)
-    todo = [(n, p) for n, c in clusters.items() for p in space.enumerate_plans(model, c.num_gpus, global_batch, fix)]
+    todo = [
+        (n, p)
+        for n, c in clusters.items()
+        for p in space.enumerate_plans(model, c.num_gpus, global_batch, fix, c.gpus_per_node)
+    ]
     if not todo:
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
     check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size

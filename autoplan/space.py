@@ -129,10 +129,31 @@ def plan_of(shape: Shape, zero: ZeroStage, ckpt: RecomputeName, offload: Offload
     )
 
 
-def enumerate_plans(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> list[Plan]:
-    """Every valid plan (uniform layer split) under the pins."""
+def enumerate_plans(
+    model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any], gpus_per_node: int = 0
+) -> list[Plan]:
+    """Every valid plan (uniform layer split) under the pins; with ``gpus_per_node``, each
+    ZeRO-2/3 plan also with hybrid sharding inside a node (:func:`hsdp_options`)."""
     opts = memory_options(fix)
-    return [plan_of(s, *o) for s in shapes(model, gpus, global_batch, fix) for o in opts]
+    plans = [plan_of(s, *o) for s in shapes(model, gpus, global_batch, fix) for o in opts]
+    return [q for plan in plans for q in hsdp_options(plan, gpus_per_node, fix)]
+
+
+def hsdp_options(plan: Plan, gpus_per_node: int, fix: Mapping[str, Any]) -> list[Plan]:
+    """The plan with full sharding, and with hybrid sharding whose shard group fills one node
+    (hsdp = gpus_per_node / t: what large FSDP users run, NVLink inside, replicas across) when
+    that divides d, for ZeRO-2/3 without offload; ``hsdp`` pinned: only that value."""
+    if "hsdp" in fix:
+        want = fix["hsdp"]
+        if want == 0:
+            return [plan]
+        ok = plan.zero >= 2 and plan.offload == "none" and 2 <= want < plan.d and plan.d % want == 0
+        return [plan.replace(hsdp=want)] if ok else []
+    out = [plan]
+    n = gpus_per_node // plan.t if gpus_per_node and gpus_per_node % plan.t == 0 else 0
+    if plan.zero >= 2 and plan.offload == "none" and 2 <= n < plan.d and plan.d % n == 0:
+        out.append(plan.replace(hsdp=n))
+    return out
 
 
 def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:

@@ -50,7 +50,7 @@ LARGE = ModelSpec(
 
 def all_feasible(model, cluster, B, fix=None, fidelity="des"):
     out = []
-    for plan in space.enumerate_plans(model, cluster.num_gpus, B, fix or {}):
+    for plan in space.enumerate_plans(model, cluster.num_gpus, B, fix or {}, cluster.gpus_per_node):
         job = Job(model, cluster, plan, B)
         a = estimate(job)
         if not a.fits:

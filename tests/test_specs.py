@@ -282,6 +282,11 @@ def test_chunk_layers_and_recompute():
         ("mb=-1", 8, 8, "key 'mb'"),
         ("d=0", 8, 8, "d must be a positive integer"),
         ("zero=4", 8, 8, "zero must be 0, 1, 2 or 3"),
+        ("zero=3,hsdp=3", 8, 8, "hsdp=3 must divide d=8"),  # a shard group that does not divide d
+        ("zero=3,hsdp=8", 8, 8, "hsdp=8 must divide d=8 and lie between 2 and d-1"),
+        ("zero=1,hsdp=2", 8, 8, "needs zero=2 or zero=3"),
+        ("zero=3,hsdp=2,offload=cpu", 8, 8, "hsdp=2 with offload=cpu is not modelled"),
+        ("zero=3,hsdp=two", 8, 8, "key 'hsdp': expected an integer"),
         ("sp=2,t=2", 8, 8, "sp must be 0 or 1"),
         ("sp=1", 8, 8, "needs t > 1"),
         ("ckpt=some", 8, 8, "key 'ckpt': expected one of none, selective, full"),

@@ -31,6 +31,13 @@ def _notes(job: Job) -> list[str]:
         notes.append(
             "sp=1: Megatron sequence parallelism lives in the model code (Megatron-DeepSpeed --sequence-parallel)"
         )
+    if plan.hsdp and plan.zero == 3:
+        notes.append(
+            f"hsdp={plan.hsdp}: written as MiCS (zero_optimization.mics_shard_size); build the model under "
+            "deepspeed.zero.MiCS_Init, as DeepSpeed's MiCS tutorial does"
+        )
+    elif plan.hsdp:
+        notes.append(f"hsdp={plan.hsdp} with zero={plan.zero}: DeepSpeed has no hybrid ZeRO-2; this shards over all d")
     return notes
 
 
@@ -39,6 +46,8 @@ def deepspeed_config(job: Job, train: TrainSettings) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": plan.zero, "overlap_comm": True, "contiguous_gradients": True}
     if plan.zero in (1, 2):
         zero.update({"reduce_scatter": True, "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000})
+    if plan.hsdp and plan.zero == 3:  # MiCS: ZeRO-3 sharded within groups of hsdp ranks, replicated across
+        zero["mics_shard_size"] = plan.hsdp
     if plan.offload != "none":
         off: dict[str, Any] = {"device": plan.offload, "pin_memory": True}
         if plan.offload == "nvme":

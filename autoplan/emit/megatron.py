@@ -90,6 +90,8 @@ def _parallel_args(job: Job, notes: list[str]) -> list[str]:
             "--ckpt-format",
             "fsdp_dtensor",
         ]
+    if plan.hsdp:
+        notes.append(f"hsdp={plan.hsdp}: not expressed; Megatron-FSDP here shards over all d={plan.d} ranks")
     if plan.offload == "cpu":
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
     elif plan.offload == "nvme":

@@ -6,7 +6,8 @@ parallelism), p -> pipeline_parallel_degree, schedule -> pipeline_parallel_sched
 1F1B, Interleaved1F1B), v -> pipeline_parallel_layers_per_stage (or module_fqns_per_model_part
 for an explicit layer split), mb -> pipeline_parallel_microbatch_size, d/zero ->
 data_parallel_replicate_degree (ZeRO-0/1: DDP) or data_parallel_shard_degree with
-fsdp_reshard_after_forward never (ZeRO-2) / always (ZeRO-3), offload=cpu ->
+fsdp_reshard_after_forward never (ZeRO-2) / always (ZeRO-3), hsdp -> data_parallel_shard_degree
+= hsdp and data_parallel_replicate_degree = d / hsdp (torchtitan's HSDP), offload=cpu ->
 enable_cpu_offload, ckpt -> activation_checkpoint.mode. Mismatches are stated in comments.
 """
 
@@ -33,9 +34,9 @@ def _value(v: Any) -> str:
 def _dp(job: Job, notes: list[str]) -> dict[str, Any]:
     plan = job.plan
     if plan.zero >= 2:
-        return {
-            "data_parallel_replicate_degree": 1,
-            "data_parallel_shard_degree": plan.d,
+        return {  # hybrid sharding (hsdp): shard over hsdp ranks, replicate over d / hsdp
+            "data_parallel_replicate_degree": plan.replicas,
+            "data_parallel_shard_degree": plan.shard_group,
             "fsdp_reshard_after_forward": "always" if plan.zero == 3 else "never",
         }
     if plan.d > 1 and (plan.t > 1 or plan.p > 1):

@@ -21,18 +21,20 @@ from autoplan.runtime.data_parallel import local
 def replicas(p: nn.Parameter, t: int, d: int, dp_unique: bool) -> int:
     """How many ranks of one pipeline stage hold this parameter's local values.
 
-    A DTensor sharded over the ``tp`` (``dp``) mesh dimension is unique along it; anything
+    A DTensor sharded over the ``tp`` (``dp``) mesh dimension is unique along it (with hybrid
+    sharding, sharded over ``dp_shard`` it is held once per ``dp_replicate`` group); anything
     else is replicated t times over tensor parallelism and d times over data parallelism,
     unless ``dp_unique`` (ZeRO-1 ownership: only the owner keeps the gradient).
     """
     tp_rep, dp_rep = t, 1 if dp_unique else d
     if isinstance(p, DTensor):
-        for name, placement in zip(p.device_mesh.mesh_dim_names or (), p.placements):
+        mesh = p.device_mesh
+        for i, (name, placement) in enumerate(zip(mesh.mesh_dim_names or (), p.placements)):
             if not (placement.is_replicate() or placement.is_partial()):  # Shard or FSDP's _StridedShard
                 if name == "tp":
                     tp_rep = 1
-                elif name == "dp":
-                    dp_rep = 1
+                elif name in ("dp", "dp_shard"):
+                    dp_rep = max(1, dp_rep // mesh.size(i))
     return tp_rep * dp_rep
 
 

@@ -164,7 +164,12 @@ def run(args: argparse.Namespace) -> None:
     else:
         dist.init_process_group(backend, timeout=timeout)
     plan = spec.plan
-    mesh = init_device_mesh(device.type, (plan.p, plan.d, plan.t), mesh_dim_names=("pp", "dp", "tp"))
+    if plan.hsdp:  # hybrid sharding: FSDP2 shards over dp_shard, replicates over dp_replicate
+        shape = (plan.p, plan.replicas, plan.shard_group, plan.t)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+        mesh[("dp_replicate", "dp_shard")]._flatten("dp")  # the whole data-parallel group, as "dp"
+    else:
+        mesh = init_device_mesh(device.type, (plan.p, plan.d, plan.t), mesh_dim_names=("pp", "dp", "tp"))
     layout = RankLayout.of(plan, rank)
     env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, mesh=mesh, layout=layout)
     log(

@@ -141,7 +141,7 @@ class Trainer:
         if self.mode == "fsdp":
             apply_fsdp(
                 m,
-                env.mesh["dp"],
+                env.mesh[("dp_replicate", "dp_shard")] if plan.hsdp else env.mesh["dp"],
                 plan.zero,
                 offload=plan.offload == "cpu" and env.cuda,
                 param_dtype=torch.bfloat16 if self.bf16 else None,

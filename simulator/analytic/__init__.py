@@ -104,7 +104,7 @@ def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) ->
     e = dtype_bytes(job.cluster.gpu)
     exposed, gather_after = 0.0, 0.0
     for i, c, _ in groups:
-        reduce_t, gather_t = dp_times(c, plan, link, e)
+        reduce_t, gather_t = dp_times(c, job.cluster, plan, link, e)
         behind = i * (c.backward + c.recompute + p2p)  # stage i's head start over stage 0
         hidden = c.backward + c.recompute if job.runtime.dp_overlap else 0.0
         # beside the last backward it slows the compute (simulator.cost.overlap)

@@ -46,10 +46,11 @@ def per_microbatch_dp(cost: StageCost, job: Job, link: collectives.GroupLink) ->
     e = dtype_bytes(gpu)
     sigma = gpu.comm_overlap_slowdown
     bwd = cost.backward + cost.recompute
+    links = zero3.shard_links(job.cluster, plan) if plan.hsdp else zero3.ShardLinks(link, plan.d, None, 1)
     if plan.zero == 2:
-        scatter = collectives.reduce_scatter_time(cost.params * zero3.reduce_bytes(job.runtime, e), plan.d, link)
+        scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(job.runtime, e), links)
         return scatter, overlap_cost(bwd, scatter, sigma) if job.runtime.dp_overlap else scatter
-    z3 = zero3.zero3_pass(cost, plan.d, link, e, param_gather_bytes(e), job.runtime, gpu)
+    z3 = zero3.zero3_pass(cost, links, e, param_gather_bytes(e), job.runtime, gpu)
     return z3.traffic, z3.exposed(cost.forward, bwd, sigma)
 
 
@@ -74,13 +75,18 @@ def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: collectives.Group
     return collectives.collective_time(gradient_reduction(plan.zero), last, plan.d, link)
 
 
-def dp_times(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int) -> tuple[float, float]:
+def dp_times(
+    cost: StageCost, cluster: ClusterSpec, plan: Plan, link: collectives.GroupLink, e: int
+) -> tuple[float, float]:
     """(gradient reduction at the end of the step, parameter all-gather after the optimizer
-    step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`)."""
+    step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`), and
+    with hybrid sharding gathers inside its shard group."""
     if plan.d == 1 or plan.zero == 3:
         return 0.0, 0.0
     reduce = collectives.collective_time(gradient_reduction(plan.zero), cost.params * e, plan.d, link)
     if plan.zero == 0:
         return reduce, 0.0
-    gather = collectives.all_gather_time(cost.params * param_gather_bytes(e), plan.d, link)
+    if plan.hsdp:
+        link = zero3.shard_links(cluster, plan).shard
+    gather = collectives.all_gather_time(cost.params * param_gather_bytes(e), plan.shard_group, link)
     return (reduce if plan.zero == 1 else 0.0), gather

@@ -125,7 +125,7 @@ def stage_memory(
     """Peak memory of one rank of pipeline device ``stage`` (module docstring)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.state_bytes_per_param(e)
-    states = memory.model_state_bytes(shape.params, plan.d, plan.zero, plan.offload, pb, gb, k)
+    states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
     # the activations do not depend on d, ZeRO or offload: shared by those variants
     act = _ACT_PEAK.get_or_make(
         (shape, model, cluster),
@@ -185,10 +185,10 @@ class DeviceMemoryModel:
         pb, gb, k = memory.state_bytes_per_param(e)
         a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e)
         layer_states = memory.model_state_bytes(
-            _layer_params(model, plan.t), plan.d, plan.zero, plan.offload, pb, gb, k
+            _layer_params(model, plan.t), plan.shard_group, plan.zero, plan.offload, pb, gb, k
         ).total
         psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
-        fixed = memory.model_state_bytes(psi, plan.d, plan.zero, plan.offload, pb, gb, k).total
+        fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
         fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
         if first:
             inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)

@@ -55,8 +55,9 @@ def param_gather_bytes(e: int) -> int:
 
 
 def local_params(psi: float, plan: Plan) -> float:
-    """Parameters whose optimizer state one rank steps: its 1/d shard with ZeRO >= 1."""
-    return psi / plan.d if plan.zero >= 1 else psi
+    """Parameters whose optimizer state one rank steps: its 1/d shard with ZeRO >= 1 (1/hsdp
+    with hybrid sharding: every replicate group steps its own copy)."""
+    return psi / plan.shard_group if plan.zero >= 1 else psi
 
 
 def optimizer_tensors(model: ModelSpec, layers: int) -> int:

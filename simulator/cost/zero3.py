@@ -19,7 +19,12 @@ form one more unit on the stages that hold them) and, per microbatch:
   backward (deepspeed/runtime/zero/parameter_offload.py ``_pre_forward_module_hook``).
 
 Each collective is priced as a ring over the data-parallel group with its own latency steps
-(simulator.cost.collectives): per-unit messages at large d are latency-bound.
+(simulator.cost.collectives): per-unit messages at large d are latency-bound. With hybrid
+sharding (``plan.hsdp``) the gathers and reduce-scatters run inside the shard group of hsdp
+consecutive data-parallel ranks (inside a node when t * hsdp fits one) and each reduced shard
+is then all-reduced across the d / hsdp replicas, every microbatch (FSDP2's ``foreach_reduce``
+all-reduces over the replicate group after the reduce-scatter; torch/distributed/fsdp/
+_fully_shard/_fsdp_collectives.py), priced with the scatters.
 Per pass, with u units, one unit's gather g = G/u (and scatter r = R/u) and C the pass's
 compute, the first gather (and the last scatter) cannot hide; the rest overlap the compute
 at the contention price of simulator.cost.overlap:
@@ -32,17 +37,49 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hwprofiles.schema import GpuProfile
-from simulator.cost import collectives
+from hwprofiles.schema import ClusterSpec, GpuProfile
+from simulator.cost import collectives, layout
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.stage import StageCost
 from simulator.job import Runtime
+from simulator.plan import Plan
 
 
 def reduce_bytes(runtime: Runtime, e: int) -> int:
     """Bytes per gradient element of a ZeRO-2/3 reduce-scatter: the runtime's reduce dtype,
     never below the training dtype's (a fp32 run reduces in fp32)."""
     return max(e, runtime.sharded_reduce_bytes)
+
+
+@dataclass(frozen=True)
+class ShardLinks:
+    """Where the sharded states' collectives run: the shard group (``n`` ranks) and, with hybrid
+    sharding, the replicate group (``replicas`` ranks) that all-reduces each reduced shard."""
+
+    shard: collectives.GroupLink
+    n: int
+    replica: collectives.GroupLink | None
+    replicas: int
+
+
+def shard_links(cluster: ClusterSpec, plan: Plan) -> ShardLinks:
+    """The plan's shard group (hsdp consecutive data-parallel ranks, or all d) and replicate
+    group (every hsdp-th data-parallel rank) on the cluster (simulator.cost.layout)."""
+    gpn = cluster.gpus_per_node
+    shard = collectives.group_link(cluster, layout.dp_shape(plan.t, plan.shard_group, gpn))
+    if plan.replicas == 1:
+        return ShardLinks(shard, plan.shard_group, None, 1)
+    replica = collectives.group_link(cluster, layout.group_shape(plan.replicas, plan.t * plan.shard_group, gpn))
+    return ShardLinks(shard, plan.shard_group, replica, plan.replicas)
+
+
+def sharded_reduce_time(size_bytes: float, links: ShardLinks) -> float:
+    """Reduce a gradient buffer of ``size_bytes`` into shards: a reduce-scatter over the shard
+    group, then (hybrid sharding) an all-reduce of the 1/n shard across the replicas."""
+    out = collectives.reduce_scatter_time(size_bytes, links.n, links.shard)
+    if links.replica is not None:
+        out += collectives.all_reduce_time(size_bytes / links.n, links.replicas, links.replica)
+    return out
 
 
 def units(cost: StageCost) -> int:
@@ -76,12 +113,12 @@ class Zero3Pass:
 
 
 def zero3_pass(
-    cost: StageCost, d: int, link: collectives.GroupLink, e: int, param_bytes: int, runtime: Runtime, gpu: GpuProfile
+    cost: StageCost, links: ShardLinks, e: int, param_bytes: int, runtime: Runtime, gpu: GpuProfile
 ) -> Zero3Pass:
-    """The ZeRO-3 traffic of stage ``cost`` for one microbatch over a data-parallel group of d."""
+    """The ZeRO-3 traffic of stage ``cost`` for one microbatch over the plan's shard links."""
     u = units(cost)
-    gather = u * collectives.all_gather_time(cost.params * param_bytes / u, d, link)
-    scatter = u * collectives.reduce_scatter_time(cost.params * reduce_bytes(runtime, e) / u, d, link)
+    gather = u * collectives.all_gather_time(cost.params * param_bytes / u, links.n, links.shard)
+    scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
     if runtime.zero3 == "deepspeed":
         regather = gather * cost.full_layers / max(cost.layers, 1)
         copy_out = 0.0

@@ -149,6 +149,39 @@ class Transfers:
 
         return make
 
+    def shard_class(self, stage: int, op: Collective, n: int) -> Callable[[], list[list[RoutedPhase]]]:
+        """``op`` over each shard group of hybrid sharding: n consecutive data-parallel ranks of
+        each tensor rank of ``stage`` (copy = replica * t + tp)."""
+
+        def make() -> list[list[RoutedPhase]]:
+            return [
+                self._routed(collective_phases(self.topo, op, [self.gpu(stage, r * n + k, tp) for k in range(n)], 1.0))
+                for r in range(self.d // n)
+                for tp in range(self.t)
+            ]
+
+        return make
+
+    def replica_class(self, stage: int, n: int) -> Callable[[], list[list[RoutedPhase]]]:
+        """All-reduce over each replicate group of hybrid sharding: the data-parallel ranks
+        n apart, one per shard group (copy = shard index * t + tp)."""
+
+        def make() -> list[list[RoutedPhase]]:
+            return [
+                self._routed(
+                    collective_phases(
+                        self.topo,
+                        Collective.ALL_REDUCE,
+                        [self.gpu(stage, r * n + k, tp) for r in range(self.d // n)],
+                        1.0,
+                    )
+                )
+                for k in range(n)
+                for tp in range(self.t)
+            ]
+
+        return make
+
     def p2p_class(self, s0: int, s1: int, extra: float) -> Callable[[], list[list[RoutedPhase]]]:
         """Every (dp, tp) rank of stage s0 sends to its peer of stage s1 (copy = dp*t + tp);
         ``extra``: the receivers' all-gather after a scattered send."""
@@ -209,8 +242,13 @@ class Transfers:
         return make
 
 
-def copy_index(full: bool, dp: int, tp: int, t: int, per: str) -> int:
-    """Index of a rank's copy in a class: per 'tp' (DP groups) or per 'dptp' (every rank)."""
+def copy_index(full: bool, dp: int, tp: int, t: int, per: str, shard: int = 1) -> int:
+    """Index of a rank's copy in a class: per 'tp' (DP groups), 'dptp' (every rank), 'shard'
+    (hybrid sharding's shard groups of ``shard`` ranks) or 'replica' (its replicate groups)."""
     if not full:
         return 0
+    if per == "shard":
+        return (dp // shard) * t + tp
+    if per == "replica":
+        return (dp % shard) * t + tp
     return tp if per == "tp" else dp * t + tp

@@ -42,7 +42,7 @@ CKPT_MODES: tuple[RecomputeName, ...] = get_args(RecomputeName)  # the enums' va
 SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
-PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp")
+PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp")
 PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS}
 PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
 
@@ -54,7 +54,10 @@ class Plan:
     ``layers``: transformer layers per pipeline chunk, in model order (p*v entries), or None
     for the uniform split. ``recompute``: per pipeline chunk, (layers fully recomputed,
     layers selectively recomputed); the rest run without recomputation. None means every
-    layer uses ``ckpt``. Both are chosen by the planner's CP-SAT model.
+    layer uses ``ckpt``. Both are chosen by the planner's CP-SAT model. ``hsdp``: hybrid
+    sharding (FSDP ``HYBRID_SHARD``, FSDP2 on a (replicate, shard) mesh): the ZeRO-2/3 states
+    are sharded over groups of ``hsdp`` consecutive data-parallel ranks and replicated across
+    the d / hsdp groups; 0 shards over all d.
     """
 
     t: int = 1
@@ -69,6 +72,17 @@ class Plan:
     sp: int = 0
     layers: tuple[int, ...] | None = None
     recompute: tuple[tuple[int, int], ...] | None = None
+    hsdp: int = 0
+
+    @property
+    def shard_group(self) -> int:
+        """Data-parallel ranks that share one copy of the sharded states: hsdp, or d."""
+        return self.hsdp or self.d
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded states (hybrid sharding's replicate groups): d / shard_group."""
+        return max(1, self.d // self.shard_group)
 
     @property
     def model_parallel(self) -> int:
@@ -90,6 +104,8 @@ class Plan:
             s += ",layers=" + "/".join(map(str, self.layers))
         if self.recompute is not None:
             s += ",recompute=" + "/".join(f"{f}:{sel}" for f, sel in self.recompute)
+        if self.hsdp:
+            s += f",hsdp={self.hsdp}"
         return s
 
     def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
@@ -115,6 +131,8 @@ class Plan:
             out["layers"] = list(self.layers)
         if self.recompute is not None:
             out["recompute"] = [list(x) for x in self.recompute]
+        if self.hsdp:
+            out["hsdp"] = self.hsdp
         return out
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:

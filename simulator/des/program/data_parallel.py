@@ -19,12 +19,14 @@ simulator.cost.overlap (:func:`beside`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from hwprofiles.algorithms import Collective
 from simulator.cost import collectives, layout
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
-from simulator.cost.zero3 import reduce_bytes
-from simulator.des.program.state import Device, Program, Send
+from simulator.cost.zero3 import reduce_bytes, shard_links, sharded_reduce_time
+from simulator.des.program.state import CopyPer, Device, Program, Send
+from simulator.des.transfers import RoutedPhase
 
 
 def gather_bytes(prog: Program) -> int:
@@ -48,9 +50,10 @@ def beside(prog: Program, params: float, backward: bool) -> float:
         return 0.0
     link = collectives.group_link(prog.job.cluster, layout.dp_shape(plan.t, plan.d, prog.job.cluster.gpus_per_node))
     if plan.zero == 3:
-        comm = collectives.all_gather_time(params * gather_bytes(prog), plan.d, link)
+        links = shard_links(prog.job.cluster, plan)
+        comm = collectives.all_gather_time(params * gather_bytes(prog), links.n, links.shard)
         if backward:
-            comm += collectives.reduce_scatter_time(params * grad_reduce_bytes(prog), plan.d, link)
+            comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
     return collectives.collective_time(gradient_reduction(plan.zero), params * grad_reduce_bytes(prog), plan.d, link)
 
@@ -83,17 +86,9 @@ def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int], t
             ),
             (dep,),
         )
-    send = Send(
-        "zero",
-        ("ag", dev.pp),
-        xfer.dp_class(dev.pp, Collective.ALL_GATHER),
-        "tp",
-        size,
-        "zero",
-        "param gather",
-        "dp_bytes",
-    )
-    g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)))
+    make, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
+    send = Send("zero", ("ag", dev.pp), make, per, size, "zero", "param gather", "dp_bytes")
+    g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)), member)
     prog.mem.add(g, dev.idx, False, "buffers", size)
     return g
 
@@ -101,27 +96,44 @@ def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int], t
 def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction count)."""
     size = params * grad_reduce_bytes(prog)
-    send = Send(
-        "dp",
-        ("rs", dev.pp),
-        prog.xfer.dp_class(dev.pp, Collective.REDUCE_SCATTER),
-        "tp",
-        size,
-        "dp",
-        "grad reduce-scatter",
-        "dp_bytes",
-    )
-    rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)))
-    prog.dp_done[dev.idx].append(_grad_down(prog, dev, rs, size))
+    make, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
+    send = Send("dp", ("rs", dev.pp), make, per, size, "dp", "grad reduce-scatter", "dp_bytes")
+    rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
+    prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, rs, size, n), size))
 
 
 def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """A gradient bucket's reduction (ZeRO 0-2) after ``piece``."""
     size = params * grad_reduce_bytes(prog)
     op = gradient_reduction(prog.plan.zero)
-    send = Send("dp", (op, dev.pp), prog.xfer.dp_class(dev.pp, op), "tp", size, "dp", f"grad {op}", "dp_bytes")
-    red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)))
-    prog.dp_done[dev.idx].append(_grad_down(prog, dev, red, size))
+    make, per, member = _dp_group(prog, dev, op)
+    send = Send("dp", (op, dev.pp), make, per, size, "dp", f"grad {op}", "dp_bytes")
+    red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
+    prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, red, size, n), size))
+
+
+def _dp_group(
+    prog: Program, dev: Device, op: Collective
+) -> tuple[Callable[[], list[list[RoutedPhase]]], CopyPer, tuple[int, int] | None]:
+    """(class maker, copy kind, group membership) of ``op`` over ``dev``'s sharding group: the
+    data-parallel group, or with hybrid sharding its shard group of hsdp consecutive ranks."""
+    n = prog.plan.shard_group
+    if not prog.plan.hsdp:
+        return prog.xfer.dp_class(dev.pp, op), "tp", None
+    return prog.xfer.shard_class(dev.pp, op, n), "shard", (dev.dp % n, dev.dp // n)
+
+
+def _across_replicas(prog: Program, dev: Device, reduced: int, size: float, n: int) -> int:
+    """Hybrid sharding: the reduce-scattered 1/hsdp shard all-reduced across the d / hsdp
+    replicas after ``reduced`` (simulator.cost.zero3); the reduction itself otherwise."""
+    plan = prog.plan
+    if not plan.hsdp:
+        return reduced
+    k = plan.shard_group
+    make = prog.xfer.replica_class(dev.pp, k)
+    send = Send("dp", ("rar", dev.pp), make, "replica", size / k, "dp", "grad replica all-reduce", "dp_bytes")
+    member = (dev.dp // k, dev.dp % k)
+    return prog.group_task(dev, ("rar", n), reduced, lambda: prog.transfer(dev, send, (reduced,)), member)
 
 
 def _grad_down(prog: Program, dev: Device, reduced: int, size: float) -> int:
@@ -168,14 +180,6 @@ def add_param_all_gather(prog: Program) -> None:
     for dev in prog.devices:
         size = prog.device_params(dev) * gather_bytes(prog)
         after = prog.opt_last[dev.idx]
-        send = Send(
-            "dp",
-            ("ag", dev.pp),
-            prog.xfer.dp_class(dev.pp, Collective.ALL_GATHER),
-            "tp",
-            size,
-            "dp",
-            "param all-gather",
-            "dp_bytes",
-        )
-        prog.group_task(dev, ("pag",), after, functools.partial(prog.transfer, dev, send, (after,)))
+        make, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
+        send = Send("dp", ("ag", dev.pp), make, per, size, "dp", "param all-gather", "dp_bytes")
+        prog.group_task(dev, ("pag",), after, functools.partial(prog.transfer, dev, send, (after,)), member)

@@ -18,7 +18,9 @@ def add_static_memory(prog: Program) -> None:
     pipe_buffers = pipeline_buffer_bytes(plan.mb, model.seq_length, model.hidden_size, c.e, plan.p)
     for dev in prog.devices:
         psi = prog.device_params(dev)
-        ms = model_state_bytes(psi, plan.d, plan.zero, plan.offload, c.param_bytes, c.grad_bytes, c.optimizer_bytes)
+        ms = model_state_bytes(
+            psi, plan.shard_group, plan.zero, plan.offload, c.param_bytes, c.grad_bytes, c.optimizer_bytes
+        )
         prog.mem.add_static(dev.idx, "params", ms.params)
         prog.mem.add_static(dev.idx, "grads", ms.grads)
         prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)

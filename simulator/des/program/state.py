@@ -23,7 +23,9 @@ from simulator.des.transfers import RoutedPhase, Transfers, copy_index
 from simulator.job import Job
 
 Split = Literal["whole", "buckets", "layers"]
-CopyPer = Literal["tp", "dptp"]  # one copy of a transfer class per tensor rank, or per (dp, tp) rank
+# one copy of a transfer class per tensor rank, per (dp, tp) rank, or per hybrid-sharding
+# (shard group, tp) / (replicate group, tp)
+CopyPer = Literal["tp", "dptp", "shard", "replica"]
 
 
 @dataclass
@@ -209,7 +211,7 @@ class Program:
     ) -> int:
         """An engine transfer of ``dev``'s copy of ``send``'s class on its lane's stream."""
         count_gpu = dev.gpu if (send.counter is not None and dev.idx == 0) else -1
-        copy = copy_index(self.full, dev.dp, dev.tp, self.t, send.per)
+        copy = copy_index(self.full, dev.dp, dev.tp, self.t, send.per, self.plan.shard_group)
         phases, sent = self.xfer.phases(send.key, send.make, copy, dev.gpu, send.size, count_gpu)
         if send.counter is not None:
             self.counters[send.counter] += sent
@@ -217,11 +219,16 @@ class Program:
             self.stream(dev, send.lane), phases, send.kind, deps, TaskInfo(dev.idx, mb, chunk, send.label)
         )
 
-    def group_task(self, dev: Device, key: tuple, dep: int, make: Callable[[], int]) -> int:
-        """A data-parallel group's collective: created by its dp = 0 member, joined (as a
-        dependency) by the other members in the full simulation."""
-        gkey = (dev.pp, dev.tp, *key)
-        if dev.dp == 0:
+    def group_task(
+        self, dev: Device, key: tuple, dep: int, make: Callable[[], int], member: tuple[int, int] | None = None
+    ) -> int:
+        """A data-parallel group's collective: created by its first member, joined (as a
+        dependency) by the other members in the full simulation. ``member``: (the rank's index
+        in its group, the group's id) for a group smaller than the data-parallel group (hybrid
+        sharding); default (dp, 0)."""
+        idx, gid = member if member is not None else (dev.dp, 0)
+        gkey = (dev.pp, dev.tp, gid, *key)
+        if idx == 0:
             tid = make()
             self._groups[gkey] = tid
         else:

@@ -1,0 +1,84 @@
+"""Hybrid sharding (hsdp=N): states sharded over N data-parallel ranks and replicated across
+d/N groups, in the plan string, the memory, both simulators, the search and the emitters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoplan.emit.writer import write_run_dir
+from autoplan.search import SearchOptions, search
+from hwprofiles.load import load_cluster
+from simulator import simulate
+from simulator.cost import collectives, layout, memory, zero3
+from simulator.job import Job
+from simulator.plan import Plan, parse_plan
+from simulator.specs import load_model
+
+
+def test_plan_string_round_trip_and_groups():
+    model = load_model("llama2-7b")
+    plan, _ = parse_plan("t=1,p=1,d=64,zero=3,hsdp=8", model, 64, 64)
+    assert plan.hsdp == 8 and plan.shard_group == 8 and plan.replicas == 8
+    assert plan.to_string().endswith(",hsdp=8") and plan.to_dict()["hsdp"] == 8
+    assert Plan(d=64, zero=3).shard_group == 64 and "hsdp" not in Plan(d=64, zero=3).to_dict()
+
+
+def test_states_are_sharded_over_the_shard_group():
+    """ZeRO-3: 16 bytes per parameter / hsdp (not / d)."""
+    model = load_model("llama2-7b")
+    c = load_cluster("dgx-h100", nodes=8)
+    full = simulate(Job.make(model, c, Plan(d=64, zero=3, ckpt="full"), 64), "analytic")
+    hybrid = simulate(Job.make(model, c, Plan(d=64, zero=3, ckpt="full", hsdp=8), 64), "analytic")
+    psi = full.memory_breakdown["params"] * 64 / 2  # bf16 parameters, sharded 64 ways
+    states = memory.model_state_bytes(psi, 8, 3)
+    assert hybrid.memory_breakdown["params"] == pytest.approx(states.params)
+    assert hybrid.memory_breakdown["optimizer"] == pytest.approx(states.optimizer)
+    assert hybrid.memory_breakdown["optimizer"] == pytest.approx(8 * full.memory_breakdown["optimizer"])
+
+
+def test_shard_links_sit_inside_a_node_and_replicas_across():
+    c = load_cluster("dgx-h100", nodes=8)
+    links = zero3.shard_links(c, Plan(d=64, zero=3, hsdp=8))
+    assert links.n == 8 and links.replicas == 8
+    assert links.shard.bandwidth == pytest.approx(collectives.node_link(c).bandwidth)  # NVLink
+    across = collectives.group_link(c, layout.group_shape(8, 8, 8))  # one rank per node, 8 groups per node
+    assert links.replica is not None and links.replica.bandwidth == pytest.approx(across.bandwidth)
+    # each reduced 1/8 shard is then all-reduced across the 8 replicas
+    rs = zero3.sharded_reduce_time(8e9, links)
+    assert rs == pytest.approx(
+        collectives.reduce_scatter_time(8e9, 8, links.shard) + collectives.all_reduce_time(1e9, 8, links.replica)
+    )
+
+
+def test_des_and_analytic_agree_on_a_hybrid_plan():
+    model = load_model("llama2-7b")
+    job = Job.make(model, load_cluster("dgx-h100", nodes=4), Plan(d=32, mb=2, zero=3, ckpt="full", hsdp=8), 128)
+    a, d = simulate(job, "analytic"), simulate(job, "des")
+    assert d.step_time == pytest.approx(a.step_time, rel=0.05)
+    assert d.peak_memory == pytest.approx(a.peak_memory, rel=0.05)
+    counters = d.extra["_des"].counters
+    assert counters["dp_bytes"] > 0
+
+
+def test_search_offers_hybrid_sharding_inside_a_node():
+    found = search(
+        load_model("llama2-7b"),
+        load_cluster("dgx-h100", nodes=4),
+        128,
+        SearchOptions(fix="t=1,p=1,zero=3,ckpt=full,mb=2", fidelity="analytic", top=4, partition=False),
+    )
+    assert {r.job.plan.hsdp for r in found.top} == {0, 8}
+
+
+def test_emitters_write_or_name_the_hybrid_layout(tmp_path):
+    model = load_model("llama2-7b")
+    cluster = load_cluster("dgx-h100", nodes=4)
+    plan, _ = parse_plan("t=1,p=1,d=32,zero=3,hsdp=8", model, 32, 64)
+    write_run_dir(Job(model, cluster, plan, 64), {}, tmp_path / "run")
+    toml = (tmp_path / "run" / "torchtitan.toml").read_text()
+    assert "data_parallel_shard_degree = 8" in toml and "data_parallel_replicate_degree = 4" in toml
+    ds = json.loads((tmp_path / "run" / "deepspeed_config.json").read_text())
+    assert ds["zero_optimization"]["mics_shard_size"] == 8
+    assert "hsdp=8: not expressed" in (tmp_path / "run" / "megatron_args.txt").read_text()
