@@ -42,6 +42,7 @@ CASES = [
     ("d=2,zero=2,ckpt=full", TINY),
     ("d=2,zero=3", TINY_LLAMA),
     ("d=4,zero=3,hsdp=2", TINY),  # hybrid sharding: FSDP2 on a (replicate, shard) mesh
+    ("d=4,zero=2,hsdp=2,ckpt=full", TINY_LLAMA),  # hybrid ZeRO-2 (parameters kept after forward)
     ("t=2,p=2,ckpt=full", TINY_LLAMA),
     ("t=2,d=2,sp=1,zero=1", TINY),
     ("p=2,d=2,zero=1", TINY),  # tied embeddings: the last stage's copy weighs 0 in the norm
