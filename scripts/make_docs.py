@@ -530,25 +530,70 @@ def gallery_validation(d: Docs) -> str:
             for g, pts in groups.items()
         ],
     )
-    return fence(t1 + "\n\n" + t2 + "\n\n" + _fsdp_table())
+    return fence(t1 + "\n\n" + t2)
 
 
-def _fsdp_table() -> str:
-    """MAPE per source of the published FSDP / ZeRO-3 and Megatron-core rows (analytic)."""
+def gallery_fsdp(d: Docs) -> str:
+    """The published FSDP / ZeRO-3 and Megatron-core rows: measured vs predicted tokens/s per GPU
+    per source (picture) and the MAPE per source (table)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     import _accuracy_fsdp as fsdp
 
     from autoplan.report import table
+    from simulator import simulate
 
+    plt = _plt()
+    rows = [r for r in fsdp.fsdp_rows() if r.job is not None]
+    pts = [(r, r.predicted_tok_s_gpu(simulate(r.job, "analytic").step_time)) for r in rows]
     res = fsdp.fsdp_section(False, lambda _line: None)
-    rows = [
-        (src, st["n"], f"{st['mape']:.1f}%", f"{st['mean']:+.1f}%", f"{st['min']:+.1f}% .. {st['max']:+.1f}%")
-        for src, st in res["sources"].items()
-    ]
-    return table(["published-fsdp.yaml source (bf16)", "rows", "MAPE", "mean", "range"], rows) + (
-        f"\n{len(res['oom'])} of {res['rows']} runs predicted out of memory (counted as misses); "
-        f"{res['skipped']} fp8 rows skipped"
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=90)
+    colors = {"mosaicml_mpt": "#4C72B0", "torchtitan_a100_64gpu": "#DD8452", "dgxc_benchmarking_h100": "#55A868"}
+    for source, color in colors.items():
+        mine = [(r, p) for r, p in pts if r.source == source]
+        st = res["sources"][source]
+        label = f"{source}: {len(mine)} runs, MAPE {st['mape']:.1f}%"
+        axes[0].scatter([r.tok_s_gpu for r, _ in mine], [p for _, p in mine], s=14, color=color, label=label)
+        axes[1].scatter(
+            [r.job.model.seq_length for r, _ in mine], [100 * (p / r.tok_s_gpu - 1) for r, p in mine], s=14, color=color
+        )
+    lo, hi = 100, 300_000
+    axes[0].plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    axes[0].plot([lo, hi], [1.2 * lo, 1.2 * hi], "k:", lw=0.8)
+    axes[0].plot([lo, hi], [0.8 * lo, 0.8 * hi], "k:", lw=0.8)
+    axes[0].set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="published tokens/s per GPU",
+        ylabel="predicted tokens/s per GPU",
+        title="published-fsdp.yaml: 143 bf16 runs (dotted: ±20%)",
     )
+    axes[0].legend(fontsize=7, loc="upper left")
+    axes[1].axhspan(-10, 10, color="#55A868", alpha=0.1)
+    axes[1].axhline(0, color="k", lw=0.8)
+    axes[1].set(
+        xscale="log", xlabel="sequence length", ylabel="prediction error (%)", title="error per run (band: ±10%)"
+    )
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png = IMAGES / "validation-fsdp.png"
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    shrink_png(png)
+    body = table(
+        ["published-fsdp.yaml source (bf16)", "rows", "MAPE", "mean", "range"],
+        [
+            (src, st["n"], f"{st['mape']:.1f}%", f"{st['mean']:+.1f}%", f"{st['min']:+.1f}% .. {st['max']:+.1f}%")
+            for src, st in res["sources"].items()
+        ],
+    )
+    note = (
+        f"{res['within_20']} of {res['rows']} runs within 20%; {len(res['oom'])} predicted out of memory "
+        f"(counted as misses); {res['skipped']} fp8 rows skipped"
+    )
+    return fence(body + "\n" + note)
 
 
 # ------------------------------------------------------------------------------ notebooks
@@ -698,6 +743,7 @@ SECTIONS: dict[str, Callable[[Docs], str]] = {
     "simulate-json": simulate_json,
     "gallery-what-if": gallery_what_if,
     "gallery-validation": gallery_validation,
+    "gallery-fsdp": gallery_fsdp,
     "model-yaml": _file("autoplan/models/gpt3-175b.yaml"),
     "hf-config": hf_config_example,
     "gpu-yaml": _file("hwprofiles/gpus/a100-sxm4-80gb.yaml"),

@@ -66,3 +66,24 @@ def test_cpu_runs_time_about_five_seconds_of_steps():
     import accuracy
 
     assert [accuracy.cpu_steps(x) for x in (0.5, 0.3, 0.05, 2.0)] == [10, 17, 60, 6]
+
+
+def test_published_fsdp_rows_load_and_one_of_each_source_predicts():
+    import _accuracy_fsdp as fsdp
+
+    rows = fsdp.fsdp_rows()
+    assert len(rows) == 162  # every row of published-fsdp.yaml, none dropped
+    skipped = [r for r in rows if r.job is None]
+    assert len(skipped) == 19 and all(r.skipped for r in skipped)  # the fp8 rows, each with its reason
+    seen: set[str] = set()
+    for r in rows:
+        if r.job is None or r.source in seen:
+            continue
+        seen.add(r.source)
+        res = analytic.estimate(r.job)
+        assert res.fits and r.predicted_tok_s_gpu(res.step_time) > 0
+    assert seen == {"mosaicml_mpt", "torchtitan_a100_64gpu", "dgxc_benchmarking_h100"}
+    # the MPT A100 tables ran bf16/PURE: bf16 gradient reduction; llm-foundry's fused cross-entropy
+    mpt = next(r for r in rows if r.job is not None and r.job.cluster.gpu.name == "a100-sxm4-40gb")
+    assert mpt.job is not None and mpt.job.runtime.sharded_reduce_bytes == 2
+    assert mpt.job.runtime.cross_entropy == "fused"
