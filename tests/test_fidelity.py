@@ -8,7 +8,7 @@ import pytest
 from hwprofiles.algorithms import Collective, latency_steps
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
-from simulator.cost import collectives, layout, memory, ops, workload, zero3
+from simulator.cost import attention, collectives, layout, memory, ops, zero3
 from simulator.cost.overlap import overlap_cost, overlapped
 from simulator.cost.stage import StageCost
 from simulator.job import DEEPSPEED_ZERO3, OVERLAPPED, Job
@@ -28,7 +28,7 @@ def test_overlap_costs_sigma_of_the_overlapped_time():
 def test_flash_attention_op_and_memory():
     m = load_model("llama2-7b")  # s = 4096, a = 32, head_dim 128, MHA
     b, t, e = 2, 2, 2
-    (op,) = workload.attention_ops(m, b, m.num_attention_heads // t, e)
+    (op,) = attention.attention_ops(m, b, m.num_attention_heads // t, e)
     # causal: half of 4*b*s^2*h/t = 2 * 2 * 16 * 4096^2 * 128
     assert op.kind == "attention" and op.flops == pytest.approx(2 * 2 * 16 * 4096**2 * 128)
     (bwd,) = ops.backward_ops(op)
@@ -37,7 +37,7 @@ def test_flash_attention_op_and_memory():
     assert memory.attention_core_bytes(m, b, t, e) == pytest.approx(4 * 32 * 4096 * 2 / 2)
     mat = m.model_copy(update={"attention": "materialized"})
     assert memory.attention_core_bytes(mat, b, t, e) == pytest.approx((2 * e + 1) * 32 * 4096**2 * 2 / 2)
-    assert [o.name for o in workload.attention_ops(mat, b, 16, e)] == ["scores", "softmax", "attn_dropout", "attn_v"]
+    assert [o.name for o in attention.attention_ops(mat, b, 16, e)] == ["scores", "softmax", "attn_dropout", "attn_v"]
 
 
 def test_attention_efficiency_curve():
@@ -74,7 +74,8 @@ def test_zero3_pass_per_unit_by_hand():
     c = load_cluster("dgx-a100-80gb", nodes=4)
     link = collectives.group_link(c, layout.dp_shape(1, 32, 8))
     stage = _stage(params=8e9, layers=8, forward=1.0, backward=2.0, full=8)
-    z = zero3.zero3_pass(stage, 32, link, 2, 2, OVERLAPPED, c.gpu)
+    links = zero3.ShardLinks(link, 32, None, 1)
+    z = zero3.zero3_pass(stage, links, 2, 2, OVERLAPPED, c.gpu)
     # 8 units of 1e9 parameters: each a ring all-gather of 2 GB and an fp32 reduce-scatter of 4 GB
     assert z.units == 8
     assert z.gather == pytest.approx(8 * collectives.all_gather_time(2e9, 32, link))
@@ -87,7 +88,7 @@ def test_zero3_pass_per_unit_by_hand():
     bwd = g + r + overlap_cost(2.0, z.gather + z.scatter - g - r, sigma) + z.copy_out
     assert z.exposed(1.0, 2.0, sigma) == pytest.approx(fwd + bwd)
     # DeepSpeed gathers every fully recomputed layer once more, reduces in bf16, copies nothing out
-    ds = zero3.zero3_pass(stage, 32, link, 2, 2, DEEPSPEED_ZERO3, c.gpu)
+    ds = zero3.zero3_pass(stage, links, 2, 2, DEEPSPEED_ZERO3, c.gpu)
     assert ds.regather == pytest.approx(z.gather) and ds.copy_out == 0.0
     assert ds.scatter == pytest.approx(8 * collectives.reduce_scatter_time(2e9, 32, link))
 

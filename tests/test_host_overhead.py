@@ -9,8 +9,8 @@ import pytest
 from hwprofiles import load_gpu
 from hwprofiles.schema import EagerHost
 from simulator.analytic.data_parallel import last_bucket_bytes
+from simulator.cost.op import Op, elementwise, gemm
 from simulator.cost.ops import elementwise_bandwidth, pass_times, work_time
-from simulator.cost.workload import Op, elementwise, gemm
 
 EAGER = EagerHost(
     layer_forward_us=300,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hwprofiles.schema import GpuProfile
+from simulator.cost import op as op_
 from simulator.cost import ops, workload
 from simulator.specs import ModelSpec, load_model
 
@@ -88,9 +89,9 @@ def test_logits_flops():
 
 
 def test_gemm_op_bytes():
-    op = workload.gemm("x", 3, 5, 7, 2)
+    op = op_.gemm("x", 3, 5, 7, 2)
     assert op.flops == 2 * 3 * 5 * 7 and op.bytes == 2 * (3 * 7 + 7 * 5 + 3 * 5)
-    batched = workload.gemm("y", 3, 5, 7, 2, count=4)
+    batched = op_.gemm("y", 3, 5, 7, 2, count=4)
     assert batched.kind == "bmm" and batched.flops == 4 * op.flops and batched.bytes == 4 * op.bytes
 
 
@@ -123,7 +124,7 @@ def test_curve_efficiency_by_hand():
 
 def test_op_time_compute_bound_gemm():
     g = gpu()
-    op = workload.gemm("big", 1024, 1024, 1024, 2)
+    op = op_.gemm("big", 1024, 1024, 1024, 2)
     eff = 0.8 * (1024 / 1088) ** 2 * (1024 / 1056)
     compute = 2 * 1024**3 / (100e12 * eff)  # 31.2 us, over the 12.6 us of memory traffic
     assert ops.op_time(op, g) == pytest.approx(compute + 5e-6, rel=1e-9)
@@ -131,7 +132,7 @@ def test_op_time_compute_bound_gemm():
 
 def test_op_time_memory_bound_elementwise():
     g = gpu()
-    op = workload.elementwise("add", 1e6, 4, 1)
+    op = op_.elementwise("add", 1e6, 4, 1)
     # 4e6 bytes at 1000 GB/s * 0.5 = 8 us; 1e6 FLOPs at 10 TFLOP/s = 0.1 us; + 5 us launch
     assert ops.op_time(op, g) == pytest.approx(8e-6 + 5e-6, rel=1e-9)
 
@@ -153,12 +154,12 @@ def test_measured_table_is_exact_at_a_measured_shape():
 
 
 def test_backward_is_two_gemms_of_forward_size():
-    op = workload.gemm("fc1", 2048, 512, 1024, 2)
+    op = op_.gemm("fc1", 2048, 512, 1024, 2)
     dgrad, wgrad = ops.backward_ops(op)
     assert (dgrad.m, dgrad.n, dgrad.k) == (2048, 1024, 512)  # dA = dC B^T
     assert (wgrad.m, wgrad.n, wgrad.k) == (1024, 512, 2048)  # dB = A^T dC
     assert dgrad.flops + wgrad.flops == 2 * op.flops
-    (ew,) = ops.backward_ops(workload.elementwise("gelu", 100, 4, 8))
+    (ew,) = ops.backward_ops(op_.elementwise("gelu", 100, 4, 8))
     assert ew.flops == 1600 and ew.bytes == 800
 
 

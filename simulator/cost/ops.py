@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from hwprofiles.schema import GpuProfile
-from simulator.cost.workload import DTYPE_BYTES, Op
+from simulator.cost.op import DTYPE_BYTES, Op
 
 
 def curve_efficiency(gpu: GpuProfile, m: float, n: float, k: float) -> float:

@@ -30,73 +30,9 @@ see :func:`padded_vocab_size`. The simulator's stage costs use the padded size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
+from simulator.cost.attention import attention_ops
+from simulator.cost.op import Op, elementwise, gemm
 from simulator.specs import ModelSpec
-
-OpKind = Literal["gemm", "bmm", "attention", "elementwise"]
-
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-
-
-@dataclass(frozen=True)
-class Op:
-    """One op of the forward pass. ``count`` identical instances (batched GEMMs) run as one
-    kernel. ``kernels``: kernel launches of the forward op (a fused elementwise op may take a
-    few); ``bwd_kernels`` / ``bwd_bytes``: launches and HBM traffic of an elementwise op's
-    backward (a negative ``bwd_bytes`` means twice the forward traffic; GEMM backwards are
-    always their dgrad and wgrad GEMMs, see simulator.cost.ops.backward_ops)."""
-
-    name: str
-    kind: OpKind
-    flops: float
-    bytes: float
-    m: int = 0
-    n: int = 0
-    k: int = 0
-    count: int = 1
-    kernels: int = 1
-    bwd_kernels: int = 1
-    bwd_bytes: float = -1.0
-
-
-def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1) -> Op:
-    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs; reads A and B, writes C (e bytes per element)."""
-    return Op(
-        name,
-        "gemm" if count == 1 else "bmm",
-        2.0 * m * n * k * count,
-        float(e * (m * k + k * n + m * n) * count),
-        m,
-        n,
-        k,
-        count,
-    )
-
-
-def elementwise(
-    name: str,
-    elements: float,
-    bytes_per_element: float,
-    flops_per_element: float = 1.0,
-    kernels: int = 1,
-    bwd_kernels: int = 1,
-    bwd_bytes_per_element: float | None = None,
-) -> Op:
-    """A memory-bound op touching ``elements`` values with ``bytes_per_element`` of traffic each
-    (backward: ``bwd_bytes_per_element``, default twice the forward's)."""
-    bwd = -1.0 if bwd_bytes_per_element is None else bwd_bytes_per_element * elements
-    return Op(
-        name,
-        "elementwise",
-        flops_per_element * elements,
-        bytes_per_element * elements,
-        kernels=kernels,
-        bwd_kernels=bwd_kernels,
-        bwd_bytes=bwd,
-    )
-
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM --make-vocab-size-divisible-by default
 
@@ -171,32 +107,6 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
         ),
     ]
     return ops
-
-
-def attention_ops(model: ModelSpec, b: int, heads: int, e: int) -> list[Op]:
-    """The attention core of one layer on one TP rank (``heads`` = a/t query heads).
-
-    ``model.attention == "flash"``: one fused kernel (FlashAttention-2, Dao 2023; torch
-    ``scaled_dot_product_attention`` on GPU runs it) that never stores the s x s scores. Causal:
-    it skips the blocks above the diagonal, so it executes half of the 4*b*s^2*h/t FLOPs of
-    scores and attention-times-V: 2*b*heads*s^2*head_dim (FlashAttention-2, section 3.1; the
-    paper counts causal FLOPs the same way). Traffic: read Q, K, V, write O (e each) and the
-    fp32 row log-sum-exp (4 bytes per query row). Its backward recomputes the scores:
-    5 GEMMs to the forward's 2, 2.5x the forward FLOPs (FlashAttention-2, section 4.1;
-    :func:`simulator.cost.ops.backward_ops`).
-    ``"materialized"``: scores = baddbmm(q, k^T), fused scale-mask-softmax, attention dropout
-    and bmm with V, each a kernel over the s x s scores (Megatron-LM 2021)."""
-    s, dh = model.seq_length, model.head_dim
-    if model.attention == "flash":
-        kv_heads = max(1, model.kv_heads * heads // model.num_attention_heads)
-        io = e * b * s * dh * (2 * heads + 2 * kv_heads) + 4 * b * heads * s
-        return [Op("flash_attention", "attention", 2.0 * b * heads * s * s * dh, float(io), s, s, dh, b * heads)]
-    return [
-        gemm("scores", s, s, dh, e, count=b * heads),
-        elementwise("softmax", b * heads * s * s, 2 * e, 5, bwd_bytes_per_element=3 * e),
-        elementwise("attn_dropout", b * heads * s * s, 2 * e + 1, 1, bwd_bytes_per_element=2 * e + 1),
-        gemm("attn_v", s, dh, s, e, count=b * heads),
-    ]
 
 
 def layer_backward_extra_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, params_per_rank: float) -> list[Op]:
