@@ -97,6 +97,14 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
         help="model a program that reduces gradients after the last backward instead of overlapping "
         "bucketed reductions with it (Megatron-LM 2021 local DDP, Megatron-DeepSpeed without bucketing)",
     )
+    p.add_argument(
+        "--zero3-runtime",
+        choices=("fsdp2", "deepspeed"),
+        default="fsdp2",
+        help="which ZeRO-2/3 program to model: fsdp2 (autoplan's own program and torchtitan: fp32 gradient "
+        "reduction, parameters copied out of each all-gather) or deepspeed (DeepSpeed stage 3: bf16 reduction, "
+        "a fully recomputed layer gathered once more in backward)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

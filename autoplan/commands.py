@@ -12,10 +12,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.outputs import check_output_file, check_run_dir
 from hwprofiles.errors import AutoplanError, FitError, InputError
+
+if TYPE_CHECKING:
+    from simulator.job import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,21 @@ def _make_job(a: argparse.Namespace):
     return Job(model, cluster, plan, a.global_batch, _runtime(a))
 
 
-def _runtime(a: argparse.Namespace):
-    from simulator.job import NO_DP_OVERLAP, OVERLAPPED
+def _runtime(a: argparse.Namespace) -> Runtime:
+    """The program the prediction models (simulator.job.Runtime): --no-dp-overlap, --zero3-runtime."""
+    import dataclasses
 
-    return NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
+    from simulator.job import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED
+
+    base = NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
+    if a.zero3_runtime == "deepspeed":
+        return dataclasses.replace(
+            base,
+            name=f"{base.name}-deepspeed",
+            zero3="deepspeed",
+            sharded_reduce_bytes=DEEPSPEED_ZERO3.sharded_reduce_bytes,
+        )
+    return base
 
 
 def _emit_json(obj: Any) -> None:

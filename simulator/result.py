@@ -73,6 +73,7 @@ class SimResult:
             "bubble_fraction": self.bubble_fraction,
             "fidelity": self.fidelity,
             "dp_overlap": self.job.runtime.dp_overlap,
+            "zero3_runtime": self.job.runtime.zero3,
             "attention": self.job.model.attention,
         }
         best = published_best(self.job.cluster.gpu)
