@@ -395,6 +395,23 @@ def gallery_what_if(d: Docs) -> str:
     return fence(table(["node", "GPUs", "best plan (analytic)", "tokens/s", "MFU"], rows))
 
 
+def _identity_axes(ax, lim: tuple[float, float], band: float, xlabel: str, ylabel: str, title: str) -> None:
+    """Log-log predicted vs reference: the diagonal, dotted lines at +-band, the legend top left."""
+    lo, hi = lim
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (1 + band, 1 - band):
+        ax.plot([lo, hi], [f * lo, f * hi], "k:", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def _error_axes(ax, xlabel: str, title: str) -> None:
+    """Error per point in percent against a log x axis, with the +-10% band."""
+    ax.axhspan(-10, 10, color="#55A868", alpha=0.1)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xscale="log", xlabel=xlabel, ylabel="prediction error (%)", title=title)
+
+
 def gallery_validation(d: Docs) -> str:
     """notebooks/03_validation.ipynb, condensed: Megatron-LM rows and the vTrain runs, error per point."""
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -472,27 +489,15 @@ def gallery_validation(d: Docs) -> str:
             label=f"{g}: {len(pts)}, MAPE {mape:.1f}%",
         )
         axes[2].scatter([m for m, _ in pts], [pct(p, m) for m, p in pts], s=size, color=color, alpha=0.7, label=g)
-    axes[1].plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    axes[1].plot([lo, hi], [1.1 * lo, 1.1 * hi], "k:", lw=0.8)
-    axes[1].plot([lo, hi], [0.9 * lo, 0.9 * hi], "k:", lw=0.8)
-    axes[1].set(
-        xscale="log",
-        yscale="log",
-        xlim=(lo, hi),
-        ylim=(lo, hi),
-        xlabel="measured iteration time (s)",
-        ylabel="predicted iteration time (s)",
-        title="vTrain: 1,549 measured A100 runs (dotted: ±10%)",
+    _identity_axes(
+        axes[1],
+        (lo, hi),
+        0.1,
+        "measured iteration time (s)",
+        "predicted iteration time (s)",
+        "vTrain: 1,549 measured A100 runs (dotted: ±10%)",
     )
-    axes[1].legend(fontsize=7, loc="upper left")
-    axes[2].axhspan(-10, 10, color="#55A868", alpha=0.1)
-    axes[2].axhline(0, color="k", lw=0.8)
-    axes[2].set(
-        xscale="log",
-        xlabel="measured iteration time (s)",
-        ylabel="prediction error (%)",
-        title="vTrain: error per run (band: ±10%)",
-    )
+    _error_axes(axes[2], "measured iteration time (s)", "vTrain: error per run (band: ±10%)")
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -556,25 +561,15 @@ def gallery_fsdp(d: Docs) -> str:
         axes[1].scatter(
             [r.job.model.seq_length for r, _ in mine], [100 * (p / r.tok_s_gpu - 1) for r, p in mine], s=14, color=color
         )
-    lo, hi = 100, 300_000
-    axes[0].plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    axes[0].plot([lo, hi], [1.2 * lo, 1.2 * hi], "k:", lw=0.8)
-    axes[0].plot([lo, hi], [0.8 * lo, 0.8 * hi], "k:", lw=0.8)
-    axes[0].set(
-        xscale="log",
-        yscale="log",
-        xlim=(lo, hi),
-        ylim=(lo, hi),
-        xlabel="published tokens/s per GPU",
-        ylabel="predicted tokens/s per GPU",
-        title="published-fsdp.yaml: 143 bf16 runs (dotted: ±20%)",
+    _identity_axes(
+        axes[0],
+        (100, 300_000),
+        0.2,
+        "published tokens/s per GPU",
+        "predicted tokens/s per GPU",
+        f"published-fsdp.yaml: {len(pts)} bf16 runs (dotted: ±20%)",
     )
-    axes[0].legend(fontsize=7, loc="upper left")
-    axes[1].axhspan(-10, 10, color="#55A868", alpha=0.1)
-    axes[1].axhline(0, color="k", lw=0.8)
-    axes[1].set(
-        xscale="log", xlabel="sequence length", ylabel="prediction error (%)", title="error per run (band: ±10%)"
-    )
+    _error_axes(axes[1], "sequence length", "error per run (band: ±10%)")
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
