@@ -97,6 +97,10 @@ def ring_phases(op: Collective, order: list[int], size: float, trees: bool = Tru
     raise ValueError(f"unknown collective {op!r}")
 
 
+def _loaded(phases: list[PhasePlan], load: float) -> list[PhasePlan]:
+    return [PhasePlan(ph.flows, ph.steps, ph.load * load) for ph in phases] if load != 1.0 else phases
+
+
 def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: float) -> list[PhasePlan]:
     """Phases of ``op`` on the group ``gpus`` (in group order) of a buffer of ``size`` bytes."""
     n = len(gpus)
@@ -114,10 +118,10 @@ def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: flo
     for g in order:
         nodes.setdefault(g // G, []).append(g)
     # a ring across many nodes reaches less bus bandwidth (Network.busbw_factor): its flows
-    # carry proportionally more bytes
+    # load the links with proportionally more time per byte (PhasePlan.load)
     stretch = 1.0 / topo.cluster.network.busbw_factor(len(nodes))
     if algo != "hierarchical" or op == Collective.BROADCAST:
-        return own_fit(topo, op, gpus, ring_phases(op, order, size * stretch, trees))
+        return own_fit(topo, op, gpus, _loaded(ring_phases(op, order, size, trees), stretch))
     members = list(nodes.values())
     k = len(members[0])
 
@@ -134,10 +138,10 @@ def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: flo
         flows: list[tuple[int, int, float]] = []
         ph = None
         for j in range(k):
-            ph = ring_phases(op2, [mem[j] for mem in members], size / k * stretch, trees)[0]
+            ph = ring_phases(op2, [mem[j] for mem in members], size / k, trees)[0]
             flows.extend(ph.flows)
         assert ph is not None
-        return PhasePlan(tuple(flows), ph.steps)
+        return PhasePlan(tuple(flows), ph.steps, stretch)
 
     if op == Collective.ALL_REDUCE:
         return [intra(Collective.REDUCE_SCATTER), inter(Collective.ALL_REDUCE), intra(Collective.ALL_GATHER)]
