@@ -82,6 +82,15 @@ def sharded_reduce_time(size_bytes: float, links: ShardLinks) -> float:
     return out
 
 
+def copy_out_time(params: float, param_bytes: int, runtime: Runtime, gpu: GpuProfile) -> float:
+    """FSDP2's copy of ``params`` gathered parameters out of the all-gather buffer, on the compute
+    stream: read and write 2 * param_bytes per parameter at the HBM's elementwise rate; 0 for
+    DeepSpeed, which gathers into the parameters' storage."""
+    if runtime.zero3 != "fsdp2":
+        return 0.0
+    return 2 * param_bytes * params / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+
+
 def units(cost: StageCost) -> int:
     """Sharded units of a stage: one per layer, plus the root unit (embedding, final norm, head)
     on a stage that holds them."""
@@ -119,11 +128,5 @@ def zero3_pass(
     u = units(cost)
     gather = u * collectives.all_gather_time(cost.params * param_bytes / u, links.n, links.shard)
     scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
-    if runtime.zero3 == "deepspeed":
-        regather = gather * cost.full_layers / max(cost.layers, 1)
-        copy_out = 0.0
-    else:
-        regather = 0.0
-        # read the gathered value, write the parameter
-        copy_out = 2 * param_bytes * cost.params / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
-    return Zero3Pass(u, gather, scatter, regather, copy_out)
+    regather = gather * cost.full_layers / max(cost.layers, 1) if runtime.zero3 == "deepspeed" else 0.0
+    return Zero3Pass(u, gather, scatter, regather, copy_out_time(cost.params, param_bytes, runtime, gpu))

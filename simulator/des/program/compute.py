@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.cost.schedules import PipeOp
+from simulator.cost.zero3 import copy_out_time
 from simulator.des.program import data_parallel
 from simulator.des.program.state import Device, Program, Split, TaskInfo
 
@@ -71,15 +72,6 @@ def _regather(prog: Program, op: PipeOp, j: int, norec: bool) -> float:
     return 1.0 + prog.plan.chunk_recompute(prog.job.model.num_layers)[j][0] / max(layers, 1)
 
 
-def _copy_out(prog: Program, params: float) -> float:
-    """FSDP2 copies a gathered layer out into its parameters on the compute stream
-    (simulator.cost.zero3): read and write the gathered bytes."""
-    if prog.job.runtime.zero3 != "fsdp2":
-        return 0.0
-    gpu = prog.job.cluster.gpu
-    return 2 * params * data_parallel.gather_bytes(prog) / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
-
-
 def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
     """TP traffic of the first rank, recomputed layers of one pipeline replica."""
     tp_bytes, tp_n, rec_f, rec_s = prog.totals(op.kind, j, norec)
@@ -112,7 +104,8 @@ def _add_pass(
         gather = -1
         if mode.zero3:
             gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pieces, regather)
-            extra += _copy_out(prog, pc.first_params)
+            job = prog.job
+            extra += copy_out_time(pc.first_params, data_parallel.gather_bytes(prog), job.runtime, job.cluster.gpu)
         if mode.zero3 or bucketed:
             extra += sigma * min(
                 pc.dur, data_parallel.beside(prog, pc.first_params if mode.zero3 else pc.params, op.kind == "B")
