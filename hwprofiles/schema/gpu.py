@@ -42,10 +42,10 @@ class GemmModel(Strict):
 class AttentionModel(Strict):
     """Efficiency of the fused (FlashAttention) kernel, a fraction of the dtype's peak on the
     FLOPs it executes (causal: half the square), as a function of the sequence length:
-        eff(s) = max_efficiency * s / (s + half_seq)
-    forward and backward apart (the backward is slower: it recomputes the scores and
-    accumulates dQ atomically). The shape of FlashAttention-2's throughput-vs-length plots
-    (Dao 2023, figures 4-7); the constants come from the profile's source."""
+        eff(s) = top * s / (s + half_seq),  top = forward_efficiency or backward_efficiency
+    (the backward is slower: it recomputes the scores and accumulates dQ atomically). The
+    shape of FlashAttention-2's throughput-vs-length plots (Dao 2023, figures 4-7); the
+    constants come from the profile's source (a fit to training runs, which it names)."""
 
     forward_efficiency: float = Field(gt=0, le=1)
     backward_efficiency: float = Field(gt=0, le=1)
