@@ -82,3 +82,16 @@ def test_emitters_write_or_name_the_hybrid_layout(tmp_path):
     ds = json.loads((tmp_path / "run" / "deepspeed_config.json").read_text())
     assert ds["zero_optimization"]["mics_shard_size"] == 8
     assert "hsdp=8: not expressed" in (tmp_path / "run" / "megatron_args.txt").read_text()
+
+
+@pytest.mark.parametrize("text", ["t=1,p=1,d=16,mb=2,zero=3,ckpt=full,hsdp=4", "t=2,p=2,d=4,mb=2,zero=2,hsdp=2"])
+def test_every_rank_simulated_agrees_with_symmetry(text):
+    """--full simulates each shard and replicate group on its own; the reduced run weighs one copy."""
+    from simulator.des import simulate_des
+
+    model = load_model("llama2-7b")
+    plan, _ = parse_plan(text, model, 16, 64)
+    job = Job(model, load_cluster("dgx-h100", nodes=2), plan, 64)
+    reduced, full = simulate_des(job), simulate_des(job, full=True)
+    assert full.step_time == pytest.approx(reduced.step_time, rel=1e-9)
+    assert full.peak_memory == pytest.approx(reduced.peak_memory, rel=1e-9)
