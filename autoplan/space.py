@@ -9,6 +9,7 @@ MAX_MB sequences: larger ones only raise activation memory once GEMMs are satura
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from simulator.plan import (
     RecomputeName,
     ScheduleName,
     ZeroStage,
+    hsdp_errors,
     parse_plan_items,
     plan_errors,
     resolve_plan,
@@ -147,13 +149,16 @@ def hsdp_options(plan: Plan, gpus_per_node: int, fix: Mapping[str, Any]) -> list
         want = fix["hsdp"]
         if want == 0:
             return [plan]
-        ok = plan.zero >= 2 and plan.offload == "none" and 2 <= want < plan.d and plan.d % want == 0
-        return [plan.replace(hsdp=want)] if ok else []
-    out = [plan]
+        return [plan.replace(hsdp=want)] if _hybrid_ok(want, plan.zero, plan.d, plan.offload) else []
     n = gpus_per_node // plan.t if gpus_per_node and gpus_per_node % plan.t == 0 else 0
-    if plan.zero >= 2 and plan.offload == "none" and 2 <= n < plan.d and plan.d % n == 0:
-        out.append(plan.replace(hsdp=n))
-    return out
+    return [plan, plan.replace(hsdp=n)] if n and _hybrid_ok(n, plan.zero, plan.d, plan.offload) else [plan]
+
+
+@functools.lru_cache(maxsize=1024)
+def _hybrid_ok(hsdp: int, zero: int, d: int, offload: OffloadName) -> bool:
+    """Whether hybrid sharding over ``hsdp`` ranks keeps the plan rules (simulator.plan.hsdp_errors);
+    cached: the search asks for the same few combinations tens of thousands of times."""
+    return not hsdp_errors(Plan(d=d, zero=zero, offload=offload, hsdp=hsdp))
 
 
 def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:

@@ -166,12 +166,14 @@ def fsdp_section(use_des: bool, out: Callable[[str], None], target: float = 10.0
     errs: dict[str, list[float]] = {}
     des_errs: dict[str, list[float]] = {}
     oom: list[str] = []
+    points: list[tuple[FsdpRow, float]] = []  # (row, analytic tokens/s per GPU)
     skipped = [r for r in rows if r.job is None]
     out(f"   {'run':<78} {'measured':>8} {'predicted':>9} {'error':>8}" + (f" {'DES':>8}" if use_des else ""))
     for r in rows:
         if r.job is None:
             continue
         pred, fits = _predict(r, "analytic")
+        points.append((r, pred))
         e = 100.0 * (pred / r.tok_s_gpu - 1.0)
         errs.setdefault(r.source, []).append(e)
         line = f"   {r.label:<78} {r.tok_s_gpu:>8.0f} {pred:>9.0f} {e:>+7.1f}%"
@@ -185,7 +187,7 @@ def fsdp_section(use_des: bool, out: Callable[[str], None], target: float = 10.0
             line += f" {de:>+7.1f}%"
         out(line)
     out("")
-    res: dict[str, Any] = {"sources": {}}
+    res: dict[str, Any] = {"sources": {}, "points": points}
     for source, e in errs.items():
         stats = _stats(e)
         res["sources"][source] = stats

@@ -111,6 +111,15 @@ def shrink_png(path: Path) -> int:
     return size
 
 
+def _save_figure(plt, fig, name: str) -> None:
+    """Lay out ``fig``, write it to docs/images/``name``, close it and shrink the PNG."""
+    fig.tight_layout()
+    png = IMAGES / name
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    shrink_png(png)
+
+
 def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
@@ -373,11 +382,7 @@ def gallery_what_if(d: Docs) -> str:
     fig.suptitle(
         f"What if: {WHAT_IF_MODEL} on three kinds of node, 16 to 1,024 GPUs (autoplan plan --fidelity analytic)"
     )
-    fig.tight_layout()
-    png = IMAGES / "what-if-scaling.png"
-    fig.savefig(png, bbox_inches="tight")
-    plt.close(fig)
-    shrink_png(png)
+    _save_figure(plt, fig, "what-if-scaling.png")
     rows = []
     for (node, g), r in best.items():
         if g in (16, 128, 1024):
@@ -500,11 +505,7 @@ def gallery_validation(d: Docs) -> str:
     _error_axes(axes[2], "measured iteration time (s)", "vTrain: error per run (band: ±10%)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    png = IMAGES / "validation.png"
-    fig.savefig(png, bbox_inches="tight")
-    plt.close(fig)
-    shrink_png(png)
+    _save_figure(plt, fig, "validation.png")
     t1 = table(
         ["model", "GPUs", "t", "p", "batch", "published TFLOP/s", "predicted", "error", "DES", "error"],
         [
@@ -545,12 +546,10 @@ def gallery_fsdp(d: Docs) -> str:
     import _accuracy_fsdp as fsdp
 
     from autoplan.report import table
-    from simulator import simulate
 
     plt = _plt()
-    rows = [r for r in fsdp.fsdp_rows() if r.job is not None]
-    pts = [(r, r.predicted_tok_s_gpu(simulate(r.job, "analytic").step_time)) for r in rows]
     res = fsdp.fsdp_section(False, lambda _line: None)
+    pts = res["points"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=90)
     colors = {"mosaicml_mpt": "#4C72B0", "torchtitan_a100_64gpu": "#DD8452", "dgxc_benchmarking_h100": "#55A868"}
     for source, color in colors.items():
@@ -572,11 +571,7 @@ def gallery_fsdp(d: Docs) -> str:
     _error_axes(axes[1], "sequence length", "error per run (band: ±10%)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    png = IMAGES / "validation-fsdp.png"
-    fig.savefig(png, bbox_inches="tight")
-    plt.close(fig)
-    shrink_png(png)
+    _save_figure(plt, fig, "validation-fsdp.png")
     body = table(
         ["published-fsdp.yaml source (bf16)", "rows", "MAPE", "mean", "range"],
         [

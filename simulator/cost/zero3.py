@@ -91,6 +91,12 @@ def copy_out_time(params: float, param_bytes: int, runtime: Runtime, gpu: GpuPro
     return 2 * param_bytes * params / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
 
 
+def regather_fraction(runtime: Runtime, full_layers: int, layers: int) -> float:
+    """The backward's extra gathers, as a fraction of one pass's: DeepSpeed gathers each fully
+    recomputed layer once more (full_layers / layers); FSDP2 none."""
+    return full_layers / max(layers, 1) if runtime.zero3 == "deepspeed" else 0.0
+
+
 def units(cost: StageCost) -> int:
     """Sharded units of a stage: one per layer, plus the root unit (embedding, final norm, head)
     on a stage that holds them."""
@@ -128,5 +134,5 @@ def zero3_pass(
     u = units(cost)
     gather = u * collectives.all_gather_time(cost.params * param_bytes / u, links.n, links.shard)
     scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
-    regather = gather * cost.full_layers / max(cost.layers, 1) if runtime.zero3 == "deepspeed" else 0.0
+    regather = gather * regather_fraction(runtime, cost.full_layers, cost.layers)
     return Zero3Pass(u, gather, scatter, regather, copy_out_time(cost.params, param_bytes, runtime, gpu))

@@ -26,7 +26,7 @@ from simulator.plan.fields import (
     ZeroStage,
     num_microbatches,
 )
-from simulator.plan.rules import parse_plan, plan_errors, validate_plan
+from simulator.plan.rules import hsdp_errors, parse_plan, plan_errors, validate_plan
 from simulator.plan.text import parse_plan_items, resolve_plan
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "Schedule",
     "ScheduleName",
     "ZeroStage",
+    "hsdp_errors",
     "num_microbatches",
     "parse_plan",
     "parse_plan_items",

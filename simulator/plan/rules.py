@@ -95,18 +95,25 @@ def _split_errors(model: ModelSpec, plan: Plan) -> list[str]:
 def _memory_errors(plan: Plan) -> list[str]:
     """Offload needs a ZeRO stage that partitions the optimizer state; NVMe needs ZeRO-3;
     hybrid sharding needs ZeRO-2/3 and a shard group that divides d."""
-    e: list[str] = []
-    if plan.hsdp:
-        if plan.zero < 2:
-            e.append(f"hsdp={plan.hsdp} (hybrid sharding) needs zero=2 or zero=3, got zero={plan.zero}")
-        if plan.hsdp < 2 or plan.hsdp >= plan.d or plan.d % plan.hsdp:
-            e.append(f"hsdp={plan.hsdp} must divide d={plan.d} and lie between 2 and d-1 (hsdp=d is plain sharding)")
-        if plan.offload != Offload.NONE:
-            e.append(f"hsdp={plan.hsdp} with offload={plan.offload} is not modelled")
+    e = hsdp_errors(plan)
     if plan.offload != Offload.NONE and plan.zero == 0:
         e.append(f"offload={plan.offload} needs zero >= 1 (ZeRO-Offload partitions the optimizer state)")
     if plan.offload == Offload.NVME and plan.zero != 3:
         e.append("offload=nvme needs zero=3 (ZeRO-Infinity)")
+    return e
+
+
+def hsdp_errors(plan: Plan) -> list[str]:
+    """Hybrid sharding needs ZeRO-2/3, no offload, and a shard group of 2 to d-1 ranks that divides d."""
+    e: list[str] = []
+    if not plan.hsdp:
+        return e
+    if plan.zero < 2:
+        e.append(f"hsdp={plan.hsdp} (hybrid sharding) needs zero=2 or zero=3, got zero={plan.zero}")
+    if plan.hsdp < 2 or plan.hsdp >= plan.d or plan.d % plan.hsdp:
+        e.append(f"hsdp={plan.hsdp} must divide d={plan.d} and lie between 2 and d-1 (hsdp=d is plain sharding)")
+    if plan.offload != Offload.NONE:
+        e.append(f"hsdp={plan.hsdp} with offload={plan.offload} is not modelled")
     return e
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.cost.schedules import PipeOp
-from simulator.cost.zero3 import copy_out_time
+from simulator.cost.zero3 import copy_out_time, regather_fraction
 from simulator.des.program import data_parallel
 from simulator.des.program.state import Device, Program, Split, TaskInfo
 
@@ -66,10 +66,11 @@ def add_passes(prog: Program, dev: Device) -> None:
 def _regather(prog: Program, op: PipeOp, j: int, norec: bool) -> float:
     """DeepSpeed ZeRO-3 gathers a fully recomputed layer once more in backward: the backward's
     gathers scale by 1 + the chunk's fully recomputed fraction (simulator.cost.zero3)."""
-    if op.kind != "B" or norec or prog.job.runtime.zero3 != "deepspeed":
+    if op.kind != "B" or norec:
         return 1.0
     layers = prog.plan.chunk_layers(prog.job.model.num_layers)[j]
-    return 1.0 + prog.plan.chunk_recompute(prog.job.model.num_layers)[j][0] / max(layers, 1)
+    full = prog.plan.chunk_recompute(prog.job.model.num_layers)[j][0]
+    return 1.0 + regather_fraction(prog.job.runtime, full, layers)
 
 
 def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:

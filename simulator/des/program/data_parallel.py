@@ -22,9 +22,9 @@ import functools
 from collections.abc import Callable
 
 from hwprofiles.algorithms import Collective
-from simulator.cost import collectives, layout
+from simulator.cost import collectives
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
-from simulator.cost.zero3 import reduce_bytes, shard_links, sharded_reduce_time
+from simulator.cost.zero3 import reduce_bytes, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import RoutedPhase
 
@@ -48,14 +48,15 @@ def beside(prog: Program, params: float, backward: bool) -> float:
     plan = prog.plan
     if prog.opt.free_comm:
         return 0.0
-    link = collectives.group_link(prog.job.cluster, layout.dp_shape(plan.t, plan.d, prog.job.cluster.gpus_per_node))
     if plan.zero == 3:
-        links = shard_links(prog.job.cluster, plan)
+        links = prog.shard_links
         comm = collectives.all_gather_time(params * gather_bytes(prog), links.n, links.shard)
         if backward:
             comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
-    return collectives.collective_time(gradient_reduction(plan.zero), params * grad_reduce_bytes(prog), plan.d, link)
+    return collectives.collective_time(
+        gradient_reduction(plan.zero), params * grad_reduce_bytes(prog), plan.d, prog.dp_link
+    )
 
 
 def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int], times: float = 1.0) -> int:

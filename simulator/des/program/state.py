@@ -8,13 +8,16 @@ the step depend on (the first and last task of each pass, each rank's reductions
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from simulator.cost import collectives, layout
 from simulator.cost.layout import rank_of
 from simulator.cost.memory import DP_BUCKET_BYTES
 from simulator.cost.schedules import PipeOp
+from simulator.cost.zero3 import ShardLinks, shard_links
 from simulator.des.engine import Engine
 from simulator.des.memtimeline import MemoryTimeline
 from simulator.des.passes import Costs, Item, Piece, Segments, bucket_groups, layer_modes, make_piece, pass_items
@@ -135,6 +138,17 @@ class Program:
         self.cache: dict[tuple, tuple[float, float]] = {}  # per-boundary send sizes (pipeline.boundary_send)
 
     # ------------------------------------------------------------------ sizes
+
+    @functools.cached_property
+    def dp_link(self) -> collectives.GroupLink:
+        """The data-parallel group's link (closed form, for contention prices)."""
+        cluster = self.job.cluster
+        return collectives.group_link(cluster, layout.dp_shape(self.plan.t, self.plan.d, cluster.gpus_per_node))
+
+    @functools.cached_property
+    def shard_links(self) -> ShardLinks:
+        """The sharded states' shard (and replicate) groups (simulator.cost.zero3.shard_links)."""
+        return shard_links(self.job.cluster, self.plan)
 
     def chunk_params(self, j: int) -> float:
         """Parameters of chunk ``j`` on one rank (its layers, plus the embedding / head)."""
