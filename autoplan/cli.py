@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK, HANDLERS
+from autoplan.emit.export import TARGETS, Target
 from hwprofiles.errors import AutoplanError, InputError
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,19 @@ def _positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
     return v
+
+
+def _targets(text: str) -> tuple[Target, ...]:
+    """``--target``: comma-separated tool names, or ``all``."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names == ["all"]:
+        return TARGETS
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown target {', '.join(unknown) or repr(text)} (expected {', '.join(TARGETS)} or all)"
+        )
+    return tuple(t for t in TARGETS if t in names)
 
 
 def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
@@ -158,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     _job_args(p, plan_required=True)
     p.add_argument("-o", "--out", type=Path, required=True, help="output directory (new or empty)")
     p.add_argument("--force", action="store_true", help="replace the emitted files in a folder that already has files")
+    p.add_argument(
+        "--target",
+        type=_targets,
+        default=TARGETS,
+        metavar="{torch,megatron,deepspeed,torchtitan,all}",
+        help="which tools to write for, comma-separated (default all): torch (launch.sh for autoplan's program), "
+        "megatron (Megatron-LM arguments + launch), deepspeed (ds_config.json + deepspeed_setup.py), "
+        "torchtitan (a torchtitan 0.3 config module); plan.json is always written",
+    )
 
     p = cmd("run", "Run an emitted plan with torchrun and compare with the prediction.")
     p.add_argument("dir", type=Path, help="a directory written by 'autoplan emit'")

@@ -168,19 +168,32 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_emit(a: argparse.Namespace) -> int:
-    from autoplan.emit.writer import write_run_dir
+    from autoplan.emit.export import TARGETS
+    from autoplan.emit.writer import build_exports, export_summary, write_run_dir
+    from autoplan.runtime.config import TrainSettings
     from autoplan.runtime.support import program_job, unsupported_reason
     from simulator import simulate
 
     check_run_dir(a.out, a.force)
     job = _make_job(a)
-    reason = unsupported_reason(job.model, job.plan, job.m)
-    if reason:
-        raise InputError(f"--plan: the runtime cannot run this plan correctly: {reason}")
-    job = program_job(job)
+    if "torch" in a.target:  # autoplan's own program: it must run the plan, and the prediction is for it
+        reason = unsupported_reason(job.model, job.plan, job.m)
+        if reason:
+            raise InputError(
+                f"--plan: autoplan's torch program cannot run this plan correctly: {reason} "
+                "(write for the other tools with --target megatron,deepspeed,torchtitan)"
+            )
+        job = program_job(job)
     prediction = simulate(job, "analytic").to_dict()
-    files = write_run_dir(job, prediction, a.out, force=a.force)
-    log.info("wrote %d files to %s; run it with: autoplan run %s", len(files), a.out, a.out)
+    exports = build_exports(job, a.out, TrainSettings(), a.target)
+    files = write_run_dir(job, prediction, a.out, force=a.force, exports=exports)
+    asked = a.target is not TARGETS  # tools named with --target (not the default "all")
+    for export in exports:  # what runs differently from the plan, or a tool the user named refusing, is a warning
+        level = logging.WARNING if export.changes or (export.refused and asked) else logging.INFO
+        for line in export_summary(export, job):
+            log.log(level, "%s", line)
+    hint = f"; run it with: autoplan run {a.out}" if "torch" in a.target else ""
+    log.info("wrote %d files to %s%s", len(files), a.out, hint)
     for f in files:
         print(f)
     return EXIT_OK

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from autoplan.runtime.config import RunSpec
+from autoplan.runtime.config import PLAN_FILE, RunSpec
 from hwprofiles.errors import InputError, RunError
 
 WARMUP_STEPS = 2
@@ -220,6 +220,10 @@ def launch(
     """Run ``launch.sh`` on this machine; return the results dir. Raises RunError on failure."""
     script = run_dir / "launch.sh"
     if not script.is_file():
+        if (run_dir / PLAN_FILE).is_file():
+            raise InputError(
+                f"{script}: no such file: {run_dir} was emitted without --target torch (autoplan's program)"
+            )
         raise InputError(f"{script}: no such file (is {run_dir} a directory written by 'autoplan emit'?)")
     out = results_dir(run_dir)
     torchrun_log = out / "torchrun.log"

@@ -65,6 +65,7 @@ class Docs:
     def __init__(self, work: Path):
         self.work = work
         self.best_plan: str | None = None
+        self.last_stderr = ""  # the last command's stderr (emit prints its per-tool summary there)
 
     def autoplan(self, *args: str, cwd: Path | None = None, timeout: float = 900) -> tuple[str, str]:
         """Run ``python -m autoplan ARGS``; return (the command as shown, stdout). A failure stops the script."""
@@ -79,6 +80,7 @@ class Docs:
         log(f"  {shown}  [exit {proc.returncode}, {time.perf_counter() - t0:.1f} s]")
         if proc.returncode != 0:
             raise SystemExit(f"make_docs: '{shown}' failed with exit code {proc.returncode}:\n{proc.stderr.strip()}")
+        self.last_stderr = self.clean(proc.stderr)
         return shown, self.clean(proc.stdout)
 
     def clean(self, text: str) -> str:
@@ -157,7 +159,7 @@ def emit_output(d: Docs) -> str:
     """autoplan emit of the main job's best plan"""
     plan = d.best_plan or _best_plan(d)
     shown, out = d.autoplan("emit", *MAIN_JOB, "--plan", plan, "-o", "runs/gpt3-175b")
-    return fence(shown + "\n" + out)
+    return fence(shown + "\n" + d.last_stderr + "\n" + out)
 
 
 def _best_plan(d: Docs) -> str:

@@ -3,7 +3,7 @@
 # This is the README's test command; CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+EXTRAS=test,frameworks bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -39,6 +39,8 @@ class ModelSpec(BaseModel):
     tie_embeddings: bool = True
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    # rotary base (Su et al. 2021): 10000 in GPT-NeoX / Llama 2, 500000 in Llama 3 (HF rope_theta)
+    rope_theta: float = Field(default=10000.0, gt=0)
     # "flash": fused attention (FlashAttention / torch SDPA; Dao et al. 2022), no s x s scores
     # stored; "materialized": scores, softmax and dropout as separate kernels that keep the
     # s x s tensors (Megatron-LM 2021's fused softmax, Megatron-DeepSpeed without flash)
@@ -114,6 +116,8 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     data["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", not llama_like))
     data["position_embedding_type"] = "rope" if llama_like else "learned_absolute"
     data["normalization"] = "RMSNorm" if ("rms_norm_eps" in cfg or llama_like) else "LayerNorm"
+    if cfg.get("rope_theta") is not None:
+        data["rope_theta"] = cfg["rope_theta"]
     found = unsupported_architecture(cfg, seq_len or data.get("seq_length"))
     if found is not None:
         key, why = found

@@ -1,202 +1,207 @@
-"""``write_run_dir``: every file is there, parses, and carries the plan (no torch needed)."""
+"""``write_run_dir`` and ``autoplan emit``: every file is there and parses, each export says what it
+runs and how that differs from the plan, the launch scripts pass what they should (no real tools:
+tests/test_export_{megatron,deepspeed,torchtitan}.py load the files with the tools' own code)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
+from export_matrix import CASES
 
+from autoplan.emit.export import one_stage_per_rank
+from autoplan.emit.megatron import export_megatron, pipeline_layout
 from autoplan.emit.writer import write_run_dir
+from autoplan.runtime.config import TrainSettings
 from hwprofiles.load import load_cluster
 from simulator.job import Job
-from simulator.plan import parse_plan
+from simulator.plan import Plan, parse_plan
 from simulator.specs import load_model
 
-FILES = {"plan.json", "launch.sh", "slurm.sbatch", "megatron_args.txt", "deepspeed_config.json", "torchtitan.toml"}
-
-# The subset of Megatron-LM's arguments (megatron/training/arguments.py) the emitter uses.
-MEGATRON_FLAGS = {
-    "store_true": [
-        "--group-query-attention",
-        "--swiglu",
-        "--disable-bias-linear",
-        "--untie-embeddings-and-output-weights",
-        "--mock-data",
-        "--sequence-parallel",
-        "--use-distributed-optimizer",
-        "--use-megatron-fsdp",
-        "--no-gradient-accumulation-fusion",
-        "--optimizer-cpu-offload",
-        "--bf16",
-    ],
-    int: [
-        "--num-layers",
-        "--hidden-size",
-        "--num-attention-heads",
-        "--num-query-groups",
-        "--ffn-hidden-size",
-        "--seq-length",
-        "--max-position-embeddings",
-        "--vocab-size",
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--micro-batch-size",
-        "--global-batch-size",
-        "--recompute-num-layers",
-        "--seed",
-        "--train-iters",
-        "--log-interval",
-    ],
-    float: [
-        "--lr",
-        "--adam-beta1",
-        "--adam-beta2",
-        "--adam-eps",
-        "--weight-decay",
-        "--clip-grad",
-        "--attention-dropout",
-        "--hidden-dropout",
-        "--optimizer-offload-fraction",
-    ],
-    str: [
-        "--position-embedding-type",
-        "--normalization",
-        "--tokenizer-type",
-        "--pipeline-model-parallel-layout",
-        "--data-parallel-sharding-strategy",
-        "--ckpt-format",
-        "--recompute-granularity",
-        "--recompute-method",
-        "--optimizer",
-    ],
-}
-
-# torchtitan's JobConfig sections and the fields the emitter may set (torchtitan 0.2.2 config/job_config.py).
-TORCHTITAN_FIELDS = {
-    "job": {"dump_folder", "description"},
-    "model": {"name", "flavor"},
-    "optimizer": {"name", "lr", "beta1", "beta2", "eps", "weight_decay"},
-    "training": {
-        "local_batch_size",
-        "global_batch_size",
-        "seq_len",
-        "max_norm",
-        "steps",
-        "mixed_precision_param",
-        "mixed_precision_reduce",
-        "enable_cpu_offload",
-        "dataset",
-    },
-    "parallelism": {
-        "data_parallel_replicate_degree",
-        "data_parallel_shard_degree",
-        "fsdp_reshard_after_forward",
-        "tensor_parallel_degree",
-        "pipeline_parallel_degree",
-        "pipeline_parallel_schedule",
-        "pipeline_parallel_microbatch_size",
-        "pipeline_parallel_layers_per_stage",
-        "module_fqns_per_model_part",
-        "context_parallel_degree",
-    },
-    "activation_checkpoint": {"mode", "selective_ac_option"},
+FILES = {
+    "plan.json",
+    "launch.sh",
+    "slurm.sbatch",
+    "megatron_args.txt",
+    "megatron_launch.sh",
+    "ds_config.json",
+    "deepspeed_setup.py",
+    "torchtitan_config.py",
+    "torchtitan_launch.sh",
 }
 
 
-def megatron_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    for kind, flags in MEGATRON_FLAGS.items():
-        for f in flags:
-            if kind == "store_true":
-                ap.add_argument(f, action="store_true")
-            else:
-                ap.add_argument(f, type=kind)
-    return ap
-
-
-def emit(tmp_path: Path, model: str, cluster: str, nodes: int, batch: int, plan_text: str) -> tuple[Job, Path]:
+def emit(tmp_path: Path, model: str, cluster: str, nodes: int, batch: int, plan_text: str, **kw) -> tuple[Job, Path]:
     m = load_model(model)
     c = load_cluster(cluster, nodes)
     plan, _ = parse_plan(plan_text, m, c.num_gpus, batch)
     job = Job(m, c, plan, batch)
     out = tmp_path / "run"
-    files = write_run_dir(job, {"step_time_s": 1.5, "peak_memory_gib": 40.0}, out)
-    assert {f.name for f in files} == FILES
+    write_run_dir(job, {"step_time_s": 1.5, "peak_memory_gib": 40.0}, out, **kw)
     return job, out
 
 
-CASES = [
-    ("gpt3-175b", "dgx-a100-80gb", 96, 1536, "t=8,p=8,mb=1,zero=1,ckpt=full,v=2,schedule=interleaved,sp=1"),
-    ("llama3-8b", "dgx-h100", 2, 64, "t=2,p=2,mb=2,zero=0,ckpt=selective,schedule=gpipe"),
-    ("llama2-70b", "dgx-a100-80gb", 4, 32, "t=8,p=1,zero=3,offload=cpu,ckpt=full"),
-    ("gpt3-175b", "dgx-a100-80gb", 16, 256, "t=8,p=4,zero=2,layers=20/28/28/20,recompute=4:0/2:2/0:0/0:4"),
-]
-
-
-@pytest.mark.parametrize("model,cluster,nodes,batch,plan_text", CASES)
-def test_run_dir_files_parse_and_carry_the_plan(tmp_path, model, cluster, nodes, batch, plan_text):
-    job, out = emit(tmp_path, model, cluster, nodes, batch, plan_text)
-    plan, m = job.plan, job.m
-
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_run_dir_files_parse_and_record_every_export(tmp_path, case):
+    job, out = emit(tmp_path, case.model, case.cluster, case.nodes, case.batch, case.plan)
     data = json.loads((out / "plan.json").read_text())
-    assert data["plan"]["t"] == plan.t and data["num_microbatches"] == m and data["prediction"]["step_time_s"] == 1.5
-    assert data["model"]["num_layers"] == job.model.num_layers and data["world_size"] == plan.gpus
-
-    for script in ("launch.sh", "slurm.sbatch"):
-        assert subprocess.run(["bash", "-n", str(out / script)], timeout=30).returncode == 0
-    assert f"#SBATCH --nodes={nodes}" in (out / "slurm.sbatch").read_text()
-
-    args = megatron_parser().parse_args(shlex.split((out / "megatron_args.txt").read_text(), comments=True))
-    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (plan.t, plan.p)
-    assert (args.micro_batch_size, args.global_batch_size) == (plan.mb, job.global_batch)
-    assert args.sequence_parallel == bool(plan.sp)
-    assert args.use_distributed_optimizer == (plan.zero >= 1)
-    assert args.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero)
-    assert args.optimizer_cpu_offload == (plan.offload == "cpu")
-    granularity = {"none": None, "selective": "selective", "full": "full"}[plan.ckpt]
-    assert args.recompute_granularity == ("full" if plan.recompute else granularity)
-    if plan.v > 1:
-        assert args.num_layers_per_virtual_pipeline_stage == job.model.num_layers // (plan.p * plan.v)
-    if plan.layers:
-        assert args.pipeline_model_parallel_layout.count("|") == len(plan.layers) - 1
-    if plan.schedule == "gpipe":
-        assert "schedule=gpipe" in (out / "megatron_args.txt").read_text()
-
-    ds = json.loads((out / "deepspeed_config.json").read_text())
-    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * plan.d
-    assert ds["train_micro_batch_size_per_gpu"] == plan.mb and ds["gradient_accumulation_steps"] == m
-    assert ds["zero_optimization"]["stage"] == plan.zero
-    assert ds["tensor_parallel"]["autotp_size"] == plan.t and ds["pipeline"]["stages"] == plan.p
-    assert ("offload_optimizer" in ds["zero_optimization"]) == (plan.offload != "none")
-    assert ("activation_checkpointing" in ds) == any(f for f, _ in plan.chunk_recompute(job.model.num_layers))
-    assert ds["autoplan"]["plan"]["schedule"] == plan.schedule
-
-    tt = tomllib.loads((out / "torchtitan.toml").read_text())
-    for section, keys in tt.items():
-        assert set(keys) <= TORCHTITAN_FIELDS[section], section
-    par = tt["parallelism"]
-    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (plan.t, plan.p)
-    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == plan.d
-    assert (
-        par["pipeline_parallel_schedule"]
-        == {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule]
+    assert data["plan"]["t"] == job.plan.t and data["num_microbatches"] == job.m
+    assert data["prediction"]["step_time_s"] == 1.5 and data["world_size"] == job.plan.gpus
+    written = {p.name for p in out.iterdir()}
+    for record in data["exports"].values():
+        assert set(record["files"]) <= written
+        if "refused" in record:  # nothing written, and why
+            assert record["files"] == [] and record["refused"]
+        else:  # the plan it runs, and each way that differs from the plan, in plan.json and in the files
+            assert record["exact"] == (not record["changes"]) and record["runs"]
+            for name in record["files"]:
+                text = (out / name).read_text()
+                assert all(c in text for c in record["changes"]) and all(n in text for n in record["notes"])
+                assert ("NOT the plan as given" in text) == (not record["exact"])
+    assert written == FILES - (
+        {"torchtitan_config.py", "torchtitan_launch.sh"} if "refused" in data["exports"]["torchtitan"] else set()
     )
-    assert par["pipeline_parallel_microbatch_size"] == plan.mb
-    assert tt["training"]["global_batch_size"] == job.global_batch
-    assert tt["training"]["local_batch_size"] == job.global_batch // plan.d
-    assert tt["activation_checkpoint"]["mode"] == plan.ckpt
-    if plan.layers:
-        parts = par["module_fqns_per_model_part"]
-        assert [sum(x.startswith("layers.") for x in part) for part in parts] == list(plan.layers)
-    if plan.zero >= 2:
-        assert par["fsdp_reshard_after_forward"] == ("always" if plan.zero == 3 else "never")
+    for script in written:
+        if script.endswith((".sh", ".sbatch")):
+            assert subprocess.run(["bash", "-n", str(out / script)], timeout=30).returncode == 0
+        if script.endswith(".py"):
+            compile((out / script).read_text(), script, "exec")
+    assert f"#SBATCH --nodes={case.nodes}" in (out / "slurm.sbatch").read_text()
+
+
+def test_targets_choose_the_files(tmp_path):
+    _, out = emit(tmp_path, "llama3-8b", "dgx-h100", 2, 64, "t=2,p=2", targets=("megatron",))
+    assert {p.name for p in out.iterdir()} == {"plan.json", "megatron_args.txt", "megatron_launch.sh"}
+    assert set(json.loads((out / "plan.json").read_text())["exports"]) == {"megatron"}
+
+
+def test_gpt_models_are_refused_by_torchtitan_with_the_reason(tmp_path):
+    _, out = emit(tmp_path, "gpt3-175b", "dgx-a100-80gb", 16, 256, "t=8,p=4,zero=1")
+    record = json.loads((out / "plan.json").read_text())["exports"]["torchtitan"]
+    assert "GPT-style" in record["refused"] and "LayerNorm" in record["refused"]
+    assert not (out / "torchtitan_config.py").exists()
+
+
+def test_one_stage_per_rank_keeps_each_ranks_layers():
+    """Interleaved 7/9/8/8 on p=2 (rank 0 runs chunks 0 and 2, rank 1 chunks 1 and 3) -> 15/17."""
+    plan = Plan(
+        t=2, p=2, d=2, v=2, schedule="interleaved", layers=(7, 9, 8, 8), recompute=((1, 0), (0, 2), (3, 0), (0, 0))
+    )
+    updates = one_stage_per_rank(plan, 32)
+    assert updates == {"v": 1, "schedule": "1f1b", "layers": (15, 17), "recompute": ((4, 0), (0, 2))}
+    assert one_stage_per_rank(Plan(p=4, v=2, schedule="interleaved"), 32)["layers"] is None  # 8 per rank: uniform
+
+
+def test_megatron_layout_string():
+    """E (embedding) before the first chunk's layers, L (loss) after the last (pipeline_parallel_layer_layout.py)."""
+    assert pipeline_layout((13, 13, 14, 14, 13, 13)) == "Et*13|t*13|t*14|t*14|t*13|t*13L"
+
+
+@pytest.mark.parametrize(
+    "plan_text,runs,changed",
+    [
+        ("t=8,p=1,zero=1,recompute=0:88", "ckpt=selective", True),  # selective covers every layer
+        ("t=8,p=1,zero=1,recompute=48:0", "recompute=48:0", False),  # block method: the first 48 layers
+        ("t=8,p=2,zero=1,recompute=24:0/0:0", "recompute=24:0/24:0", True),  # the same N in every chunk
+        ("t=8,p=2,zero=1,recompute=40:8/0:48", "ckpt=full", True),  # one granularity: full wins
+        ("t=8,p=2,zero=1,ckpt=selective", "ckpt=selective", False),
+    ],
+)
+def test_megatron_recomputes_at_least_what_the_plan_does(plan_text, runs, changed):
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", 16)
+    plan, _ = parse_plan(plan_text, model, 128, 256)
+    export = export_megatron(Job(model, cluster, plan, 256), TrainSettings())
+    assert export.written is not None and runs in export.written.to_string()
+    assert bool(export.changes) == changed
+    for (f0, s0), (f1, s1) in zip(plan.chunk_recompute(96), export.written.chunk_recompute(96)):
+        assert f1 + s1 >= f0 + s0 and f1 >= f0  # never less recomputation than planned: memory stays within
+
+
+def _fake_tool(tmp_path: Path, name: str) -> dict[str, str]:
+    """PATH with ``name`` printing its arguments and the environment it was given, one per line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\necho "CDMC=${CUDA_DEVICE_MAX_CONNECTIONS-unset}"\necho "PYTHONPATH=$PYTHONPATH"\n'
+    )
+    tool.chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(
+    "plan_text,connections", [("t=8,p=6,zero=1", "1"), ("t=8,p=1,zero=3", "unset"), ("t=1,p=6,d=8,zero=1", "unset")]
+)
+def test_megatron_launch_passes_the_arguments_and_environment(tmp_path, plan_text, connections):
+    _, out = emit(tmp_path, "llama2-70b", "dgx-a100-80gb", 6, 48, plan_text)
+    env = dict(
+        _fake_tool(tmp_path, "torchrun"),
+        MEGATRON_LM="/opt/Megatron-LM",
+        CUDA_DEVICE_MAX_CONNECTIONS="8",
+        MASTER_ADDR="node0",
+    )
+    run = subprocess.run(
+        ["bash", str(out / "megatron_launch.sh"), "--exit-interval", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stderr
+    words = run.stdout.splitlines()
+    program = words.index("/opt/Megatron-LM/pretrain_gpt.py")
+    assert words[program + 1 : -4] == shlex.split((out / "megatron_args.txt").read_text(), comments=True)
+    assert words[-4:-2] == ["--exit-interval", "5"] and words[-2] == f"CDMC={connections}"
+    missing = subprocess.run(
+        ["bash", str(out / "megatron_launch.sh")],
+        env={k: v for k, v in env.items() if k != "MEGATRON_LM"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert missing.returncode != 0 and "MEGATRON_LM" in missing.stderr
+
+
+def test_torchtitan_launch_runs_the_config_module(tmp_path):
+    _, out = emit(tmp_path, "llama3-8b", "dgx-h100", 2, 64, "t=2,p=2,zero=2")
+    run = subprocess.run(
+        ["bash", str(out / "torchtitan_launch.sh"), "--training.steps", "7"],
+        env=dict(_fake_tool(tmp_path, "torchrun"), MASTER_ADDR="node0"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stderr
+    words = run.stdout.splitlines()
+    assert words[words.index("-m") + 1 : -2] == [
+        "torchtitan.train",
+        "--module",
+        "torchtitan_config",
+        "--config",
+        "autoplan_config",
+        "--training.steps",
+        "7",
+    ]
+    assert words[-1].startswith(f"PYTHONPATH={out}")
+
+
+def test_emit_for_other_tools_without_the_torch_program(tmp_path):
+    """offload=nvme is beyond autoplan's own program; --target megatron,deepspeed still writes, and names the changes."""
+    args = ["emit", "--model", "gpt-1t", "--cluster", "dgx-a100-80gb", "--nodes", "16", "--global-batch", "256"]
+    args += ["--plan", "t=8,p=1,zero=3,offload=nvme,ckpt=full", "-o", str(tmp_path / "run")]
+    refused = run_cli(*args)
+    assert refused.returncode == 2 and "--target" in refused.stderr
+    ok = run_cli(*args, "--target", "megatron,deepspeed")
+    assert ok.returncode == 0, ok.stderr
+    assert "offload=nvme -> offload=cpu" in ok.stderr and "predicted (analytic)" in ok.stderr
+    assert not (tmp_path / "run" / "launch.sh").exists()
+    bad = run_cli(*args[:-1], str(tmp_path / "other"), "--target", "megatron,colossalai")
+    assert bad.returncode == 2 and "unknown target colossalai" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def _launch_command(out: Path, **env: str) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from autoplan.emit.writer import write_run_dir
 from autoplan.search import SearchOptions, search
 from hwprofiles.load import load_cluster
 from simulator import simulate
@@ -72,16 +71,24 @@ def test_search_offers_hybrid_sharding_inside_a_node():
     assert {r.job.plan.hsdp for r in found.top} == {0, 8}
 
 
-def test_emitters_write_or_name_the_hybrid_layout(tmp_path):
+def test_emitters_write_or_name_the_hybrid_layout():
+    from autoplan.emit.deepspeed import export_deepspeed
+    from autoplan.emit.megatron import megatron_args
+    from autoplan.emit.torchtitan import parallelism
+    from autoplan.runtime.config import TrainSettings
+
     model = load_model("llama2-7b")
     cluster = load_cluster("dgx-h100", nodes=4)
     plan, _ = parse_plan("t=1,p=1,d=32,zero=3,hsdp=8", model, 32, 64)
-    write_run_dir(Job(model, cluster, plan, 64), {}, tmp_path / "run")
-    toml = (tmp_path / "run" / "torchtitan.toml").read_text()
-    assert "data_parallel_shard_degree = 8" in toml and "data_parallel_replicate_degree = 4" in toml
-    ds = json.loads((tmp_path / "run" / "deepspeed_config.json").read_text())
-    assert ds["zero_optimization"]["mics_shard_size"] == 8
-    assert "hsdp=8: not expressed" in (tmp_path / "run" / "megatron_args.txt").read_text()
+    job = Job(model, cluster, plan, 64)
+    par = parallelism(job, plan)  # torchtitan: FSDP2 on a (replicate 4, shard 8) mesh
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (4, 8)
+    args = megatron_args(job, plan, TrainSettings())  # Megatron-FSDP sharded in 32/4 = 8 ranks, 4 instances
+    assert args[args.index("--num-distributed-optimizer-instances") + 1] == "4"
+    ds = export_deepspeed(job, TrainSettings())  # DeepSpeed 0.19 removed MiCS: the change is named
+    assert ds.written is not None and ds.written.hsdp == 0
+    assert [c.key for c in ds.changes] == ["hsdp"] and "MiCS" in ds.changes[0].why
+    assert "mics_shard_size" not in json.loads(ds.files["ds_config.json"])["zero_optimization"]
 
 
 @pytest.mark.parametrize("text", ["t=1,p=1,d=16,mb=2,zero=3,ckpt=full,hsdp=4", "t=2,p=2,d=4,mb=2,zero=2,hsdp=2"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
@@ -148,3 +150,16 @@ def test_plan_json_round_trip(tmp_path: Path):
     (tmp_path / "plan.json").write_text(json.dumps(run_spec_to_dict(spec)))
     back = load_run_spec(tmp_path)
     assert back == spec and back.num_microbatches == 4 and back.world_size == 8
+
+
+@pytest.mark.parametrize("theta", [10_000.0, 500_000.0])
+def test_rope_uses_the_models_rotary_base(theta):
+    """Head dim 4: pair (x1, x3) turns by position / theta^(2/4); at position 1 a unit x1 becomes
+    (cos w, sin w) with w = theta^-0.5 (0.01 for Llama 2's 10000, 0.0014142 for Llama 3's 500000)."""
+    from autoplan.runtime.model import apply_rope
+
+    x = torch.zeros(1, 1, 2, 4)
+    x[..., 1] = 1.0
+    out = apply_rope(x, theta)[0, 0, 1]
+    w = theta**-0.5
+    assert out.tolist() == pytest.approx([0.0, math.cos(w), 0.0, math.sin(w)], abs=1e-7)

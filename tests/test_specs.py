@@ -25,6 +25,8 @@ def test_builtin_models_of_the_design():
     assert (t.num_layers, t.hidden_size, t.num_attention_heads) == (128, 25600, 160)
     tiny = load_model("tiny")
     assert tiny.num_layers <= 8 and 64 <= tiny.hidden_size <= 128
+    assert load_model("llama3-8b").rope_theta == 500_000.0  # Llama 3's rotary base
+    assert load_model("llama2-7b").rope_theta == 10_000.0
 
 
 def test_model_defaults():
@@ -171,6 +173,7 @@ def test_hf_mistral_gqa(tmp_path):
     m = load_model(write_json(tmp_path, "mistral", MISTRAL_7B_CONFIG))
     assert (m.kv_heads, m.kv_size, m.ffn, m.seq_length) == (8, 1024, 14336, 32768)
     assert not m.tie_embeddings and m.activation == "swiglu"
+    assert m.rope_theta == 1_000_000.0  # the config's rotary base, not the 10000 default
     assert params.total_params(m) == 7_241_732_096  # Mistral 7B
     assert load_model(write_json(tmp_path, "m2", MISTRAL_7B_CONFIG), seq_len=4096).seq_length == 4096
 

@@ -17,6 +17,18 @@ def node_shape(job: Job) -> tuple[int, int]:
     return -(-world // per_node), per_node
 
 
+def rendezvous_block() -> str:
+    """Bash that sets RDZV, torchrun's rendezvous arguments: standalone on one node, else c10d at
+    MASTER_ADDR:MASTER_PORT (NNODES and NODE_RANK must be set before it)."""
+    return """if [ "$NNODES" -eq 1 ]; then
+  RDZV=(--standalone --nnodes 1)
+else
+  RDZV=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend c10d
+        --rdzv-endpoint "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}:${MASTER_PORT:-29500}"
+        --rdzv-id "${RDZV_ID:-autoplan}")
+fi"""
+
+
 def launch_sh(job: Job) -> str:
     nodes, per_node = node_shape(job)
     world = job.plan.gpus
@@ -39,13 +51,7 @@ if [ "$((NNODES * NPROC_PER_NODE))" -ne "$WORLD" ]; then
   echo "launch.sh: NNODES*NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) but the plan needs t*p*d = $WORLD ranks" >&2
   exit 2
 fi
-if [ "$NNODES" -eq 1 ]; then
-  RDZV=(--standalone --nnodes 1)
-else
-  RDZV=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend c10d
-        --rdzv-endpoint "${{MASTER_ADDR:?set MASTER_ADDR to the address of node 0}}:${{MASTER_PORT:-29500}}"
-        --rdzv-id "${{RDZV_ID:-autoplan}}")
-fi
+{rendezvous_block()}
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-1}}"
 exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" --max-restarts 0 \\
   -m autoplan.runtime.train -- --run-dir "$RUN_DIR" "$@"

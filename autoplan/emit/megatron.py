@@ -1,20 +1,46 @@
-"""The plan as Megatron-LM ``pretrain_gpt.py`` arguments.
+"""The plan for Megatron-LM: ``pretrain_gpt.py`` arguments and the launch script with their environment.
 
-Mapping: t -> --tensor-model-parallel-size, p -> --pipeline-model-parallel-size, the data
-parallel size is what remains of the world size; interleaved v -> --num-layers-per-virtual-
-pipeline-stage; an explicit layer split -> --pipeline-model-parallel-layout; sp -> --sequence-
-parallel; ZeRO-1 -> --use-distributed-optimizer; ZeRO-2/3 -> Megatron-FSDP with
---data-parallel-sharding-strategy optim_grads / optim_grads_params; offload=cpu ->
---optimizer-cpu-offload; recompute -> --recompute-granularity/-method/-num-layers. What
-Megatron-LM cannot express (GPipe, NVMe offload, per-chunk recompute counts) is stated in a
-comment line of the file.
+Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training/arguments.py``
+``parse_args`` + ``validate_args``) and megatron-core 0.16.1's ``TransformerConfig``. Mapping:
+
+- t, p -> ``--tensor/pipeline-model-parallel-size``; d is what remains of the world size.
+  t > 1 needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` before Blackwell (``validate_args``), while
+  Megatron-FSDP wants it unset or > 1: ``megatron_launch.sh`` exports what the plan needs.
+- Layer split: uniform -> nothing (or ``--num-layers-per-virtual-pipeline-stage`` when
+  interleaved); any other split -> ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t*n``
+  layers, ``L`` loss; segment i is virtual chunk i // p of pipeline rank i % p, the looped
+  placement autoplan plans), since first/last-stage counts only express an even middle.
+- sp -> ``--sequence-parallel``; ZeRO-1 -> ``--use-distributed-optimizer``; ZeRO-2/3 ->
+  Megatron-FSDP (``--use-megatron-fsdp``, ``--data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params``, ``--ckpt-format fsdp_dtensor``); hsdp=N ->
+  ``--num-distributed-optimizer-instances d/N`` (shards within d/instances consecutive ranks,
+  replicates across: ``param_and_grad_buffer.py``).
+- offload=cpu -> ``--optimizer-cpu-offload --use-precision-aware-optimizer`` (asserted together);
+  Megatron keeps the bf16 parameters and the gradient buffer on the GPU (stated, with its size).
+- Recomputation: Megatron has one granularity for the whole model; full recomputation is
+  ``--recompute-method block --recompute-num-layers N``: the first N layers of every chunk
+  (``transformer_block.py``); selective (``core_attn``) covers every layer.
+- Llama-style models: ``--rotary-base``, ``--swiglu``, GQA, RMSNorm, untied embeddings;
+  materialised attention -> ``--attention-backend unfused``.
+
+Closest runnable plan: GPipe -> 1F1B; NVMe offload -> CPU; recomputation as Megatron can
+express it (same N in every chunk, one granularity).
 """
 
 from __future__ import annotations
 
-from autoplan.emit.launch import node_shape
+import math
+import shlex
+from dataclasses import replace
+
+from autoplan.emit.export import Draft, Export
+from autoplan.emit.launch import node_shape, rendezvous_block
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
+from simulator.plan import Plan
+
+RELEASE = "Megatron-LM main (d98e8a6, 2026-08-22) / megatron-core 0.16"
+VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by default: the vocabulary is padded to 128 * t
 
 
 def _model_args(job: Job) -> list[str]:
@@ -42,6 +68,8 @@ def _model_args(job: Job) -> list[str]:
         str(m.vocab_size),
         "--mock-data",
     ]
+    if m.position_embedding_type == "rope":
+        args += ["--rotary-base", str(int(m.rope_theta))]
     if m.kv_heads != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     if m.activation == "swiglu":
@@ -50,74 +78,56 @@ def _model_args(job: Job) -> list[str]:
         args.append("--disable-bias-linear")
     if not m.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
+    if m.attention == "materialized":
+        args += ["--attention-backend", "unfused"]
     return args
 
 
-def _layout(job: Job) -> str:
-    """Megatron's pipeline layout string: one '|'-separated segment per (virtual) stage."""
-    sizes = job.plan.chunk_layers(job.model.num_layers)
-    parts = ["t" * n for n in sizes]
-    parts[0] = "E" + parts[0]
-    parts[-1] = parts[-1] + "L"
+def pipeline_layout(sizes: tuple[int, ...]) -> str:
+    """``--pipeline-model-parallel-layout``: one ``|``-separated segment per pipeline chunk, the
+    embedding ``E`` first and the loss ``L`` last (``pipeline_parallel_layer_layout.py``)."""
+    parts = [f"t*{n}" for n in sizes]
+    parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
     return "|".join(parts)
 
 
-def _parallel_args(job: Job, notes: list[str]) -> list[str]:
-    plan, m = job.plan, job.model
-    args = ["--tensor-model-parallel-size", str(plan.t), "--pipeline-model-parallel-size", str(plan.p)]
-    uniform = plan.layers is None or len(set(plan.layers)) == 1
-    if not uniform:
-        args += ["--pipeline-model-parallel-layout", _layout(job)]
-    elif plan.v > 1:
-        args += ["--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (plan.p * plan.v))]
-    if plan.p > 1 and plan.schedule == "gpipe":
-        notes.append(
-            "schedule=gpipe: Megatron-LM has no GPipe schedule; it runs 1F1B (same bubble, less activation memory)"
-        )
-    if plan.sp:
-        args.append("--sequence-parallel")
-    args += ["--micro-batch-size", str(plan.mb), "--global-batch-size", str(job.global_batch)]
+def _layer_args(job: Job, plan: Plan) -> list[str]:
+    sizes = plan.chunk_layers(job.model.num_layers)
+    if len(set(sizes)) > 1:
+        return ["--pipeline-model-parallel-layout", pipeline_layout(sizes)]
+    if plan.v > 1:
+        return ["--num-layers-per-virtual-pipeline-stage", str(sizes[0])]
+    return []
+
+
+def _data_parallel_args(plan: Plan) -> list[str]:
     if plan.zero == 1:
-        args.append("--use-distributed-optimizer")
+        args = ["--use-distributed-optimizer"]
     elif plan.zero >= 2:
-        strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
-        args += [
+        args = [
             "--use-distributed-optimizer",
             "--use-megatron-fsdp",
             "--data-parallel-sharding-strategy",
-            strategy,
+            "optim_grads" if plan.zero == 2 else "optim_grads_params",
             "--no-gradient-accumulation-fusion",
             "--ckpt-format",
             "fsdp_dtensor",
         ]
+    else:
+        args = []
     if plan.hsdp:
-        notes.append(f"hsdp={plan.hsdp}: not expressed; Megatron-FSDP here shards over all d={plan.d} ranks")
+        args += ["--num-distributed-optimizer-instances", str(plan.replicas)]
     if plan.offload == "cpu":
-        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
-    elif plan.offload == "nvme":
-        notes.append("offload=nvme: Megatron-LM has no NVMe offload (use the DeepSpeed config)")
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     return args
 
 
-def _recompute_args(job: Job, notes: list[str]) -> list[str]:
-    plan = job.plan
-    per_chunk = plan.chunk_recompute(job.model.num_layers)
-    full = max(f for f, _ in per_chunk)
-    sel = max(s for _, s in per_chunk)
-    if plan.recompute is not None and len(set(per_chunk)) > 1:
-        notes.append(
-            f"recompute={'/'.join(f'{f}:{s}' for f, s in per_chunk)}: Megatron-LM applies one count to every stage"
-        )
+def _recompute_args(job: Job, plan: Plan) -> list[str]:
+    rec = plan.chunk_recompute(job.model.num_layers)
+    full = max(f for f, _ in rec)
     if full:
-        return [
-            "--recompute-granularity",
-            "full",
-            "--recompute-method",
-            "block" if plan.recompute else "uniform",
-            "--recompute-num-layers",
-            str(full if plan.recompute else 1),
-        ]
-    if sel:
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(full)]
+    if any(s for _, s in rec):
         return ["--recompute-granularity", "selective"]
     return []
 
@@ -152,30 +162,138 @@ def _train_args(train: TrainSettings) -> list[str]:
     ]
 
 
-def megatron_args(job: Job, train: TrainSettings) -> tuple[list[str], list[str]]:
-    """(argument list for pretrain_gpt.py, notes on what could not be expressed)."""
-    notes: list[str] = []
-    args = _model_args(job) + _parallel_args(job, notes) + _recompute_args(job, notes) + _train_args(train)
-    return args, notes
+def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
+    """The ``pretrain_gpt.py`` argument list for ``plan`` (the plan Megatron runs)."""
+    parallel = ["--tensor-model-parallel-size", str(plan.t), "--pipeline-model-parallel-size", str(plan.p)]
+    parallel += _layer_args(job, plan)
+    if plan.sp:
+        parallel.append("--sequence-parallel")
+    parallel += ["--micro-batch-size", str(plan.mb), "--global-batch-size", str(job.global_batch)]
+    return _model_args(job) + parallel + _data_parallel_args(plan) + _recompute_args(job, plan) + _train_args(train)
 
 
-def megatron_args_text(job: Job, train: TrainSettings) -> str:
-    """The arguments one per line (flag and its value), with '#' comment lines; read with
+def megatron_env(plan: Plan) -> dict[str, str | None]:
+    """Environment the launch exports (None: unset). ``validate_args`` asserts
+    CUDA_DEVICE_MAX_CONNECTIONS=1 for t > 1 (GPUs before Blackwell) and Megatron-FSDP asserts it
+    is unset or > 1 (with t > 1 it only warns then)."""
+    if plan.zero >= 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1" if plan.t > 1 else None}
+
+
+def _recompute_draft(d: Draft) -> None:
+    """What Megatron can recompute: one granularity, and for full recomputation the same first N
+    layers of every chunk; the closest plan recomputes at least what the plan does."""
+    n = d.job.model.num_layers
+    plan = d.plan()
+    rec, sizes = plan.chunk_recompute(n), plan.chunk_layers(n)
+    has_full, has_sel = any(f for f, _ in rec), any(s for _, s in rec)
+    if has_sel and not has_full:
+        if any(s != size for (_, s), size in zip(rec, sizes)):
+            why = "Megatron's selective recomputation covers every layer (--recompute-num-layers must be unset)"
+            d.change_recompute("selective", None, why)
+        return
+    if not has_full:
+        return
+    merged = [f + s for f, s in rec]
+    top = max(merged)
+    target = tuple((min(top, size), 0) for size in sizes)
+    if target == tuple(rec):
+        return
+    if all(f == size for (f, _), size in zip(target, sizes)):
+        d.change_recompute("full", None, _recompute_reason(has_sel, top))
+    else:
+        d.change_recompute(plan.ckpt, target, _recompute_reason(has_sel, top))
+
+
+def _recompute_reason(has_sel: bool, top: int) -> str:
+    why = f"Megatron's block method recomputes the same first --recompute-num-layers {top} of every chunk"
+    if has_sel:
+        why = (
+            "Megatron has one recompute granularity, so the selective layers recompute in full; "
+            + why[0].lower()
+            + why[1:]
+        )
+    return why
+
+
+def _memory_notes(job: Job, written: Plan) -> list[str]:
+    notes = []
+    if written.offload == "cpu":
+        from simulator.analytic import estimate
+
+        planned = estimate(replace(job, plan=written)).memory_breakdown
+        on_gpu = estimate(replace(job, plan=written.replace(offload="none"))).memory_breakdown
+        extra = on_gpu["params"] + on_gpu["grads"] - planned["params"] - planned["grads"]
+        notes.append(
+            "offload=cpu: Megatron offloads the optimizer (fp32 master and Adam state) and keeps the bf16 "
+            f"parameters and the gradient buffer on the GPU: {extra / 2**30:+.1f} GiB per GPU beside the plan's memory"
+        )
+    v, t = job.model.vocab_size, written.t
+    padded = math.ceil(v / (VOCAB_MULTIPLE * t)) * VOCAB_MULTIPLE * t
+    if padded != v:
+        notes.append(f"Megatron pads the vocabulary from {v} to {padded} (a multiple of 128*t)")
+    return notes
+
+
+def _decide(job: Job) -> Draft:
+    plan = job.plan
+    d = Draft(job)
+    if plan.p > 1 and plan.schedule == "gpipe":
+        d.change("schedule", "1f1b", "Megatron-LM has no GPipe schedule; 1F1B has the same bubble and less memory")
+    if plan.offload == "nvme":
+        d.change("offload", "cpu", "Megatron-LM has no NVMe offload (DeepSpeed's ZeRO-Infinity does)")
+    _recompute_draft(d)
+    d.notes += _memory_notes(job, d.plan())
+    return d
+
+
+def megatron_args_text(job: Job, plan: Plan, train: TrainSettings, header: list[str]) -> str:
+    """The arguments one per line (flag and its value), after '#' comment lines; read with
     ``shlex.split(text, comments=True)`` or ``grep -v '^#' megatron_args.txt | xargs``."""
-    args, notes = megatron_args(job, train)
-    world = job.plan.gpus
-    nodes, per_node = node_shape(job)
-    lines = [
-        f"# Megatron-LM pretrain_gpt.py arguments for model {job.model.name}, plan {job.plan.to_string()}",
-        f"# launch on {world} GPUs (data-parallel size = {world} / (t*p) = {job.plan.d}), e.g. on each of {nodes} node(s):",
-        f"#   torchrun --nnodes {nodes} --nproc-per-node {per_node} ... pretrain_gpt.py $(grep -v '^#' megatron_args.txt)",
-    ] + [f"# note: {n}" for n in notes]
+    args = megatron_args(job, plan, train)
+    lines = [f"# {h}" for h in header]
+    lines.append(f"# {plan.gpus} ranks (data-parallel size {plan.d} = world / (t*p)); run with megatron_launch.sh")
     i = 0
     while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"{args[i]} {args[i + 1]}")
+            lines.append(f"{args[i]} {shlex.quote(args[i + 1])}")
             i += 2
         else:
             lines.append(args[i])
             i += 1
     return "\n".join(lines) + "\n"
+
+
+def megatron_launch(job: Job, plan: Plan, header: list[str]) -> str:
+    """megatron_launch.sh: exports the environment Megatron checks, then torchrun pretrain_gpt.py."""
+    nodes, per_node = node_shape(job)
+    env = []
+    for key, value in megatron_env(plan).items():
+        env.append(f"export {key}={value}" if value is not None else f"unset {key}")
+    comments = "\n".join(f"# {h}" for h in header)
+    return f"""#!/usr/bin/env bash
+{comments}
+# usage: MEGATRON_LM=<Megatron-LM checkout> bash megatron_launch.sh [more pretrain_gpt.py arguments]
+# multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
+set -euo pipefail
+RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+: "${{MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (the directory of pretrain_gpt.py)}}"
+NNODES="${{NNODES:-{nodes}}}"
+NODE_RANK="${{NODE_RANK:-0}}"
+NPROC_PER_NODE="${{NPROC_PER_NODE:-{per_node}}}"
+{rendezvous_block()}
+{chr(10).join(env)}
+mapfile -t ARGS < <(grep -v '^#' "$RUN_DIR/megatron_args.txt" | xargs -n 1)
+exec torchrun "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" "$MEGATRON_LM/pretrain_gpt.py" "${{ARGS[@]}}" "$@"
+"""
+
+
+def export_megatron(job: Job, train: TrainSettings) -> Export:
+    def render(plan: Plan, header: list[str]) -> dict[str, str]:
+        return {
+            "megatron_args.txt": megatron_args_text(job, plan, train, header),
+            "megatron_launch.sh": megatron_launch(job, plan, header),
+        }
+
+    return _decide(job).finish("megatron", RELEASE, render)

@@ -1,140 +1,200 @@
-"""The plan as a torchtitan job config TOML (``torchtitan/config/job_config.py`` keys; the TOML
-format of torchtitan <= 0.2, loadable with ``--job.config_file``; 0.3 moved to Python configs).
+"""The plan for torchtitan 0.3: a config module (``torchtitan_config.py``) and its launch script.
 
-Mapping: t -> tensor_parallel_degree (torchtitan always pairs TP with sequence
-parallelism), p -> pipeline_parallel_degree, schedule -> pipeline_parallel_schedule (GPipe,
-1F1B, Interleaved1F1B), v -> pipeline_parallel_layers_per_stage (or module_fqns_per_model_part
-for an explicit layer split), mb -> pipeline_parallel_microbatch_size, d/zero ->
-data_parallel_replicate_degree (ZeRO-0/1: DDP) or data_parallel_shard_degree with
-fsdp_reshard_after_forward never (ZeRO-2) / always (ZeRO-3), hsdp -> data_parallel_shard_degree
-= hsdp and data_parallel_replicate_degree = d / hsdp (torchtitan's HSDP), offload=cpu ->
-enable_cpu_offload, ckpt -> activation_checkpoint.mode. Mismatches are stated in comments.
+torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module``/``--config``,
+``torchtitan/config/manager.py``); 0.2's TOML job files are gone. Mapping (``config/configs.py``,
+``trainer.py``, ``distributed/pipeline_parallel.py``, ``models/llama3/parallelize.py``):
+
+- The model: a Llama-style decoder built from torchtitan's blocks with the model file's sizes
+  (dim, layers, heads, KV heads, the exact SwiGLU hidden size, vocabulary, rotary base). GPT-style
+  models (GELU, LayerNorm, learned positions) are refused: torchtitan ships no such model.
+- t -> ``tensor_parallel_degree``, sp -> ``enable_sequence_parallel``; p -> ``pipeline_parallel_degree``
+  with the plan's split as ``module_fqns_per_model_part`` (p*v stages, rank r running r, r+p, ...:
+  the looped placement autoplan plans; no ``*_less_layers`` defaults involved); schedule ->
+  ``1F1B`` / ``GPipe`` / ``Interleaved1F1B``; mb -> ``pipeline_parallel_microbatch_size``.
+- Batch: the trainer accumulates ``global / (local x dp)`` steps and, with a pipeline, splits
+  ``local`` into ``local / mb`` microbatches; so local = mb (no pipeline: m accumulation steps)
+  or mb x m (pipeline: m microbatches, one step).
+- d: FSDP2 on (``data_parallel_replicate_degree``, ``data_parallel_shard_degree``): ZeRO-0 =
+  replicate d; ZeRO-2 / ZeRO-3 = shard with ``fsdp_reshard_after_forward`` never / always;
+  hsdp=N = shard N, replicate d/N. ZeRO-1 has no equivalent (-> ZeRO-2).
+- offload=cpu -> ``enable_cpu_offload`` (FSDP2 CPUOffloadPolicy: parameters, gradients and
+  optimizer state on the host). Recomputation: one mode for every layer (full, torchtitan's
+  op-level selective, or none).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from autoplan.emit.export import Draft, Export, fill_template, refuse
+from autoplan.emit.launch import node_shape, rendezvous_block
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
+from simulator.plan import Plan
 
+RELEASE = "torchtitan 0.3.0"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 
 
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+def architecture_refusal(job: Job) -> str | None:
+    """Why torchtitan cannot train this model as autoplan models it, or None."""
+    m = job.model
+    gpt = [
+        what
+        for what, differs in (
+            (f"{m.activation} MLP", m.activation != "swiglu"),
+            ("LayerNorm", m.normalization != "RMSNorm"),
+            ("learned positions", m.position_embedding_type != "rope"),
+        )
+        if differs
+    ]
+    if gpt:
+        return (
+            f"{m.name} is GPT-style ({', '.join(gpt)}); torchtitan 0.3 ships Llama-style decoders only "
+            "(SwiGLU, RMSNorm, RoPE), a different model"
+        )
+    if m.tie_embeddings and job.plan.p > 1:
+        return "tied embeddings with p > 1: torchtitan raises NotImplementedError (models/common/decoder.py)"
+    return None
 
 
-def _dp(job: Job, notes: list[str]) -> dict[str, Any]:
+def _recompute_draft(d: Draft) -> None:
+    n = d.job.model.num_layers
+    rec = d.plan().chunk_recompute(n)
+    full, sel = sum(f for f, _ in rec), sum(s for _, s in rec)
+    mode = "full" if full else "selective" if sel else "none"
+    if d.plan().recompute is not None or (full and sel):
+        d.change_recompute(mode, None, f"torchtitan applies one activation-checkpoint mode to every layer ({mode})")
+
+
+def _decide(job: Job) -> Draft:
     plan = job.plan
+    d = Draft(job)
+    if plan.zero == 1:
+        d.change(
+            "zero", 2, "torchtitan has no optimizer-only sharding; FSDP2 without resharding after forward is ZeRO-2"
+        )
+    if plan.offload == "nvme":
+        d.change("offload", "cpu", "torchtitan has no NVMe offload")
+    _recompute_draft(d)
+    written = d.plan()
+    if written.offload == "cpu" and written.zero < 3:
+        d.notes.append("offload=cpu: FSDP2's CPU offload moves the parameters to the host too (the plan keeps them)")
+    if written.ckpt == "selective":
+        d.notes.append(
+            "ckpt=selective: torchtitan's selective AC is op-level (keeps matmul outputs, recomputes the rest), "
+            "not the attention-core recomputation autoplan models"
+        )
+    if job.model.attention == "materialized":
+        d.notes.append("attention=materialized: torchtitan runs FlexAttention (fused, no s x s scores kept)")
+    d.notes.append("set --hf_assets_path to a tokenizer whose vocabulary is the model's (c4_test data)")
+    return d
+
+
+def _fqns(job: Job, plan: Plan) -> list[list[str]]:
+    """Module names of each pipeline stage (torchtitan's llama3: tok_embeddings, layers.i, norm, lm_head)."""
+    sizes = plan.chunk_layers(job.model.num_layers)
+    parts, start = [], 0
+    for i, n in enumerate(sizes):
+        names = [f"layers.{j}" for j in range(start, start + n)]
+        start += n
+        parts.append(
+            (["tok_embeddings"] if i == 0 else []) + names + (["norm", "lm_head"] if i == len(sizes) - 1 else [])
+        )
+    return parts
+
+
+def parallelism(job: Job, plan: Plan) -> dict[str, Any]:
+    """``ParallelismConfig`` fields for ``plan``."""
+    out: dict[str, Any] = {
+        "tensor_parallel_degree": plan.t,
+        "enable_sequence_parallel": bool(plan.sp),
+        "pipeline_parallel_degree": plan.p,
+        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
+        "pipeline_parallel_microbatch_size": plan.mb,
+        "context_parallel_degree": 1,
+    }
     if plan.zero >= 2:
-        return {  # hybrid sharding (hsdp): shard over hsdp ranks, replicate over d / hsdp
+        out |= {
             "data_parallel_replicate_degree": plan.replicas,
             "data_parallel_shard_degree": plan.shard_group,
             "fsdp_reshard_after_forward": "always" if plan.zero == 3 else "never",
         }
-    if plan.d > 1 and (plan.t > 1 or plan.p > 1):
-        notes.append(
-            f"zero={plan.zero} with TP/PP: torchtitan's DDP is 1-D only, so this uses FSDP without "
-            "resharding after forward (ZeRO-2 memory)"
-        )
-        return {
-            "data_parallel_replicate_degree": 1,
-            "data_parallel_shard_degree": plan.d,
-            "fsdp_reshard_after_forward": "never",
-        }
-    if plan.zero == 1 and plan.d > 1:
-        notes.append("zero=1: torchtitan has no optimizer-only sharding; this is plain DDP (ZeRO-0 memory)")
-    return {
-        "data_parallel_replicate_degree": plan.d,
-        "data_parallel_shard_degree": 1,
-        "fsdp_reshard_after_forward": "default",
-    }
-
-
-def _pipeline(job: Job, notes: list[str]) -> dict[str, Any]:
-    plan, m = job.plan, job.model
-    out: dict[str, Any] = {
-        "pipeline_parallel_degree": plan.p,
-        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
-        "pipeline_parallel_microbatch_size": plan.mb,
-    }
-    sizes = plan.chunk_layers(m.num_layers)
-    if plan.p > 1 and len(set(sizes)) == 1:
-        out["pipeline_parallel_layers_per_stage"] = sizes[0]
-    elif plan.p > 1:
-        parts, start = [], 0
-        for i, n in enumerate(sizes):
-            part = [f"layers.{j}" for j in range(start, start + n)]
-            start += n
-            parts.append(
-                (["tok_embeddings"] if i == 0 else []) + part + (["norm", "output"] if i == len(sizes) - 1 else [])
-            )
-        out["module_fqns_per_model_part"] = parts
+    else:
+        out |= {"data_parallel_replicate_degree": plan.d, "data_parallel_shard_degree": 1}
+    if plan.p > 1:
+        out["module_fqns_per_model_part"] = _fqns(job, plan)
     return out
 
 
-def _checkpoint(job: Job, notes: list[str]) -> dict[str, Any]:
-    plan = job.plan
-    if plan.recompute is not None:
-        notes.append(
-            f"recompute={'/'.join(f'{f}:{s}' for f, s in plan.recompute)}: torchtitan applies one mode to every layer"
-        )
-    if plan.ckpt == "selective":
-        return {"mode": "selective", "selective_ac_option": "op"}
-    return {"mode": plan.ckpt}
+def training(job: Job, plan: Plan, train: TrainSettings) -> dict[str, Any]:
+    """``TrainingConfig`` fields for ``plan``."""
+    return {
+        "local_batch_size": plan.mb * (job.m if plan.p > 1 else 1),
+        "global_batch_size": job.global_batch,
+        "seq_len": job.model.seq_length,
+        "steps": 100,
+        "max_norm": train.max_norm,
+        "enable_cpu_offload": plan.offload == "cpu",
+        "mixed_precision_param": "bfloat16",
+        "mixed_precision_reduce": "float32",
+        "disable_cuda_graphs": plan.p > 1,  # Trainer.Config: "CUDA graphs do not support pipeline parallelism yet"
+    }
 
 
-def torchtitan_toml(job: Job, train: TrainSettings) -> str:
-    plan, m = job.plan, job.model
-    notes: list[str] = []
-    if plan.t > 1 and not plan.sp:
-        notes.append("sp=0: torchtitan always uses sequence parallelism with tensor parallelism")
-    if plan.offload == "nvme":
-        notes.append("offload=nvme: torchtitan has no NVMe offload")
-    parallelism = {
-        **_dp(job, notes),
-        "tensor_parallel_degree": plan.t,
-        **_pipeline(job, notes),
-        "context_parallel_degree": 1,
+def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[str]) -> str:
+    m = job.model
+    model = {
+        "name": m.name,
+        "dim": m.hidden_size,
+        "n_layers": m.num_layers,
+        "n_heads": m.num_attention_heads,
+        "n_kv_heads": m.kv_heads,
+        "ffn_hidden_dim": m.ffn,
+        "vocab_size": m.vocab_size,
+        "rope_theta": m.rope_theta,
+        "max_seq_len": m.seq_length,
+        "tie_embeddings": m.tie_embeddings,
     }
-    sections: dict[str, dict[str, Any]] = {
-        "job": {"dump_folder": "./outputs", "description": f"autoplan: {m.name}, plan {plan.to_string()}"},
-        "model": {"name": "llama3", "flavor": m.name},
-        "optimizer": {
-            "name": "AdamW",
-            "lr": train.lr,
-            "beta1": train.betas[0],
-            "beta2": train.betas[1],
-            "eps": train.eps,
-            "weight_decay": train.weight_decay,
-        },
-        "training": {
-            "local_batch_size": job.global_batch // plan.d,
-            "global_batch_size": job.global_batch,
-            "seq_len": m.seq_length,
-            "max_norm": train.max_norm,
-            "steps": 100,
-            "mixed_precision_param": "bfloat16",
-            "mixed_precision_reduce": "float32",
-            "enable_cpu_offload": plan.offload == "cpu",
-            "dataset": "c4_test",
-        },
-        "parallelism": parallelism,
-        "activation_checkpoint": _checkpoint(job, notes),
+    optimizer = {"lr": train.lr, "betas": tuple(train.betas), "eps": train.eps, "weight_decay": train.weight_decay}
+    values = {
+        "MODEL: dict[str, Any]": repr(model),
+        "PARALLELISM: dict[str, Any]": repr(parallelism(job, plan)),
+        "TRAINING: dict[str, Any]": repr(training(job, plan, train)),
+        "OPTIMIZER: dict[str, Any]": repr(optimizer),
+        "ACTIVATION_CHECKPOINT": repr(plan.ckpt),
     }
-    lines = [
-        f"# torchtitan job config for model {m.name} (h={m.hidden_size}, l={m.num_layers}, a={m.num_attention_heads}, "
-        f"kv={m.kv_heads}, ffn={m.ffn}, vocab={m.vocab_size}): register a flavor with these sizes",
-        f"# plan {plan.to_string()} on {plan.gpus} GPUs, global batch {job.global_batch}",
-    ] + [f"# note: {n}" for n in notes]
-    for name, kv in sections.items():
-        lines.append(f"\n[{name}]")
-        lines += [f"{k} = {_value(v)}" for k, v in kv.items()]
-    return "\n".join(lines) + "\n"
+    return fill_template("torchtitan_config.py", values, header)
+
+
+def torchtitan_launch(job: Job, header: list[str]) -> str:
+    nodes, per_node = node_shape(job)
+    comments = "\n".join(f"# {h}" for h in header)
+    return f"""#!/usr/bin/env bash
+{comments}
+# usage: bash torchtitan_launch.sh [torchtitan overrides, e.g. --hf_assets_path <tokenizer dir>]
+# multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
+set -euo pipefail
+RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+NNODES="${{NNODES:-{nodes}}}"
+NODE_RANK="${{NODE_RANK:-0}}"
+NPROC_PER_NODE="${{NPROC_PER_NODE:-{per_node}}}"
+{rendezvous_block()}
+export PYTHONPATH="$RUN_DIR${{PYTHONPATH:+:$PYTHONPATH}}"
+exec torchrun "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" -m torchtitan.train \\
+  --module torchtitan_config --config autoplan_config "$@"
+"""
+
+
+def export_torchtitan(job: Job, train: TrainSettings) -> Export:
+    why = architecture_refusal(job)
+    if why:
+        return refuse("torchtitan", RELEASE, why)
+
+    def render(plan: Plan, header: list[str]) -> dict[str, str]:
+        return {
+            "torchtitan_config.py": torchtitan_config(job, plan, train, header),
+            "torchtitan_launch.sh": torchtitan_launch(job, header),
+        }
+
+    return _decide(job).finish("torchtitan", RELEASE, render)

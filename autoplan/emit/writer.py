@@ -1,28 +1,60 @@
-"""Writes a run dir: plan.json, launch.sh, slurm.sbatch, Megatron-LM / DeepSpeed / torchtitan configs."""
+"""Writes a run dir: plan.json and, per target, the files of its exporter (:mod:`autoplan.emit.export`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autoplan import __version__
-from autoplan.emit.deepspeed import deepspeed_config
+from autoplan.emit.deepspeed import export_deepspeed
+from autoplan.emit.export import TARGETS, Export, Target
 from autoplan.emit.launch import launch_sh, slurm_sbatch
-from autoplan.emit.megatron import megatron_args_text
-from autoplan.emit.torchtitan import torchtitan_toml
+from autoplan.emit.megatron import export_megatron
+from autoplan.emit.torchtitan import export_torchtitan
 from autoplan.outputs import check_run_dir
 from autoplan.runtime.config import PLAN_FILE, RunSpec, TrainSettings, run_spec_to_dict
 from hwprofiles.errors import InputError
 from simulator.job import Job
 
 log = logging.getLogger(__name__)
+TORCH_RELEASE = "autoplan's torch.distributed program"
 
 
-def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings) -> dict[str, Any]:
-    """Model, plan, batch, training settings, the target cluster and the predicted metrics."""
+def export_torch(job: Job, run_dir: Path) -> Export:
+    files = {"launch.sh": launch_sh(job), "slurm.sbatch": slurm_sbatch(job, str(run_dir.resolve()))}
+    return Export("torch", TORCH_RELEASE, files, job.plan)
+
+
+EXPORTERS: dict[Target, Callable[[Job, TrainSettings, Path], Export]] = {
+    "torch": lambda job, train, out: export_torch(job, out),
+    "megatron": lambda job, train, out: export_megatron(job, train),
+    "deepspeed": lambda job, train, out: export_deepspeed(job, train),
+    "torchtitan": lambda job, train, out: export_torchtitan(job, train),
+}
+
+
+def export_record(export: Export, job: Job) -> dict[str, Any]:
+    """plan.json's account of one target: its release, files, the plan it runs and every difference."""
+    out: dict[str, Any] = {"release": export.release, "files": sorted(export.files)}
+    if export.refused:
+        out["refused"] = export.refused
+        return out
+    assert export.written is not None
+    out["exact"] = export.exact
+    out["runs"] = export.written.to_string()
+    out["changes"] = [c.describe() for c in export.changes]
+    out["notes"] = list(export.notes)
+    return out
+
+
+def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings, exports: Iterable[Export]) -> dict[str, Any]:
+    """Model, plan, batch, training settings, the target cluster, the predicted metrics and what
+    each exporter wrote."""
     spec = RunSpec(model=job.model, plan=job.plan, global_batch=job.global_batch, train=train)
     c = job.cluster
     gpu = c.node.gpu if isinstance(c.node.gpu, str) else c.node.gpu.name
@@ -37,30 +69,67 @@ def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings) -> dic
             "backend": c.node.backend,
         },
         "prediction": prediction,
+        "exports": {e.target: export_record(e, job) for e in exports},
     }
 
 
+def export_summary(export: Export, job: Job) -> list[str]:
+    """What ``autoplan emit`` prints for one target: its files and how they relate to the plan; a
+    closest plan comes with its own analytic prediction."""
+    head = f"{export.target:<11}"
+    if export.refused:
+        return [f"{head}not written ({export.release}): {export.refused}"]
+    assert export.written is not None
+    files = ", ".join(export.files)
+    if export.exact:
+        lines = [f"{head}{files} ({export.release}): the plan as given"]
+    else:
+        from simulator.analytic import estimate
+
+        lines = [f"{head}{files} ({export.release}): NOT the plan as given; it runs {export.written.to_string()}"]
+        lines += [f"{'':11}  changed {c.describe()}" for c in export.changes]
+        mine, planned = estimate(replace(job, plan=export.written)), estimate(job)
+        fits = "fits" if mine.fits else "does NOT fit"
+        lines.append(
+            f"{'':11}  predicted (analytic): {mine.step_time:.2f} s/step, {mine.peak_memory / 2**30:.1f} GiB per GPU, "
+            f"{fits} in {mine.memory_capacity / 2**30:.0f} GiB (the plan: {planned.step_time:.2f} s, "
+            f"{planned.peak_memory / 2**30:.1f} GiB)"
+        )
+    lines += [f"{'':11}note: {n}" for n in export.notes]
+    return lines
+
+
+def build_exports(job: Job, out_dir: Path, train: TrainSettings, targets: Iterable[Target] = TARGETS) -> list[Export]:
+    """Each chosen target's export, in the order of :data:`TARGETS`."""
+    chosen = set(targets)
+    return [EXPORTERS[t](job, train, Path(out_dir)) for t in TARGETS if t in chosen]
+
+
 def write_run_dir(
-    job: Job, prediction: dict[str, Any], out_dir: Path, train: TrainSettings | None = None, force: bool = False
+    job: Job,
+    prediction: dict[str, Any],
+    out_dir: Path,
+    train: TrainSettings | None = None,
+    force: bool = False,
+    targets: Iterable[Target] = TARGETS,
+    exports: list[Export] | None = None,
 ) -> list[Path]:
-    """Write every run-dir file into ``out_dir`` (created if needed; a folder that holds files
-    only with ``force``: :func:`autoplan.outputs.check_run_dir`); return the paths written."""
+    """Write plan.json and each target's files (``exports``, or :func:`build_exports` of ``targets``)
+    into ``out_dir`` (created if needed; a folder that holds files only with ``force``:
+    :func:`autoplan.outputs.check_run_dir`); return the paths written."""
     train = train or TrainSettings()
     out_dir = Path(out_dir)
     if check_run_dir(out_dir, force):
         log.warning("autoplan emit: --force: replacing the emitted files in %s (other files are kept)", out_dir)
+    if exports is None:
+        exports = build_exports(job, out_dir, train, targets)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"-o {out_dir}: cannot create directory: {e.strerror}") from None
-    files: dict[str, str] = {
-        PLAN_FILE: json.dumps(plan_json(job, prediction, train), indent=2) + "\n",
-        "launch.sh": launch_sh(job),
-        "slurm.sbatch": slurm_sbatch(job, str(out_dir.resolve())),
-        "megatron_args.txt": megatron_args_text(job, train),
-        "deepspeed_config.json": json.dumps(deepspeed_config(job, train), indent=2) + "\n",
-        "torchtitan.toml": torchtitan_toml(job, train),
-    }
+    files: dict[str, str] = {PLAN_FILE: json.dumps(plan_json(job, prediction, train, exports), indent=2) + "\n"}
+    for export in exports:
+        files.update(export.files)
     written = []
     for name, text in files.items():
         path = out_dir / name

@@ -23,8 +23,6 @@ from torch.utils.checkpoint import checkpoint
 
 from simulator.specs import ModelSpec
 
-ROPE_THETA = 10000.0
-
 
 def _norm(spec: ModelSpec) -> nn.Module:
     if spec.normalization == "RMSNorm":
@@ -38,16 +36,16 @@ def _has_bias(spec: ModelSpec) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _rope_tables(seq: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+def _rope_tables(seq: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     ang = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
     return ang.cos().to(device), ang.sin().to(device)
 
 
-def apply_rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of ``x`` shaped (batch, heads, seq, head_dim)."""
+def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form, base ``theta``) of ``x`` shaped (batch, heads, seq, head_dim)."""
     seq, hd = x.shape[-2], x.shape[-1]
-    cos, sin = _rope_tables(seq, hd, x.device)
+    cos, sin = _rope_tables(seq, hd, theta, x.device)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -69,7 +67,7 @@ class Attention(nn.Module):
         super().__init__()
         bias = _has_bias(spec)
         self.head_dim = spec.head_dim
-        self.rope = spec.position_embedding_type == "rope"
+        self.rope_theta = spec.rope_theta if spec.position_embedding_type == "rope" else None
         self.selective = selective
         self.q = nn.Linear(spec.hidden_size, spec.hidden_size, bias=bias)
         self.k = nn.Linear(spec.hidden_size, spec.kv_size, bias=bias)
@@ -81,8 +79,8 @@ class Attention(nn.Module):
         q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        if self.rope:
-            q, k = apply_rope(q), apply_rope(k)
+        if self.rope_theta is not None:
+            q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
         if self.selective and torch.is_grad_enabled():
             y = checkpoint(_core_attention, q, k, v, use_reentrant=False)
         else:

@@ -1,0 +1,116 @@
+"""DeepSpeed set-up for an autoplan plan: the pipeline module, recomputation and ``deepspeed.initialize``.
+
+Written by ``autoplan emit`` next to ``ds_config.json``; checked against DeepSpeed 0.19.8.
+What DeepSpeed reads from the config file is only half of a plan: the pipeline's stages, its
+layer split and which layers recompute live in the ``PipelineModule`` the user builds
+(``deepspeed/runtime/pipe/module.py``), and the data-parallel size that ``DeepSpeedConfig``
+checks the batch against comes from the ``mpu`` given to ``deepspeed.initialize``
+(``deepspeed/runtime/config.py``). This file supplies both, from the plan below.
+
+Use it from the training script::
+
+    import deepspeed_setup as planned
+    model = planned.pipeline_module(layers, block_class=MyBlock, loss_fn=loss_fn)  # p > 1
+    planned.recompute_blocks(model.blocks)                                        # p = 1
+    engine, optimizer, _, _ = planned.initialize(model)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# ---- the plan (autoplan emit writes these values) ----
+TENSOR = 1
+PIPELINE = 1
+DATA = 1
+STAGE_LAYERS: tuple[int, ...] = (1,)
+FULL_RECOMPUTE: tuple[int, ...] = (0,)
+# ---- end of the plan ----
+
+CONFIG = Path(__file__).with_name("ds_config.json")
+
+
+def _type_name(layer: Any) -> str:
+    """The class name of a layer or a ``LayerSpec`` (its ``typename``)."""
+    typename = getattr(layer, "typename", None)
+    return typename.__name__ if isinstance(typename, type) else type(layer).__name__
+
+
+def pipeline_module(
+    layers: Sequence[Any], block_class: type | str, loss_fn: Callable[..., Any] | None = None, **kwargs: Any
+) -> torch.nn.Module:
+    """DeepSpeed's ``PipelineModule`` over ``layers`` with the plan's stages, layer split and recomputation.
+
+    ``layers``: the model in order (embedding, the transformer blocks, final norm, head), as modules or
+    ``LayerSpec``; the blocks are the layers whose class is ``block_class``. Stage s runs
+    STAGE_LAYERS[s] blocks (stage 0 also the layers before the first block, the last stage the layers
+    after the last), which no ``partition_method`` can express for an uneven split; the first
+    FULL_RECOMPUTE[s] blocks of stage s are recomputed in backward, one block per checkpoint
+    (``activation_checkpoint_interval`` alone recomputes every layer). Both are done by overriding
+    ``PipelineModule._partition_layers`` and ``_is_checkpointable``, the hooks DeepSpeed's own
+    ``DualPipeVModule`` overrides. Tensor parallelism (TENSOR > 1) must be inside the blocks
+    themselves (Megatron-DeepSpeed's ``ParallelTransformerLayerPipe``): the topology only places them.
+    """
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    block = block_class if isinstance(block_class, str) else block_class.__name__
+
+    class PlannedPipelineModule(PipelineModule):
+        def _partition_layers(self, method: str = "uniform") -> None:
+            blocks = [i for i, layer in enumerate(self._layer_specs) if _type_name(layer) == block]
+            if len(blocks) != sum(STAGE_LAYERS):
+                raise ValueError(f"the plan splits {sum(STAGE_LAYERS)} {block} layers; the model has {len(blocks)}")
+            starts = [blocks[sum(STAGE_LAYERS[:s])] for s in range(1, len(STAGE_LAYERS))]
+            self.parts = [0, *starts, len(self._layer_specs)]
+            stage = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+        def _is_checkpointable(self, funcs: list[Any]) -> bool:
+            local_blocks = [f for f in self.forward_funcs if _type_name(f) == block]
+            recomputed = local_blocks[: FULL_RECOMPUTE[self.stage_id]]
+            return all(any(f is r for r in recomputed) for f in funcs)
+
+    topology = PipeModelDataParallelTopology(num_pp=PIPELINE, num_mp=TENSOR, num_dp=DATA)
+    return PlannedPipelineModule(
+        layers=layers,
+        topology=topology,
+        loss_fn=loss_fn,
+        partition_method="uniform",  # replaced by the plan's split (_partition_layers above)
+        activation_checkpoint_interval=1 if any(FULL_RECOMPUTE) else 0,
+        **kwargs,
+    )
+
+
+def recompute_blocks(blocks: Sequence[torch.nn.Module]) -> None:
+    """Without a pipeline DeepSpeed recomputes nothing itself: wrap the first FULL_RECOMPUTE[0] of the
+    model's transformer blocks in ``torch.utils.checkpoint`` (non-reentrant), as the plan does."""
+    if len(blocks) != sum(STAGE_LAYERS):
+        raise ValueError(f"the plan has {sum(STAGE_LAYERS)} transformer blocks; got {len(blocks)}")
+    for b in blocks[: FULL_RECOMPUTE[0]]:
+        b.forward = functools.partial(checkpoint, b.forward, use_reentrant=False)
+
+
+class DataParallelSize:
+    """The one thing ``DeepSpeedConfig`` asks an ``mpu``: the data-parallel size, which it checks
+    ``train_batch_size`` against. Without it DeepSpeed counts every rank (TENSOR x DATA) as data
+    parallel. With AutoTP the engine then builds its own tensor/data groups."""
+
+    def get_data_parallel_world_size(self) -> int:
+        return DATA
+
+
+def initialize(model: torch.nn.Module, **kwargs: Any) -> Any:
+    """``deepspeed.initialize`` with ds_config.json and the mpu the plan needs (a pipeline module
+    brings its own: DeepSpeed refuses another one)."""
+    import deepspeed
+
+    mpu = DataParallelSize() if PIPELINE == 1 and TENSOR > 1 else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    return deepspeed.initialize(model=model, model_parameters=params, config=str(CONFIG), mpu=mpu, **kwargs)

@@ -1,0 +1,60 @@
+"""Plans the exporters are checked on (tests/test_export_*.py): the main job's best plan, Llama 2/3,
+interleaved, GPipe, ZeRO 0-3, offload, hybrid sharding, uneven and explicit layer splits and
+mixed recomputation (issue 15's matrix)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from hwprofiles.load import load_cluster
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import load_model
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    cluster: str
+    nodes: int
+    batch: int
+    plan: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}:{self.plan}"
+
+
+CASES = [
+    Case("gpt3-175b", "dgx-a100-80gb", 128, 1536, "t=4,p=8,mb=2,zero=1,v=6,schedule=interleaved,sp=1"),  # main job
+    Case("gpt3-175b", "dgx-a100-80gb", 128, 1536, "t=4,p=1,mb=3,zero=3,ckpt=selective,sp=1"),  # the audit's ZeRO-3
+    Case("gpt3-175b", "dgx-a100-80gb", 96, 1536, "t=8,p=8,mb=1,zero=1,ckpt=full,v=2,schedule=interleaved,sp=1"),
+    Case("gpt3-175b", "dgx-a100-80gb", 16, 256, "t=8,p=4,zero=2,layers=20/28/28/20,recompute=4:0/2:2/0:0/0:4"),
+    Case(
+        "gpt3-175b",
+        "dgx-a100-80gb",
+        16,
+        128,
+        "t=8,p=16,mb=1,zero=1,recompute=0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6/0:6",
+    ),
+    Case("gpt3-175b", "dgx-a100-80gb", 8, 64, "t=8,p=8,mb=1,zero=1,recompute=3:0/3:0/3:0/3:0/6:0/6:0/6:0/6:0"),
+    Case("llama2-70b", "dgx-a100-80gb", 12, 96, "t=8,p=6,mb=1,zero=1,ckpt=full,sp=1"),  # 80 layers on 6 stages
+    Case("llama2-70b", "dgx-a100-80gb", 8, 64, "t=8,p=4,mb=1,zero=1,layers=19/20/20/21,schedule=gpipe,ckpt=selective"),
+    Case("llama2-70b", "dgx-a100-80gb", 4, 32, "t=8,p=1,zero=3,offload=cpu,ckpt=full"),
+    Case("llama2-70b", "dgx-a100-80gb", 2, 64, "t=8,p=1,zero=1,offload=cpu,recompute=40:40"),
+    Case("llama3-8b", "dgx-h100", 2, 64, "t=2,p=2,mb=2,zero=0,ckpt=selective,schedule=gpipe"),
+    Case("llama3-8b", "dgx-h100", 4, 256, "t=1,p=1,mb=2,zero=3,hsdp=8,ckpt=full"),
+    Case("llama3-8b", "dgx-h100", 1, 64, "t=1,p=1,mb=1,zero=2,recompute=0:16"),
+    Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=1,mb=2,zero=0"),
+    Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=2,mb=1,zero=1,v=2,schedule=interleaved,layers=7/9/8/8"),
+    Case("gpt-1t", "dgx-a100-80gb", 16, 256, "t=8,p=1,mb=1,zero=3,offload=nvme,ckpt=full"),
+]
+
+
+@cache
+def job_of(case: Case) -> Job:
+    model = load_model(case.model)
+    cluster = load_cluster(case.cluster, case.nodes)
+    plan, _ = parse_plan(case.plan, model, cluster.num_gpus, case.batch)
+    return Job(model, cluster, plan, case.batch)

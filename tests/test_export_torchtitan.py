@@ -1,0 +1,131 @@
+"""The torchtitan export read by torchtitan 0.3's own code (the ``frameworks`` extra).
+
+The config module is loaded the way ``python -m torchtitan.train`` loads it
+(``ConfigManager().parse_args(["--module", ..., "--config", ...])``), then torchtitan's own
+``ParallelDims`` checks the degrees against the world size, the model config's
+``update_from_config`` checks it against the parallelism, and its pipeline functions give the
+stages each rank runs; the batch arithmetic is the trainer's (``trainer.py``: accumulation
+steps = global / (local x dp degree), pipeline microbatches = local / microbatch size).
+
+On a CPU-only torch, torchtitan's model packages import ``minimal_async_ep/kernels.py``, which
+imports triton (not installed without CUDA); that one module, used only by MoE expert
+parallelism at run time, is replaced by an empty module before torchtitan is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import sys
+import types
+
+import pytest
+from export_matrix import CASES, Case, job_of
+
+from autoplan.emit.torchtitan import export_torchtitan
+from autoplan.runtime.config import TrainSettings
+
+pytest.importorskip("torchtitan")
+
+
+def _triton_kernels_stub() -> types.ModuleType:
+    """The kernels module's names resolve to a function that says it cannot run here."""
+    stub = types.ModuleType("torchtitan.distributed.minimal_async_ep.kernels")
+
+    def unavailable(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("triton kernels are not available on a CPU-only torch")
+
+    def attribute(name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return unavailable
+
+    stub.__getattr__ = attribute  # type: ignore[method-assign]
+    return stub
+
+
+if importlib.util.find_spec("triton") is None:
+    sys.modules.setdefault("torchtitan.distributed.minimal_async_ep.kernels", _triton_kernels_stub())
+from torchtitan.config import ConfigManager  # noqa: E402
+from torchtitan.distributed import pipeline_parallel  # noqa: E402
+from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
+
+
+def load(run_dir, module: str) -> object:
+    sys.path.insert(0, str(run_dir))
+    sys.modules.pop(module, None)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            try:
+                return ConfigManager().parse_args(["--module", module, "--config", "autoplan_config"])
+            except SystemExit:
+                pytest.fail(f"torchtitan rejected the config: {err.getvalue()[-2000:]}")
+    finally:
+        sys.path.remove(str(run_dir))
+
+
+@pytest.fixture(params=CASES, ids=lambda c: c.id)
+def emitted(request, tmp_path):
+    case: Case = request.param
+    job = job_of(case)
+    export = export_torchtitan(job, TrainSettings())
+    if export.refused:
+        assert job.model.activation != "swiglu" or (job.model.tie_embeddings and job.plan.p > 1)
+        pytest.skip(export.refused)
+    module = f"torchtitan_config_{request.param_index}"
+    (tmp_path / f"{module}.py").write_text(export.files["torchtitan_config.py"])
+    return job, export, load(tmp_path, module)
+
+
+def test_torchtitan_reads_the_plan(emitted):
+    job, export, cfg = emitted
+    plan, n = export.written, job.model.num_layers
+    par, tr = cfg.parallelism, cfg.training
+    dims = ParallelDims.from_config(par, plan.gpus)  # raises unless the degrees multiply to the world
+    assert (dims.tp, dims.pp, dims.cp) == (plan.t, plan.p, 1)
+    assert dims.dp_replicate * dims.dp_shard == plan.d
+    if plan.zero >= 2:
+        assert (dims.dp_replicate, dims.dp_shard) == (plan.replicas, plan.shard_group)
+        assert par.fsdp_reshard_after_forward == ("always" if plan.zero == 3 else "never")
+    else:
+        assert dims.dp_shard == 1
+    assert par.enable_sequence_parallel == bool(plan.sp)
+    batch_degree = dims.dp_replicate * dims.dp_shard if dims.dp_enabled else 1
+    assert tr.global_batch_size == job.global_batch
+    accumulation = tr.global_batch_size // (tr.local_batch_size * batch_degree)
+    microbatches = tr.local_batch_size // par.pipeline_parallel_microbatch_size if plan.p > 1 else 1
+    assert accumulation * microbatches == job.m
+    assert (tr.local_batch_size if plan.p == 1 else par.pipeline_parallel_microbatch_size) == plan.mb
+    assert tr.enable_cpu_offload == (plan.offload == "cpu")
+    ac = cfg.activation_checkpoint
+    mode = "none" if ac is None else type(ac).__qualname__.split(".")[0]
+    assert mode == {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}[plan.ckpt]
+    model = cfg.model_spec.model
+    assert len(model.layers) == n and model.dim == job.model.hidden_size
+    assert model.layers[0].feed_forward.w1.out_features == job.model.ffn
+    assert model.layers[0].attention.rope.theta == job.model.rope_theta
+    model.update_from_config(config=cfg)  # torchtitan's own model-vs-parallelism checks
+
+
+def test_torchtitan_pipeline_stages_are_the_plans(emitted):
+    job, export, cfg = emitted
+    plan = export.written
+    if plan.p == 1:
+        pytest.skip("no pipeline")
+    par = cfg.parallelism
+    stages, layers, _, _ = pipeline_parallel._get_pipeline_metadata(
+        types.SimpleNamespace(pp=plan.p), par, cfg.model_spec.model
+    )
+    parts = par.module_fqns_per_model_part
+    assert [sum(x.startswith("layers.") for x in part) for part in parts] == list(
+        plan.chunk_layers(job.model.num_layers)
+    )
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    for rank in range(plan.p):
+        mine = pipeline_parallel._get_pp_rank_to_stage_indices_mapping(
+            rank, plan.p, par.pipeline_parallel_schedule, len(parts)
+        )
+        assert list(mine) == [rank + i * plan.p for i in range(plan.v)]
+    assert layers == job.model.num_layers
+    del stages
