@@ -85,7 +85,9 @@ def test_emit_refuses_plans_the_runtime_cannot_run(tmp_path, plan, batch, reason
         timeout=120,
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.count("\n") == 1 and "torch program cannot run this plan correctly" in r.stderr and reason in r.stderr
+    assert (
+        r.stderr.count("\n") == 1 and "torch program cannot run this plan correctly" in r.stderr and reason in r.stderr
+    )
     assert not out.exists()
 
 
