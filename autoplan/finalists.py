@@ -9,7 +9,7 @@ from typing import Any
 
 from autoplan.partition import optimize_partition
 from autoplan.scoring import Scored
-from autoplan.workers import SHARED, Pool
+from autoplan.workers import SHARED, Pool, progress
 from simulator import simulate
 from simulator.analytic import estimate
 from simulator.job import Job
@@ -19,15 +19,20 @@ from simulator.specs import ModelSpec
 
 
 def refine_and_simulate_all(
-    finalists: list[Scored], global_batch: int, jobs: int
+    finalists: list[Scored], global_batch: int, jobs: int, show_progress: bool = False
 ) -> list[tuple[dict[str, Any] | None, SimResult]]:
     """(partition gain or None, simulation) of each finalist, in the finalists' order. The
     costliest simulations start first (longest-processing-time order balances the workers)."""
     order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
+    bar = progress(len(finalists), show_progress, "refining and simulating finalists", "plan", least=1)
+    done = []
     with Pool(jobs if len(finalists) > 1 else 1) as pool:
-        done = pool.map(
+        for x in pool.imap(
             _refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order]
-        )
+        ):
+            done.append(x)
+            bar.update(1)
+    bar.close()
     return [x for _, x in sorted(zip(order, done), key=lambda pair: pair[0])]
 
 

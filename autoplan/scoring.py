@@ -1,27 +1,26 @@
 """Step 2 of the search: the analytic estimate of every candidate plan, in the worker pool.
 
-Memory first (:func:`simulator.analytic.memory_only`): most plans of a large model stop there;
-the rest get the analytic step time (:func:`simulator.analytic.estimate`).
+Plans are scored in chunks by :func:`simulator.analytic.batch.estimate_batch` (the analytic
+model over arrays; :func:`simulator.analytic.estimate` is its scalar reference). Chunks are
+contiguous runs of the enumeration, which lists a layout's memory variants together, so a
+worker computes each layout's stage costs once.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autoplan.workers import SHARED, Pool, progress
-from simulator.analytic import estimate, memory_only
-from simulator.job import Job
+from simulator.analytic.batch import estimate_batch
 from simulator.plan import Plan
 
 #: plans per task sent to a worker
-CHUNK = 2000
+CHUNK = 8192
 
 
 @dataclass
 class Scored:
-    """A plan's analytic score: step time, peak memory, fits."""
+    """A plan's analytic score: step time (inf when it does not fit in GPU memory), peak memory, fits."""
 
     plan: Plan
     nodes: int
@@ -30,40 +29,34 @@ class Scored:
     fits: bool
 
 
-def _score_chunk(args: tuple[int, Sequence[Plan]]) -> list[tuple[float, float, bool]]:
-    """(step time, peak memory, fits) of each plan of one chunk on ``nodes`` nodes."""
-    nodes, plans = args
-    model, B = SHARED["model"], SHARED["B"]
-    cluster = SHARED["clusters"][nodes]
-    cap = cluster.gpu.usable_memory_bytes
-    out = []
-    for plan in plans:
-        job = Job(model, cluster, plan, B, SHARED["opts"].runtime)
-        peak = memory_only(job)  # memory first: most plans stop here
-        if peak > cap:
-            out.append((math.inf, peak, False))
-            continue
-        r = estimate(job)
-        out.append((r.step_time, r.peak_memory, r.fits))
-    return out
+def _score_chunk(args: tuple[int, int, int]) -> list[tuple[float, float, bool]]:
+    """(step time, peak memory, fits) of plans ``start:stop`` of those on ``nodes`` nodes
+    (:data:`SHARED` ``["plans"][nodes]``, inherited by the forked workers)."""
+    nodes, start, stop = args
+    plans = SHARED["plans"][nodes][start:stop]
+    r = estimate_batch(SHARED["model"], SHARED["clusters"][nodes], plans, SHARED["B"], SHARED["opts"].runtime)
+    return list(zip(r.step_time.tolist(), r.peak_memory.tolist(), r.fits.tolist()))
 
 
 def score_all(todo: list[tuple[int, Plan]], jobs: int, show_progress: bool) -> list[Scored]:
     """The analytic score of each (node count, plan) in ``todo``, in order; :data:`SHARED` holds
-    the model, clusters, batch and options. Worker processes only pay off for more than four
-    chunks of plans."""
-    batches: list[tuple[int, list[Plan]]] = []
-    for nodes in sorted({n for n, _ in todo}):
-        plans = [p for n, p in todo if n == nodes]
-        batches += [(nodes, plans[i : i + CHUNK]) for i in range(0, len(plans), CHUNK)]
-    bar = progress(len(todo), show_progress)
-    results: list[list[tuple[float, float, bool]]] = []
-    with Pool(jobs if len(todo) > 4 * CHUNK else 1) as pool:
-        for (_, plans), res in zip(batches, pool.imap(_score_chunk, batches)):
-            results.append(res)
-            bar.update(len(plans))
+    the model, clusters, batch and options. Worker processes pay off from two chunks of plans."""
+    by_nodes: dict[int, list[Plan]] = {}
+    for n, p in todo:
+        by_nodes.setdefault(n, []).append(p)
+    SHARED["plans"] = by_nodes
+    tasks = [(n, i, min(i + CHUNK, len(ps))) for n, ps in sorted(by_nodes.items()) for i in range(0, len(ps), CHUNK)]
+    bar = progress(len(todo), show_progress, "estimating plans", "plan")
+    results: dict[tuple[int, int, int], list[tuple[float, float, bool]]] = {}
+    with Pool(jobs if len(tasks) > 1 else 1) as pool:
+        for task, res in zip(tasks, pool.imap(_score_chunk, tasks)):
+            results[task] = res
+            bar.update(task[2] - task[1])
     bar.close()
+    scores = {n: [s for task in tasks if task[0] == n for s in results[task]] for n in by_nodes}
+    taken = dict.fromkeys(by_nodes, 0)
     scored = []
-    for (nodes, plans), res in zip(batches, results):
-        scored += [Scored(p, nodes, *r) for p, r in zip(plans, res)]
+    for n, p in todo:
+        scored.append(Scored(p, n, *scores[n][taken[n]]))
+        taken[n] += 1
     return scored

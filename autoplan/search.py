@@ -1,7 +1,7 @@
 """The search driver behind ``autoplan plan`` (docs/design.md section 5).
 
 1. enumerate every valid plan (``autoplan.space``) under the ``--fix`` pins;
-2. estimate each with the analytic model (memory and time), in ``--jobs`` processes;
+2. estimate each with the analytic model over arrays (memory and time; ``simulator.analytic.batch``), in ``--jobs`` processes;
 3. keep the feasible ones, rank them by the objective, take the top K plus everything within
    ``tolerance`` of the best;
 4. give each of those the CP-SAT layer partition and recomputation map (``autoplan.partition``)
@@ -148,7 +148,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     ][: max(opts.top, opts.max_finalists)]
 
     log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
-    in_rank_order = refine_and_simulate_all(finalists, global_batch, opts.jobs)
+    in_rank_order = refine_and_simulate_all(finalists, global_batch, opts.jobs, opts.progress)
     gains = [g for g, _ in in_rank_order if g]
     simulated = [r for _, r in in_rank_order]
     fitting = [r for r in simulated if r.fits] or simulated

@@ -31,7 +31,7 @@ class Pool:
         return self.pool.map(fn, items, chunksize=1) if self.pool else [fn(x) for x in items]
 
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
-        return self.pool.imap(fn, items) if self.pool else (fn(x) for x in items)
+        return self.pool.imap(fn, items, chunksize=1) if self.pool else (fn(x) for x in items)
 
     def __enter__(self) -> Pool:
         return self
@@ -46,10 +46,11 @@ class _NoBar:
     def close(self) -> None: ...
 
 
-def progress(total: int, enabled: bool) -> Any:
-    """A tqdm bar on stderr for long searches (20,000 plans or more), else a silent one."""
-    if not enabled or total < 20000:
+def progress(total: int, enabled: bool, phase: str, unit: str, least: int = 20000) -> Any:
+    """A tqdm bar on stderr naming the search's ``phase`` when there are ``least`` items or
+    more, else a silent one."""
+    if not enabled or total < least:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="estimating plans", unit="plan", file=sys.stderr, leave=False, mininterval=0.3)
+    return tqdm(total=total, desc=phase, unit=unit, file=sys.stderr, leave=False, mininterval=0.3)

@@ -2,7 +2,8 @@
 
 1. Throughput: analytic estimates per second over the whole plan space
    (autoplan.space.enumerate_plans, no pins) of
-   - gpt-1t on 384 dgx-a100-80gb nodes (3072 GPUs), B = 3072   (target >= 10,000 plans/s)
+   - gpt-1t on 384 dgx-a100-80gb nodes (3072 GPUs), B = 3072   (the scalar reference: >= 10,000 plans/s;
+     the planner scores with simulator.analytic.batch, measured by bench_speed.py)
    - gpt3-175b on 128 dgx-a100-80gb nodes (1024 GPUs), B = 1536
    in one process, caches cold at the start, as one search worker sees them. The rate is per
    CPU-second of the (single-threaded) loop; the wall-clock rate is printed next to it.

@@ -168,11 +168,12 @@ def _make_stages(
     out: list[StageCost] = []
     made: dict[tuple, StageCost] = {}
     groups: dict[tuple, list] = {}
-    for dev, chunk_ids in enumerate(device_chunks(plan, model.num_layers)):
-        n = sum(sizes[c] for c in chunk_ids)
-        full = sum(rec[c][0] for c in chunk_ids)
-        sel = sum(rec[c][1] for c in chunk_ids)
-        first, last = 0 in chunk_ids, last_chunk in chunk_ids
+    fulls, sels = [f for f, _ in rec], [s for _, s in rec]
+    p = plan.p
+    if plan.v > 1:  # device dev holds chunks dev, dev + p, ... (device_chunks)
+        sizes, fulls, sels = ([sum(x[dev::p]) for dev in range(p)] for x in (sizes, fulls, sels))
+    for dev, (n, full, sel) in enumerate(zip(sizes, fulls, sels)):
+        first, last = dev == 0, last_chunk % p == dev
         sig = (n, full, sel, first, last)
         if sig in made:
             out.append(made[sig])

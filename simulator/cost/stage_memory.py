@@ -97,16 +97,31 @@ def stage_buffers(
     psi: float | None,
     fused_loss: bool = False,
 ) -> float:
-    """Buffers of one rank of device ``stage`` (module docstring); ``psi`` None: the gradient
-    buckets at their cap (the linear form); ``fused_loss``: the program's cross-entropy keeps
-    no fp32 softmax (simulator.job.Runtime.cross_entropy)."""
-    e = dtype_bytes(cluster.gpu)
-    b, t = plan.mb, plan.t
+    """Buffers of one rank of device ``stage`` (module docstring): :func:`sharding_buffers` +
+    :func:`flight_buffers`."""
+    return sharding_buffers(model, plan, psi) + flight_buffers(model, cluster, plan, m, stage, last, fused_loss)
+
+
+def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
+    """The buffers that data parallelism, ZeRO and offload add: gradient buckets (d > 1 or
+    offload; ``psi`` None: at their cap, the linear form) and ZeRO-3's gathered layers."""
     out = 0.0
     if plan.d > 1 or plan.offload != "none":
         out += memory.gradient_bucket_bytes(float("inf") if psi is None else psi)
     if plan.zero == 3:
-        out += memory.zero3_working_set_bytes(_layer_params(model, t))
+        out += memory.zero3_working_set_bytes(_layer_params(model, plan.t))
+    return out
+
+
+def flight_buffers(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, last: bool, fused_loss: bool = False
+) -> float:
+    """The buffers the pipeline schedule fixes: the last stage's logits per in-flight microbatch
+    (``fused_loss``: the program's cross-entropy keeps no fp32 softmax,
+    simulator.job.Runtime.cross_entropy) and the pipeline send/receive buffers."""
+    e = dtype_bytes(cluster.gpu)
+    b, t = plan.mb, plan.t
+    out = 0.0
     if last:
         inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
         out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), fused_loss)
@@ -126,20 +141,24 @@ def stage_memory(
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.state_bytes_per_param(e)
     states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
-    # the activations do not depend on d, ZeRO or offload: shared by those variants
-    act = _ACT_PEAK.get_or_make(
+    act = activation_peak(model, cluster, plan, m, stage, shape)
+    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, fused_loss)
+    return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
+
+
+def activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> float:
+    """Activation bytes of one rank of device ``stage`` at its peak (module docstring). They do
+    not depend on d, ZeRO or offload: cached across those variants."""
+    return _ACT_PEAK.get_or_make(
         (shape, model, cluster),
         (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t),
         lambda: _activation_peak(model, cluster, plan, m, stage, shape),
     )
-    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, fused_loss)
-    return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 
 def _activation_peak(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape
 ) -> float:
-    """Activation bytes of one rank of device ``stage`` at its peak (module docstring)."""
     e = dtype_bytes(cluster.gpu)
     sp, b, t = bool(plan.sp), plan.mb, plan.t
     per_full, per_sel, per_none = layer_activations(model, b, t, sp, e)

@@ -1,0 +1,163 @@
+"""Speed benchmark (issue 16): every figure of the planner's speed in one run.
+
+    python benchmarks/bench_speed.py [--against REV] [--repeat N]
+
+1. the analytic model's plans per second over the whole plan space of gpt-1t on 3,072 GPUs and
+   gpt3-175b on 1,024 (one process, caches cold, as one search worker starts; the array path
+   simulator.analytic.batch where the code has it, and the scalar reference beside it);
+2. one DES iteration of gpt3-175b on 1,024 GPUs (t=8,p=16,ckpt=full, as benchmarks/bench_des.py)
+   and of gpt-1t on 3,072 GPUs (the plan `autoplan plan` picks for it), warm, best of --repeat;
+3. `autoplan plan` wall time and peak memory (the largest RSS of the main process and of any
+   worker) for the main job (gpt3-175b, 128 dgx-a100-80gb nodes, B = 1536) and the 1T job
+   (gpt-1t, 384 nodes, B = 3072), through the real command line, best of --repeat.
+
+With ``--against REV`` the same figures are measured for the code at git revision REV (checked
+out into a temporary worktree; each measurement runs in a subprocess with that tree first on
+the path) and printed beside the current ones, with the ratio. Targets (a 2-core machine like
+CI's): plan gpt-1t <= 2 s, the main job <= 1 s, DES 175B/1,024 <= 0.5 s, analytic >= 100,000
+plans/s, plan gpt-1t peak memory <= 1 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ANALYTIC = """
+import json, sys, time
+from autoplan.space import enumerate_plans
+from hwprofiles.load import load_cluster
+from simulator.analytic import estimate
+from simulator.job import Job
+from simulator.specs import load_model
+name, nodes, B, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+model, cluster = load_model(name), load_cluster("dgx-a100-80gb", nodes)
+try:
+    plans = enumerate_plans(model, cluster.num_gpus, B, {}, cluster.gpus_per_node)
+except TypeError:  # before hybrid sharding
+    plans = enumerate_plans(model, cluster.num_gpus, B, {})
+t0 = time.process_time()
+if path == "batch":
+    from simulator.analytic.batch import estimate_batch
+    estimate_batch(model, cluster, plans, B)
+else:
+    for plan in plans:
+        estimate(Job(model, cluster, plan, B))
+print(json.dumps({"plans": len(plans), "cpu_s": time.process_time() - t0}))
+"""
+
+DES = """
+import json, sys, time
+from hwprofiles.load import load_cluster
+from simulator.des import simulate_des
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import load_model
+name, nodes, B, text, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+model, cluster = load_model(name), load_cluster("dgx-a100-80gb", nodes)
+plan, _ = parse_plan(text, model, cluster.num_gpus, B)
+job = Job(model, cluster, plan, B)
+simulate_des(job)  # the topology is built once per cluster
+best = float("inf")
+for _ in range(repeat):
+    t0 = time.perf_counter()
+    r = simulate_des(job)
+    best = min(best, time.perf_counter() - t0)
+print(json.dumps({"wall_s": best, "step_s": r.step_time, "events": r.extra["events"]}))
+"""
+
+PLAN = """
+import json, resource, sys
+from autoplan.cli import main
+code = main(["-q", "plan", *sys.argv[1:], "--json"])
+if code:
+    raise SystemExit(code)
+rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(json.dumps({"rss_kib": rss}), file=sys.stderr)
+"""
+
+JOBS = {
+    "main job": ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128", "--global-batch", "1536"],
+    "1T job": ["--model", "gpt-1t", "--cluster", "dgx-a100-80gb", "--nodes", "384", "--global-batch", "3072"],
+}
+DES_RUNS = {
+    "DES 175B on 1,024 GPUs": ("gpt3-175b", 128, 1536, "t=8,p=16,ckpt=full"),
+    "DES 1T on 3,072 GPUs": ("gpt-1t", 384, 3072, "t=8,p=16,mb=1,zero=1,v=8,schedule=interleaved,sp=1"),
+}
+
+
+def _python(root: Path, code: str, args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", code, *args], cwd=root, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"benchmark step failed in {root}: {r.stderr.strip().splitlines()[-1:]}")
+    return r
+
+
+def measure(root: Path, repeat: int) -> dict[str, tuple[float, str]]:
+    """{figure: (value, unit)} for the code under ``root``."""
+    out: dict[str, tuple[float, str]] = {}
+    has_batch = (root / "simulator" / "analytic" / "batch.py").exists()
+    for name, nodes, B in (("gpt-1t", 384, 3072), ("gpt3-175b", 128, 1536)):
+        for path in ("batch", "scalar") if has_batch else ("scalar",):
+            r = json.loads(_python(root, ANALYTIC, [name, str(nodes), str(B), path]).stdout)
+            out[f"analytic {name} ({path})"] = (r["plans"] / r["cpu_s"], "plans/s")
+    for label, (name, nodes, B, text) in DES_RUNS.items():
+        r = json.loads(_python(root, DES, [name, str(nodes), str(B), text, str(repeat)]).stdout)
+        out[label] = (r["wall_s"], "s")
+    for label, args in JOBS.items():
+        walls, rss = [], []
+        for _ in range(repeat):  # the whole command: interpreter start, imports, search, output
+            t0 = time.perf_counter()
+            r = _python(root, PLAN, args)
+            walls.append(time.perf_counter() - t0)
+            rss.append(json.loads(r.stderr.strip().splitlines()[-1])["rss_kib"])
+        out[f"plan {label}"] = (min(walls), "s")
+        out[f"plan {label} peak memory"] = (max(rss) / 2**20, "GiB")
+    return out
+
+
+def _worktree(rev: str, where: Path) -> Path:
+    path = where / "rev"
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True, capture_output=True)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", metavar="REV", help="also measure the code at this git revision, and the ratio")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each timed figure (the best is reported)")
+    a = ap.parse_args()
+    now = measure(ROOT, a.repeat)
+    then: dict[str, tuple[float, str]] = {}
+    if a.against:
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = _worktree(a.against, Path(tmp))
+            try:
+                then = measure(tree, a.repeat)
+            finally:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    print(f"{'figure':44s} {'this code':>14s}" + (f" {a.against[:12]:>14s} {'ratio':>7s}" if a.against else ""))
+    for key, (value, unit) in now.items():
+        line = f"{key:44s} {value:>10,.3f} {unit:<5s}" if unit != "plans/s" else f"{key:44s} {value:>10,.0f} {unit}"
+        if key in then:
+            old = then[key][0]
+            better = value / old if unit == "plans/s" else old / value
+            line += f" {old:>10,.3f}" if unit != "plans/s" else f" {old:>10,.0f}"
+            line += f"     {better:5.2f}x"
+        print(line)
+    if a.against:
+        print("(ratio > 1: this code is faster, or uses less memory)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

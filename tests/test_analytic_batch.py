@@ -1,0 +1,78 @@
+"""simulator.analytic.batch agrees with the scalar estimate (its reference) to 1e-9, plan by plan."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from autoplan.space import enumerate_plans
+from hwprofiles.load import load_cluster
+from simulator.analytic import estimate
+from simulator.analytic.batch import estimate_batch
+from simulator.job import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
+from simulator.plan import parse_plan
+from simulator.specs import load_model
+
+FUSED = replace(OVERLAPPED, name="fused", cross_entropy="fused")
+SPACES = [  # model, node profile, nodes, global batch
+    ("gpt3-175b", "dgx-a100-80gb", 128, 1536),
+    ("gpt-1t", "dgx-a100-80gb", 384, 3072),
+    ("llama2-70b", "dgx-h100", 16, 512),
+    ("llama3-8b", "hgx-a100-40gb-roce", 4, 256),
+    ("llama2-7b", "pcie-a100-80gb", 2, 64),
+    ("gpt3-175b", "dgx2-v100", 32, 512),
+    ("tiny", "localhost-cpu", 1, 16),
+]
+RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED]
+SAMPLE = 600
+
+
+def _assert_agree(model, cluster, plans, batch_size, runtime: Runtime) -> None:
+    got = estimate_batch(model, cluster, plans, batch_size, runtime)
+    cap = cluster.gpu.usable_memory_bytes
+    for i, plan in enumerate(plans):
+        ref = estimate(Job(model, cluster, plan, batch_size, runtime))
+        where = f"{plan.to_string()} ({runtime.name})"
+        assert got.peak_memory[i] == pytest.approx(ref.peak_memory, rel=1e-9), where
+        assert bool(got.fits[i]) == ref.fits, where
+        if ref.peak_memory > cap:
+            assert math.isinf(got.step_time[i]), where
+        else:
+            assert got.step_time[i] == pytest.approx(ref.step_time, rel=1e-9), where
+
+
+@pytest.mark.parametrize("space", SPACES, ids=lambda s: f"{s[0]}-{s[1]}x{s[2]}")
+@pytest.mark.parametrize("runtime", RUNTIMES, ids=lambda r: r.name)
+def test_batch_equals_scalar_on_random_plans(space, runtime):
+    name, node, nodes, batch_size = space
+    model, cluster = load_model(name), load_cluster(node, nodes)
+    plans = enumerate_plans(model, cluster.num_gpus, batch_size, {}, cluster.gpus_per_node)
+    rng = random.Random(f"{name}{node}{runtime.name}")
+    sample = rng.sample(plans, min(SAMPLE, len(plans)))
+    assert len({p.zero for p in sample}) == 4 and len({p.offload for p in sample}) >= 2  # the sample is mixed
+    _assert_agree(model, cluster, sample, batch_size, runtime)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "t=8,p=4,zero=2,layers=20/28/28/20,recompute=4:0/2:2/0:0/0:4",
+        "t=8,p=8,mb=1,zero=1,recompute=3:0/3:0/3:0/3:0/6:0/6:0/6:0/6:0",
+        "t=4,p=4,mb=1,zero=1,v=2,schedule=interleaved,layers=10/14/12/12/12/12/14/10",
+        "t=8,p=2,mb=1,zero=3,offload=nvme,ckpt=full",
+        "t=8,p=1,zero=3,hsdp=4,offload=none,ckpt=selective",
+    ],
+)
+def test_batch_equals_scalar_on_explicit_splits(text):
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", 16)
+    plan, _ = parse_plan(text, model, cluster.num_gpus, 256)
+    for runtime in RUNTIMES:
+        _assert_agree(model, cluster, [plan], 256, runtime)
+
+
+def test_empty_batch():
+    model, cluster = load_model("tiny"), load_cluster("localhost-cpu", 1)
+    assert estimate_batch(model, cluster, [], 16).step_time.shape == (0,)
