@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class BatchEstimate:
     fits: np.ndarray
 
 
-def _per_key(keys: list[Hashable], value: Callable[[int], object]) -> tuple[list, np.ndarray]:
+def _per_key(keys: Sequence[Hashable], value: Callable[[int], Any]) -> tuple[list, np.ndarray]:
     """(``value(i)`` of each distinct key, i the first plan with that key; the index of each
     plan's key in that list)."""
     index: dict[Hashable, int] = {}
@@ -182,7 +183,7 @@ def _overlap_cost(compute: np.ndarray, comm: np.ndarray, sigma: float) -> np.nda
     return np.where(comm <= 0, 0.0, np.maximum(compute + sigma * np.minimum(comm, compute), comm) - compute)
 
 
-def _per_plan(keys: list[Hashable], value: Callable[[int], float]) -> np.ndarray:
+def _per_plan(keys: Sequence[Hashable], value: Callable[[int], float]) -> np.ndarray:
     values, inv = _per_key(keys, value)
     return np.array(values, dtype=float)[inv]
 

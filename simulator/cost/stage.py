@@ -168,11 +168,11 @@ def _make_stages(
     out: list[StageCost] = []
     made: dict[tuple, StageCost] = {}
     groups: dict[tuple, list] = {}
-    fulls, sels = [f for f, _ in rec], [s for _, s in rec]
+    ns, fulls, sels = list(sizes), [f for f, _ in rec], [s for _, s in rec]
     p = plan.p
     if plan.v > 1:  # device dev holds chunks dev, dev + p, ... (device_chunks)
-        sizes, fulls, sels = ([sum(x[dev::p]) for dev in range(p)] for x in (sizes, fulls, sels))
-    for dev, (n, full, sel) in enumerate(zip(sizes, fulls, sels)):
+        ns, fulls, sels = ([sum(x[dev::p]) for dev in range(p)] for x in (ns, fulls, sels))
+    for dev, (n, full, sel) in enumerate(zip(ns, fulls, sels)):
         first, last = dev == 0, last_chunk % p == dev
         sig = (n, full, sel, first, last)
         if sig in made:
