@@ -24,7 +24,7 @@ def refine_and_simulate_all(
     """(partition gain or None, simulation) of each finalist, in the finalists' order. The
     costliest simulations start first (longest-processing-time order balances the workers)."""
     order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
-    bar = progress(len(finalists), show_progress, "refining and simulating finalists", "plan", least=1)
+    bar = progress(len(finalists), show_progress, "refining and simulating finalists", least=1)
     done = []
     with Pool(jobs if len(finalists) > 1 else 1) as pool:
         for x in pool.imap(

@@ -46,17 +46,12 @@ def score_all(todo: list[tuple[int, Plan]], jobs: int, show_progress: bool) -> l
         by_nodes.setdefault(n, []).append(p)
     SHARED["plans"] = by_nodes
     tasks = [(n, i, min(i + CHUNK, len(ps))) for n, ps in sorted(by_nodes.items()) for i in range(0, len(ps), CHUNK)]
-    bar = progress(len(todo), show_progress, "estimating plans", "plan")
+    bar = progress(len(todo), show_progress, "estimating plans")
     results: dict[tuple[int, int, int], list[tuple[float, float, bool]]] = {}
     with Pool(jobs if len(tasks) > 1 else 1) as pool:
         for task, res in zip(tasks, pool.imap(_score_chunk, tasks)):
             results[task] = res
             bar.update(task[2] - task[1])
     bar.close()
-    scores = {n: [s for task in tasks if task[0] == n for s in results[task]] for n in by_nodes}
-    taken = dict.fromkeys(by_nodes, 0)
-    scored = []
-    for n, p in todo:
-        scored.append(Scored(p, n, *scores[n][taken[n]]))
-        taken[n] += 1
-    return scored
+    scores = {n: iter([s for task in tasks if task[0] == n for s in results[task]]) for n in by_nodes}
+    return [Scored(p, n, *next(scores[n])) for n, p in todo]

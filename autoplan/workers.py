@@ -27,9 +27,6 @@ class Pool:
         self.jobs = jobs
         self.pool = mp.get_context("fork").Pool(jobs) if jobs > 1 and can_fork() else None
 
-    def map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        return self.pool.map(fn, items, chunksize=1) if self.pool else [fn(x) for x in items]
-
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
         return self.pool.imap(fn, items, chunksize=1) if self.pool else (fn(x) for x in items)
 
@@ -46,11 +43,11 @@ class _NoBar:
     def close(self) -> None: ...
 
 
-def progress(total: int, enabled: bool, phase: str, unit: str, least: int = 20000) -> Any:
+def progress(total: int, enabled: bool, phase: str, least: int = 20000) -> Any:
     """A tqdm bar on stderr naming the search's ``phase`` when there are ``least`` items or
     more, else a silent one."""
     if not enabled or total < least:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=phase, unit=unit, file=sys.stderr, leave=False, mininterval=0.3)
+    return tqdm(total=total, desc=phase, unit="plan", file=sys.stderr, leave=False, mininterval=0.3)

@@ -29,13 +29,14 @@ import numpy as np
 
 from hwprofiles.algorithms import Collective, latency_steps
 from hwprofiles.schema import ClusterSpec
+from simulator.analytic.data_parallel import dp_link
 from simulator.analytic.pipeline import p2p_exposed, tied_embedding_time
-from simulator.cost import memory
+from simulator.cost import memory, params
 from simulator.cost.collectives import GroupLink
 from simulator.cost.memory import DP_BUCKET_BYTES
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import compute_slowdown, host_async, stage_groups
-from simulator.cost.stage_memory import _layer_params, activation_peak, flight_buffers
+from simulator.cost.stage_memory import activation_peak, flight_buffers
 from simulator.cost.step import (
     ADAM_HBM_BYTES_PER_PARAM,
     CPU_ADAM_STATE_BYTES,
@@ -91,7 +92,6 @@ class _Plans:
     """The plans' fields as arrays (one row per plan)."""
 
     def __init__(self, plans: Sequence[Plan], global_batch: int):
-        self.plans = plans
         cols = np.array([(q.t, q.p, q.d, q.mb, q.sp, q.v, q.zero, q.hsdp) for q in plans], dtype=np.int64).reshape(
             -1, 8
         )
@@ -150,10 +150,9 @@ class _Links:
 
     @classmethod
     def _figures(cls, cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
-        links = shard_links(cluster, plan)  # with hsdp = 0 its shard link is the dp group's
-        dp = links.shard if not plan.hsdp else shard_links(cluster, plan.replace(hsdp=0)).shard
+        links = shard_links(cluster, plan)
         where: dict[str, tuple[GroupLink | None, int]] = {
-            "dp": (dp, plan.d),
+            "dp": (dp_link(cluster, plan), plan.d),
             "shard": (links.shard, links.n),
             "replica": (links.replica, links.replicas),
         }
@@ -232,7 +231,9 @@ def estimate_batch(
     by_schedule = np.array(fixed_mem)[inv]
     # stage_memory.sharding_buffers
     bucket = np.where(col((d > 1) | offload), np.minimum(psi * memory.GRAD_BYTES, 2 * DP_BUCKET_BYTES), 0.0)
-    ws = _per_plan([q.t for q in plans], lambda i: memory.zero3_working_set_bytes(_layer_params(model, plans[i].t)))
+    ws = _per_plan(
+        [q.t for q in plans], lambda i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plans[i].t))
+    )
     working = np.where(col(zero == 3), col(ws), 0.0)
     stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working, -np.inf)
     peak = stage_total.max(axis=1)
@@ -255,7 +256,9 @@ def estimate_batch(
     units = np.maximum(S["layers"] + np.maximum(S["first"], S["last"]), 1)  # zero3.units (1: padding)
     gather = units * links.time("shard", AG, psi * pgb / units, P.shard)
     scatter3 = units * sharded_reduce(psi * rb / units)
-    regather = gather * (S["full"] / np.maximum(S["layers"], 1)) if runtime.zero3 == "deepspeed" else 0.0 * gather
+    regather = (
+        gather * (S["full"] / np.maximum(S["layers"], 1)) if runtime.zero3 == "deepspeed" else np.zeros_like(gather)
+    )
     copy_out = (
         2 * pgb * psi / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) if runtime.zero3 == "fsdp2" else 0.0
     )
@@ -294,7 +297,7 @@ def estimate_batch(
     last_t = np.where(col(zero == 0), links.time("dp", AR, last, d), links.time("dp", RS, last, d))
     last_reduce = np.where(col(zero >= 2), 0.0, np.where(last >= grad_bytes, reduce_t, last_t))
     behind = S["dev"] * (bwd + col(p2p))
-    hidden = bwd if runtime.dp_overlap else 0.0 * bwd
+    hidden = bwd if runtime.dp_overlap else np.zeros_like(bwd)
     contention = sigma * np.minimum(reduce_t, hidden)
     exposed_g = np.maximum(np.maximum(reduce_t - hidden - behind, last_reduce - behind), contention)
     active = col((d > 1) & (zero < 3)) & valid
@@ -346,7 +349,7 @@ def _offload_time(cluster: ClusterSpec, P: _Plans, psi_local: np.ndarray) -> np.
     down = psi_local * 2 / pcie + node.pcie.latency_s
     cpu = node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
     up = np.where(P.zero < 3, psi_local * 2 / pcie + node.pcie.latency_s, 0.0)
-    nvme = 0.0 * psi_local
+    nvme = np.zeros_like(psi_local)
     if node.nvme is not None:
         nvme = np.where(
             P.offload == "nvme",
