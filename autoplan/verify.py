@@ -100,6 +100,12 @@ def _tensor_memory(rank: dict[str, Any]) -> float:
     return float(peak if rank["device"] == "cuda" else max(0, peak - rank["rss_baseline_bytes"]))
 
 
+def _peak_reserved(timed: list[dict[str, Any]]) -> float | None:
+    """The CUDA allocator's largest peak reserved over the ranks (GiB), None on CPU."""
+    reserved = [t["peak_reserved_bytes"] for t in timed if t.get("peak_reserved_bytes") is not None]
+    return max(reserved) / GiB if reserved and len(reserved) == len(timed) else None
+
+
 def summarize(
     spec: RunSpec, ranks: list[dict[str, Any]], ref: dict[str, list[float]] | None, prediction: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -124,6 +130,7 @@ def summarize(
             "predicted_step_time_s": pred_time,
             "error_pct": _pct(measured_time, pred_time),
             "measured_peak_memory_gib": peak,
+            "measured_peak_reserved_gib": _peak_reserved(timed) if all_timed else None,
             "predicted_peak_memory_gib": pred_mem,
             "memory_error_pct": _pct(peak, pred_mem),
             "timed_losses": last["timed"]["losses"] if last.get("timed") else None,
@@ -202,6 +209,11 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(
             f"            (CPU: growth of the busiest rank's peak RSS over its RSS before the model was built;"
             f" peak RSS with the PyTorch runtime: {result['measured_peak_rss_gib']:.3f} GiB)"
+        )
+    if result.get("measured_peak_reserved_gib") is not None:
+        lines.append(
+            f"            (CUDA: torch.cuda.max_memory_allocated; the caching allocator reserved up to"
+            f" {result['measured_peak_reserved_gib']:.3f} GiB)"
         )
     if "losses" in result:
         verdict = "MATCH" if result["loss_match"] else "MISMATCH"

@@ -234,6 +234,13 @@ network:
 """
 
 
+def gpu_compare(d: Docs) -> str:
+    """benchmarks/gpu_compare.py on the committed H100 runs (no GPU needed)."""
+    script = REPO / "benchmarks" / "gpu_compare.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=True)
+    return fence("$ python benchmarks/gpu_compare.py\n" + d.clean(proc.stdout))
+
+
 def cluster_example(d: Docs) -> str:
     """a cluster file and autoplan simulate on it"""
     (d.work / "my-cluster.yaml").write_text(MY_CLUSTER)
@@ -746,6 +753,7 @@ SECTIONS: dict[str, Callable[[Docs], str]] = {
     "emit-slurm": emit_slurm,
     "run-output": run_output,
     "calibrate-output": calibrate_output,
+    "gpu-compare": gpu_compare,
 }
 
 

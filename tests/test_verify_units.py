@@ -70,6 +70,11 @@ def test_summary_and_report():
     result = summarize(spec, ranks, ref, {"plan": {"p": 2}, "step_time_s": 0.4, "peak_memory_gib": 0.25})
     assert abs(result["error_pct"] - 25.0) < 1e-9 and abs(result["memory_error_pct"] - 100.0) < 1e-9
     assert result["loss_match"] is False and abs(result["max_rel_loss_diff"] - 2e-4) < 1e-6
+    assert result["measured_peak_reserved_gib"] is None  # CPU ranks: no allocator figure
+    cuda = [{**r, "device": "cuda", "timed": {**timed, "peak_reserved_bytes": (r["rank"] + 1) * 2**30}} for r in ranks]
+    on_gpu = summarize(spec, cuda, ref, None)
+    assert on_gpu["measured_peak_reserved_gib"] == 2.0  # the largest rank's
+    assert "reserved up to 2.000 GiB" in format_report(on_gpu)
     text = format_report(result)
     assert "MISMATCH" in text and "+25.0%" in text
     assert compare([1.0, 2.0], [1.0, 2.0]) == 0.0

@@ -38,6 +38,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     return peak_rss_bytes()
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """CUDA caching allocator's peak reserved bytes (what the allocator took from the driver:
+    allocated plus its cached, fragmented blocks); None on CPU, where RSS is the one figure."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device))
+    return None
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.runtime.config import RunSpec, load_run_spec
-from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, reset_peak, rss_bytes
+from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, peak_reserved_bytes, reset_peak, rss_bytes
 from autoplan.runtime.rank import RankLayout
 from autoplan.runtime.trainer import DistEnv, Trainer, import_plan_modules
 
@@ -123,6 +123,7 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
         log(f"timed step {k - warmup + 1}/{steps} {sw.elapsed:.4f}s loss {losses[-1]}")
     dist.barrier()
     peak = peak_memory_bytes(env.device)
+    reserved = peak_reserved_bytes(env.device)
     del trainer
     release_memory(env.device)
     return {
@@ -130,6 +131,7 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
         "step_times_s": step_times,
         "losses": losses,
         "peak_memory_bytes": peak,
+        "peak_reserved_bytes": reserved,
     }
 
 

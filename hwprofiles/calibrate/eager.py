@@ -28,11 +28,14 @@ time is all host work:
   to the same step over the plain layer's parameters, times optimizer_tensor;
 * optimizer_tensor: one AdamW step (torch's default implementation for the device) with the
   global gradient norm and clipping (``clip_grad_norm_``), over many small tensors, per tensor;
-* optimizer_param: the same step over a few large tensors (4 x 2^18 elements), per parameter:
-  on a CPU the thread's CPU time less the tensors' share of optimizer_tensor (eager AdamW
+* optimizer_param: the same step over a few large tensors, per parameter: on a CPU (4 x 2^18
+  elements) the thread's CPU time less the tensors' share of optimizer_tensor (eager AdamW
   makes about a dozen passes over each tensor, several times the 28 bytes per parameter of a
-  fused kernel); on a GPU the wall-clock time with the device synchronized (the host's
-  per-tensor work overlaps the kernels there).
+  fused kernel); on a GPU (4 x 2^24 elements) the wall-clock time with the device
+  synchronized (the host's per-tensor work overlaps the kernels there). The GPU tensors must
+  be large: at 4 x 2^18 elements an H100's step is its ~20 kernel launches, not its memory
+  passes, and the figure came out at 0.36 ns per parameter (benchmarks/data/h100-calibrate.yaml),
+  ten times the 0.038 ns that 4 x 2^24 elements measure (h100-optimizer-probe.txt, 2026-11-25).
 
 Clock: the thread's CPU time (``time.thread_time``): host work only, without the time other
 processes hold the core (the simulator's compute slowdown accounts for shared cores).
@@ -59,7 +62,9 @@ from torch import nn
 _H, _S, _HEADS, _VOCAB = 16, 8, 2, 32  # negligible arithmetic: every block is all host work
 _CALLS = 20
 _OPT_TENSORS = 64
-_OPT_LARGE_ELEMENTS, _OPT_LARGE_TENSORS, _OPT_LARGE_CALLS = 1 << 18, 4, 5
+_OPT_LARGE_TENSORS, _OPT_LARGE_CALLS = 4, 5
+#: elements per large tensor of optimizer_param: CPU, and CUDA (module docstring)
+_OPT_LARGE_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -262,8 +267,9 @@ def optimizer_tensor_host(device: str, repeats: int) -> float:
 
 def optimizer_param_time(device: str, repeats: int, per_tensor_s: float) -> float:
     """Seconds per parameter of the same step on large tensors (module docstring)."""
-    step = _optimizer_step(_OPT_LARGE_ELEMENTS, _OPT_LARGE_TENSORS, device)
-    n = _OPT_LARGE_ELEMENTS * _OPT_LARGE_TENSORS
+    elements = _OPT_LARGE_ELEMENTS[device]
+    step = _optimizer_step(elements, _OPT_LARGE_TENSORS, device)
+    n = elements * _OPT_LARGE_TENSORS
     if device == "cuda":
         return _per_call(step, _OPT_LARGE_CALLS, repeats, time.perf_counter, torch.cuda.synchronize) / n
     t = _per_call(step, _OPT_LARGE_CALLS, repeats, time.thread_time, lambda: None)
