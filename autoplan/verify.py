@@ -68,6 +68,7 @@ def predict(
     if device != "cpu":
         return stored
     try:
+        from autoplan.runtime.support import program_job
         from hwprofiles.load import load_cluster
         from simulator import simulate
         from simulator.job import Job
@@ -82,7 +83,7 @@ def predict(
     if cluster.gpus_per_node != spec.world_size or cluster.nodes != 1:
         node = cluster.node.model_copy(update={"gpus_per_node": spec.world_size})
         cluster = cluster.model_copy(update={"node": node, "nodes": 1})
-    job = Job.make(spec.model, cluster, spec.plan, spec.global_batch)
+    job = program_job(Job.make(spec.model, cluster, spec.plan, spec.global_batch))
     return simulate(job, "analytic").to_dict()
 
 

@@ -45,6 +45,8 @@ SOURCE_GPU = {"torchtitan_a100_64gpu": "A100-80GB", "dgxc_benchmarking_h100": "H
 #: ``loss_fn: fused_crossentropy``); the A100 tables in bf16/PURE (bf16 gradient reduction)
 MPT_AMP = dataclasses.replace(OVERLAPPED, name="llm-foundry-amp-bf16", cross_entropy="fused")
 MPT_PURE = dataclasses.replace(MPT_AMP, name="llm-foundry-pure-bf16", sharded_reduce_bytes=2)
+# torchtitan's loss (torchtitan/components/loss.py cross_entropy_loss, 0.3.0): F.cross_entropy(pred.float())
+TORCHTITAN = dataclasses.replace(OVERLAPPED, name="torchtitan", cross_entropy="torch")
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,9 @@ def _row(source: str, row: dict[str, Any], shapes: dict[str, Any], clusters: dic
     if key not in clusters:
         clusters[key] = load_cluster(NODE_OF_GPU[gpu], nodes=max(1, gpus // 8))
     runtime: Runtime = OVERLAPPED
-    if source == "mosaicml_mpt":
+    if source == "torchtitan_a100_64gpu":
+        runtime = TORCHTITAN
+    elif source == "mosaicml_mpt":
         runtime = MPT_PURE if row.get("prec_mode", "").endswith("PURE") else MPT_AMP
     return FsdpRow(source, label, Job.make(model, clusters[key], plan, row["gbs"], FILE, runtime), tok)
 

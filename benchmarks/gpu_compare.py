@@ -1,7 +1,9 @@
 """Single-GPU runs measured on an H100 vs what the current model predicts for them.
 
-Reads the runs ``benchmarks/gpu_runs.py`` recorded (default ``benchmarks/data/h100-runs.jsonl``:
-``autoplan run`` of t = p = d = 1 plans on one H100 80GB HBM3, 2026-11-25), re-predicts each
+Reads the runs ``benchmarks/gpu_runs.py`` recorded (default: ``benchmarks/data/h100-runs.jsonl``,
+``autoplan run`` of t = p = d = 1 plans on one H100 80GB HBM3, 2026-11-25, when the program
+stepped torch's default foreach AdamW; and ``h100-runs-fused.jsonl``, the ckpt=full 7B-slice runs
+again once it steps fused AdamW on a GPU, autoplan/runtime/trainer.py), re-predicts each
 with the analytic model as ``autoplan emit`` does (the torch program's job, one GPU of
 ``--cluster``), and prints per run the measured and predicted step time and peak memory
 (``torch.cuda.max_memory_allocated``) with the signed errors, then the MAPE and the range.
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
 sys.path.insert(0, str(HERE.parent))
 
 from autoplan.runtime.support import program_job  # noqa: E402
@@ -59,13 +62,10 @@ def _summary(name: str, errors: list[float]) -> str:
     return f"{name}: MAPE {mape:.1f}%, errors {min(errors):+.1f}% .. {max(errors):+.1f}% over {len(errors)} runs"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, default=HERE / "data" / "h100-runs.jsonl")
-    ap.add_argument("--cluster", default="dgx-h100", help="node the runs were emitted for (default dgx-h100)")
-    ap.add_argument("--gpu", help="GPU profile to use instead of the node's (name or YAML path)")
-    a = ap.parse_args(argv)
-    rows = [json.loads(line) for line in a.runs.read_text().splitlines() if line.strip()]
+def _compare(path: Path, cluster: str, gpu: str | None) -> None:
+    """The table and summary of one file of runs."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    print(f"{path.name}")
     print(f"{'run':62}{'time s':>9}{'pred':>8}{'err':>8}{'mem GiB':>9}{'pred':>7}{'err':>8}")
     t_err: list[float] = []
     m_err: list[float] = []
@@ -73,16 +73,26 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in row:
             print(f"{row['case']:62} failed: {row['error'][:60]}")
             continue
-        t_pred, m_pred = predict(row, a.cluster, a.gpu)
+        t_pred, m_pred = predict(row, cluster, gpu)
         t, m = row["measured_step_time_s"], row["measured_peak_memory_gib"]
         te, me = _err(t, t_pred), _err(m, m_pred)
         if row["model"] in MODEL_FILES and "offload" not in row["case"]:
             t_err.append(te)
             m_err.append(me)
         print(f"{row['case']:62}{t:9.4f}{t_pred:8.4f}{te:+7.1f}%{m:9.2f}{m_pred:7.2f}{me:+7.1f}%")
-    print()
     print(_summary("step time (1B and 7B-slice runs, no offload)", t_err))
     print(_summary("peak memory (same runs)", m_err))
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, nargs="+", default=[DATA / "h100-runs.jsonl", DATA / "h100-runs-fused.jsonl"])
+    ap.add_argument("--cluster", default="dgx-h100", help="node the runs were emitted for (default dgx-h100)")
+    ap.add_argument("--gpu", help="GPU profile to use instead of the node's (name or YAML path)")
+    a = ap.parse_args(argv)
+    for path in a.runs:
+        _compare(path, a.cluster, a.gpu)
     return 0
 
 

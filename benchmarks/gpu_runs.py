@@ -104,10 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     ap.add_argument("--resume", action="store_true", help="skip the cases --out already holds without an error")
+    ap.add_argument("--match", default="", help="only the cases whose name contains this text")
     a = ap.parse_args(argv)
     groups = set(a.cases.split(","))
     done = _done(a.out) if a.resume else set()
-    todo = [c for c in cases() if c.group in groups and c.name not in done]
+    todo = [c for c in cases() if c.group in groups and c.name not in done and a.match in c.name]
     if a.list:
         print("\n".join(c.name for c in todo))
         return 0

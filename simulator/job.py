@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hwprofiles.schema import ClusterSpec
+from simulator.cost.memory import CrossEntropy
 from simulator.plan import Plan, num_microbatches, validate_plan
 from simulator.specs import ModelSpec
 
@@ -32,17 +33,28 @@ class Runtime:
     fully recomputed layer gathers its parameters once more in backward, because its
     pre-forward hook fires again in the recompute forward).
 
-    ``cross_entropy``: "fp32" casts the logits to fp32 and keeps the softmax for backward
-    (autoplan's program, ``F.cross_entropy(logits.float())``; Megatron-LM's vocab-parallel
-    cross-entropy; torchtitan); "fused" keeps only the e-byte logits and writes their gradient
-    in place (flash-attn's ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default
-    ``loss_fn: fused_crossentropy``): simulator.cost.memory.logits_buffer_bytes."""
+    ``cross_entropy``: how the program computes the loss, for the memory the logits take at its
+    peak (simulator.cost.memory.logits_bytes_per_element): "fp32" Megatron-LM's vocab-parallel
+    cross-entropy (fp32 softmax, gradient in place); "torch" ``F.cross_entropy(logits.float())``
+    (autoplan's program, autoplan.runtime.support.program_job; torchtitan); "fused" keeps only
+    the e-byte logits and writes their gradient in place (flash-attn's
+    ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default ``loss_fn:
+    fused_crossentropy``).
+
+    ``weight_copy_bytes``: bytes per parameter of compute-dtype copies of the weights that the
+    program holds from a layer's forward to its backward: 2 for ``torch.autocast`` over fp32
+    parameters (autoplan's program without FSDP on a GPU: autocast casts each weight once per
+    forward and the matmul saves the bf16 copy for backward; +2.0 bytes per parameter measured
+    on an H100, benchmarks/data/h100-memory-probe.txt); 0 where the weights are kept in the
+    compute dtype (Megatron-LM, DeepSpeed; FSDP2's gathered bf16 parameters are ZeRO-3's
+    working set)."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
     sharded_reduce_bytes: int = 4
     zero3: Literal["fsdp2", "deepspeed"] = "fsdp2"
-    cross_entropy: Literal["fp32", "fused"] = "fp32"
+    cross_entropy: CrossEntropy = "fp32"
+    weight_copy_bytes: float = 0.0
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

@@ -17,6 +17,7 @@ from simulator.plan import parse_plan
 from simulator.specs import load_model
 
 FUSED = replace(OVERLAPPED, name="fused", cross_entropy="fused")
+PROGRAM = replace(NO_DP_OVERLAP, name="torch-program", cross_entropy="torch", weight_copy_bytes=2.0)  # program_job's
 SPACES = [  # model, node profile, nodes, global batch
     ("gpt3-175b", "dgx-a100-80gb", 128, 1536),
     ("gpt-1t", "dgx-a100-80gb", 384, 3072),
@@ -26,7 +27,7 @@ SPACES = [  # model, node profile, nodes, global batch
     ("gpt3-175b", "dgx2-v100", 32, 512),
     ("tiny", "localhost-cpu", 1, 16),
 ]
-RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED]
+RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED, PROGRAM]
 SAMPLE = 600
 
 

@@ -241,3 +241,16 @@ def test_offloaded_optimizer_shares_the_host_cpu():
     expect = 8 * shard * CPU_ADAM_STATE_BYTES / (j.cluster.node.cpu_adam_GBps * 1e9)
     assert r.time_breakdown["optimizer"] == pytest.approx(expect, rel=1e-6)
     assert r.extra["bottleneck_link"]["kind"] == "cpu"
+
+
+@pytest.mark.parametrize("plan", ["t=2,p=4,zero=1,ckpt=full", "t=4,p=4,v=2,zero=1,ckpt=selective,sp=1"])
+def test_program_memory_terms_agree_with_the_analytic_estimate(plan):
+    """autoplan's program (autoplan.runtime.support.program_job): the torch cross-entropy's logits
+    and autocast's weight copies are priced alike by both models."""
+    base = job(plan, nodes=2, batch=64, model=MEDIUM)
+    prog = dataclasses.replace(
+        base, runtime=dataclasses.replace(base.runtime, cross_entropy="torch", weight_copy_bytes=2.0)
+    )
+    des, ana = simulate_des(prog), estimate(prog)
+    assert des.peak_memory == pytest.approx(ana.peak_memory, rel=0.05)
+    assert des.peak_memory > simulate_des(base).peak_memory  # both terms add memory

@@ -253,5 +253,37 @@ def test_prediction_of_the_emitted_program_prices_its_reduction(plan_text, mode,
     assert dp_mode(plan) == mode
     emitted = program_job(job)
     assert emitted.runtime.dp_overlap is overlap
+    assert emitted.runtime.cross_entropy == "torch"  # F.cross_entropy(logits.float())
+    assert emitted.runtime.weight_copy_bytes == (0.0 if mode == "fsdp" else 2.0)  # autocast's bf16 copies
     if not overlap and plan.d > 1:
         assert estimate(emitted).step_time > estimate(job).step_time
+
+
+def test_prediction_of_the_emitted_program_prices_autocast_copies_only_where_they_exist():
+    """bf16 weight copies: autocast on a GPU without FSDP, 2 bytes per parameter of the layers not
+    fully recomputed (and of the embedding and head); FSDP2 gathers bf16 parameters instead, and
+    a CPU rank runs fp32 without autocast."""
+    import dataclasses
+
+    from autoplan.runtime.support import program_job
+    from simulator.analytic import estimate
+    from simulator.cost.params import layer_params_per_rank, stage_params_per_rank
+    from simulator.cost.workload import padded_vocab_size
+
+    model, gpu = load_model("llama2-7b"), load_cluster("dgx-a100-80gb")
+    fsdp, _ = parse_plan("d=8,zero=3,mb=1", model, 8, 64)
+    assert program_job(Job(model, gpu, fsdp, 64)).runtime.weight_copy_bytes == 0.0
+    cpu = load_cluster("localhost-cpu")
+    cpu8 = cpu.model_copy(update={"node": cpu.node.model_copy(update={"gpus_per_node": 8})})
+    tp, _ = parse_plan("t=8,mb=1,ckpt=none", model, 8, 64)
+    assert program_job(Job(model, cpu8, tp, 64)).runtime.weight_copy_bytes == 0.0
+
+    def copies(ckpt: str) -> float:
+        plan, _ = parse_plan(f"t=8,mb=1,ckpt={ckpt}", model, 8, 64)
+        job = program_job(Job(model, gpu, plan, 64))
+        without = dataclasses.replace(job, runtime=dataclasses.replace(job.runtime, weight_copy_bytes=0.0))
+        return estimate(job).memory_breakdown["buffers"] - estimate(without).memory_breakdown["buffers"]
+
+    psi = stage_params_per_rank(model, 8, 1, 32, True, True, padded_vocab_size(model, 8))
+    assert copies("none") == pytest.approx(2 * psi, rel=1e-9)
+    assert copies("full") == pytest.approx(2 * (psi - 32 * layer_params_per_rank(model, 8)), rel=1e-9)

@@ -37,12 +37,21 @@ def dp_mode(plan: Plan) -> str:
 
 
 def program_job(job: Job) -> Job:
-    """``job`` as the emitted program runs it: DDP and FSDP2 reduce gradients bucket by bucket
-    during the backward, the manual modes after the last backward (no overlap), which the
-    prediction stored with the program must price."""
-    if dp_mode(job.plan) == "manual" and job.runtime.dp_overlap:
-        return dataclasses.replace(job, runtime=NO_DP_OVERLAP)
-    return job
+    """``job`` as the emitted program runs it (simulator.job.Runtime):
+
+    * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
+      after the last backward (no overlap);
+    * the loss is ``F.cross_entropy(logits.float())`` (``cross_entropy="torch"``);
+    * on a GPU without FSDP, ``torch.autocast`` runs bf16 matmuls over fp32 parameters and keeps
+      a bf16 copy of each weight from forward to backward (``weight_copy_bytes=2``); FSDP2's
+      MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set).
+    """
+    runtime = job.runtime
+    if dp_mode(job.plan) == "manual" and runtime.dp_overlap:
+        runtime = NO_DP_OVERLAP
+    autocast = job.cluster.node.backend == "nccl" and dp_mode(job.plan) != "fsdp"
+    runtime = dataclasses.replace(runtime, cross_entropy="torch", weight_copy_bytes=2.0 if autocast else 0.0)
+    return dataclasses.replace(job, runtime=runtime)
 
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:

@@ -154,8 +154,17 @@ class Trainer:
         def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
             if kind == "sgd":
                 return torch.optim.SGD(_param_groups(params), lr=tr.check_lr)
+            # fused on a GPU: torch's default there (foreach) allocates one fp32 temporary per
+            # parameter at the step (torch._foreach_sqrt of the second moments), +4 bytes per
+            # parameter over the states that no prediction charges; fused allocates none and
+            # steps 2.2x faster (H100, benchmarks/data/h100-optimizer-probe.txt)
             return torch.optim.AdamW(
-                _param_groups(params), lr=tr.lr, betas=tr.betas, eps=tr.eps, weight_decay=tr.weight_decay
+                _param_groups(params),
+                lr=tr.lr,
+                betas=tr.betas,
+                eps=tr.eps,
+                weight_decay=tr.weight_decay,
+                fused=self.env.cuda and self.plan.offload == "none",
             )
 
         if self.plan.zero == 1 and self.mode == "manual":

@@ -181,8 +181,11 @@ def estimate(job: Job) -> SimResult:
 def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
     """(device, memory) of the first device of each distinct stage: in-flight microbatches
     never grow with the device index, so that device is the peak of its kind."""
-    fused = job.runtime.cross_entropy == "fused"
-    return [(i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c, fused)) for i, c, _ in groups]
+    rt = job.runtime
+    return [
+        (i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c, rt.cross_entropy, rt.weight_copy_bytes))
+        for i, c, _ in groups
+    ]
 
 
 def memory_only(job: Job) -> float:

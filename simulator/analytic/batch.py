@@ -36,7 +36,7 @@ from simulator.cost.collectives import GroupLink
 from simulator.cost.memory import DP_BUCKET_BYTES
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import compute_slowdown, host_async, stage_groups
-from simulator.cost.stage_memory import activation_peak, flight_buffers
+from simulator.cost.stage_memory import activation_peak, flight_buffers, weight_copies_held
 from simulator.cost.step import (
     ADAM_HBM_BYTES_PER_PARAM,
     CPU_ADAM_STATE_BYTES,
@@ -212,7 +212,7 @@ def estimate_batch(
     )
     grads_b = np.where(col(offload), 0.0, np.where(col(zero >= 2), psi * gb / shard, psi * gb))
     opt_b = np.where(col(offload), 0.0, np.where(col(zero >= 1), psi * k / shard, psi * k))
-    fused = runtime.cross_entropy == "fused"
+    loss = runtime.cross_entropy
     width = valid.shape[1]
     sched_keys = [
         (q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.schedule, m) for q, m in zip(plans, P.m.tolist())
@@ -223,7 +223,7 @@ def estimate_batch(
         out = []
         for dev, c, _ in stage_groups(model, cluster, q):
             out.append(
-                activation_peak(model, cluster, q, m, dev, c) + flight_buffers(model, cluster, q, m, dev, c.last, fused)
+                activation_peak(model, cluster, q, m, dev, c) + flight_buffers(model, cluster, q, m, dev, c.last, loss)
             )
         return out + [0.0] * (width - len(out))
 
@@ -231,11 +231,11 @@ def estimate_batch(
     by_schedule = np.array(fixed_mem)[inv]
     # stage_memory.sharding_buffers
     bucket = np.where(col((d > 1) | offload), np.minimum(psi * memory.GRAD_BYTES, 2 * DP_BUCKET_BYTES), 0.0)
-    ws = _per_plan(
-        [q.t for q in plans], lambda i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plans[i].t))
-    )
+    layer_params = _per_plan([q.t for q in plans], lambda i: params.layer_params_per_rank(model, plans[i].t))
+    ws = _per_plan([q.t for q in plans], lambda i: memory.zero3_working_set_bytes(layer_params[i]))
     working = np.where(col(zero == 3), col(ws), 0.0)
-    stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working, -np.inf)
+    copies = weight_copies_held(runtime.weight_copy_bytes, psi, S["full"], col(layer_params))
+    stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working + copies, -np.inf)
     peak = stage_total.max(axis=1)
 
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 from simulator.specs import ModelSpec
+
+#: how the program computes the cross-entropy (simulator.job.Runtime.cross_entropy; :func:`logits_bytes_per_element`)
+CrossEntropy = Literal["fp32", "torch", "fused"]
 
 # Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
 OPTIMIZER_BYTES_PER_PARAM = 12  # K
@@ -147,14 +151,31 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     return tuple(keep)
 
 
+def logits_bytes_per_element(loss: CrossEntropy, e: int) -> float:
+    """Bytes per logit the last stage holds at its loss's peak, by how the program computes it:
+
+    * ``fp32``: Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
+      cross_entropy.py): the e-byte logits and their fp32 softmax, the gradient written over the
+      softmax in place: e + 4;
+    * ``torch``: ``F.cross_entropy(logits.float())`` (autoplan's program, autoplan/runtime/model.py
+      ``lm_loss``; torchtitan's loss): in log-softmax's backward its fp32 output, the incoming and
+      the outgoing gradient are alive together: 12 (measured 12.0, and 10.0 at the forward's
+      peak, on an H100: benchmarks/data/h100-memory-probe.txt);
+    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: e.
+    """
+    if loss == "fused":
+        return float(e)
+    if loss == "torch":
+        return 12.0
+    return float(e + 4)
+
+
 def logits_buffer_bytes(
-    model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None, fused: bool = False
+    model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None, loss: CrossEntropy = "fp32"
 ) -> float:
-    """The last stage's logits (e bytes) and their fp32 softmax for cross-entropy: b*s*V/t*(e + 4);
-    a fused cross-entropy (``fused``: flash-attn's, the gradient written over the logits) keeps
-    the logits only: b*s*V/t*e. ``vocab`` is the (padded) vocabulary the program really
-    allocates, default the model's."""
-    return b * model.seq_length * (vocab or model.vocab_size) / t * (e if fused else e + 4)
+    """The last stage's logits at the loss's peak: b*s*V/t * :func:`logits_bytes_per_element`.
+    ``vocab`` is the (padded) vocabulary the program really allocates, default the model's."""
+    return b * model.seq_length * (vocab or model.vocab_size) / t * logits_bytes_per_element(loss, e)
 
 
 def zero3_working_set_bytes(

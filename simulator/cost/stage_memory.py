@@ -32,6 +32,7 @@ Terms (all per rank of the device):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
@@ -40,6 +41,12 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: bytes or counts: one stage's (float) or a batch of plans' (simulator.analytic.batch)
+_N = TypeVar("_N", float, "np.ndarray")
 
 _ACTIVATIONS = IdentityCache(4096)
 _ACT_PEAK = IdentityCache(16384)
@@ -95,11 +102,22 @@ def stage_buffers(
     stage: int,
     last: bool,
     psi: float | None,
-    fused_loss: bool = False,
+    loss: memory.CrossEntropy = "fp32",
 ) -> float:
     """Buffers of one rank of device ``stage`` (module docstring): :func:`sharding_buffers` +
     :func:`flight_buffers`."""
-    return sharding_buffers(model, plan, psi) + flight_buffers(model, cluster, plan, m, stage, last, fused_loss)
+    return sharding_buffers(model, plan, psi) + flight_buffers(model, cluster, plan, m, stage, last, loss)
+
+
+def weight_copies_held(weight_copy_bytes: float, stage_params: _N, full_layers: _N, layer_params: _N) -> _N:
+    """The program's compute-dtype weight copies at the stage's peak (simulator.job.Runtime.
+    weight_copy_bytes per parameter): every parameter of the stage but those of its fully
+    recomputed layers, whose copies autocast caches only until the forward ends (the recompute
+    casts one layer at a time). Measured on an H100 (benchmarks/data/h100-memory-probe.txt):
+    2.0 bytes per parameter held after an autocast forward without recomputation, 0.23 (the
+    checkpointed inputs) with it. The embedding table, which autocast does not cast, is counted
+    too: V*h*weight_copy_bytes too many on an untied model's first stage."""
+    return weight_copy_bytes * (stage_params - full_layers * layer_params)
 
 
 def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
@@ -114,17 +132,23 @@ def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
 
 
 def flight_buffers(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, last: bool, fused_loss: bool = False
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    m: int,
+    stage: int,
+    last: bool,
+    loss: memory.CrossEntropy = "fp32",
 ) -> float:
     """The buffers the pipeline schedule fixes: the last stage's logits per in-flight microbatch
-    (``fused_loss``: the program's cross-entropy keeps no fp32 softmax,
-    simulator.job.Runtime.cross_entropy) and the pipeline send/receive buffers."""
+    (``loss``: how the program computes the cross-entropy, simulator.job.Runtime.cross_entropy)
+    and the pipeline send/receive buffers."""
     e = dtype_bytes(cluster.gpu)
     b, t = plan.mb, plan.t
     out = 0.0
     if last:
         inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-        out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), fused_loss)
+        out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), loss)
     return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
 
 
@@ -135,14 +159,17 @@ def stage_memory(
     m: int,
     stage: int,
     shape: StageShape,
-    fused_loss: bool = False,
+    loss: memory.CrossEntropy = "fp32",
+    weight_copy_bytes: float = 0.0,
 ) -> StageMemory:
-    """Peak memory of one rank of pipeline device ``stage`` (module docstring)."""
+    """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss`` and
+    ``weight_copy_bytes``: the program's (simulator.job.Runtime)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.state_bytes_per_param(e)
     states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
     act = activation_peak(model, cluster, plan, m, stage, shape)
-    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, fused_loss)
+    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)
+    buffers += weight_copies_held(weight_copy_bytes, shape.params, shape.full_layers, _layer_params(model, plan.t))
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 

@@ -84,7 +84,7 @@ class Costs:
             head_b=bt.head.backward,
             act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
-            logits=logits_buffer_bytes(model, b, t, e, vocab, job.runtime.cross_entropy == "fused"),
+            logits=logits_buffer_bytes(model, b, t, e, vocab, job.runtime.cross_entropy),
             layer_params=layer_params_per_rank(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),

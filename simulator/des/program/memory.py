@@ -2,13 +2,16 @@
 
 Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
-(:func:`simulator.cost.memory.pipeline_buffer_bytes`): the terms of
+(:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
+copies (:func:`simulator.cost.stage_memory.weight_copies_held`: held from forward to backward,
+so at the activation peak, where the static bytes count): the terms of
 :func:`simulator.cost.stage_memory.stage_memory` that do not change during the step.
 """
 
 from __future__ import annotations
 
 from simulator.cost.memory import gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
+from simulator.cost.stage_memory import weight_copies_held
 from simulator.des.program.state import Program
 
 
@@ -28,3 +31,7 @@ def add_static_memory(prog: Program) -> None:
             prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.opt.bucket_bytes))
         if pipe_buffers:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
+        if prog.job.runtime.weight_copy_bytes:
+            full = sum(prog.recompute[ch * prog.p + dev.pp][0] for ch in range(prog.v))
+            copies = weight_copies_held(prog.job.runtime.weight_copy_bytes, psi, full, c.layer_params)
+            prog.mem.add_static(dev.idx, "buffers", copies)
