@@ -1,10 +1,11 @@
 """Steps 4 and 5 of the search: each finalist's CP-SAT layer partition and recomputation map
 (:mod:`autoplan.partition`), kept when the analytic model predicts it faster than the uniform
-split, then its simulation (DES by default), in the worker pool.
+split, then the simulation (DES by default) of each distinct refined plan, in the worker pool.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from autoplan.partition import optimize_partition
@@ -20,20 +21,34 @@ from simulator.specs import ModelSpec
 
 def refine_and_simulate_all(
     finalists: list[Scored], global_batch: int, jobs: int, show_progress: bool = False
-) -> list[tuple[dict[str, Any] | None, SimResult]]:
-    """(partition gain or None, simulation) of each finalist, in the finalists' order. The
-    costliest simulations start first (longest-processing-time order balances the workers)."""
-    order = sorted(range(len(finalists)), key=lambda i: -_simulation_cost(finalists[i], global_batch))
-    bar = progress(len(finalists), show_progress, "refining and simulating finalists", least=1)
-    done = []
+) -> tuple[list[dict[str, Any]], list[SimResult]]:
+    """The partition gains CP-SAT found, and the simulation of each distinct plan the finalists
+    refine to, in the finalists' order. Two finalists can refine to one plan (a ckpt=selective
+    finalist whose best recomputation map is none is the ckpt=none finalist): it is simulated
+    and listed once. CP-SAT runs for every finalist first, then the simulations, the costliest
+    first (longest-processing-time order balances the workers)."""
+    args = [(f.nodes, f.plan, f.step_time) for f in finalists]
     with Pool(jobs if len(finalists) > 1 else 1) as pool:
-        for x in pool.imap(
-            _refine_and_simulate, [(finalists[i].nodes, finalists[i].plan, finalists[i].step_time) for i in order]
-        ):
-            done.append(x)
-            bar.update(1)
+        refined = _mapped(pool, _refine, args, show_progress, "refining finalists")
+        first: dict[tuple[int, str], int] = {}
+        for i, (nodes, plan, _) in enumerate(refined):
+            first.setdefault((nodes, plan.to_string()), i)
+        keep = sorted(first.values())
+        order = sorted(keep, key=lambda i: -_simulation_cost(refined[i][1], global_batch))
+        done = _mapped(pool, _simulate, [refined[i][:2] for i in order], show_progress, "simulating finalists")
+    by_index = dict(zip(order, done))
+    return [g for _, _, g in refined if g], [by_index[i] for i in keep]
+
+
+def _mapped(pool: Pool, fn: Callable[[Any], Any], items: list[Any], show_progress: bool, phase: str) -> list[Any]:
+    """``fn`` over ``items`` in the pool, in order, with a progress bar naming ``phase``."""
+    bar = progress(len(items), show_progress, phase, least=1)
+    out = []
+    for x in pool.imap(fn, items):
+        out.append(x)
+        bar.update(1)
     bar.close()
-    return [x for _, x in sorted(zip(order, done), key=lambda pair: pair[0])]
+    return out
 
 
 def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | None]:
@@ -67,20 +82,20 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     return nodes, part.plan, gain
 
 
-def _refine_and_simulate(args: tuple[int, Plan, float]) -> tuple[dict[str, Any] | None, SimResult]:
-    """One finalist: CP-SAT refinement (:func:`_refine`), then the simulation of the result."""
-    nodes, plan, gain = _refine(args)
+def _simulate(args: tuple[int, Plan]) -> SimResult:
+    """The simulation of one refined finalist."""
+    nodes, plan = args
     opts = SHARED["opts"]
     result = simulate(Job(SHARED["model"], SHARED["clusters"][nodes], plan, SHARED["B"], opts.runtime), opts.fidelity)
     if not opts.keep_timeline:  # a DES record is megabytes to send back from a worker; plots re-simulate
         result.extra.pop("_des", None)
-    return gain, result
+    return result
 
 
-def _simulation_cost(s: Scored, global_batch: int) -> float:
-    """Relative DES cost of a finalist: its tasks grow with the pipeline's stages x chunks x
+def _simulation_cost(plan: Plan, global_batch: int) -> float:
+    """Relative DES cost of a plan: its tasks grow with the pipeline's stages x chunks x
     microbatches (one pipeline is simulated, by symmetry)."""
-    return s.plan.p * s.plan.v * num_microbatches(s.plan, global_batch)
+    return plan.p * plan.v * num_microbatches(plan, global_batch)
 
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:

@@ -148,9 +148,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     ][: max(opts.top, opts.max_finalists)]
 
     log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
-    in_rank_order = refine_and_simulate_all(finalists, global_batch, opts.jobs, opts.progress)
-    gains = [g for g, _ in in_rank_order if g]
-    simulated = [r for _, r in in_rank_order]
+    gains, simulated = refine_and_simulate_all(finalists, global_batch, opts.jobs, opts.progress)
     fitting = [r for r in simulated if r.fits] or simulated
     fitting.sort(key=lambda r: _objective(r, opts.objective, gpn))
     return SearchResult(

@@ -183,6 +183,18 @@ def test_gpt3_on_128_nodes_keeps_tp_in_node():
     assert found.best_result.step_time <= ref.step_time
 
 
+def test_finalists_that_refine_to_one_plan_are_simulated_and_listed_once():
+    """The main job: a ckpt=selective finalist whose best CP-SAT recomputation map is none is the
+    ckpt=none finalist; it is simulated once and the top list holds distinct plans."""
+    from simulator.specs import load_model
+
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", nodes=128)
+    found = search(model, cluster, 1536, SearchOptions(top=8, jobs=2, fidelity="analytic"))
+    plans = [r.job.plan.to_string() for r in found.top]
+    assert len(set(plans)) == len(plans) == found.candidates_simulated < 8  # two refined to an earlier one
+    assert found.partition_gains  # the duplicates' CP-SAT gains are still reported
+
+
 def test_finalists_drop_des_records_and_pictures_simulate_again(tmp_path):
     """The planner's workers do not send DES records (megabytes each) back unless asked;
     a plot or trace of such a result simulates the plan again, deterministically."""
