@@ -46,7 +46,8 @@ def test_calibrated_optimizer_on_a_gpu_overlaps_host_and_kernels():
         "optimizer_tensor_us": 20.0,
         "optimizer_param_ns": 0.05,
     }
-    gpu = c.gpu.model_validate({**c.gpu.model_dump(), "eager": eager})
+    # speed_spread 0: the rule alone, without the slowest-of-8-GPUs factor (simulator.cost.variability)
+    gpu = c.gpu.model_validate({**c.gpu.model_dump(), "eager": eager, "speed_spread": 0.0})
     c = c.model_copy(update={"node": c.node.model_copy(update={"gpu": gpu})})
     job = Job.make(load_model("tiny"), c, Plan(t=4, p=1, d=2), 2)
     # max(100 tensors * 20 us, 1e8 params * 0.05 ns) = max(2 ms, 5 ms)

@@ -111,6 +111,14 @@ class GpuProfile(Strict):
     gemm: GemmModel
     attention: AttentionModel | None = None  # fused attention; None: priced as its two GEMMs' shapes
     kernel_launch_us: float = Field(ge=0, default=5.0)
+    speed_spread: float = Field(
+        ge=0,
+        lt=0.2,
+        default=0.0,
+        description="relative standard deviation of the sustained speed of GPUs of this SKU across a cluster "
+        "(manufacturing variability under power management); a synchronous job runs at its slowest GPU's pace "
+        "(simulator.cost.variability)",
+    )
     comm_overlap_slowdown: float = Field(
         ge=0,
         default=0.3,

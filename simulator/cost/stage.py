@@ -15,6 +15,7 @@ from simulator.cost import collectives, layout, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.stage_memory import StageShape
+from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
     embedding_backward_extra_ops,
     embedding_forward_ops,
@@ -54,10 +55,13 @@ _STAGES = IdentityCache(8192)
 
 
 def compute_slowdown(cluster: ClusterSpec) -> float:
-    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots at that
-    many ranks)."""
+    """How much longer each rank's compute takes than one device's kernels alone: ranks sharing
+    a processor slow each other, max(1, ranks per node / compute slots at that many ranks); and
+    the job runs at its slowest GPU's pace (simulator.cost.variability, the GPU profile's
+    ``speed_spread`` over the cluster's GPUs)."""
     slots = cluster.node.slots_for(cluster.gpus_per_node)
-    return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+    shared = max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+    return shared * slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread)
 
 
 def host_async(cluster: ClusterSpec) -> bool:
