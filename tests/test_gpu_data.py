@@ -17,10 +17,11 @@ sys.path.insert(0, str(BENCH))
 import gpu_compare  # noqa: E402  (benchmarks/ on the path above)
 
 RUNS = BENCH / "data" / "h100-runs.jsonl"
+FUSED = BENCH / "data" / "h100-runs-fused.jsonl"  # the ckpt=full 7B runs again with fused AdamW
 
 
-def _rows() -> list[dict]:
-    return [json.loads(line) for line in RUNS.read_text().splitlines() if line.strip()]
+def _rows(path: Path = RUNS) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_every_recorded_run_ran_on_cuda_with_its_measurements():
@@ -33,8 +34,18 @@ def test_every_recorded_run_ran_on_cuda_with_its_measurements():
     assert [r["loss_match"] for r in checked] == [True]  # the fp32 SGD check against the CPU reference
 
 
+def test_the_fused_reruns_are_the_ckpt_full_7b_cases():
+    rows = _rows(FUSED)
+    assert [r["case"] for r in rows] == [
+        r["case"] for r in _rows() if r["model"] == "llama2-7b-8layers" and "full" in r["case"]
+    ]
+    assert all(r["device"] == "cuda" and r["measured_step_time_s"] > 0 for r in rows)
+
+
 def test_compare_repredicts_every_run(capsys):
-    assert gpu_compare.main(["--runs", str(RUNS)]) == 0
-    out = capsys.readouterr().out
-    assert sum(1 for r in _rows() if r["case"] in out) == 20
-    assert "step time (1B and 7B-slice runs, no offload): MAPE" in out and "over 18 runs" in out
+    assert gpu_compare.main(["--runs", str(RUNS), str(FUSED)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cases = {line.split()[0] for line in lines if "/B=" in line}
+    assert cases == {r["case"] for r in _rows() + _rows(FUSED)}  # one printed row per run (23 runs, 20 cases)
+    summaries = [line for line in lines if line.startswith("step time (1B and 7B-slice runs, no offload): MAPE")]
+    assert len(summaries) == 2 and "over 18 runs" in summaries[0] and "over 3 runs" in summaries[1]

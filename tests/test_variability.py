@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator.cost.stage import compute_slowdown
+from simulator.cost.stage import compute_slowdown, device_slowdown
 from simulator.cost.variability import expected_max_normal, slowest_gpu_factor
 
 
@@ -31,10 +31,23 @@ def test_one_gpu_waits_for_nobody_and_more_gpus_wait_longer():
     assert factors == sorted(factors) and factors[-1] < 1.05
 
 
-def test_compute_slowdown_carries_the_cluster_size_and_leaves_cpu_ranks_alone():
+def test_device_slowdown_carries_the_cluster_size_and_leaves_cpu_ranks_alone():
     small, large = load_cluster("dgx-a100-80gb", 1), load_cluster("dgx-a100-80gb", 128)
     assert small.gpu.speed_spread > 0
-    assert compute_slowdown(large) / compute_slowdown(small) == pytest.approx(
-        slowest_gpu_factor(1024, small.gpu.speed_spread) / slowest_gpu_factor(8, small.gpu.speed_spread)
-    )
-    assert load_cluster("localhost-cpu").gpu.speed_spread == 0.0
+    assert device_slowdown(large) == pytest.approx(slowest_gpu_factor(1024, small.gpu.speed_spread))
+    assert device_slowdown(large) > device_slowdown(small) > 1.0
+    assert compute_slowdown(large) == compute_slowdown(small) == 1.0  # GPUs share no processor
+    cpu = load_cluster("localhost-cpu")
+    assert cpu.gpu.speed_spread == 0.0 and device_slowdown(cpu) == 1.0
+
+
+def test_the_slowest_gpu_slows_kernels_not_the_host_that_issues_them():
+    """A launch-bound pass (the host issues kernels slower than the GPU runs them) is not slowed."""
+    from simulator.cost.op import Op
+    from simulator.cost.ops import stream_time
+
+    gpu = load_cluster("dgx-a100-80gb", 1).gpu
+    tiny = [Op("tiny", "elementwise", flops=1.0, bytes=1.0, kernels=10)]
+    assert stream_time(tiny, gpu, 1.05) == stream_time(tiny, gpu)  # launch-bound: 10 launches
+    big = [Op("big", "elementwise", flops=1e12, bytes=1e9)]
+    assert stream_time(big, gpu, 1.05) == pytest.approx(1.05 * stream_time(big, gpu))

@@ -26,7 +26,8 @@ time is all host work:
 * tp_optimizer_tensor: the AdamW step over the TP layer's parameters (DTensors where sharded,
   every op a DTensor dispatch) with the norm of their local gradients, per tensor: its ratio
   to the same step over the plain layer's parameters, times optimizer_tensor;
-* optimizer_tensor: one AdamW step (torch's default implementation for the device) with the
+* optimizer_tensor: one AdamW step (the implementation autoplan's program steps: fused on a GPU,
+  torch's default foreach on a CPU) with the
   global gradient norm and clipping (``clip_grad_norm_``), over many small tensors, per tensor;
 * optimizer_param: the same step over a few large tensors, per parameter: on a CPU (4 x 2^18
   elements) the thread's CPU time less the tensors' share of optimizer_tensor (eager AdamW
@@ -229,11 +230,13 @@ def head_host(device: str, repeats: int) -> PassHost:
 
 
 def _optimizer_step(elements: int, tensors: int, device: str) -> Callable[[], None]:
-    """AdamW with global-norm clipping over ``tensors`` parameters of ``elements`` each."""
+    """AdamW with global-norm clipping over ``tensors`` parameters of ``elements`` each, in the
+    implementation autoplan's program steps (autoplan/runtime/trainer.py): fused on a GPU,
+    torch's default (foreach) on a CPU."""
     params = [torch.zeros(elements, device=device, requires_grad=True) for _ in range(tensors)]
     for p in params:
         p.grad = torch.ones_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=device == "cuda")
 
     def step() -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)

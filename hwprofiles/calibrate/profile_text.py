@@ -146,6 +146,17 @@ def _eager_lines(c: Calibration) -> list[str]:
     return lines
 
 
+def _spread_line(c: Calibration) -> str:
+    """speed_spread, which one machine cannot measure (it is a spread over a cluster's GPUs): on
+    a GPU the built-in profiles' published figure, on a CPU host none (its ranks share cores)."""
+    if c.device == "cpu":
+        return "speed_spread: 0.0   # the ranks are cores of this one host, not GPUs of a cluster"
+    return (
+        "speed_spread: 0.011   # not measured (a spread over a cluster's GPUs): 8% average variation among "
+        "same-SKU GPUs of a cluster (Sinha et al. SC'22, arXiv:2208.11035), as in the built-in GPU profiles"
+    )
+
+
 def _overlap_line(c: Calibration) -> str:
     """comm_overlap_slowdown, which calibrate does not measure. On a CPU, collectives run on
     gloo's host threads, whose sharing of the cores is what the node's ``compute_slots`` and
@@ -177,6 +188,7 @@ def render_gpu(c: Calibration, name: str) -> str:
         f"memory_reserved_GiB: {num(c.memory_reserved_GiB)}   # {c.reserved_how}; {s}",
         "allocator_fragmentation: 0.05   # not measured: the schema's default (a few percent of capacity)",
         _overlap_line(c),
+        _spread_line(c),
         "gemm:",
         f"  max_efficiency: {num(fit.max_efficiency)}   # {_GPU_NOTES['max_efficiency']} ({c.default_dtype}); {s}",
         f"  half_dim_m: {num(fit.half_dim_m)}   # same fit; {s}",

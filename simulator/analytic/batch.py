@@ -35,7 +35,7 @@ from simulator.cost import memory, params
 from simulator.cost.collectives import GroupLink
 from simulator.cost.memory import DP_BUCKET_BYTES
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.stage import compute_slowdown, host_async, stage_groups
+from simulator.cost.stage import compute_slowdown, device_slowdown, host_async, stage_groups
 from simulator.cost.stage_memory import activation_peak, flight_buffers, weight_copies_held
 from simulator.cost.step import (
     ADAM_HBM_BYTES_PER_PARAM,
@@ -231,10 +231,11 @@ def estimate_batch(
     by_schedule = np.array(fixed_mem)[inv]
     # stage_memory.sharding_buffers
     bucket = np.where(col((d > 1) | offload), np.minimum(psi * memory.GRAD_BYTES, 2 * DP_BUCKET_BYTES), 0.0)
-    layer_params = _per_plan([q.t for q in plans], lambda i: params.layer_params_per_rank(model, plans[i].t))
-    ws = _per_plan([q.t for q in plans], lambda i: memory.zero3_working_set_bytes(layer_params[i]))
+    ws = _per_plan(
+        [q.t for q in plans], lambda i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plans[i].t))
+    )
     working = np.where(col(zero == 3), col(ws), 0.0)
-    copies = weight_copies_held(runtime.weight_copy_bytes, psi, S["full"], col(layer_params))
+    copies = weight_copies_held(runtime.weight_copy_bytes, 1.0) * psi  # bytes per parameter x the stages' parameters
     stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working + copies, -np.inf)
     peak = stage_total.max(axis=1)
 
@@ -330,13 +331,14 @@ def _optimizer_time(
     eager = gpu.eager
     tensors = np.array([optimizer_tensors(model, int(n)) for n in layers], dtype=float)
     tp = P.t > 1
+    dev = device_slowdown(cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
         host = tensors * np.where(tp, eager.optimizer_us(True), eager.optimizer_us(False)) * 1e-6
-        work = psi_local * eager.optimizer_param_ns * 1e-9
+        work = psi_local * eager.optimizer_param_ns * 1e-9 * dev
         step = np.maximum(host, work) if host_async(cluster) else host + work
         return step * compute_slowdown(cluster)
     per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
-    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) * dev
     per_tensor_us = np.where(tp, eager.optimizer_us(True), eager.optimizer_us(False)) if eager else gpu.kernel_launch_us
     return (stream + tensors * per_tensor_us * 1e-6) * compute_slowdown(cluster)
 

@@ -151,31 +151,46 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     return tuple(keep)
 
 
-def logits_bytes_per_element(loss: CrossEntropy, e: int) -> float:
-    """Bytes per logit the last stage holds at its loss's peak, by how the program computes it:
+def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:
+    """(bytes per logit kept for each in-flight microbatch, bytes per logit more while one
+    microbatch's loss backward runs), by how the program computes the cross-entropy:
 
     * ``fp32``: Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
       cross_entropy.py): the e-byte logits and their fp32 softmax, the gradient written over the
-      softmax in place: e + 4;
+      softmax in place: (e + 4, 0);
     * ``torch``: ``F.cross_entropy(logits.float())`` (autoplan's program, autoplan/runtime/model.py
-      ``lm_loss``; torchtitan's loss): in log-softmax's backward its fp32 output, the incoming and
-      the outgoing gradient are alive together: 12 (measured 12.0, and 10.0 at the forward's
-      peak, on an H100: benchmarks/data/h100-memory-probe.txt);
-    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: e.
+      ``lm_loss``; torchtitan's loss): log-softmax keeps its fp32 output for backward, and its
+      backward holds the incoming and the outgoing fp32 gradient beside it: (4, 8). Measured on an
+      H100 (benchmarks/data/h100-memory-probe.txt): 4.0 kept after the forward, 12.0 at the
+      backward's peak (10.0 at the forward's);
+    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: (e, 0).
     """
     if loss == "fused":
-        return float(e)
+        return float(e), 0.0
     if loss == "torch":
-        return 12.0
-    return float(e + 4)
+        return 4.0, 8.0
+    return float(e + 4), 0.0
+
+
+def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None) -> float:
+    """Logits of one microbatch on one TP rank: b*s*V/t. ``vocab`` is the (padded) vocabulary the
+    program really allocates, default the model's."""
+    return b * model.seq_length * (vocab or model.vocab_size) / t
 
 
 def logits_buffer_bytes(
-    model: ModelSpec, b: int, t: int, e: int = 2, vocab: int | None = None, loss: CrossEntropy = "fp32"
+    model: ModelSpec,
+    b: int,
+    t: int,
+    e: int = 2,
+    vocab: int | None = None,
+    loss: CrossEntropy = "fp32",
+    inflight: float = 1.0,
 ) -> float:
-    """The last stage's logits at the loss's peak: b*s*V/t * :func:`logits_bytes_per_element`.
-    ``vocab`` is the (padded) vocabulary the program really allocates, default the model's."""
-    return b * model.seq_length * (vocab or model.vocab_size) / t * logits_bytes_per_element(loss, e)
+    """The last stage's logits at the loss's peak with ``inflight`` microbatches in flight:
+    b*s*V/t * (inflight * kept + backward), from :func:`logits_bytes_per_element`."""
+    kept, backward = logits_bytes_per_element(loss, e)
+    return logits_elements(model, b, t, vocab) * (inflight * kept + backward)
 
 
 def zero3_working_set_bytes(

@@ -179,6 +179,7 @@ def pass_times(
     backward_extra: tuple[Op, ...] | list[Op] = (),
     host_async: bool = False,
     host_us: tuple[float, float] | None = None,
+    device_factor: float = 1.0,
 ) -> PassTimes:
     """Forward, backward and attention-core times of a block's ops; ``slowdown`` >= 1 scales
     compute when ranks share a processor (more ranks than compute slots on a CPU host).
@@ -186,24 +187,27 @@ def pass_times(
     ``host_async``: the device runs asynchronously to its host (a GPU): each pass is a kernel
     stream (:func:`stream_time`, charging ``kernels`` launches per op); otherwise (a CPU rank)
     ops add up (:func:`serial_time`). ``host_us``: the block's measured eager host time per
-    (forward, backward) pass, which replaces the per-op overhead (module docstring)."""
+    (forward, backward) pass, which replaces the per-op overhead (module docstring).
+    ``device_factor`` >= 1 scales the device's work alone, not the host's issuing of it (a job
+    paced by its slowest GPU, simulator.cost.variability)."""
     bwd_ops = [b for o in ops for b in backward_ops(o)]
     core_ops = [o for o in ops if o.name in ATTENTION_CORE]
     if host_us is not None:
-        work_f = sum(work_time(o, gpu) for o in ops)
-        work_b = sum(work_time(o, gpu) for o in bwd_ops + list(backward_extra))
+        work_f = sum(work_time(o, gpu) for o in ops) * device_factor
+        work_b = sum(work_time(o, gpu) for o in bwd_ops + list(backward_extra)) * device_factor
         host_f, host_b = host_us[0] * 1e-6, host_us[1] * 1e-6
         combine = max if host_async else (lambda w, h: w + h)
-        core = sum(work_time(o, gpu) for o in core_ops)
+        core = sum(work_time(o, gpu) for o in core_ops) * device_factor
         return PassTimes(combine(work_f, host_f) * slowdown, combine(work_b, host_b) * slowdown, core * slowdown)
     if host_async:
         return PassTimes(
-            stream_time(ops, gpu) * slowdown,
-            stream_time(bwd_ops + list(backward_extra), gpu) * slowdown,
-            stream_time(core_ops, gpu) * slowdown,
+            stream_time(ops, gpu, device_factor) * slowdown,
+            stream_time(bwd_ops + list(backward_extra), gpu, device_factor) * slowdown,
+            stream_time(core_ops, gpu, device_factor) * slowdown,
         )
     bwd = serial_time(bwd_ops, gpu) + sum(work_time(x, gpu) for x in backward_extra)
-    return PassTimes(serial_time(ops, gpu) * slowdown, bwd * slowdown, serial_time(core_ops, gpu) * slowdown)
+    serial = slowdown * device_factor  # the rank's processor both issues and runs its ops
+    return PassTimes(serial_time(ops, gpu) * serial, bwd * serial, serial_time(core_ops, gpu) * serial)
 
 
 def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
@@ -214,11 +218,11 @@ def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
     return sum(op_time(o, gpu) for o in ops)
 
 
-def stream_time(ops: list[Op], gpu: GpuProfile) -> float:
-    """A stream of kernels issued asynchronously by a host: max(sum of work, sum of launches)
-    (module docstring)."""
+def stream_time(ops: list[Op], gpu: GpuProfile, device_factor: float = 1.0) -> float:
+    """A stream of kernels issued asynchronously by a host: max(sum of work * device_factor,
+    sum of launches) (module docstring; ``device_factor``: :func:`pass_times`)."""
     if not ops:
         return 0.0
-    work = sum(work_time(o, gpu) for o in ops)
+    work = sum(work_time(o, gpu) for o in ops) * device_factor
     launch = gpu.kernel_launch_us * 1e-6 * sum(o.kernels for o in ops)
     return max(work, launch)

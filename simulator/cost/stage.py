@@ -55,13 +55,17 @@ _STAGES = IdentityCache(8192)
 
 
 def compute_slowdown(cluster: ClusterSpec) -> float:
-    """How much longer each rank's compute takes than one device's kernels alone: ranks sharing
-    a processor slow each other, max(1, ranks per node / compute slots at that many ranks); and
-    the job runs at its slowest GPU's pace (simulator.cost.variability, the GPU profile's
-    ``speed_spread`` over the cluster's GPUs)."""
+    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots at that
+    many ranks)."""
     slots = cluster.node.slots_for(cluster.gpus_per_node)
-    shared = max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
-    return shared * slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread)
+    return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+
+
+def device_slowdown(cluster: ClusterSpec) -> float:
+    """How much longer the device's work takes than one GPU's kernels alone: the job runs at its
+    slowest GPU's pace (simulator.cost.variability, the GPU profile's ``speed_spread`` over the
+    cluster's GPUs). The host's issuing of kernels is not slowed."""
+    return slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread)
 
 
 def host_async(cluster: ClusterSpec) -> bool:
@@ -79,7 +83,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: in
 def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
     gpu = cluster.gpu
     e = dtype_bytes(gpu)
-    slow = compute_slowdown(cluster)
+    slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
     link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
@@ -94,6 +98,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
             layer_extra,
             asy,
             eager.layer_us(t > 1) if eager else None,
+            dev,
         ),
         embedding=pass_times(
             embedding_forward_ops(model, mb, t, sp, e),
@@ -102,6 +107,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
             embedding_backward_extra_ops(model, t, e, vocab),
             asy,
             (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
+            dev,
         ),
         head=pass_times(
             head_forward_ops(model, mb, t, sp, e, vocab),
@@ -110,6 +116,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
             head_backward_extra_ops(model, t, e, vocab),
             asy,
             (eager.head_forward_us, eager.head_backward_us) if eager else None,
+            dev,
         ),
         tp_all_reduce=collectives.all_reduce_time(act, t, link),
         act_bytes=act,

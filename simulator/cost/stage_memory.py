@@ -25,14 +25,15 @@ Terms (all per rank of the device):
                   recomputation, while its backward runs), plus on the first stage the
                   embedding dropout mask per in-flight microbatch;
     buffers     = gradient buckets (d > 1 or offload), ZeRO-3 gathered layers, the last
-                  stage's logits per in-flight microbatch (the saved cross-entropy softmax),
-                  the pipeline send/receive buffers.
+                  stage's logits per in-flight microbatch (the saved cross-entropy softmax)
+                  and its loss backward's gradients, the pipeline send/receive buffers, and
+                  the program's compute-dtype weight copies (autocast; simulator.job.Runtime).
+                  The linear form prices the default runtime's (Megatron-style) buffers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
@@ -41,12 +42,6 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
-
-if TYPE_CHECKING:
-    import numpy as np
-
-#: bytes or counts: one stage's (float) or a batch of plans' (simulator.analytic.batch)
-_N = TypeVar("_N", float, "np.ndarray")
 
 _ACTIVATIONS = IdentityCache(4096)
 _ACT_PEAK = IdentityCache(16384)
@@ -109,15 +104,17 @@ def stage_buffers(
     return sharding_buffers(model, plan, psi) + flight_buffers(model, cluster, plan, m, stage, last, loss)
 
 
-def weight_copies_held(weight_copy_bytes: float, stage_params: _N, full_layers: _N, layer_params: _N) -> _N:
+def weight_copies_held(weight_copy_bytes: float, stage_params: float) -> float:
     """The program's compute-dtype weight copies at the stage's peak (simulator.job.Runtime.
-    weight_copy_bytes per parameter): every parameter of the stage but those of its fully
-    recomputed layers, whose copies autocast caches only until the forward ends (the recompute
-    casts one layer at a time). Measured on an H100 (benchmarks/data/h100-memory-probe.txt):
-    2.0 bytes per parameter held after an autocast forward without recomputation, 0.23 (the
-    checkpointed inputs) with it. The embedding table, which autocast does not cast, is counted
-    too: V*h*weight_copy_bytes too many on an untied model's first stage."""
-    return weight_copy_bytes * (stage_params - full_layers * layer_params)
+    weight_copy_bytes per parameter of the stage). Autocast caches a weight's bf16 copy until
+    its context exits: autoplan's program holds one context over the whole pipeline schedule
+    (p > 1) and, without a pipeline, one over each microbatch's forward, at whose end every
+    copy is alive beside the checkpoints and the logits; without recomputation the matmuls keep
+    them for backward anyway. Measured on an H100 (benchmarks/data/h100-memory-probe.txt): 2.0
+    bytes per parameter held after an autocast forward, and at its end with recomputation too.
+    The embedding table, which autocast does not cast, is counted as well: V*h*weight_copy_bytes
+    too many on a first stage that does not also hold the tied head."""
+    return weight_copy_bytes * stage_params
 
 
 def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
@@ -148,7 +145,7 @@ def flight_buffers(
     out = 0.0
     if last:
         inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
-        out += inflight * memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), loss)
+        out += memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), loss, inflight)
     return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
 
 
@@ -169,7 +166,7 @@ def stage_memory(
     states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
     act = activation_peak(model, cluster, plan, m, stage, shape)
     buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)
-    buffers += weight_copies_held(weight_copy_bytes, shape.params, shape.full_layers, _layer_params(model, plan.t))
+    buffers += weight_copies_held(weight_copy_bytes, shape.params)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 

@@ -26,7 +26,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.stage import compute_slowdown, host_async
+from simulator.cost.stage import compute_slowdown, device_slowdown, host_async
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
 from simulator.job import Job
 from simulator.plan import Plan
@@ -133,15 +133,17 @@ def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     multiply (4 + 4), Adam (read grad, master, m, v, write master, m, v: 28), fp32 master back
     to the fp16 parameters (4 + 2)); fp32 training (e = 4: no master copy) streams Adam's 28
     bytes; plus per tensor the eager ``optimizer_tensor_us`` when measured, else one launch.
-    Ranks sharing a processor slow each other (stage.compute_slowdown)."""
+    Ranks sharing a processor slow each other (stage.compute_slowdown); the device's work runs
+    at the slowest GPU's pace (stage.device_slowdown)."""
     gpu = job.cluster.gpu
     eager = gpu.eager
+    dev = device_slowdown(job.cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
         host = param_tensors * eager.optimizer_us(job.plan.t > 1) * 1e-6
-        work = psi_local * eager.optimizer_param_ns * 1e-9
+        work = psi_local * eager.optimizer_param_ns * 1e-9 * dev
         step = max(host, work) if host_async(job.cluster) else host + work
         return step * compute_slowdown(job.cluster)
     per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
-    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) * dev
     per_tensor_us = eager.optimizer_us(job.plan.t > 1) if eager else gpu.kernel_launch_us
     return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)

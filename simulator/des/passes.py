@@ -16,7 +16,8 @@ Memory per layer and microbatch (:func:`simulator.cost.memory.activation_bytes_p
 layer's recompute mode), the first stage's embedding dropout mask (1 byte per element of
 b*s*h, split by t with SP; its output is layer 0's input, counted with the layer; as
 :func:`simulator.cost.stage_memory.stage_memory`) and the last stage's logits buffer are allocated when
-the forward starts and freed when the backward ends; a fully recomputed layer's full
+the forward starts and freed when the backward ends (the loss backward's gradients,
+:func:`simulator.cost.memory.logits_bytes_per_element`, while the head's backward runs); a fully recomputed layer's full
 activations exist while it is recomputed and back-propagated (:mod:`simulator.cost.stage`).
 """
 
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from simulator.cost.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
-    logits_buffer_bytes,
+    logits_bytes_per_element,
+    logits_elements,
     state_bytes_per_param,
 )
 from simulator.cost.ops import dtype_bytes
@@ -54,7 +56,8 @@ class Costs:
     head_b: float
     act: dict[str, float]  # activations per layer per microbatch by recompute mode
     emb_act: float  # first stage: embedding dropout mask per microbatch
-    logits: float
+    logits: float  # the last stage's logits kept per in-flight microbatch
+    logits_backward: float  # and more while one microbatch's loss backward runs
     layer_params: float
     emb_params: float
     head_params: float
@@ -71,6 +74,7 @@ class Costs:
         bt = block_times(model, cluster, t, sp, b)
         pb, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
+        kept, backward = logits_bytes_per_element(job.runtime.cross_entropy, e)
         tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
             fwd=bt.layer.forward,
@@ -84,7 +88,8 @@ class Costs:
             head_b=bt.head.backward,
             act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
-            logits=logits_buffer_bytes(model, b, t, e, vocab, job.runtime.cross_entropy),
+            logits=logits_elements(model, b, t, vocab) * kept,
+            logits_backward=logits_elements(model, b, t, vocab) * backward,
             layer_params=layer_params_per_rank(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),
@@ -103,6 +108,7 @@ class Item:
     alloc_act: float = 0.0  # forward: allocated at start
     alloc_buf: float = 0.0
     work: float = 0.0  # backward: transient activations while it runs
+    work_buf: float = 0.0  # backward: transient buffers while it runs (the loss backward's gradients)
     free_act: float = 0.0  # backward: freed at its end
     free_buf: float = 0.0
     params: float = 0.0  # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
@@ -148,9 +154,12 @@ def make_piece(kind: str, its: list[Item]) -> Piece:
         )
         end: Segments = ()
     else:
-        work = max(it.work for it in its)
-        start = (("activations", work),)
-        end = (("activations", -(work + sum(it.free_act for it in its))), ("buffers", -sum(it.free_buf for it in its)))
+        work, work_buf = max(it.work for it in its), max(it.work_buf for it in its)
+        start = (("activations", work), ("buffers", work_buf))
+        end = (
+            ("activations", -(work + sum(it.free_act for it in its))),
+            ("buffers", -(work_buf + sum(it.free_buf for it in its))),
+        )
     return Piece(segs, sum(d for _, d in segs), start, end, its[0].params, sum(it.params for it in its))
 
 
@@ -215,6 +224,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
             Item(
                 merge_segs(segs),
                 work=work,
+                work_buf=c.logits_backward if has_head else 0.0,
                 free_act=stored + (c.emb_act if has_emb else 0.0),
                 free_buf=c.logits if has_head else 0.0,
                 params=params,

@@ -3,8 +3,8 @@
 Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
 (:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
-copies (:func:`simulator.cost.stage_memory.weight_copies_held`: held from forward to backward,
-so at the activation peak, where the static bytes count): the terms of
+copies (:func:`simulator.cost.stage_memory.weight_copies_held`: held through the passes, so at
+the activation peak, where the static bytes count): the terms of
 :func:`simulator.cost.stage_memory.stage_memory` that do not change during the step.
 """
 
@@ -32,6 +32,4 @@ def add_static_memory(prog: Program) -> None:
         if pipe_buffers:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
         if prog.job.runtime.weight_copy_bytes:
-            full = sum(prog.recompute[ch * prog.p + dev.pp][0] for ch in range(prog.v))
-            copies = weight_copies_held(prog.job.runtime.weight_copy_bytes, psi, full, c.layer_params)
-            prog.mem.add_static(dev.idx, "buffers", copies)
+            prog.mem.add_static(dev.idx, "buffers", weight_copies_held(prog.job.runtime.weight_copy_bytes, psi))
