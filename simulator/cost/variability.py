@@ -9,11 +9,12 @@ arXiv:2208.11035v3). Data, pipeline and tensor parallelism synchronize every ran
 the step's compute runs at the slowest GPU's speed. With per-GPU speeds normal around the
 median, relative standard deviation ``spread`` (the GPU profile's ``speed_spread``), the slowest
 of n GPUs is expected to run at 1 - spread * z(n), where z(n) is the expected largest of n
-standard normal samples; compute takes 1 / (1 - spread * z(n)) times as long.
+standard normal samples; the device's work takes 1 / (1 - spread * z(n)) times as long (the
+host that issues it is not slowed: simulator.cost.stage.device_slowdown).
 
 z(n) by Blom's approximation of normal order statistics (Blom 1958, "Statistical Estimates and
-Transformed Beta-Variables"): z(n) = Phi^-1((n - 0.375) / (n + 0.25)); z(1) = 0, z(8) = 1.43
-(exact 1.42), z(1024) = 3.21 (exact 3.20).
+Transformed Beta-Variables"): z(n) = Phi^-1((n - 0.375) / (n + 0.25)); z(1) = 0, z(8) = 1.434
+(exact 1.424), z(1024) = 3.234 (exact 3.241).
 """
 
 from __future__ import annotations
