@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.memory import CrossEntropy
+from simulator.cost.memory import CrossEntropy, StateLayout
 from simulator.plan import Plan, num_microbatches, validate_plan
 from simulator.specs import ModelSpec
 
@@ -47,7 +47,12 @@ class Runtime:
     forward and the matmul saves the bf16 copy for backward; +2.0 bytes per parameter measured
     on an H100, benchmarks/data/h100-memory-probe.txt); 0 where the weights are kept in the
     compute dtype (Megatron-LM, DeepSpeed; FSDP2's gathered bf16 parameters are ZeRO-3's
-    working set)."""
+    working set).
+
+    ``states``: how the program keeps its model states in memory
+    (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
+    weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
+    parameters and gradients, and its own ZeRO-1 buffers)."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
@@ -55,6 +60,7 @@ class Runtime:
     zero3: Literal["fsdp2", "deepspeed"] = "fsdp2"
     cross_entropy: CrossEntropy = "fp32"
     weight_copy_bytes: float = 0.0
+    states: StateLayout = "mixed"
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

@@ -17,7 +17,9 @@ from simulator.plan import parse_plan
 from simulator.specs import load_model
 
 FUSED = replace(OVERLAPPED, name="fused", cross_entropy="fused")
-PROGRAM = replace(NO_DP_OVERLAP, name="torch-program", cross_entropy="torch", weight_copy_bytes=2.0)  # program_job's
+PROGRAM = replace(  # program_job's
+    NO_DP_OVERLAP, name="torch-program", cross_entropy="torch", weight_copy_bytes=2.0, states="fp32-params"
+)
 SPACES = [  # model, node profile, nodes, global batch
     ("gpt3-175b", "dgx-a100-80gb", 128, 1536),
     ("gpt-1t", "dgx-a100-80gb", 384, 3072),

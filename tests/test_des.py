@@ -254,11 +254,12 @@ def test_offloaded_optimizer_shares_the_host_cpu():
 )
 def test_program_memory_terms_agree_with_the_analytic_estimate(plan):
     """autoplan's program (autoplan.runtime.support.program_job): the torch cross-entropy's logits
-    (4 bytes kept per in-flight microbatch, 8 more in one loss backward) and autocast's weight
-    copies are priced alike by both models."""
+    (4 bytes kept per in-flight microbatch, 8 more in one loss backward), autocast's weight
+    copies and the fp32 states (ZeRO-1's buffers with zero=1) are priced alike by both models."""
     base = job(plan, nodes=2, batch=64, model=MEDIUM)
     prog = dataclasses.replace(
-        base, runtime=dataclasses.replace(base.runtime, cross_entropy="torch", weight_copy_bytes=2.0)
+        base,
+        runtime=dataclasses.replace(base.runtime, cross_entropy="torch", weight_copy_bytes=2.0, states="fp32-params"),
     )
     no_copies = dataclasses.replace(prog, runtime=dataclasses.replace(prog.runtime, weight_copy_bytes=0.0))
     des, ana = simulate_des(prog), estimate(prog)

@@ -77,6 +77,17 @@ def test_offload_keeps_no_optimizer_state_on_gpu():
     assert s3.total == 0.0
 
 
+def test_program_state_bytes_by_hand():
+    """autoplan's program: fp32 parameters and gradients (4, 4) and Adam's moments (8); its ZeRO-1
+    adds a full fp32 flat buffer (with the gradients: 8) and, sharded, a master copy, its gradient
+    and the moments (16): 12 + 16/d bytes per parameter on each of d ranks (Megatron: 4 + 12/d)."""
+    assert memory.program_state_bytes("fp32-params", 2, 0) == (4, 4, 8)
+    assert memory.program_state_bytes("fp32-params", 2, 3) == (4, 4, 8)
+    pb, gb, k = memory.program_state_bytes("fp32-params", 2, 1)
+    assert memory.model_state_bytes(1.0, 8, 1, "none", pb, gb, k).total == 12 + 16 / 8
+    assert memory.program_state_bytes("mixed", 2, 1) == memory.state_bytes_per_param(2) == (2, 2, 12)
+
+
 def test_state_bytes_per_param():
     assert memory.state_bytes_per_param(2) == (2, 2, 12)
     assert memory.state_bytes_per_param(4) == (4, 4, 8)

@@ -42,6 +42,8 @@ def program_job(job: Job) -> Job:
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
       after the last backward (no overlap);
     * the loss is ``F.cross_entropy(logits.float())`` (``cross_entropy="torch"``);
+    * parameters and gradients stay fp32, and ZeRO-1 keeps a full flat buffer and a master
+      shard (``states="fp32-params"``, simulator.cost.memory.program_state_bytes);
     * on a GPU without FSDP, ``torch.autocast`` runs bf16 matmuls over fp32 parameters and keeps
       a bf16 copy of each weight from forward to backward (``weight_copy_bytes=2``); FSDP2's
       MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set).
@@ -50,7 +52,9 @@ def program_job(job: Job) -> Job:
     if dp_mode(job.plan) == "manual" and runtime.dp_overlap:
         runtime = NO_DP_OVERLAP
     autocast = job.cluster.node.backend == "nccl" and dp_mode(job.plan) != "fsdp"
-    runtime = dataclasses.replace(runtime, cross_entropy="torch", weight_copy_bytes=2.0 if autocast else 0.0)
+    runtime = dataclasses.replace(
+        runtime, cross_entropy="torch", weight_copy_bytes=2.0 if autocast else 0.0, states="fp32-params"
+    )
     return dataclasses.replace(job, runtime=runtime)
 
 

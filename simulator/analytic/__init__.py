@@ -183,7 +183,12 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
     never grow with the device index, so that device is the peak of its kind."""
     rt = job.runtime
     return [
-        (i, stage_memory(job.model, job.cluster, job.plan, job.m, i, c, rt.cross_entropy, rt.weight_copy_bytes))
+        (
+            i,
+            stage_memory(
+                job.model, job.cluster, job.plan, job.m, i, c, rt.cross_entropy, rt.weight_copy_bytes, rt.states
+            ),
+        )
         for i, c, _ in groups
     ]
 

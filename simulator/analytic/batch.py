@@ -205,7 +205,8 @@ def estimate_batch(
     offload, zero, d = P.offload != "none", P.zero, P.d
 
     # ---- memory (simulator.cost.stage_memory.stage_memory; states: memory.model_state_bytes)
-    pb, gb, k = memory.state_bytes_per_param(e)
+    by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
+    pb, gb, k = (col(by_zero[zero, i]) for i in range(3))  # bytes per parameter of each plan's ZeRO stage
     psi, shard = S["params"], col(P.shard)
     params_b = np.where(
         col(offload), np.where(col(zero == 3), 0.0, psi * pb), np.where(col(zero >= 3), psi * pb / shard, psi * pb)

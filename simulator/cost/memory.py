@@ -27,6 +27,26 @@ def state_bytes_per_param(e: int) -> tuple[int, int, int]:
     return (2, 2, 12) if e <= 2 else (4, 4, 8)
 
 
+#: how a program keeps its model states (simulator.job.Runtime.states; :func:`program_state_bytes`)
+StateLayout = Literal["mixed", "fp32-params"]
+
+
+def program_state_bytes(layout: StateLayout, e: int, zero: int) -> tuple[int, int, int]:
+    """(param, grad, optimizer) bytes per parameter a program keeps, before ZeRO sharding:
+
+    * ``mixed``: :func:`state_bytes_per_param` (Megatron-LM, DeepSpeed: e-byte weights and
+      gradients, fp32 master weights and Adam moments);
+    * ``fp32-params``: autoplan's program (autoplan/runtime/trainer.py), whose parameters stay
+      fp32 with fp32 ``.grad`` (autocast computes in bf16 on a GPU): 4, 4, 8 (Adam's moments);
+      with zero=1 its optimizer (autoplan/runtime/zero1.py) also keeps a full fp32 flat buffer
+      of the parameters (counted with the gradients, which it reduce-scatters: 8) and, for its
+      1/d shard, an fp32 master copy and its gradient beside Adam's moments (16, sharded).
+    """
+    if layout == "mixed":
+        return state_bytes_per_param(e)
+    return (4, 8, 16) if zero == 1 else (4, 4, 8)
+
+
 @dataclass(frozen=True)
 class ModelStates:
     params: float

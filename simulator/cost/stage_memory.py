@@ -158,11 +158,12 @@ def stage_memory(
     shape: StageShape,
     loss: memory.CrossEntropy = "fp32",
     weight_copy_bytes: float = 0.0,
+    state_layout: memory.StateLayout = "mixed",
 ) -> StageMemory:
-    """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss`` and
-    ``weight_copy_bytes``: the program's (simulator.job.Runtime)."""
+    """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss``,
+    ``weight_copy_bytes`` and ``state_layout``: the program's (simulator.job.Runtime)."""
     e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.state_bytes_per_param(e)
+    pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
     states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
     act = activation_peak(model, cluster, plan, m, stage, shape)
     buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)

@@ -1,6 +1,7 @@
 """Static memory of every simulated rank: what it holds for the whole iteration.
 
-Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`), gradient buckets
+Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`, the program's
+bytes per parameter: :func:`simulator.cost.memory.program_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
 (:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
 copies (:func:`simulator.cost.stage_memory.weight_copies_held`: held through the passes, so at
@@ -10,7 +11,12 @@ the activation peak, where the static bytes count): the terms of
 
 from __future__ import annotations
 
-from simulator.cost.memory import gradient_bucket_bytes, model_state_bytes, pipeline_buffer_bytes
+from simulator.cost.memory import (
+    gradient_bucket_bytes,
+    model_state_bytes,
+    pipeline_buffer_bytes,
+    program_state_bytes,
+)
 from simulator.cost.stage_memory import weight_copies_held
 from simulator.des.program.state import Program
 
@@ -19,11 +25,10 @@ def add_static_memory(prog: Program) -> None:
     plan, c = prog.plan, prog.costs
     model = prog.job.model
     pipe_buffers = pipeline_buffer_bytes(plan.mb, model.seq_length, model.hidden_size, c.e, plan.p)
+    states = program_state_bytes(prog.job.runtime.states, c.e, plan.zero)
     for dev in prog.devices:
         psi = prog.device_params(dev)
-        ms = model_state_bytes(
-            psi, plan.shard_group, plan.zero, plan.offload, c.param_bytes, c.grad_bytes, c.optimizer_bytes
-        )
+        ms = model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states)
         prog.mem.add_static(dev.idx, "params", ms.params)
         prog.mem.add_static(dev.idx, "grads", ms.grads)
         prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)
