@@ -25,6 +25,8 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 sys.path.insert(0, str(HERE.parent))
 
+from gpu_runs import MODELS  # noqa: E402  (benchmarks/gpu_runs.py: where the cases' models live)
+
 from autoplan.runtime.support import program_job  # noqa: E402
 from hwprofiles.load import load_cluster, load_gpu  # noqa: E402
 from simulator import simulate  # noqa: E402
@@ -32,15 +34,17 @@ from simulator.job import Job  # noqa: E402
 from simulator.plan import parse_plan  # noqa: E402
 from simulator.specs import load_model  # noqa: E402
 
-MODEL_FILES = {
-    "llama3.2-1b": HERE / "models" / "llama3.2-1b.yaml",
-    "llama2-7b-8layers": HERE / "models" / "llama2-7b-8layers.yaml",
-}
+
+def model_file(name: str) -> Path | None:
+    """The benchmark model a run used (benchmarks/models/, as gpu_runs.py emits them), or None
+    for a built-in model."""
+    path = MODELS / f"{name}.yaml"
+    return path if path.is_file() else None
 
 
 def predict(row: dict, cluster_ref: str, gpu_ref: str | None) -> tuple[float, float]:
     """(step time s, peak memory GiB) the analytic model predicts for one recorded run."""
-    model = load_model(str(MODEL_FILES.get(row["model"], row["model"])))
+    model = load_model(str(model_file(row["model"]) or row["model"]))
     cluster = load_cluster(cluster_ref, 1, 1)
     if gpu_ref is not None:
         cluster = cluster.model_copy(update={"node": cluster.node.model_copy(update={"gpu": load_gpu(gpu_ref)})})
@@ -76,7 +80,7 @@ def _compare(path: Path, cluster: str, gpu: str | None) -> None:
         t_pred, m_pred = predict(row, cluster, gpu)
         t, m = row["measured_step_time_s"], row["measured_peak_memory_gib"]
         te, me = _err(t, t_pred), _err(m, m_pred)
-        if row["model"] in MODEL_FILES and "offload" not in row["case"]:
+        if model_file(row["model"]) and "offload" not in row["case"]:
             t_err.append(te)
             m_err.append(me)
         print(f"{row['case']:62}{t:9.4f}{t_pred:8.4f}{te:+7.1f}%{m:9.2f}{m_pred:7.2f}{me:+7.1f}%")

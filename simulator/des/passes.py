@@ -62,8 +62,7 @@ class Costs:
     emb_params: float
     head_params: float
     e: int  # activation bytes
-    param_bytes: int
-    grad_bytes: int
+    grad_bytes: int  # per parameter, as the gradient buckets and reduction move them
     optimizer_bytes: int
 
     @staticmethod
@@ -72,9 +71,10 @@ class Costs:
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
         bt = block_times(model, cluster, t, sp, b)
-        pb, gb, k = state_bytes_per_param(e)
+        _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         kept, backward = logits_bytes_per_element(job.runtime.cross_entropy, e)
+        logits = logits_elements(model, b, t, vocab)
         tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
             fwd=bt.layer.forward,
@@ -88,13 +88,12 @@ class Costs:
             head_b=bt.head.backward,
             act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
-            logits=logits_elements(model, b, t, vocab) * kept,
-            logits_backward=logits_elements(model, b, t, vocab) * backward,
+            logits=logits * kept,
+            logits_backward=logits * backward,
             layer_params=layer_params_per_rank(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),
             e=e,
-            param_bytes=pb,
             grad_bytes=gb,
             optimizer_bytes=k,
         )
