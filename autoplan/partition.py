@@ -54,7 +54,7 @@ class LayerTimes:
 
     @staticmethod
     def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> LayerTimes:
-        bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
+        bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
         tp = bt.tp_all_reduce
         return LayerTimes(
             per_layer=round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp) * US),

@@ -44,6 +44,10 @@ def plan_label(plan: dict[str, Any]) -> str:
         s += ",sp=1"
     if plan.get("offload", "none") != "none":
         s += f",offload={plan['offload']}"
+    if plan.get("hsdp"):
+        s += f",hsdp={plan['hsdp']}"
+    if plan.get("prec", "bf16") != "bf16":
+        s += f",prec={plan['prec']}"
     return s
 
 

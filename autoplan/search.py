@@ -122,7 +122,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     todo = [
         (n, p)
         for n, c in clusters.items()
-        for p in space.enumerate_plans(model, c.num_gpus, global_batch, fix, c.gpus_per_node)
+        for p in space.enumerate_plans(
+            model, c.num_gpus, global_batch, fix, c.gpus_per_node, space.precisions(c.gpu, fix)
+        )
     ]
     if not todo:
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))

@@ -3,8 +3,9 @@
 Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; p <= layers and
 t*p divides the GPUs; d = GPUs / (t*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
 schedule gpipe/1f1b/interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
-offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1). Microbatches are capped at
-MAX_MB sequences: larger ones only raise activation memory once GEMMs are saturated.
+offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1); prec bf16, and fp8 on GPUs that
+run it (:func:`precisions`). Microbatches are capped at MAX_MB sequences: larger ones only raise
+activation memory once GEMMs are saturated.
 """
 
 from __future__ import annotations
@@ -15,18 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwprofiles.errors import PlanError
+from hwprofiles.schema import GpuProfile
 from simulator.plan import (
     CKPT_MODES,
     OFFLOADS,
+    PRECISIONS,
     ZERO_STAGES,
     OffloadName,
     Plan,
+    PrecisionName,
     RecomputeName,
     ScheduleName,
     ZeroStage,
+    fp8_shape_errors,
     hsdp_errors,
     parse_plan_items,
     plan_errors,
+    precision_errors,
     resolve_plan,
 )
 from simulator.specs import ModelSpec
@@ -116,7 +122,21 @@ def memory_options(fix: Mapping[str, Any]) -> list[tuple[ZeroStage, RecomputeNam
     return out
 
 
-def plan_of(shape: Shape, zero: ZeroStage, ckpt: RecomputeName, offload: OffloadName) -> Plan:
+def precisions(gpu: GpuProfile, fix: Mapping[str, Any]) -> tuple[PrecisionName, ...]:
+    """The precisions the search tries: bf16, and fp8 where the GPU runs it (its profile gives an
+    fp8 peak and fp8 GEMM efficiency); ``prec`` pinned: only that one (PlanError when the GPU
+    cannot run it)."""
+    if "prec" in fix:
+        errors = precision_errors(Plan(prec=fix["prec"]), gpu)
+        if errors:
+            raise PlanError(f"--fix: {errors[0]}")
+        return (fix["prec"],)
+    return tuple(pr for pr in PRECISIONS if not precision_errors(Plan(prec=pr), gpu))
+
+
+def plan_of(
+    shape: Shape, zero: ZeroStage, ckpt: RecomputeName, offload: OffloadName, prec: PrecisionName = "bf16"
+) -> Plan:
     return Plan(
         t=shape.t,
         p=shape.p,
@@ -128,16 +148,29 @@ def plan_of(shape: Shape, zero: ZeroStage, ckpt: RecomputeName, offload: Offload
         schedule=shape.schedule,
         offload=offload,
         sp=shape.sp,
+        prec=prec,
     )
 
 
 def enumerate_plans(
-    model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any], gpus_per_node: int = 0
+    model: ModelSpec,
+    gpus: int,
+    global_batch: int,
+    fix: Mapping[str, Any],
+    gpus_per_node: int = 0,
+    precs: tuple[PrecisionName, ...] = ("bf16",),
 ) -> list[Plan]:
-    """Every valid plan (uniform layer split) under the pins; with ``gpus_per_node``, each
+    """Every valid plan (uniform layer split) under the pins, in each of ``precs`` its shape
+    allows (fp8 GEMM dimensions, simulator.plan.fp8_shape_errors); with ``gpus_per_node``, each
     ZeRO-2/3 plan also with hybrid sharding inside a node (:func:`hsdp_options`)."""
     opts = memory_options(fix)
-    plans = [plan_of(s, *o) for s in shapes(model, gpus, global_batch, fix) for o in opts]
+    plans = [
+        plan_of(s, *o, pr)
+        for s in shapes(model, gpus, global_batch, fix)
+        for pr in precs
+        if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr))
+        for o in opts
+    ]
     return [q for plan in plans for q in hsdp_options(plan, gpus_per_node, fix)]
 
 

@@ -16,7 +16,8 @@
    that fit) and the held-out rest; the worst rows of each file.
 3. Published FSDP / ZeRO-3 and Megatron-core runs (published-fsdp.yaml: MosaicML MPT on A100 40GB
    and H100, torchtitan FSDP2 on 64 A100, NVIDIA's GPT-3 175B H100 recipe): tokens/s per GPU per
-   row, MAPE per source, every row predicted out of memory listed as a miss, fp8 rows listed as
+   row, MAPE per source, every row predicted out of memory listed as a miss, fp8 rows predicted
+   with prec=fp8 and summarized apart, rows without a stated ZeRO stage or recomputation listed as
    skipped (benchmarks/_accuracy_fsdp.py). The attention efficiency of each GPU profile was
    fitted to the MosaicML rows with s >= 8192; the other rows are held out.
 4. CPU runs (autoplan emit + autoplan run on the localhost-cpu node): measured vs predicted
@@ -343,6 +344,9 @@ def summary(
         f"{len(fs['oom'])} predicted out of memory "
         f"[{'ok' if fs['all']['mape'] <= TARGETS['fsdp'] else 'MISSED'}: <= {TARGETS['fsdp']:.0f}%]"
     )
+    if fs["fp8"]:
+        f8 = fs["fp8"]
+        out(f"  published fp8 rows (prec=fp8): MAPE {f8['mape']:.1f}%, range {f8['min']:+.1f}% .. {f8['max']:+.1f}%")
     if cpu.get("ran"):
         out(
             f"  CPU runs: MAPE {cpu['mape']:.1f}%, worst {cpu['max']:.1f}% "

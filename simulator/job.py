@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hwprofiles.errors import PlanError
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.memory import CrossEntropy, StateLayout
-from simulator.plan import Plan, num_microbatches, validate_plan
+from simulator.plan import Plan, num_microbatches, precision_errors, validate_plan
 from simulator.specs import ModelSpec
 
 
@@ -78,6 +79,12 @@ class Job:
     plan: Plan
     global_batch: int
     runtime: Runtime = OVERLAPPED
+
+    def __post_init__(self) -> None:
+        """The plan's precision must be one the cluster's GPUs run (simulator.plan.precision_errors)."""
+        errors = precision_errors(self.plan, self.cluster.gpu)
+        if errors:
+            raise PlanError(errors[0])
 
     @property
     def m(self) -> int:

@@ -44,13 +44,30 @@ PUBLISHED_BEST: dict[str, PublishedMfu] = {
 }
 
 
-def published_best(gpu: GpuProfile) -> PublishedMfu | None:
-    """The best published MFU for ``gpu``'s class (by profile name: a100-*, h100-*, h200-*), or
-    None for a class without a published run here (V100, CPUs)."""
-    return PUBLISHED_BEST.get(gpu.name.split("-")[0])
+#: the best fp8 MFU published (model FLOPs over the dense fp8 peak, as NVIDIA reports fp8 runs)
+PUBLISHED_BEST_FP8: dict[str, PublishedMfu] = {
+    "h100": PublishedMfu(
+        "H100, fp8",
+        888 / 1979,
+        "GPT-3 175B, t=4 p=8 v=6 on 512 H100, fp8: 888 TFLOP/s per GPU",
+        "NVIDIA NeMo performance summary 24.07 (validation/published-fsdp.yaml)",
+    ),
+}
+PUBLISHED_BEST_FP8["h200"] = PUBLISHED_BEST_FP8["h100"]
 
 
-def kernel_ceiling(gpu: GpuProfile) -> float:
+def published_best(gpu: GpuProfile, prec: str = "bf16") -> PublishedMfu | None:
+    """The best published MFU for ``gpu``'s class (by profile name: a100-*, h100-*, h200-*) in
+    the plan's precision ``prec``, or None for a class without a published run here (V100, CPUs)."""
+    table = PUBLISHED_BEST_FP8 if prec == "fp8" else PUBLISHED_BEST
+    return table.get(gpu.name.split("-")[0])
+
+
+def kernel_ceiling(gpu: GpuProfile, prec: str = "bf16") -> float:
     """The largest fraction of peak any kernel of a layer reaches on ``gpu``: its GEMMs'
-    ``max_efficiency`` (attention and elementwise kernels reach less). No plan's MFU can exceed it."""
+    ``max_efficiency`` (attention and elementwise kernels reach less), for prec=fp8 the fp8
+    GEMMs' over the fp8 peak (the bf16 kernels of an fp8 plan reach at most half of that). No
+    plan's MFU (over its precision's peak, simulator.result.SimResult.mfu) can exceed it."""
+    if prec == "fp8" and gpu.gemm.fp8 is not None:
+        return max(gpu.gemm.fp8.max_efficiency, gpu.gemm.max_efficiency * gpu.peak_flops() / gpu.peak_flops("fp8"))
     return gpu.gemm.max_efficiency

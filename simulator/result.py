@@ -45,8 +45,9 @@ class SimResult:
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs (no recomputation) / (step time * GPUs * peak)."""
-        peak = self.job.cluster.gpu.peak_flops()
+        """Model FLOPs (no recomputation) / (step time * GPUs * peak), the peak of the plan's GEMM
+        dtype: the fp8 peak for prec=fp8 (as NVIDIA's fp8 recipes report MFU), else the default's."""
+        peak = self.job.cluster.gpu.peak_flops("fp8" if self.job.plan.prec == "fp8" else None)
         return self.model_flops / (self.step_time * self.job.cluster.num_gpus * peak)
 
     @property
@@ -76,7 +77,7 @@ class SimResult:
             "zero3_runtime": self.job.runtime.zero3,
             "attention": self.job.model.attention,
         }
-        best = published_best(self.job.cluster.gpu)
+        best = published_best(self.job.cluster.gpu, self.job.plan.prec)
         if best is not None:
             out["published_best_mfu"] = {"gpu": best.gpu_class, "mfu": best.mfu, "run": best.run, "source": best.source}
         out.update({k: v for k, v in self.extra.items() if not k.startswith("_")})

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from autoplan.space import enumerate_plans
+from autoplan.space import enumerate_plans, precisions
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.analytic.batch import estimate_batch
@@ -52,10 +52,12 @@ def _assert_agree(model, cluster, plans, batch_size, runtime: Runtime) -> None:
 def test_batch_equals_scalar_on_random_plans(space, runtime):
     name, node, nodes, batch_size = space
     model, cluster = load_model(name), load_cluster(node, nodes)
-    plans = enumerate_plans(model, cluster.num_gpus, batch_size, {}, cluster.gpus_per_node)
+    precs = precisions(cluster.gpu, {})  # fp8 too on the H100 nodes
+    plans = enumerate_plans(model, cluster.num_gpus, batch_size, {}, cluster.gpus_per_node, precs)
     rng = random.Random(f"{name}{node}{runtime.name}")
     sample = rng.sample(plans, min(SAMPLE, len(plans)))
     assert len({p.zero for p in sample}) == 4 and len({p.offload for p in sample}) >= 2  # the sample is mixed
+    assert {p.prec for p in sample} == set(precs)
     _assert_agree(model, cluster, sample, batch_size, runtime)
 
 

@@ -91,6 +91,9 @@ def core_config(args: dict[str, Any]) -> Any:
     if "attention_backend" in args:
         kw["attention_backend"] = AttnBackend[args["attention_backend"]]
     kw |= {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16}
+    if "fp8_format" in args:  # Megatron-LM's --fp8-format has dest "fp8"
+        kw |= {"fp8": args["fp8_format"], "fp8_amax_history_len": int(args["fp8_amax_history_len"])}
+        kw["fp8_amax_compute_algo"] = args["fp8_amax_compute_algo"]
     kw["apply_rope_fusion"] = False  # needs Transformer Engine, which a CPU machine has not
     return TransformerConfig(**kw)
 
@@ -137,6 +140,7 @@ def test_megatron_core_reads_the_plan(emitted):
     assert layers_built(cfg) == planned_layers(plan, n)
     assert (cfg.num_query_groups or cfg.num_attention_heads) == job.model.kv_heads
     assert cfg.gated_linear_unit == (job.model.activation == "swiglu")
+    assert cfg.fp8 == ("hybrid" if plan.prec == "fp8" else None)  # TE's e4m3 forward / e5m2 backward recipe
     rec = plan.chunk_recompute(n)
     full = max(f for f, _ in rec)
     if full:  # block method: the first N layers of every chunk, all of them recomputed in full

@@ -25,8 +25,8 @@ def test_no_plan_exceeds_what_its_kernels_deliver(node: str) -> None:
         except AutoplanError:  # nothing fits this model on 16 such nodes
             continue
         searched += 1
-        ceiling = kernel_ceiling(cluster.gpu)
         for r in found.top:
+            ceiling = kernel_ceiling(cluster.gpu, r.job.plan.prec)
             assert 0 < r.mfu <= ceiling, f"{name} {r.job.plan}: MFU {r.mfu:.3f} above the GEMM ceiling {ceiling}"
     assert searched, f"no built-in model fits 16 {node} nodes"
 
@@ -37,3 +37,12 @@ def test_published_best_mfu_per_gpu_class() -> None:
     assert a100 is not None and a100.mfu == pytest.approx(0.611)  # torchtitan Llama 2 13B row
     assert h100 is not None and h100.mfu == pytest.approx(0.499)  # DGX Cloud GPT-3 175B bf16 row
     assert published_best(load_cluster("dgx2-v100").gpu) is None
+    h100_fp8 = published_best(load_cluster("dgx-h100").gpu, "fp8")
+    assert h100_fp8 is not None and h100_fp8.mfu == pytest.approx(888 / 1979)  # NeMo 24.07 GPT-3 175B fp8 row
+    assert published_best(load_cluster("dgx-a100-80gb").gpu, "fp8") is None
+
+
+def test_fp8_kernel_ceiling_is_the_fp8_gemm_curve() -> None:
+    h100 = load_cluster("dgx-h100").gpu
+    assert kernel_ceiling(h100, "fp8") == pytest.approx(0.80)  # tilelang/DeepGEMM fp8 figures (profile)
+    assert kernel_ceiling(h100) == pytest.approx(0.75)

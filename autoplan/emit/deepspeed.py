@@ -18,7 +18,7 @@ What DeepSpeed 0.19.8 reads, from its source (``deepspeed/runtime/...``):
 
 Closest runnable plan: ZeRO-2/3 with a pipeline -> ZeRO-1; interleaved -> one stage per rank;
 GPipe -> 1F1B; hsdp -> sharding over all d; selective recomputation -> full (DeepSpeed
-recomputes whole layers); AutoTP without sequence parallelism.
+recomputes whole layers); AutoTP without sequence parallelism; prec=fp8 -> bf16.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def _decide(job: Job) -> Draft:
     if plan.hsdp and "hsdp" not in d.updates:
         why = "DeepSpeed 0.19 removed MiCS (runtime/config.py rejects mics_shard_size)" if plan.zero == 3 else ""
         d.change("hsdp", 0, why or "DeepSpeed has no hybrid ZeRO-2: it shards over all d ranks")
+    if plan.prec == "fp8":
+        d.change("prec", "bf16", "DeepSpeed's config has no fp8 training (its mixed precision is fp16 or bf16)")
     if plan.p == 1 and plan.t > 1 and plan.sp:
         d.change("sp", 0, "AutoTP splits the linear layers only; sequence parallelism is Megatron-DeepSpeed model code")
     if plan.p > 1 and plan.t > 1:

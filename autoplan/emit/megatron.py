@@ -22,6 +22,8 @@ Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training
   (``transformer_block.py``); selective (``core_attn``) covers every layer.
 - Llama-style models: ``--rotary-base``, ``--swiglu``, GQA, RMSNorm, untied embeddings;
   materialised attention -> ``--attention-backend unfused``.
+- prec=fp8 -> ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
+  (Transformer Engine layers, Megatron's default ``--transformer-impl``).
 
 Closest runnable plan: GPipe -> 1F1B; NVMe offload -> CPU; recomputation as Megatron can
 express it (same N in every chunk, one granularity).
@@ -169,7 +171,16 @@ def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
     if plan.sp:
         parallel.append("--sequence-parallel")
     parallel += ["--micro-batch-size", str(plan.mb), "--global-batch-size", str(job.global_batch)]
-    return _model_args(job) + parallel + _data_parallel_args(plan) + _recompute_args(job, plan) + _train_args(train)
+    args = _model_args(job) + parallel + _data_parallel_args(plan) + _recompute_args(job, plan) + _train_args(train)
+    return args + _precision_args(plan)
+
+
+def _precision_args(plan: Plan) -> list[str]:
+    """prec=fp8: Transformer Engine's hybrid recipe (e4m3 forward, e5m2 gradients) with delayed
+    scaling over a 1024-step amax history, as NeMo's GPT-3 fp8 recipes set it."""
+    if plan.prec != "fp8":
+        return []
+    return ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
 
 
 def megatron_env(plan: Plan) -> dict[str, str | None]:

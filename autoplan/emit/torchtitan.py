@@ -19,7 +19,7 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
   hsdp=N = shard N, replicate d/N. ZeRO-1 has no equivalent (-> ZeRO-2).
 - offload=cpu -> ``enable_cpu_offload`` (FSDP2 CPUOffloadPolicy: parameters, gradients and
   optimizer state on the host). Recomputation: one mode for every layer (full, torchtitan's
-  op-level selective, or none).
+  op-level selective, or none). prec=fp8 -> bf16 (torchtitan's float8 converter is not written).
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ def _decide(job: Job) -> Draft:
         )
     if plan.offload == "nvme":
         d.change("offload", "cpu", "torchtitan has no NVMe offload")
+    if plan.prec == "fp8":
+        d.change(
+            "prec",
+            "bf16",
+            "autoplan does not write torchtitan's Float8LinearConverter (torchao float8, rowwise dynamic scaling, "
+            "not the Transformer Engine recipe autoplan models); the Megatron-LM export runs fp8",
+        )
     _recompute_draft(d)
     written = d.plan()
     if written.offload == "cpu" and written.zero < 3:

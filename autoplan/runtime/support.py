@@ -60,6 +60,11 @@ def program_job(job: Job) -> Job:
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:
     """Why the runtime cannot run ``plan`` correctly, or None when it can."""
+    if plan.prec == "fp8":
+        return (
+            "prec=fp8: it computes in bf16 autocast (fp8 linears need Transformer Engine or torchao float8 on a "
+            "Hopper GPU); use the emitted Megatron-LM or torchtitan config"
+        )
     if plan.offload == "nvme":
         return "offload=nvme (ZeRO-Infinity) has no PyTorch implementation; use the emitted DeepSpeed config"
     if plan.offload == "cpu" and plan.zero != 3:

@@ -6,7 +6,7 @@ ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps``
 """
 
 from hwprofiles.schema.cluster import ClusterSpec, Network
-from hwprofiles.schema.gpu import ELEMENTWISE_KINDS, EagerHost, GemmModel, GemmPoint, GpuProfile
+from hwprofiles.schema.gpu import ELEMENTWISE_KINDS, EagerHost, GemmCurve, GemmModel, GemmPoint, GpuProfile
 from hwprofiles.schema.node import CollectiveFit, CollectiveName, Link, NodeProfile, Nvme
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "CollectiveFit",
     "CollectiveName",
     "EagerHost",
+    "GemmCurve",
     "GemmModel",
     "GemmPoint",
     "GpuProfile",

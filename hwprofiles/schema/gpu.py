@@ -20,23 +20,30 @@ class GemmPoint(Strict):
     dtype: str = "fp16"
 
 
-class GemmModel(Strict):
-    """Shape-dependent GEMM efficiency (fraction of the dtype's peak).
-
-    Curve (used when no measured table is present):
+class GemmCurve(Strict):
+    """Shape-dependent GEMM efficiency (fraction of the dtype's peak):
         eff(m, n, k) = max_efficiency * prod_x (x / (x + half_dim_x)),  x in {m, n, k}
     a saturating curve: a dimension equal to its ``half_dim`` halves throughput, a large
     one costs nothing. This is the shape of cuBLAS throughput-vs-size plots (e.g. NVIDIA's
-    "Matrix Multiplication Background" guide); the constants come from the profile's source.
-    When ``table`` holds measurements (from ``autoplan calibrate``), the simulator
-    interpolates them instead (see ``simulator.cost.ops.gemm_efficiency``).
-    """
+    "Matrix Multiplication Background" guide); the constants come from the profile's source."""
 
     max_efficiency: float = Field(gt=0, le=1)
     half_dim_m: float = Field(ge=0, default=64)
     half_dim_n: float = Field(ge=0, default=64)
     half_dim_k: float = Field(ge=0, default=64)
+
+
+class GemmModel(GemmCurve):
+    """The GEMM efficiency of the profile's 16-bit dtype (the curve of :class:`GemmCurve`, used
+    when no measured table is present), and ``fp8``'s own curve, a fraction of the fp8 peak
+    (fp8 GEMMs reach a smaller share of their doubled peak on small dimensions: the fp8 rows of
+    a GPU need their own source; without one, plans with prec=fp8 are refused). When ``table``
+    holds measurements (from ``autoplan calibrate``), the simulator interpolates them instead
+    (see ``simulator.cost.ops.gemm_efficiency``).
+    """
+
     table: list[GemmPoint] = Field(default_factory=list)
+    fp8: GemmCurve | None = None
 
 
 class AttentionModel(Strict):

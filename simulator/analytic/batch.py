@@ -35,8 +35,9 @@ from simulator.cost import memory, params
 from simulator.cost.collectives import GroupLink
 from simulator.cost.memory import DP_BUCKET_BYTES
 from simulator.cost.ops import dtype_bytes
+from simulator.cost.precision import ZERO3_LAYERS_HELD
 from simulator.cost.stage import compute_slowdown, device_slowdown, host_async, stage_groups
-from simulator.cost.stage_memory import activation_peak, flight_buffers, weight_copies_held
+from simulator.cost.stage_memory import activation_peak, flight_buffers, fp8_weight_copies, weight_copies_held
 from simulator.cost.step import (
     ADAM_HBM_BYTES_PER_PARAM,
     CPU_ADAM_STATE_BYTES,
@@ -106,7 +107,7 @@ class _Plans:
 def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Each plan's distinct stages (simulator.cost.stage.stage_groups) as (plans x G) arrays,
     G the most any plan has, and the mask of the real ones."""
-    keys = [(q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute) for q in plans]
+    keys = [(q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.prec) for q in plans]
     groups, inv = _per_key(keys, lambda i: stage_groups(model, cluster, plans[i]))
     width = max(len(g) for g in groups)
     table = np.zeros((len(groups), width, len(_STAGE_FIELDS)))
@@ -216,7 +217,8 @@ def estimate_batch(
     loss = runtime.cross_entropy
     width = valid.shape[1]
     sched_keys = [
-        (q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.schedule, m) for q, m in zip(plans, P.m.tolist())
+        (q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.prec, q.schedule, m)
+        for q, m in zip(plans, P.m.tolist())
     ]
 
     def schedule_memory(i: int) -> list[float]:
@@ -237,6 +239,11 @@ def estimate_batch(
     )
     working = np.where(col(zero == 3), col(ws), 0.0)
     copies = weight_copies_held(runtime.weight_copy_bytes, 1.0) * psi  # bytes per parameter x the stages' parameters
+    fp8_per_layer = _per_plan(
+        [(q.t, q.prec) for q in plans], lambda i: fp8_weight_copies(model, plans[i].replace(zero=0), 1)
+    )
+    fp8_layers = np.where(col(zero == 3), np.minimum(S["layers"], ZERO3_LAYERS_HELD), S["layers"])
+    copies = copies + col(fp8_per_layer) * fp8_layers  # stage_memory.fp8_weight_copies
     stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working + copies, -np.inf)
     peak = stage_total.max(axis=1)
 

@@ -58,7 +58,7 @@ def _p2p_time(job: Job) -> float:
     plan, cluster = job.plan, job.cluster
     if plan.p == 1:
         return 0.0
-    bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb)
+    bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
     bw, lat, crosses = _pipeline_link(cluster, plan)
     size, extra = pipeline_send(cluster, plan, bt.act_bytes, crosses)
     return collectives.p2p_time(size, bw, lat) + extra

@@ -87,7 +87,9 @@ def model_state_bytes(
     return ModelStates(params, grads, opt)
 
 
-def activation_bytes_per_layer(model: ModelSpec, b: int, t: int, sp: bool, ckpt: str, e: int = 2) -> float:
+def activation_bytes_per_layer(
+    model: ModelSpec, b: int, t: int, sp: bool, ckpt: str, e: int = 2, linear_input: int | None = None
+) -> float:
     """Activations one layer keeps for backward, for one microbatch, on one TP rank.
 
     Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
@@ -104,15 +106,20 @@ def activation_bytes_per_layer(model: ModelSpec, b: int, t: int, sp: bool, ckpt:
             dropout output (e) -> (2e + 1)*a*s^2*b/t; with FlashAttention only the row
             log-sum-exp (:func:`attention_core_bytes`)
     Selective recomputation drops the attention-score term; full recomputation keeps only
-    the layer input e*s*b*h (split by t with SP).
+    the layer input e*s*b*h (split by t with SP). ``linear_input``: bytes per element of the
+    four linear layers' saved inputs (QKV, fc1 in the replicated part; proj, fc2 in the split
+    part), e by default, 1 with fp8 linears (simulator.cost.precision.linear_input_bytes):
+        replicated -> (2e + 2*li + 2)*s*b*h,  split -> s*b*(e*(h + 2kv) + li*h + e*(f_act - f) + li*f)/t
     """
     s, h = model.seq_length, model.hidden_size
     sbh = s * b * h
     if ckpt == "full":
         return e * sbh / (t if sp else 1)
-    f_act = 3 * model.ffn if model.activation == "swiglu" else 2 * model.ffn
-    replicated = (4 * e + 2) * sbh / (t if sp else 1)
-    split = e * s * b * (2 * h + 2 * model.kv_size + f_act) / t
+    li = e if linear_input is None else linear_input
+    f = model.ffn
+    f_act = 3 * f if model.activation == "swiglu" else 2 * f
+    replicated = (2 * e + 2 * li + 2) * sbh / (t if sp else 1)
+    split = s * b * (e * (h + 2 * model.kv_size) + li * h + e * (f_act - f) + li * f) / t
     scores = 0.0 if ckpt == "selective" else attention_core_bytes(model, b, t, e)
     return replicated + split + scores
 

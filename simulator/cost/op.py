@@ -17,7 +17,9 @@ class Op:
     kernel. ``kernels``: kernel launches of the forward op (a fused elementwise op may take a
     few); ``bwd_kernels`` / ``bwd_bytes``: launches and HBM traffic of an elementwise op's
     backward (a negative ``bwd_bytes`` means twice the forward traffic; GEMM backwards are
-    always their dgrad and wgrad GEMMs, see simulator.cost.ops.backward_ops)."""
+    always their dgrad and wgrad GEMMs, see simulator.cost.ops.backward_ops). ``dtype``: the
+    dtype a GEMM computes in when it is not the GPU profile's default (fp8 linear layers,
+    simulator.cost.precision)."""
 
     name: str
     kind: OpKind
@@ -30,10 +32,12 @@ class Op:
     kernels: int = 1
     bwd_kernels: int = 1
     bwd_bytes: float = -1.0
+    dtype: str | None = None
 
 
-def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1) -> Op:
-    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs; reads A and B, writes C (e bytes per element)."""
+def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1, dtype: str | None = None) -> Op:
+    """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs; reads A and B, writes C (e bytes per element);
+    ``dtype``: computed in that dtype instead of the GPU's default."""
     return Op(
         name,
         "gemm" if count == 1 else "bmm",
@@ -43,6 +47,7 @@ def gemm(name: str, m: int, n: int, k: int, e: int, count: int = 1) -> Op:
         n,
         k,
         count,
+        dtype=dtype,
     )
 
 

@@ -33,13 +33,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hwprofiles.schema import GpuProfile
+from hwprofiles.schema import GemmCurve, GpuProfile
 from simulator.cost.op import DTYPE_BYTES, Op
 
 
-def curve_efficiency(gpu: GpuProfile, m: float, n: float, k: float) -> float:
-    """eff = max_efficiency * prod_x x / (x + half_dim_x) over x in (m, n, k)."""
-    g = gpu.gemm
+def curve_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | None = None) -> float:
+    """eff = max_efficiency * prod_x x / (x + half_dim_x) over x in (m, n, k), of the fp8 curve
+    (``gemm.fp8``) for fp8 GEMMs, else of the profile's own."""
+    g: GemmCurve = gpu.gemm.fp8 if dtype == "fp8" and gpu.gemm.fp8 is not None else gpu.gemm
     return g.max_efficiency * (m / (m + g.half_dim_m)) * (n / (n + g.half_dim_n)) * (k / (k + g.half_dim_k))
 
 
@@ -57,7 +58,7 @@ def table_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str) 
         d2 = (math.log2(pt.m) - q[0]) ** 2 + (math.log2(pt.n) - q[1]) ** 2 + (math.log2(pt.k) - q[2]) ** 2
         eff = pt.tflops / peak
         # carry the point to the query shape with the curve's relative shape dependence
-        eff *= curve_efficiency(gpu, m, n, k) / curve_efficiency(gpu, pt.m, pt.n, pt.k)
+        eff *= curve_efficiency(gpu, m, n, k, dtype) / curve_efficiency(gpu, pt.m, pt.n, pt.k, dtype)
         if d2 == 0.0:
             return min(eff, 1.0)
         scored.append((d2, eff))
@@ -71,7 +72,7 @@ def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | 
     dtype = dtype or gpu.default_dtype
     m, n, k = max(m, 1.0), max(n, 1.0), max(k, 1.0)
     measured = table_efficiency(gpu, m, n, k, dtype) if gpu.gemm.table else None
-    return measured if measured is not None else curve_efficiency(gpu, m, n, k)
+    return measured if measured is not None else curve_efficiency(gpu, m, n, k, dtype)
 
 
 def attention_efficiency(gpu: GpuProfile, op: Op, dtype: str | None = None) -> float:
@@ -103,8 +104,9 @@ def elementwise_bandwidth(op: Op, gpu: GpuProfile) -> float:
 
 
 def work_time(op: Op, gpu: GpuProfile, dtype: str | None = None) -> float:
-    """Roofline device time of one op, no launch overhead (all ``count`` instances batched)."""
-    dtype = dtype or gpu.default_dtype
+    """Roofline device time of one op, no launch overhead (all ``count`` instances batched), in
+    the op's own dtype (an fp8 GEMM) or ``dtype``, default the profile's."""
+    dtype = op.dtype or dtype or gpu.default_dtype
     if op.kind == "elementwise" and gpu.elementwise_GBps:
         mem = op.bytes / elementwise_bandwidth(op, gpu)
     else:
@@ -132,7 +134,8 @@ def backward_ops(op: Op) -> list[Op]:
     """Backward of an op. GEMM C=AB: dA = dC B^T (m,k,n) and dB = A^T dC (k,n,m), 2x FLOPs.
     Fused attention: one kernel of 2.5x the forward FLOPs (it recomputes the scores;
     FlashAttention-2, section 4.1) reading Q, K, V, O, dO and writing dQ, dK, dV (about twice
-    the forward traffic). Elementwise: the op's own backward traffic and kernel count when it gives them
+    the forward traffic). An fp8 GEMM's dgrad and wgrad are fp8 too (Transformer Engine's
+    hybrid recipe: e4m3 forward, e5m2 gradients). Elementwise: the op's own backward traffic and kernel count when it gives them
     (``bwd_bytes``, ``bwd_kernels``), else about twice the forward traffic (the gradient
     reads the saved input and the upstream gradient and writes one gradient per input)."""
     if op.kind == "elementwise":
@@ -141,7 +144,7 @@ def backward_ops(op: Op) -> list[Op]:
     if op.kind == "attention":
         return [Op(op.name + "_bwd", "attention", 2.5 * op.flops, 2 * op.bytes, op.m, op.n, op.k, op.count, 1, 1)]
     e = op.bytes / (op.count * (op.m * op.k + op.k * op.n + op.m * op.n))
-    dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count)
+    dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count, dtype=op.dtype)
     wgrad = Op(
         op.name + "_wgrad",
         op.kind,
@@ -151,6 +154,7 @@ def backward_ops(op: Op) -> list[Op]:
         op.n,
         op.m,
         op.count,
+        dtype=op.dtype,
     )
     return [dgrad, wgrad]
 

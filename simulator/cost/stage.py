@@ -74,13 +74,16 @@ def host_async(cluster: ClusterSpec) -> bool:
     return cluster.node.backend != "gloo"
 
 
-def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
+def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str = "bf16") -> BlockTimes:
     """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
-    The head's vocabulary is Megatron's padded one (workload.padded_vocab_size)."""
-    return _BLOCKS.get_or_make((model, cluster), (t, sp, mb), lambda: _block_times(model, cluster, t, sp, mb))
+    The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
+    plan's precision (fp8 linear layers, simulator.cost.precision)."""
+    return _BLOCKS.get_or_make(
+        (model, cluster), (t, sp, mb, prec), lambda: _block_times(model, cluster, t, sp, mb, prec)
+    )
 
 
-def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int) -> BlockTimes:
+def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str) -> BlockTimes:
     gpu = cluster.gpu
     e = dtype_bytes(gpu)
     slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
@@ -92,7 +95,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     eager = gpu.eager
     bt = BlockTimes(
         layer=pass_times(
-            layer_forward_ops(model, mb, t, sp, e),
+            layer_forward_ops(model, mb, t, sp, e, prec),
             gpu,
             slow,
             layer_extra,
@@ -165,14 +168,14 @@ def stage_groups(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tup
 def _stages(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    rest = (plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute)
+    rest = (plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute, plan.prec)
     return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan))
 
 
 def _make_stages(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb)
+    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
     sizes = plan.chunk_layers(model.num_layers)
     rec = plan.chunk_recompute(model.num_layers)
     last_chunk = len(sizes) - 1

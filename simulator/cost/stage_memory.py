@@ -27,7 +27,8 @@ Terms (all per rank of the device):
     buffers     = gradient buckets (d > 1 or offload), ZeRO-3 gathered layers, the last
                   stage's logits per in-flight microbatch (the saved cross-entropy softmax)
                   and its loss backward's gradients, the pipeline send/receive buffers, and
-                  the program's compute-dtype weight copies (autocast; simulator.job.Runtime).
+                  the program's compute-dtype weight copies (autocast; simulator.job.Runtime) and
+                  the fp8 weight copies of prec=fp8 (simulator.cost.precision).
                   The linear form prices the default runtime's (Megatron-style) buffers.
 """
 
@@ -39,6 +40,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
+from simulator.cost.precision import ZERO3_LAYERS_HELD, fp8_weight_bytes, linear_input_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
@@ -74,15 +76,24 @@ class StageShape:
     last: bool
 
 
-def layer_activations(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> tuple[float, float, float]:
-    """(full, selective, none): one layer's activations per microbatch by recompute mode (cached)."""
+def layer_activations(
+    model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: str = "bf16"
+) -> tuple[float, float, float]:
+    """(full, selective, none): one layer's activations per microbatch by recompute mode, fp8
+    linears saving 1-byte inputs under ``prec`` fp8 (cached)."""
+    li = linear_input_bytes(prec, e)
     return _ACTIVATIONS.get_or_make(
         (model,),
-        (b, t, sp, e),
+        (b, t, sp, e, li),
         lambda: tuple(
-            memory.activation_bytes_per_layer(model, b, t, sp, mode, e) for mode in ("full", "selective", "none")
+            memory.activation_bytes_per_layer(model, b, t, sp, mode, e, li) for mode in ("full", "selective", "none")
         ),
     )
+
+
+def fp8_weight_copies(model: ModelSpec, plan: Plan, layers: int) -> float:
+    """The fp8 weight copies of a rank holding ``layers`` layers (simulator.cost.precision)."""
+    return fp8_weight_bytes(plan, layers, _layer_params(model, plan.t))
 
 
 def _layer_params(model: ModelSpec, t: int) -> float:
@@ -167,7 +178,7 @@ def stage_memory(
     states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
     act = activation_peak(model, cluster, plan, m, stage, shape)
     buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)
-    buffers += weight_copies_held(weight_copy_bytes, shape.params)
+    buffers += weight_copies_held(weight_copy_bytes, shape.params) + fp8_weight_copies(model, plan, shape.layers)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 
@@ -176,7 +187,7 @@ def activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, 
     not depend on d, ZeRO or offload: cached across those variants."""
     return _ACT_PEAK.get_or_make(
         (shape, model, cluster),
-        (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t),
+        (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t, plan.prec),
         lambda: _activation_peak(model, cluster, plan, m, stage, shape),
     )
 
@@ -186,7 +197,7 @@ def _activation_peak(
 ) -> float:
     e = dtype_bytes(cluster.gpu)
     sp, b, t = bool(plan.sp), plan.mb, plan.t
-    per_full, per_sel, per_none = layer_activations(model, b, t, sp, e)
+    per_full, per_sel, per_none = layer_activations(model, b, t, sp, e, plan.prec)
     inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
     if plan.v == 1 or (plan.layers is None and plan.recompute is None):  # equal chunks
         none_layers = shape.layers - shape.full_layers - shape.selective_layers
@@ -227,13 +238,17 @@ class DeviceMemoryModel:
     ) -> DeviceMemoryModel:
         e = dtype_bytes(cluster.gpu)
         pb, gb, k = memory.state_bytes_per_param(e)
-        a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e)
+        a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e, plan.prec)
         layer_states = memory.model_state_bytes(
             _layer_params(model, plan.t), plan.shard_group, plan.zero, plan.offload, pb, gb, k
         ).total
+        if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
+            layer_states += fp8_weight_copies(model, plan, 1)
         psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
         fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
         fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
+        if plan.zero == 3:
+            fixed += fp8_weight_copies(model, plan, ZERO3_LAYERS_HELD)
         if first:
             inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
             fixed += inflight * memory.embedding_activation_bytes(

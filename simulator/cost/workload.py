@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from simulator.cost.attention import attention_ops
 from simulator.cost.op import Op, elementwise, gemm
+from simulator.cost.precision import fp8_cast_op, gemm_dtype
+from simulator.plan import Precision
 from simulator.specs import ModelSpec
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron-LM --make-vocab-size-divisible-by default
@@ -53,8 +55,10 @@ def layer_param_tensors(model: ModelSpec) -> int:
     return 6 if model.activation != "swiglu" else 7
 
 
-def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> list[Op]:
-    """Forward ops of one transformer layer for a microbatch of b sequences on one TP rank.
+def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: str = "bf16") -> list[Op]:
+    """Forward ops of one transformer layer for a microbatch of b sequences on one TP rank;
+    with ``prec`` fp8 the linear GEMMs compute in fp8 and their casts are one more op
+    (simulator.cost.precision).
 
     Traffic (e bytes per activation element) counts reads and writes; backward traffic is
     given where it is not twice the forward's:
@@ -81,10 +85,10 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
     heads = a // t
     ops = [
         elementwise("ln1", tok_sp * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
-        gemm("qkv", tok, (h + 2 * kv) // t, h, e),
+        gemm("qkv", tok, (h + 2 * kv) // t, h, e, dtype=gemm_dtype(prec, "qkv")),
         *attention_ops(model, b, heads, e),
         elementwise("context_copy", tok * h / t, 2 * e, 0, bwd_bytes_per_element=2 * e),
-        gemm("proj", tok, h, h // t, e),
+        gemm("proj", tok, h, h // t, e, dtype=gemm_dtype(prec, "proj")),
         elementwise(
             "dropout_residual1", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3, bwd_bytes_per_element=6 * e + 1
         ),
@@ -92,20 +96,22 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int) -> lis
     ]
     if model.activation == "swiglu":
         ops += [
-            gemm("fc1", tok, 2 * f // t, h, e),
+            gemm("fc1", tok, 2 * f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
             elementwise("swiglu", tok * f / t, 3 * e, 6, bwd_kernels=1, bwd_bytes_per_element=5 * e),
         ]
     else:
         ops += [
-            gemm("fc1", tok, f // t, h, e),
+            gemm("fc1", tok, f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
             elementwise("gelu", tok * f / t, 2 * e, 8, bwd_kernels=2, bwd_bytes_per_element=4 * e),
         ]
     ops += [
-        gemm("fc2", tok, h, f // t, e),
+        gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
         elementwise(
             "dropout_residual2", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3, bwd_bytes_per_element=6 * e + 1
         ),
     ]
+    if prec == Precision.FP8:
+        ops.append(fp8_cast_op(model, b, t, e))
     return ops
 
 

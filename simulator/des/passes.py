@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.cost.memory import (
-    activation_bytes_per_layer,
     embedding_activation_bytes,
     logits_bytes_per_element,
     logits_elements,
@@ -35,6 +34,7 @@ from simulator.cost.memory import (
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from simulator.cost.stage import TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE, block_times
+from simulator.cost.stage_memory import layer_activations
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
 
@@ -70,7 +70,7 @@ class Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
-        bt = block_times(model, cluster, t, sp, b)
+        bt = block_times(model, cluster, t, sp, b, plan.prec)
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         kept, backward = logits_bytes_per_element(job.runtime.cross_entropy, e)
@@ -86,7 +86,7 @@ class Costs:
             emb_b=bt.embedding.backward,
             head_f=bt.head.forward,
             head_b=bt.head.backward,
-            act={c: activation_bytes_per_layer(model, b, t, sp, c, e) for c in ("none", "selective", "full")},
+            act=dict(zip(("full", "selective", "none"), layer_activations(model, b, t, sp, e, plan.prec))),
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
             logits=logits * kept,
             logits_backward=logits * backward,

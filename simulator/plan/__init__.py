@@ -2,7 +2,7 @@
 (docs/design.md section 2, "Plan string").
 
 * :class:`Plan` -- one plan, parsed from ``t=8,p=8,d=24,mb=1,...``; its kinds are enums
-  (:class:`Recompute`, :class:`Schedule`, :class:`Offload`) and its fields the matching Literals;
+  (:class:`Recompute`, :class:`Schedule`, :class:`Offload`, :class:`Precision`) and its fields the matching Literals;
 * :func:`parse_plan_items`, :func:`resolve_plan` -- the text to typed values, defaults filled;
 * :func:`plan_errors` / :func:`validate_plan` -- every divisibility and consistency rule, each
   with its own message. A plan that cannot be parsed or breaks a rule is a :class:`PlanError`.
@@ -14,11 +14,14 @@ from simulator.plan.fields import (
     PLAN_INT_KEYS,
     PLAN_KEYS,
     PLAN_STR_KEYS,
+    PRECISIONS,
     SCHEDULES,
     ZERO_STAGES,
     Offload,
     OffloadName,
     Plan,
+    Precision,
+    PrecisionName,
     Recompute,
     RecomputeName,
     Schedule,
@@ -26,7 +29,14 @@ from simulator.plan.fields import (
     ZeroStage,
     num_microbatches,
 )
-from simulator.plan.rules import hsdp_errors, parse_plan, plan_errors, validate_plan
+from simulator.plan.rules import (
+    fp8_shape_errors,
+    hsdp_errors,
+    parse_plan,
+    plan_errors,
+    precision_errors,
+    validate_plan,
+)
 from simulator.plan.text import parse_plan_items, resolve_plan
 
 __all__ = [
@@ -35,21 +45,26 @@ __all__ = [
     "PLAN_INT_KEYS",
     "PLAN_KEYS",
     "PLAN_STR_KEYS",
+    "PRECISIONS",
     "SCHEDULES",
     "ZERO_STAGES",
     "Offload",
     "OffloadName",
     "Plan",
+    "Precision",
+    "PrecisionName",
     "Recompute",
     "RecomputeName",
     "Schedule",
     "ScheduleName",
     "ZeroStage",
+    "fp8_shape_errors",
     "hsdp_errors",
     "num_microbatches",
     "parse_plan",
     "parse_plan_items",
     "plan_errors",
+    "precision_errors",
     "resolve_plan",
     "validate_plan",
 ]

@@ -25,6 +25,13 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class Precision(StrEnum):
+    """Precision of the transformer layers' linear GEMMs (simulator.cost.precision)."""
+
+    BF16 = "bf16"  # the GPU profile's 16-bit training dtype everywhere (bf16; fp16 on V100)
+    FP8 = "fp8"  # Transformer Engine / torchao float8: fp8 linear GEMMs, the rest in bf16
+
+
 class Offload(StrEnum):
     """Where ZeRO-Offload / ZeRO-Infinity keep the optimizer state (and ZeRO-3 parameters)."""
 
@@ -36,14 +43,16 @@ class Offload(StrEnum):
 RecomputeName = Literal["none", "selective", "full"]
 ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
 OffloadName = Literal["none", "cpu", "nvme"]
+PrecisionName = Literal["bf16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]
 
 CKPT_MODES: tuple[RecomputeName, ...] = get_args(RecomputeName)  # the enums' values, in order (tested)
 SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
+PRECISIONS: tuple[PrecisionName, ...] = get_args(PrecisionName)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
 PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp")
-PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS}
+PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS, "prec": PRECISIONS}
 PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
 
 
@@ -57,7 +66,9 @@ class Plan:
     layer uses ``ckpt``. Both are chosen by the planner's CP-SAT model. ``hsdp``: hybrid
     sharding (FSDP ``HYBRID_SHARD``, FSDP2 on a (replicate, shard) mesh): the ZeRO-2/3 states
     are sharded over groups of ``hsdp`` consecutive data-parallel ranks and replicated across
-    the d / hsdp groups; 0 shards over all d.
+    the d / hsdp groups; 0 shards over all d. ``prec``: "fp8" runs the transformer layers'
+    linear GEMMs in fp8 (Transformer Engine's hybrid recipe, torchao float8), the rest in the
+    GPU's 16-bit dtype; it needs a GPU profile with an fp8 peak and fp8 GEMM efficiency.
     """
 
     t: int = 1
@@ -73,6 +84,7 @@ class Plan:
     layers: tuple[int, ...] | None = None
     recompute: tuple[tuple[int, int], ...] | None = None
     hsdp: int = 0
+    prec: PrecisionName = "bf16"
 
     @property
     def shard_group(self) -> int:
@@ -106,6 +118,8 @@ class Plan:
             s += ",recompute=" + "/".join(f"{f}:{sel}" for f, sel in self.recompute)
         if self.hsdp:
             s += f",hsdp={self.hsdp}"
+        if self.prec != Precision.BF16:
+            s += f",prec={self.prec}"
         return s
 
     def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
@@ -133,6 +147,8 @@ class Plan:
             out["recompute"] = [list(x) for x in self.recompute]
         if self.hsdp:
             out["hsdp"] = self.hsdp
+        if self.prec != Precision.BF16:
+            out["prec"] = self.prec
         return out
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:

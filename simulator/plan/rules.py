@@ -4,10 +4,15 @@ as a :class:`PlanError`, :func:`parse_plan` parses and validates a plan string."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hwprofiles.errors import PlanError
-from simulator.plan.fields import ZERO_STAGES, Offload, Plan, Schedule, num_microbatches
+from simulator.plan.fields import ZERO_STAGES, Offload, Plan, Precision, Schedule, num_microbatches
 from simulator.plan.text import parse_plan_items, resolve_plan
 from simulator.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from hwprofiles.schema import GpuProfile
 
 
 def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> list[str]:
@@ -25,7 +30,39 @@ def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> l
     elif global_batch % (plan.d * plan.mb):
         e.append(f"global batch {global_batch} is not divisible by d*mb = {plan.d}*{plan.mb} = {plan.d * plan.mb}")
     m = global_batch // (plan.d * plan.mb) if global_batch > 0 else 0
-    return e + _schedule_errors(plan, m) + _split_errors(model, plan) + _memory_errors(plan)
+    e += _schedule_errors(plan, m) + _split_errors(model, plan) + _memory_errors(plan)
+    return e + fp8_shape_errors(model, plan)
+
+
+def fp8_shape_errors(model: ModelSpec, plan: Plan) -> list[str]:
+    """fp8 GEMMs need each linear layer's input of height divisible by 8 and width by 16
+    (Transformer Engine ``assert_dim_for_fp8_exec``, transformer_engine/pytorch/utils.py): the
+    tokens of a microbatch, and h, the QKV, ffn and projection widths on one tensor rank."""
+    if plan.prec != Precision.FP8:
+        return []
+    widths = {
+        "hidden_size": model.hidden_size,
+        "the QKV width per tensor rank": (model.hidden_size + 2 * model.kv_size) // plan.t,
+        "ffn_hidden_size per tensor rank": model.ffn // plan.t,
+        "hidden_size per tensor rank": model.hidden_size // plan.t,
+    }
+    bad = [f"{name} {w}" for name, w in widths.items() if w % 16]
+    if (plan.mb * model.seq_length) % 8:
+        bad.append(f"mb*seq_length {plan.mb * model.seq_length} (a multiple of 8 is needed)")
+    return [f"prec=fp8 needs GEMM dimensions divisible by 16: {', '.join(bad)}"] if bad else []
+
+
+def precision_errors(plan: Plan, gpu: GpuProfile) -> list[str]:
+    """prec=fp8 needs a GPU with an fp8 peak and a measured fp8 GEMM efficiency (``gemm.fp8``:
+    the datasheet's 2x is not what fp8 GEMMs deliver)."""
+    if plan.prec != Precision.FP8:
+        return []
+    if "fp8" not in gpu.peak_tflops or gpu.gemm.fp8 is None:
+        return [
+            f"prec=fp8 needs fp8 tensor cores: the GPU profile {gpu.name} gives no fp8 peak and fp8 GEMM "
+            "efficiency (peak_tflops.fp8, gemm.fp8); use prec=bf16"
+        ]
+    return []
 
 
 def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:

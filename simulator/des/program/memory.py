@@ -5,7 +5,8 @@ bytes per parameter: :func:`simulator.cost.memory.program_state_bytes`), gradien
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
 (:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
 copies (:func:`simulator.cost.stage_memory.weight_copies_held`: held through the passes, so at
-the activation peak, where the static bytes count): the terms of
+the activation peak, where the static bytes count) and fp8 weight copies
+(:func:`simulator.cost.stage_memory.fp8_weight_copies`): the terms of
 :func:`simulator.cost.stage_memory.stage_memory` that do not change during the step.
 """
 
@@ -17,7 +18,7 @@ from simulator.cost.memory import (
     pipeline_buffer_bytes,
     program_state_bytes,
 )
-from simulator.cost.stage_memory import weight_copies_held
+from simulator.cost.stage_memory import fp8_weight_copies, weight_copies_held
 from simulator.des.program.state import Program
 
 
@@ -38,3 +39,6 @@ def add_static_memory(prog: Program) -> None:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
         if prog.job.runtime.weight_copy_bytes:
             prog.mem.add_static(dev.idx, "buffers", weight_copies_held(prog.job.runtime.weight_copy_bytes, psi))
+        fp8 = fp8_weight_copies(model, plan, prog.device_layers(dev))
+        if fp8:
+            prog.mem.add_static(dev.idx, "buffers", fp8)

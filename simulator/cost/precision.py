@@ -1,0 +1,70 @@
+"""fp8 training (``prec=fp8``) as Transformer Engine runs it: what changes against bf16.
+
+Transformer Engine's fp8 Linear (transformer_engine/pytorch/module/linear.py ``_Linear``;
+layernorm_linear.py for the QKV and fc1 inputs, whose LayerNorm writes fp8 directly), used by
+Megatron-core's TE layers under ``--fp8-format hybrid`` and by MosaicML's ``amp_fp8``:
+
+* the four linear GEMMs of a layer (QKV, proj, fc1, fc2) and their dgrad and wgrad run in fp8
+  (e4m3 forward, e5m2 gradients) at the GPU's fp8 peak times its own fp8 GEMM efficiency
+  (``gemm.fp8``); attention, norms, activations, the embedding and the LM head stay bf16;
+* casts: the proj and fc2 inputs are cast to fp8 (read e, write 1 byte per element; the QKV
+  and fc1 inputs come out of the fused LayerNorm-cast); in backward every linear's output
+  gradient is cast and transposed at once (``fp8_cast_transpose_fused``: read e, write 1 + 1),
+  :func:`fp8_cast_op`. The weights are cast once per step, not per microbatch
+  (``is_first_microbatch``): 4 bytes per parameter per step, left out (under 0.1% of a step);
+* activations: each linear saves its fp8 input for its weight gradient, 1 byte per element
+  instead of e (:func:`linear_input_bytes`, used by simulator.cost.memory.activation_bytes_per_layer);
+* weights: the fp8 copy of each linear weight and its transpose (Hopper's fp8 GEMM takes only
+  the TN layout), 2 bytes per parameter, cached across the step's microbatches
+  (``weight_fp8``, ``weight_t_fp8``) beside the bf16 weights; under ZeRO-3 the gathered layer is
+  cast on the fly, so only the working set's layers hold copies (:func:`fp8_weight_bytes`).
+
+The amax-history and scaling state (a few floats per tensor) is left out.
+"""
+
+from __future__ import annotations
+
+from simulator.cost.op import Op, elementwise
+from simulator.plan import Plan, Precision
+from simulator.specs import ModelSpec
+
+#: the layer's GEMMs that run in fp8 (simulator.cost.workload names)
+FP8_LINEARS = ("qkv", "proj", "fc1", "fc2")
+FP8_WEIGHT_COPY_BYTES = 2  # the fp8 weight and its transpose, per parameter
+ZERO3_LAYERS_HELD = 2  # simulator.cost.memory.zero3_working_set_bytes: the gathered layers
+
+
+def gemm_dtype(prec: str, name: str) -> str | None:
+    """The dtype GEMM ``name`` of a layer computes in: "fp8" for the linears under prec=fp8,
+    else None (the GPU's default)."""
+    return "fp8" if prec == Precision.FP8 and name in FP8_LINEARS else None
+
+
+def linear_input_bytes(prec: str, e: int) -> int:
+    """Bytes per element of what a linear layer saves of its input for the weight gradient."""
+    return 1 if prec == Precision.FP8 else e
+
+
+def fp8_cast_op(model: ModelSpec, b: int, t: int, e: int) -> Op:
+    """The fp8 casts of one layer per microbatch on one TP rank (module docstring): forward, the
+    proj and fc2 inputs, b*s*(h + f)/t elements at e + 1 bytes; backward, the output gradients
+    of QKV, proj, fc1 and fc2, b*s*((h + 2kv)/t + h + f_out/t + h) elements at e + 2 bytes
+    (f_out = 2f with SwiGLU's fused gate and up projection), one kernel per linear."""
+    s, h, f, kv = model.seq_length, model.hidden_size, model.ffn, model.kv_size
+    tok = b * s
+    forward = tok * (h + f) / t
+    f_out = 2 * f if model.activation == "swiglu" else f
+    backward = tok * ((h + 2 * kv) / t + h + f_out / t + h)
+    return elementwise(
+        "fp8_cast", forward, e + 1, 2, kernels=2, bwd_kernels=4, bwd_bytes_per_element=(e + 2) * backward / forward
+    )
+
+
+def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float) -> float:
+    """The fp8 weight copies one rank holds: 2 bytes per parameter of its ``layers`` layers
+    (``layer_params`` per layer on the rank), of the ZeRO-3 working set's layers only when the
+    parameters are sharded; 0 in bf16."""
+    if plan.prec != Precision.FP8:
+        return 0.0
+    held = min(layers, ZERO3_LAYERS_HELD) if plan.zero == 3 else layers
+    return FP8_WEIGHT_COPY_BYTES * held * layer_params
