@@ -40,6 +40,12 @@ def refine_and_simulate_all(
     return [g for _, _, g in refined if g], [by_index[i] for i in keep]
 
 
+def load_solver() -> None:
+    """Import CP-SAT (about 0.4 s): done by the search's parent process while its workers score
+    the plans, so the finalists' workers, forked later, start with it loaded."""
+    from ortools.sat.python import cp_model  # noqa: F401
+
+
 def _mapped(pool: Pool, fn: Callable[[Any], Any], items: list[Any], show_progress: bool, phase: str) -> list[Any]:
     """``fn`` over ``items`` in the pool, in order, with a progress bar naming ``phase``."""
     bar = progress(len(items), show_progress, phase, least=1)

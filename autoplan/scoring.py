@@ -8,6 +8,8 @@ worker computes each layout's stage costs once.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoplan.workers import SHARED, Pool, progress
@@ -38,9 +40,14 @@ def _score_chunk(args: tuple[int, int, int]) -> list[tuple[float, float, bool]]:
     return list(zip(r.step_time.tolist(), r.peak_memory.tolist(), r.fits.tolist()))
 
 
-def score_all(todo: list[tuple[int, Plan]], jobs: int, show_progress: bool) -> list[Scored]:
+def score_all(
+    todo: list[tuple[int, Plan]], jobs: int, show_progress: bool, meanwhile: Callable[[], None] | None = None
+) -> list[Scored]:
     """The analytic score of each (node count, plan) in ``todo``, in order; :data:`SHARED` holds
-    the model, clusters, batch and options. Worker processes pay off from two chunks of plans."""
+    the model, clusters, batch and options. Worker processes pay off from two chunks of plans.
+    ``meanwhile``: work for the otherwise idle parent process while the workers score (run in a
+    thread started after the workers are forked and joined before returning, so no later fork
+    copies it half done)."""
     by_nodes: dict[int, list[Plan]] = {}
     for n, p in todo:
         by_nodes.setdefault(n, []).append(p)
@@ -49,9 +56,14 @@ def score_all(todo: list[tuple[int, Plan]], jobs: int, show_progress: bool) -> l
     bar = progress(len(todo), show_progress, "estimating plans")
     results: dict[tuple[int, int, int], list[tuple[float, float, bool]]] = {}
     with Pool(jobs if len(tasks) > 1 else 1) as pool:
+        side = threading.Thread(target=meanwhile, daemon=True) if meanwhile and pool.pool else None
+        if side:
+            side.start()
         for task, res in zip(tasks, pool.imap(_score_chunk, tasks)):
             results[task] = res
             bar.update(task[2] - task[1])
+        if side:
+            side.join()
     bar.close()
     scores = {n: iter([s for task in tasks if task[0] == n for s in results[task]]) for n in by_nodes}
     return [Scored(p, n, *next(scores[n])) for n, p in todo]

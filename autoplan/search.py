@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan import space
-from autoplan.finalists import refine_and_simulate_all
+from autoplan.finalists import load_solver, refine_and_simulate_all
 from autoplan.scoring import Scored, score_all
 from autoplan.workers import SHARED
 from hwprofiles.errors import FitError, PlanError
@@ -131,7 +131,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
 
     SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts)
-    scored = score_all(todo, opts.jobs, opts.progress)
+    scored = score_all(todo, opts.jobs, opts.progress, load_solver if opts.partition else None)
     feasible = [s for s in scored if s.fits]
     log.debug(
         "search: %d candidate plans on %s nodes, %d fit in memory",

@@ -9,6 +9,8 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from simulator.specs import ModelSpec
 
 #: how the program computes the cross-entropy (simulator.job.Runtime.cross_entropy; :func:`logits_bytes_per_element`)
@@ -170,12 +172,14 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
         counts[op.chunk] += 1 if op.kind == "F" else -1
         if op.kind == "F":
             seen.add(tuple(counts))
-    vecs = sorted(seen, key=sum, reverse=True)
-    keep: list[tuple[int, ...]] = []
-    for vec in vecs:
-        if not any(all(a >= b for a, b in zip(k, vec)) for k in keep):
-            keep.append(vec)
-    return tuple(keep)
+    vecs = sorted(seen, key=lambda x: (-sum(x), x))
+    kept = np.empty((len(vecs), v), dtype=np.int64)  # the non-dominated ones so far, in their first rows
+    n = 0
+    for vec in vecs:  # a vector can only be dominated by one of larger (or equal) sum, kept before it
+        if n == 0 or not (kept[:n] >= vec).all(axis=1).any():
+            kept[n] = vec
+            n += 1
+    return tuple(tuple(int(x) for x in row) for row in kept[:n])
 
 
 def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:
