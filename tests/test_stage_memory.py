@@ -6,7 +6,7 @@ import pytest
 
 from hwprofiles.load import load_cluster
 from simulator import Job, load_model, simulate
-from simulator.cost.stage import device_chunks, stage_groups
+from simulator.cost.stage import device_chunks, device_layers, stage_groups
 from simulator.cost.stage_memory import DeviceMemoryModel, stage_memory
 from simulator.plan import Plan
 
@@ -100,3 +100,17 @@ def test_des_peak_follows_the_stage_memory(model_name, nodes, batch, plan):
     peaks within 5% of the analytic stage memory."""
     job = Job.make(load_model(model_name), load_cluster("dgx-a100-80gb", nodes), plan, batch)
     assert simulate(job, "des").peak_memory == pytest.approx(simulate(job, "analytic").peak_memory, rel=0.05)
+
+
+@pytest.mark.parametrize("layers,p,v", [(96, 8, 6), (7, 3, 2), (80, 6, 1), (24, 5, 4), (128, 16, 8)])
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_device_layers_closed_form_sums_the_chunks(layers, p, v, ckpt):
+    """The uniform split's per-device sums in closed form equal the per-chunk sums (e.g. 7 layers on
+    p=3, v=2: chunks 2/1/1/1/1/1, devices 0, 1, 2 hold chunks 0+3, 1+4, 2+5: 3, 2, 2)."""
+    plan = Plan(p=p, v=v, ckpt=ckpt, schedule="interleaved" if v > 1 else "1f1b")
+    sizes, rec = plan.chunk_layers(layers), plan.chunk_recompute(layers)
+    chunks = device_chunks(plan, layers)
+    want = tuple([sum(x[c] for c in cs) for cs in chunks] for x in (sizes, [f for f, _ in rec], [s for _, s in rec]))
+    assert device_layers(plan, layers) == want
+    if (layers, p, v) == (7, 3, 2):
+        assert want[0] == [3, 2, 2]

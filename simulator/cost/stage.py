@@ -148,6 +148,22 @@ def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
     return [list(range(dev, chunks, plan.p)) for dev in range(plan.p)]
 
 
+def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], list[int]]:
+    """Per pipeline device (its chunks dev, dev + p, ...: :func:`device_chunks`), its layers and
+    its fully and selectively recomputed layers. The uniform split in closed form: with
+    base, extra = divmod(L, p*v), chunk c holds base + [c < extra] layers, so device dev holds
+    v*base + #{k < v : dev + k*p < extra}."""
+    p, v = plan.p, plan.v
+    if plan.layers is None and plan.recompute is None:
+        base, extra = divmod(num_layers, p * v)
+        ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
+        zeros = [0] * p
+        return ns, ns if plan.ckpt == "full" else zeros, ns if plan.ckpt == "selective" else zeros
+    sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
+    per_chunk = (list(sizes), [f for f, _ in rec], [s for _, s in rec])
+    return tuple([sum(x[dev::p]) for dev in range(p)] for x in per_chunk)  # type: ignore[return-value]
+
+
 def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
     """Cost of each pipeline device per microbatch. TP: TP_FORWARD all-reduces of b*s*h forward
     and TP_BACKWARD backward per layer, TP_PER_FULL_RECOMPUTE more when a layer is fully
@@ -176,16 +192,12 @@ def _make_stages(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
-    sizes = plan.chunk_layers(model.num_layers)
-    rec = plan.chunk_recompute(model.num_layers)
-    last_chunk = len(sizes) - 1
+    ns, fulls, sels = device_layers(plan, model.num_layers)
+    p = plan.p
+    last_chunk = p * plan.v - 1
     out: list[StageCost] = []
     made: dict[tuple, StageCost] = {}
     groups: dict[tuple, list] = {}
-    ns, fulls, sels = list(sizes), [f for f, _ in rec], [s for _, s in rec]
-    p = plan.p
-    if plan.v > 1:  # device dev holds chunks dev, dev + p, ... (device_chunks)
-        ns, fulls, sels = ([sum(x[dev::p]) for dev in range(p)] for x in (ns, fulls, sels))
     for dev, (n, full, sel) in enumerate(zip(ns, fulls, sels)):
         first, last = dev == 0, last_chunk % p == dev
         sig = (n, full, sel, first, last)

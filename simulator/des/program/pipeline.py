@@ -26,6 +26,20 @@ def boundary_send(prog: Program, s0: int, s1: int) -> tuple[float, float]:
     return got
 
 
+def _boundary(prog: Program, s0: int, s1: int, fwd: bool) -> Send:
+    """The send from stage ``s0`` to ``s1`` (activations forward, gradients backward; cached:
+    every microbatch sends the same)."""
+    key = (s0, s1, fwd)
+    got = prog.boundary_sends.get(key)
+    if got is None:
+        size, tail = boundary_send(prog, s0, s1)
+        make = prog.xfer.p2p_class(s0, s1, 0.0 if prog.opt.free_comm else tail)
+        label = "send activations" if fwd else "send gradients"
+        got = Send("pp_fwd" if fwd else "pp_bwd", ("pp", s0, s1), make, "dptp", size, "pp", label, "pp_bytes")
+        prog.boundary_sends[key] = got
+    return got
+
+
 def add_sends(prog: Program, dev: Device) -> None:
     """Every pipeline send of ``dev``, gating the receiver's pass (and the sender's next)."""
     order = prog.orders[dev.idx]
@@ -35,19 +49,8 @@ def add_sends(prog: Program, dev: Device) -> None:
         if nxt < 0 or nxt >= prog.chunks:
             continue
         s1 = nxt % prog.p
-        size, tail = boundary_send(prog, dev.pp, s1)
         fwd = op.kind == "F"
-        make = prog.xfer.p2p_class(dev.pp, s1, 0.0 if prog.opt.free_comm else tail)
-        send = Send(
-            "pp_fwd" if fwd else "pp_bwd",
-            ("pp", dev.pp, s1),
-            make,
-            "dptp",
-            size,
-            "pp",
-            "send activations" if fwd else "send gradients",
-            "pp_bytes",
-        )
+        send = _boundary(prog, dev.pp, s1, fwd)
         x = prog.transfer(dev, send, (prog.last[(dev.idx, op.kind, op.mb, j)],), op.mb, j)
         rcv = prog.dev_at[(s1, dev.dp, dev.tp)]
         prog.gate(prog.first[(rcv.idx, op.kind, op.mb, nxt)], x)

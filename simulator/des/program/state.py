@@ -136,6 +136,7 @@ class Program:
         self._totals_cache: dict[tuple, tuple[float, int, int, int]] = {}
         self._groups: dict[tuple, int] = {}
         self.cache: dict[tuple, tuple[float, float]] = {}  # per-boundary send sizes (pipeline.boundary_send)
+        self.boundary_sends: dict[tuple[int, int, bool], Send] = {}  # per boundary and direction (pipeline._boundary)
 
     # ------------------------------------------------------------------ sizes
 
