@@ -175,7 +175,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
     from simulator import simulate
 
     check_run_dir(a.out, a.force)
-    job = _make_job(a)
+    tools_job = job = _make_job(a)  # the frameworks' predictions: the runtime the command line names
     if "torch" in a.target:  # autoplan's own program: it must run the plan, and the prediction is for it
         reason = unsupported_reason(job.model, job.plan, job.m)
         if reason:
@@ -190,8 +190,15 @@ def cmd_emit(a: argparse.Namespace) -> int:
     asked = a.target is not TARGETS  # tools named with --target (not the default "all")
     for export in exports:  # what runs differently from the plan, or a tool the user named refusing, is a warning
         level = logging.WARNING if export.changes or (export.refused and asked) else logging.INFO
-        for line in export_summary(export, job):
+        for line in export_summary(export, job if export.target == "torch" else tools_job):
             log.log(level, "%s", line)
+    if "torch" in a.target and not prediction["fits"]:  # plan.json's prediction is the torch program's
+        log.warning(
+            "torch      predicted (analytic) for autoplan's program: %.1f GiB per GPU, does NOT fit in %.0f GiB "
+            "(it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)",
+            prediction["peak_memory_gib"],
+            prediction["memory_capacity_gib"],
+        )
     hint = f"; run it with: autoplan run {a.out}" if "torch" in a.target else ""
     log.info("wrote %d files to %s%s", len(files), a.out, hint)
     for f in files:

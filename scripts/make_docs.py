@@ -339,7 +339,9 @@ def gallery_what_if(d: Docs) -> str:
 
     plt = _plt()
     model = load_model(WHAT_IF_MODEL)
-    opts = SearchOptions(fidelity="analytic", top=1, max_finalists=1, partition=False, jobs=os.cpu_count() or 1)
+    opts = SearchOptions(  # bf16 everywhere: the hardware compared at one precision (fp8 runs on H100 only)
+        fix="prec=bf16", fidelity="analytic", top=1, max_finalists=1, partition=False, jobs=os.cpu_count() or 1
+    )
     t0 = time.perf_counter()
     best: dict[tuple[str, int], object] = {}
     for node in WHAT_IF_NODES:

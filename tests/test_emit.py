@@ -204,6 +204,21 @@ def test_emit_for_other_tools_without_the_torch_program(tmp_path):
     assert bad.returncode == 2 and "unknown target colossalai" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_other_tools_are_predicted_with_their_own_memory_layout(tmp_path):
+    """With the torch program among the targets, plan.json predicts the program (fp32 parameters and
+    its ZeRO-1 buffers: the main job's plan needs 120 GiB), but DeepSpeed's closest plan is priced
+    as DeepSpeed keeps its states (bf16 weights, fp32 master and moments sharded: it fits)."""
+    args = ["emit", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128", "--global-batch", "1536"]
+    args += ["--plan", "t=4,p=8,mb=2,zero=1,v=6,schedule=interleaved,sp=1", "-o", str(tmp_path / "run")]
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    program = json.loads((tmp_path / "run" / "plan.json").read_text())["prediction"]
+    assert not program["fits"]
+    assert "predicted (analytic) for autoplan's program" in done.stderr and "does NOT fit" in done.stderr
+    deepspeed = next(line for line in done.stderr.splitlines() if "predicted (analytic)" in line)
+    assert ", fits in 75 GiB" in deepspeed, deepspeed
+
+
 def _launch_command(out: Path, **env: str) -> subprocess.CompletedProcess:
     """Run launch.sh with PYTHON=echo: prints the torchrun command it would execute."""
     full = dict(os.environ, PYTHON="echo", **env)
