@@ -106,7 +106,9 @@ def _simulation_cost(plan: Plan, global_batch: int) -> float:
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:
     """The CP-SAT model can help when stages are uneven (p > 1: embedding and head) or when
-    recomputation can be chosen per layer (ckpt not none)."""
-    if "layers" in fix:
+    recomputation can be chosen per layer (ckpt not none). Its objective is 1F1B's or the
+    interleaved schedule's pipeline time, so ZB-H1 plans (whose bubble the weight-gradient passes
+    fill) keep the uniform split."""
+    if "layers" in fix or plan.schedule == "zbh1":
         return False
     return plan.p > 1 or plan.ckpt != "none"

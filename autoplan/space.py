@@ -2,7 +2,7 @@
 
 Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; p <= layers and
 t*p divides the GPUs; d = GPUs / (t*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
-schedule gpipe/1f1b/interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
+schedule gpipe/1f1b/zbh1 (zero <= 1) and interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
 offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1); prec bf16, and fp8 on GPUs that
 run it (:func:`precisions`). Microbatches are capped at MAX_MB sequences: larger ones only raise
 activation memory once GEMMs are saturated.
@@ -98,7 +98,7 @@ def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iter
         if want in (None, "1f1b") and fix.get("v", 1) == 1:
             yield "1f1b", 1
         return
-    for sched in ("1f1b", "gpipe"):
+    for sched in ("1f1b", "gpipe", "zbh1"):
         if want in (None, sched) and fix.get("v", 1) == 1:
             yield sched, 1
     if want in (None, "interleaved") and m % p == 0 and model.num_layers % p == 0:
@@ -170,6 +170,7 @@ def enumerate_plans(
         for pr in precs
         if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr))
         for o in opts
+        if s.schedule != "zbh1" or o[0] <= 1  # zero bubble with unsharded gradients (plan_errors)
     ]
     return [q for plan in plans for q in hsdp_options(plan, gpus_per_node, fix)]
 

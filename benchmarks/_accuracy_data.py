@@ -26,7 +26,7 @@ import yaml
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
-from simulator.job import Job
+from simulator.job import Job, Runtime
 from simulator.plan import Plan
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
@@ -140,6 +140,32 @@ def published_rows() -> list[PublishedRow]:
 
 def selene(gpus: int) -> ClusterSpec:
     return load_cluster(SELENE_NODE, nodes=gpus // 8)
+
+
+#: the pipeline schedules Megatron-LM runs (megatron/core/pipeline_parallel/schedules.py: 1F1B with or
+#: without interleaving); the planner's GPipe and zero-bubble plans are not what its rows measured
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+
+
+def planner_megatron_best(
+    row: PublishedRow, runtime: Runtime, fidelity: str = "analytic", sp: bool = False
+) -> SimResult:
+    """The planner's best plan for a Megatron-LM row: its t and p, zero=0, ckpt=full (sp=0 unless
+    ``sp``), the microbatch size free, among the schedules Megatron-LM runs."""
+    from autoplan.search import SearchOptions, search
+    from hwprofiles.errors import AutoplanError
+
+    found = []
+    for schedule in MEGATRON_SCHEDULES if row.p > 1 else ("1f1b",):
+        fix = f"t={row.t},p={row.p},zero=0,ckpt=full,schedule={schedule}" + ("" if sp else ",sp=0")
+        opts = SearchOptions(fix=fix, fidelity=fidelity, top=4, runtime=runtime)
+        try:
+            found.append(search(row.model, selene(row.gpus), row.batch, opts).best_result)
+        except AutoplanError:  # no valid or fitting plan with that schedule
+            continue
+    if not found:
+        raise SystemExit(f"no plan of {row.params_B}B on {row.gpus} GPUs fits with Megatron-LM's schedules")
+    return min(found, key=lambda r: r.step_time)
 
 
 def megatron_1f1b_best(row: PublishedRow, max_mb: int = 16) -> tuple[Job, SimResult] | None:

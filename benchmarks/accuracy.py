@@ -6,8 +6,8 @@
    (hwprofiles/nodes/dgx-a100-80gb.yaml): the planner's best tflops_per_gpu with t, p, zero=0,
    ckpt=full and sp=0 pinned (sequence parallelism came a year later, Korthikanti et al. 2022,
    so Megatron-LM 2021 could not use it), next to the published figure; error per row and
-   MAPE. The planner is free to choose the microbatch size and the schedule (1F1B, GPipe,
-   interleaved with v chunks: the paper's runs used the interleaved schedule). An information
+   MAPE. The planner is free to choose the microbatch size and the schedule among those
+   Megatron-LM runs (1F1B, interleaved with v chunks: the paper's runs used the interleaved one). An information
    column gives the planner's best with sp free.
 2. vTrain (Bang et al., MICRO'24): MAPE of the predicted vs measured iteration time over the
    1,440 single-node and 109 multi-node Megatron-DeepSpeed runs (hwprofiles/clusters/
@@ -52,7 +52,6 @@ import dataclasses
 import _accuracy_data as data
 import _accuracy_fsdp as fsdp
 
-from autoplan.search import SearchOptions, search
 from hwprofiles.load import load_cluster
 from simulator import analytic
 from simulator.job import NO_DP_OVERLAP, Job
@@ -94,11 +93,7 @@ def fmt_pct(x: float | None, width: int = 7) -> str:
 
 
 def planner_best(row: data.PublishedRow, fidelity: str, sp_pinned: bool) -> SimResult:
-    fix = f"t={row.t},p={row.p},zero=0,ckpt=full" + (",sp=0" if sp_pinned else "")
-    found = search(
-        row.model, data.selene(row.gpus), row.batch, SearchOptions(fix=fix, fidelity=fidelity, top=4, runtime=RUNTIME)
-    )
-    return found.best_result
+    return data.planner_megatron_best(row, RUNTIME, fidelity, sp=not sp_pinned)
 
 
 def megatron_section(use_des: bool, out: Callable[[str], None]) -> dict[str, Any]:

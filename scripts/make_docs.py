@@ -434,7 +434,6 @@ def gallery_validation(d: Docs) -> str:
     import _accuracy_data as data
 
     from autoplan.report import table
-    from autoplan.search import SearchOptions, search
     from simulator import analytic, simulate
     from simulator.job import NO_DP_OVERLAP
 
@@ -446,15 +445,7 @@ def gallery_validation(d: Docs) -> str:
     pct = lambda pred, ref: 100.0 * (pred / ref - 1.0)
     mega = []
     for row in data.published_rows():
-        found = search(
-            row.model,
-            data.selene(row.gpus),
-            row.batch,
-            SearchOptions(
-                fix=f"t={row.t},p={row.p},zero=0,ckpt=full,sp=0", fidelity="analytic", top=4, runtime=NO_DP_OVERLAP
-            ),
-        )
-        best = found.best_result
+        best = data.planner_megatron_best(row, NO_DP_OVERLAP)
         mega.append((row, best, simulate(best.job, "des")))
     groups: dict[str, list[tuple[float, float]]] = {
         "single node, fit subset": [],

@@ -38,6 +38,8 @@ CASES = [
     ("p=2,schedule=1f1b,ckpt=selective", TINY),
     ("p=2,schedule=gpipe", TINY_LLAMA),
     ("p=2,v=2,schedule=interleaved,ckpt=full", TINY),
+    ("p=2,schedule=zbh1", TINY_LLAMA),  # zero bubble: input and weight gradients in separate passes
+    ("p=2,d=2,schedule=zbh1,ckpt=full", TINY),
     ("d=2,zero=1", TINY),
     ("d=2,zero=2,ckpt=full", TINY),
     ("d=2,zero=3", TINY_LLAMA),

@@ -48,6 +48,8 @@ def _decide(job: Job) -> Draft:
         d.changes.append(Change("schedule", plan.schedule, "1f1b", "its only schedule with one stage per rank"))
     elif plan.p > 1 and plan.schedule == "gpipe":
         d.change("schedule", "1f1b", "DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule): same bubble, less memory")
+    elif plan.schedule == "zbh1":
+        d.change("schedule", "1f1b", "DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule) only: a larger bubble")
     if plan.hsdp and "hsdp" not in d.updates:
         why = "DeepSpeed 0.19 removed MiCS (runtime/config.py rejects mics_shard_size)" if plan.zero == 3 else ""
         d.change("hsdp", 0, why or "DeepSpeed has no hybrid ZeRO-2: it shards over all d ranks")

@@ -252,6 +252,13 @@ def _decide(job: Job) -> Draft:
     d = Draft(job)
     if plan.p > 1 and plan.schedule == "gpipe":
         d.change("schedule", "1f1b", "Megatron-LM has no GPipe schedule; 1F1B has the same bubble and less memory")
+    if plan.schedule == "zbh1":
+        d.change(
+            "schedule",
+            "1f1b",
+            "Megatron-LM has no zero-bubble schedule (megatron/core/pipeline_parallel/schedules.py: 1F1B, "
+            "interleaved); 1F1B has its memory and a larger bubble",
+        )
     if plan.offload == "nvme":
         d.change("offload", "cpu", "Megatron-LM has no NVMe offload (DeepSpeed's ZeRO-Infinity does)")
     _recompute_draft(d)

@@ -76,6 +76,13 @@ def _decide(job: Job) -> Draft:
         )
     if plan.offload == "nvme":
         d.change("offload", "cpu", "torchtitan has no NVMe offload")
+    if plan.schedule == "zbh1":
+        d.change(
+            "schedule",
+            "1f1b",
+            "torchtitan runs torch's zero-bubble schedules with 2 or more stages per rank only "
+            "(distributed/pipeline_parallel.py: 'Multi-stage schedule requires at least 2 stages per rank')",
+        )
     if plan.prec == "fp8":
         d.change(
             "prec",

@@ -1,8 +1,9 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``.
 
 Each local chunk becomes a ``PipelineStage`` (shapes inferred at run time); the plan's
-schedule maps to ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` (v
-chunks per rank, looped placement). The schedule splits the rank's local batch into the
+schedule maps to ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (v
+chunks per rank, looped placement) or, for zbh1, ``ScheduleInterleavedZeroBubble`` over the rank's
+one stage (the backward split into input and weight gradients, the W passes filling the bubble). The schedule splits the rank's local batch into the
 plan's microbatches and averages gradients over them (``scale_grads``).
 """
 
@@ -14,7 +15,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 
 from autoplan.runtime.rank import RankLayout
 
@@ -35,6 +42,8 @@ def build_schedule(
     ]
     if schedule == "interleaved":
         return ScheduleInterleaved1F1B(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    if schedule == "zbh1":  # one stage per rank: torch's zero-bubble order is ZB-H1 (simulator.cost.schedules)
+        return ScheduleInterleavedZeroBubble(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
     cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
 

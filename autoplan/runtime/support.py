@@ -72,8 +72,14 @@ def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> s
             f"offload=cpu with zero={plan.zero}: PyTorch offloads only through FSDP2's CPUOffloadPolicy, which "
             "moves parameters, gradients and optimizer state together (ZeRO-3); use zero=3 or the DeepSpeed config"
         )
-    if plan.schedule not in ("gpipe", "1f1b", "interleaved"):
-        return f"schedule={plan.schedule} is not one of gpipe, 1f1b, interleaved"
+    if plan.schedule not in ("gpipe", "1f1b", "interleaved", "zbh1"):
+        return f"schedule={plan.schedule} is not one of gpipe, 1f1b, interleaved, zbh1"
+    rounds = max(1, num_microbatches // plan.p)
+    if plan.schedule == "zbh1" and num_microbatches % rounds:
+        return (
+            f"schedule=zbh1: torch's zero-bubble schedule needs the {num_microbatches} microbatches to be a multiple "
+            f"of its {rounds} rounds (m // p)"
+        )
     stages = plan.p * plan.v
     if plan.p > 1 and plan.schedule == "1f1b" and num_microbatches < stages:
         return f"schedule=1f1b needs at least as many microbatches as stages ({num_microbatches} < {stages})"

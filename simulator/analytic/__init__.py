@@ -91,7 +91,8 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
     crit = max(range(len(per_mb)), key=per_mb.__getitem__)
     total = sum(x * g[2] for x, g in zip(per_mb, groups))
     saved = groups[crit][1].recompute if plan.schedule == "gpipe" and m > 1 else 0.0
-    bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v)
+    total_w = sum(g[1].backward_weight * g[2] for g in groups)
+    bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v, groups[crit][1].backward_weight, total_w)
     return PipelinePhase(m, per_mb, z3, sends, crit, saved, bubble)
 
 

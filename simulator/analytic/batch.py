@@ -62,6 +62,7 @@ _STAGE_FIELDS = (
     "backward",
     "recompute",
     "total",
+    "backward_weight",
     "params",
     "layers",
     "full",
@@ -121,6 +122,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tu
                 c.backward,
                 c.recompute,
                 c.total,
+                c.backward_weight,
                 c.params,
                 c.layers,
                 c.full_layers,
@@ -292,7 +294,11 @@ def estimate_batch(
     total = (np.where(valid, per_mb, 0.0) * S["count"]).sum(axis=1)
     saved = np.where((P.schedule == "gpipe") & (P.m > 1), S["recompute"][rows, crit], 0.0)
     interleaved = (P.schedule == "interleaved") & (P.v > 1)
-    bubble = np.where(interleaved, (total - worst) / P.v, total - worst)  # pipeline.pipeline_bubble
+    w = S["backward_weight"]
+    total_w = (np.where(valid, w, 0.0) * S["count"]).sum(axis=1)
+    zb = np.maximum(0.0, (total - worst) - 2.0 * (total_w - w[rows, crit]))
+    bubble = np.where(interleaved, (total - worst) / P.v, np.where(P.schedule == "zbh1", zb, total - worst))
+    # pipeline.pipeline_bubble
     pipe = P.m * worst - saved + bubble
 
     # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure, data_parallel.dp_times)

@@ -2,6 +2,7 @@
 
     GPipe / 1F1B:  T_pipe = (m - 1) * max_i c_i + sum_i c_i
     interleaved:   T_pipe = m * max_i c_i + (sum_i c_i - max_i c_i) / v
+    ZB-H1:         T_pipe = m * max_i c_i + max(0, sum_{i != crit} (c_i - 2 w_i)), w_i the W part
 which for equal stages gives a bubble of (p - 1)/m (resp. (p - 1)/(v m)) of the ideal m * c
 (Narayanan et al. 2021, section 2.2). What a boundary send moves is
 simulator.cost.step.pipeline_send's; the link is the one between two stages.
@@ -64,10 +65,19 @@ def _p2p_time(job: Job) -> float:
     return collectives.p2p_time(size, bw, lat) + extra
 
 
-def pipeline_bubble(worst: float, total: float, schedule: str, v: int) -> float:
+def pipeline_bubble(
+    worst: float, total: float, schedule: str, v: int, worst_w: float = 0.0, total_w: float = 0.0
+) -> float:
     """T_pipe - m * worst: the critical device's idle time, (sum_i c_i - max_i c_i), divided
-    by v when interleaved; never negative (the sum includes the maximum)."""
-    return (total - worst) / v if schedule == "interleaved" and v > 1 else total - worst
+    by v when interleaved; never negative (the sum includes the maximum). ZB-H1 fills it with the
+    deferred weight-gradient passes: each other device's c_i - 2 w_i, (p - 1)(F + B - W) for equal
+    stages (Qi et al. 2024, section 3; ``worst_w``/``total_w``: the W parts of the critical
+    device and of all of them), at least 0."""
+    if schedule == "interleaved" and v > 1:
+        return (total - worst) / v
+    if schedule == "zbh1":
+        return max(0.0, (total - worst) - 2.0 * (total_w - worst_w))
+    return total - worst
 
 
 def pipeline_time(worst: float, total: float, m: int, schedule: str, v: int) -> float:

@@ -169,6 +169,8 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     counts = [0] * v
     seen: set[tuple[int, ...]] = set()
     for op in device_order(schedule, p, m, v, stage):
+        if op.kind == "W":  # a weight-gradient pass holds only the linears' inputs: weight_grads_pending
+            continue
         counts[op.chunk] += 1 if op.kind == "F" else -1
         if op.kind == "F":
             seen.add(tuple(counts))
@@ -180,6 +182,39 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
             kept[n] = vec
             n += 1
     return tuple(tuple(int(x) for x in row) for row in kept[:n])
+
+
+@functools.lru_cache(maxsize=2048)
+def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> int:
+    """ZB-H1: the microbatches whose weight-gradient pass (W) a stage still owes when its
+    in-flight forwards peak, replayed from its pass order (simulator.cost.schedules): each keeps
+    the linears' inputs (:func:`weight_grad_input_bytes`) until its W. Stage s defers W by s
+    microbatches, so it holds min(p - s, m) microbatches' activations and up to s of them; 0 for
+    the other schedules."""
+    if schedule != "zbh1":
+        return 0
+    from simulator.cost.schedules import device_order
+
+    inflight = pending = 0
+    peak = (0, 0)
+    for op in device_order(schedule, p, m, 1, stage):
+        if op.kind == "F":
+            inflight += 1
+            peak = max(peak, (inflight, pending))
+        elif op.kind == "B":
+            inflight, pending = inflight - 1, pending + 1
+        else:
+            pending -= 1
+    return peak[1]
+
+
+def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_input: int) -> float:
+    """What a layer's weight gradients need of its activations, per microbatch on one TP rank:
+    the four linears' saved inputs at ``linear_input`` bytes per element (the terms of
+    :func:`activation_bytes_per_layer`): QKV and fc1, 2*s*b*h (split by t with SP), and proj and
+    fc2, s*b*(h + f)/t."""
+    s, h = model.seq_length, model.hidden_size
+    return linear_input * s * b * (2 * h / (t if sp else 1) + (h + model.ffn) / t)
 
 
 def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:

@@ -166,14 +166,29 @@ def dtype_bytes(gpu: GpuProfile) -> int:
 
 @dataclass(frozen=True)
 class PassTimes:
-    """Seconds of one microbatch through one block on one TP rank."""
+    """Seconds of one microbatch through one block on one TP rank. ``backward_weight``: the part
+    of ``backward`` that computes the parameters' gradients (what a zero-bubble schedule runs as
+    its separate W pass), its ops' share of the backward's work."""
 
     forward: float
     backward: float
     attention_core: float  # forward time of scores/softmax/dropout/attn-v (selective recompute)
+    backward_weight: float = 0.0
 
 
 ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v", "flash_attention")
+#: backward ops that compute or accumulate parameter gradients (simulator.cost.workload names): the
+#: weight GEMMs' wgrad (not the attention bmm's, whose operands are both activations) and the
+#: gradient accumulation; everything else of a backward is the input gradient
+WEIGHT_GRADIENT_OPS = frozenset(
+    ("qkv_wgrad", "proj_wgrad", "fc1_wgrad", "fc2_wgrad", "logits_wgrad", "grad_accum", "embedding_wgrad")
+) | {"logits_grad_accum"}
+
+
+def weight_share(bwd_ops: list[Op], gpu: GpuProfile) -> float:
+    """The weight-gradient ops' share of a backward's work (0 without work)."""
+    total = sum(work_time(o, gpu) for o in bwd_ops)
+    return sum(work_time(o, gpu) for o in bwd_ops if o.name in WEIGHT_GRADIENT_OPS) / total if total > 0 else 0.0
 
 
 def pass_times(
@@ -196,22 +211,28 @@ def pass_times(
     paced by its slowest GPU, simulator.cost.variability)."""
     bwd_ops = [b for o in ops for b in backward_ops(o)]
     core_ops = [o for o in ops if o.name in ATTENTION_CORE]
+    share = weight_share(bwd_ops + list(backward_extra), gpu)
     if host_us is not None:
         work_f = sum(work_time(o, gpu) for o in ops) * device_factor
         work_b = sum(work_time(o, gpu) for o in bwd_ops + list(backward_extra)) * device_factor
         host_f, host_b = host_us[0] * 1e-6, host_us[1] * 1e-6
         combine = max if host_async else (lambda w, h: w + h)
         core = sum(work_time(o, gpu) for o in core_ops) * device_factor
-        return PassTimes(combine(work_f, host_f) * slowdown, combine(work_b, host_b) * slowdown, core * slowdown)
+        b = combine(work_b, host_b) * slowdown
+        return PassTimes(combine(work_f, host_f) * slowdown, b, core * slowdown, b * share)
     if host_async:
+        b = stream_time(bwd_ops + list(backward_extra), gpu, device_factor) * slowdown
         return PassTimes(
             stream_time(ops, gpu, device_factor) * slowdown,
-            stream_time(bwd_ops + list(backward_extra), gpu, device_factor) * slowdown,
+            b,
             stream_time(core_ops, gpu, device_factor) * slowdown,
+            b * share,
         )
     bwd = serial_time(bwd_ops, gpu) + sum(work_time(x, gpu) for x in backward_extra)
     serial = slowdown * device_factor  # the rank's processor both issues and runs its ops
-    return PassTimes(serial_time(ops, gpu) * serial, bwd * serial, serial_time(core_ops, gpu) * serial)
+    return PassTimes(
+        serial_time(ops, gpu) * serial, bwd * serial, serial_time(core_ops, gpu) * serial, bwd * serial * share
+    )
 
 
 def serial_time(ops: list[Op], gpu: GpuProfile) -> float:

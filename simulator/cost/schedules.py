@@ -10,8 +10,15 @@
   forward of a rank belongs to chunk (k mod pv) // p and microbatch (k // pv)*p + k mod p;
   backwards visit chunks in reverse; warm-up = (p - s - 1)*2 + (v - 1)*p forwards (all of
   them when m = p), then 1F1B, then cool-down.
+* Zero bubble ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 3), as
+  ``torch.distributed.pipelining.ScheduleInterleavedZeroBubble`` runs it with one stage per rank
+  (``_get_1f1b_rank_ops(enable_zero_bubble=True)``): the backward splits into 'B', the input
+  gradient (what the previous stage waits for), and 'W', the weight gradient, which no one waits
+  for. Stage s runs min(p - s - 1, m) warm-up forwards, then F, B and, once s microbatches have
+  been through B, the W of the oldest one; then the remaining B's (each with a W) and W's.
 With uniform stages and free communication the bubble is (p-1)/m of the ideal time for
-GPipe and 1F1B and (p-1)/(v m) for the interleaved schedule (tests check it in the DES).
+GPipe and 1F1B and (p-1)/(v m) for the interleaved schedule (tests check it in the DES); ZB-H1's
+is (p-1)(F + B - W) instead of (p-1)(F + B + W) (ibid.).
 
 Chunks: global chunk j = c*p + s holds the j-th block of layers; rank s runs local chunks
 c = 0..v-1. Forward of (mb, j) needs forward of (mb, j-1); backward of (mb, j) needs
@@ -24,7 +31,8 @@ from typing import NamedTuple
 
 
 class PipeOp(NamedTuple):
-    """One pass of one microbatch through one local chunk: kind 'F' or 'B'."""
+    """One pass of one microbatch through one local chunk: kind 'F', 'B' (the whole backward, or
+    under ZB-H1 its input-gradient part) or 'W' (ZB-H1's weight-gradient part)."""
 
     kind: str
     mb: int
@@ -42,6 +50,20 @@ def one_f_one_b(p: int, m: int, stage: int) -> list[PipeOp]:
         ops.append(PipeOp("F", warm + i, 0))
         ops.append(PipeOp("B", i, 0))
     ops += [PipeOp("B", i, 0) for i in range(m - warm, m)]
+    return ops
+
+
+def zero_bubble_h1(p: int, m: int, stage: int) -> list[PipeOp]:
+    """ZB-H1 (module docstring): the W of a microbatch trails its B by ``stage`` microbatches."""
+    warm = min(p - stage - 1, m)
+    ops = [PipeOp("F", i, 0) for i in range(warm)]
+    for i in range(m):  # after the warm-up: F (while any remain), B, and a W once `stage` B's are done
+        if warm + i < m:
+            ops.append(PipeOp("F", warm + i, 0))
+        ops.append(PipeOp("B", i, 0))
+        if i >= stage:
+            ops.append(PipeOp("W", i - stage, 0))
+    ops += [PipeOp("W", i, 0) for i in range(max(0, m - stage), m)]
     return ops
 
 
@@ -71,6 +93,8 @@ def device_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Pipe
         return gpipe(m)
     if schedule == "interleaved" and v > 1:
         return interleaved(p, m, v, stage)
+    if schedule == "zbh1":
+        return zero_bubble_h1(p, m, stage)
     return one_f_one_b(p, m, stage)
 
 

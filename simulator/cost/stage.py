@@ -136,6 +136,7 @@ class StageCost(StageShape):
     backward: float = 0.0
     recompute: float = 0.0
     tp_comm: float = 0.0  # forward + backward + recompute TP collectives
+    backward_weight: float = 0.0  # the weight-gradient part of backward (ZB-H1's W passes)
 
     @property
     def total(self) -> float:
@@ -207,15 +208,18 @@ def _make_stages(
             continue
         fwd = n * bt.layer.forward
         bwd = n * bt.layer.backward
+        bwd_w = n * bt.layer.backward_weight
         recompute = full * bt.layer.forward + sel * bt.layer.attention_core
         tp = (TP_PER_LAYER * n + TP_PER_FULL_RECOMPUTE * full) * bt.tp_all_reduce
         if first:
             fwd += bt.embedding.forward
             bwd += bt.embedding.backward
+            bwd_w += bt.embedding.backward_weight
             tp += TP_EMBEDDING * bt.tp_all_reduce
         if last:
             fwd += bt.head.forward
             bwd += bt.head.backward
+            bwd_w += bt.head.backward_weight
             tp += TP_HEAD * bt.tp_all_reduce
         psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, padded_vocab_size(model, plan.t))
         made[sig] = StageCost(
@@ -229,6 +233,7 @@ def _make_stages(
             backward=bwd,
             recompute=recompute,
             tp_comm=tp,
+            backward_weight=bwd_w,
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

@@ -9,11 +9,12 @@ One model, in two forms that agree (tests/test_stage_memory.py):
   CP-SAT partitioner (autoplan.partition), one expression per reachable occupancy vector k:
 
       mem = fixed + a_none * [any f_c > 0]
-            + sum_c [ (states_layer + k_c a_none) n_c + k_c (a_full - a_none) f_c + k_c (a_sel - a_none) s_c ]
+            + sum_c [ (states_layer + k_c a_none + w) n_c + k_c (a_full - a_none) f_c + k_c (a_sel - a_none) s_c ]
             + gpipe * sum_c [ (a_none - a_full) f_c + (a_none - a_sel) s_c ]
 
   where ``gpipe`` is 1 for GPipe with m > 1 (its last microbatch is not recomputed, so it
-  keeps its layers' full activations). The gradient buckets depend on the stage's parameter
+  keeps its layers' full activations) and ``w`` the inputs ZB-H1's deferred weight gradients keep
+  per layer (0 for the other schedules). The gradient buckets depend on the stage's parameter
   count, min(2 * bucket, psi * grad bytes); the linear form takes their cap, so it is the
   exact peak once a stage's gradients exceed two buckets and an upper bound below that.
 
@@ -215,9 +216,22 @@ def _activation_peak(
     act += per_none if shape.full_layers else 0.0
     if plan.schedule == "gpipe" and m > 1:
         act += shape.full_layers * (per_none - per_full) + shape.selective_layers * (per_none - per_sel)
+    act += pending_weight_inputs(model, cluster, plan, m, stage) * shape.layers
     if shape.first:
         act += inflight * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
     return act
+
+
+def pending_weight_inputs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int) -> float:
+    """Bytes per layer that ZB-H1's deferred weight-gradient passes keep at the stage's peak: the
+    linears' inputs of each microbatch still owing its W (memory.weight_grads_pending); 0 for the
+    other schedules."""
+    pending = memory.weight_grads_pending(plan.schedule, stage, plan.p, m)
+    if not pending:
+        return 0.0
+    e = dtype_bytes(cluster.gpu)
+    li = linear_input_bytes(plan.prec, e)
+    return pending * memory.weight_grad_input_bytes(model, plan.mb, plan.t, bool(plan.sp), li)
 
 
 @dataclass(frozen=True)
@@ -231,6 +245,7 @@ class DeviceMemoryModel:
     a_none: float
     occupancy: tuple[tuple[int, ...], ...]  # reachable per-chunk in-flight counts (memory.chunk_occupancy)
     gpipe_last_kept: bool  # GPipe, m > 1: the last microbatch keeps full activations
+    pending_w: float = 0.0  # ZB-H1: bytes per layer of the deferred weight gradients' inputs
 
     @staticmethod
     def of(
@@ -256,7 +271,14 @@ class DeviceMemoryModel:
             )
         occupancy = memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
         return DeviceMemoryModel(
-            fixed, layer_states, a_full, a_sel, a_none, occupancy, plan.schedule == "gpipe" and m > 1
+            fixed,
+            layer_states,
+            a_full,
+            a_sel,
+            a_none,
+            occupancy,
+            plan.schedule == "gpipe" and m > 1,
+            pending_weight_inputs(model, cluster, plan, m, stage),
         )
 
     def coefficients(self, vec: tuple[int, ...]) -> list[tuple[float, float, float]]:
@@ -264,7 +286,7 @@ class DeviceMemoryModel:
         g = 1.0 if self.gpipe_last_kept else 0.0
         return [
             (
-                self.layer_states + k * self.a_none,
+                self.layer_states + k * self.a_none + self.pending_w,
                 k * (self.a_full - self.a_none) + g * (self.a_none - self.a_full),
                 k * (self.a_sel - self.a_none) + g * (self.a_none - self.a_sel),
             )

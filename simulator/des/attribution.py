@@ -25,7 +25,7 @@ SEGMENT_CATEGORY = {
     "dp": "dp_comm",  # the contention price of DP/ZeRO traffic beside a piece, and FSDP2's copy-out
 }
 TASK_CATEGORY = {"pp": "pp_comm", "dp": "dp_comm", "zero": "dp_comm", "offload": "offload", "cpu": "optimizer"}
-COMPUTE_KINDS = ("F", "B", "opt")
+COMPUTE_KINDS = ("F", "B", "W", "opt")  # W: ZB-H1's weight-gradient passes
 
 
 def _explain_gap(eng: Engine, cause: int, g0: float, g1: float, own_stream: int, out: dict[str, float]) -> None:

@@ -10,7 +10,10 @@ Per layer and microbatch on one TP rank:
 * backward: [full recompute: layer forward + 2 TP all-reduces | selective: attention core]
   + layer backward + 2 TP all-reduces;
 * the chunk's first layer carries the embedding (one TP all-reduce forward), the last layer
-  the LM head (one TP all-reduce backward).
+  the LM head (one TP all-reduce backward);
+* ZB-H1 (``split``): the backward ('B') is the input gradient only, less each block's
+  weight-gradient share, and a separate 'W' pass runs those shares; B keeps the linears' inputs
+  (:func:`simulator.cost.memory.weight_grad_input_bytes`) and W frees them.
 
 Memory per layer and microbatch (:func:`simulator.cost.memory.activation_bytes_per_layer`, the
 layer's recompute mode), the first stage's embedding dropout mask (1 byte per element of
@@ -30,9 +33,11 @@ from simulator.cost.memory import (
     logits_bytes_per_element,
     logits_elements,
     state_bytes_per_param,
+    weight_grad_input_bytes,
 )
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from simulator.cost.precision import linear_input_bytes
 from simulator.cost.stage import TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE, block_times
 from simulator.cost.stage_memory import layer_activations
 from simulator.cost.workload import padded_vocab_size
@@ -54,6 +59,10 @@ class Costs:
     emb_b: float
     head_f: float
     head_b: float
+    bwd_w: float  # the weight-gradient parts of bwd, emb_b and head_b (ZB-H1's W pass)
+    emb_bw: float
+    head_bw: float
+    w_act: float  # what a layer's weight gradient needs of its activations (kept from B to W)
     act: dict[str, float]  # activations per layer per microbatch by recompute mode
     emb_act: float  # first stage: embedding dropout mask per microbatch
     logits: float  # the last stage's logits kept per in-flight microbatch
@@ -86,6 +95,10 @@ class Costs:
             emb_b=bt.embedding.backward,
             head_f=bt.head.forward,
             head_b=bt.head.backward,
+            bwd_w=bt.layer.backward_weight,
+            emb_bw=bt.embedding.backward_weight,
+            head_bw=bt.head.backward_weight,
+            w_act=weight_grad_input_bytes(model, b, t, sp, linear_input_bytes(plan.prec, e)),
             act=dict(zip(("full", "selective", "none"), layer_activations(model, b, t, sp, e, plan.prec))),
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
             logits=logits * kept,
@@ -170,11 +183,15 @@ def layer_modes(full: int, selective: int, n: int, norec: bool = False) -> list[
     return ["full"] * full + ["selective"] * selective + ["none"] * (n - full - selective)
 
 
-def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -> list[Item]:
-    """Items of a forward ('F') or backward ('B') pass through a chunk whose layers have
-    ``modes``; ``first``/``last``: the chunk holds the embedding / the LM head. Items are in
-    execution order (backward: last layer first)."""
+def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, split: bool = False) -> list[Item]:
+    """Items of a forward ('F'), backward ('B') or weight-gradient ('W') pass through a chunk
+    whose layers have ``modes``; ``first``/``last``: the chunk holds the embedding / the LM head;
+    ``split``: ZB-H1's input-gradient backward (module docstring). Items are in execution order
+    (backward: last layer first)."""
+    if kind == "W":
+        return weight_items(c, len(modes), first, last)
     n = len(modes)
+    keep = c.w_act if split else 0.0  # the linears' inputs stay for the W pass
     tp = c.tp_all_reduce
     ar = c.tp_all_reduce_bytes
     out: list[Item] = []
@@ -207,7 +224,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
         n_ar = TP_BACKWARD
         work = 0.0
         if has_head:
-            segs += [("bwd", c.head_b), ("tp", TP_HEAD * tp)]
+            segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
             tp_bytes += TP_HEAD * ar
         if mode == "full":
             segs += [("recompute", c.fwd), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
@@ -216,15 +233,15 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
             work = c.act["none"]
         elif mode == "selective":
             segs.append(("recompute", c.attn_core))
-        segs += [("bwd", c.bwd), ("tp", TP_BACKWARD * tp)]
+        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("tp", TP_BACKWARD * tp)]
         if has_emb:
-            segs.append(("bwd", c.emb_b))
+            segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
         out.append(
             Item(
                 merge_segs(segs),
                 work=work,
                 work_buf=c.logits_backward if has_head else 0.0,
-                free_act=stored + (c.emb_act if has_emb else 0.0),
+                free_act=stored + (c.emb_act if has_emb else 0.0) - keep,
                 free_buf=c.logits if has_head else 0.0,
                 params=params,
                 tp_bytes=tp_bytes,
@@ -233,6 +250,22 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool) -
                 rec_sel=int(mode == "selective"),
             )
         )
+    return out
+
+
+def weight_items(c: Costs, n: int, first: bool, last: bool) -> list[Item]:
+    """ZB-H1's weight-gradient pass through a chunk of ``n`` layers (last layer first): each
+    layer's weight-gradient share (with the head's and the embedding's), freeing the inputs its
+    B pass kept; its gradients are the ones the data-parallel reduction waits for."""
+    out: list[Item] = []
+    for i in reversed(range(n)):
+        has_emb, has_head = first and i == 0, last and i == n - 1
+        segs = [("bwd", c.head_bw)] if has_head else []
+        segs.append(("bwd", c.bwd_w))
+        if has_emb:
+            segs.append(("bwd", c.emb_bw))
+        params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
+        out.append(Item(merge_segs(segs), free_act=c.w_act, params=params))
     return out
 
 

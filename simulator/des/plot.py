@@ -130,7 +130,7 @@ def _draw_lane(ax: Axes, rec: DesRecord, dev: Device, y: int, frame: Frame) -> s
             t += d * scale
         w = eng.dur[task] * scale
         label = str(info.microbatch)
-        if eng.kind[task] in ("F", "B") and w * frame.px_per_unit >= 5.5 * len(label) + 3:
+        if eng.kind[task] in ("F", "B", "W") and w * frame.px_per_unit >= 5.5 * len(label) + 3:
             ax.text(
                 eng.start[task] * scale + w / 2,
                 y + 0.3,

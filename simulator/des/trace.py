@@ -47,8 +47,9 @@ US = 1e6
 
 
 def _task_name(kind: str, info: Any) -> str:
-    if kind in ("F", "B"):
-        return f"{'fwd' if kind == 'F' else 'bwd'} mb{info.microbatch} c{info.chunk}"
+    if kind in ("F", "B", "W"):
+        name = {"F": "fwd", "B": "bwd", "W": "weight grad"}[kind]
+        return f"{name} mb{info.microbatch} c{info.chunk}"
     if kind == "opt":
         return "optimizer step"
     return f"{info.label} mb{info.microbatch}" if info.microbatch >= 0 else info.label

@@ -23,6 +23,7 @@ class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zbh1"  # zero bubble (Qi et al. 2024): backward split into input and weight gradients
 
 
 class Precision(StrEnum):
@@ -41,7 +42,7 @@ class Offload(StrEnum):
 
 
 RecomputeName = Literal["none", "selective", "full"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zbh1"]
 OffloadName = Literal["none", "cpu", "nvme"]
 PrecisionName = Literal["bf16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]

@@ -88,8 +88,16 @@ def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:
 
 
 def _schedule_errors(plan: Plan, m: int) -> list[str]:
-    """Virtual stages need the interleaved schedule, which needs p >= 2, v >= 2 and m % p == 0."""
+    """Virtual stages need the interleaved schedule, which needs p >= 2, v >= 2 and m % p == 0;
+    the zero-bubble schedule needs a pipeline (p >= 2) and unsharded gradients (zero <= 1)."""
     e: list[str] = []
+    if plan.schedule == Schedule.ZB_H1 and plan.p < 2:
+        e.append("schedule=zbh1 (zero bubble) needs p >= 2")
+    if plan.schedule == Schedule.ZB_H1 and plan.zero >= 2:
+        e.append(
+            f"schedule=zbh1 with zero={plan.zero} is not modelled (sharded gradients reduced from the split "
+            "weight-gradient passes); use zero=0 or 1"
+        )
     if plan.v > 1 and plan.schedule != Schedule.INTERLEAVED:
         e.append(f"v={plan.v} needs schedule=interleaved (got {plan.schedule})")
     if plan.schedule == Schedule.INTERLEAVED:

@@ -44,7 +44,8 @@ class ReductionMode:
 def add_passes(prog: Program, dev: Device) -> None:
     """Every pass of ``dev`` in schedule order, with the reductions that hang off them."""
     order = prog.orders[dev.idx]
-    last_b = {op.chunk: k for k, op in enumerate(order) if op.kind == "B"}
+    grads = "W" if prog.plan.schedule == "zbh1" else "B"  # the pass that produces the weight gradients
+    last_b = {op.chunk: k for k, op in enumerate(order) if op.kind == grads}
     mode = ReductionMode.of(prog)
     pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
     prog.pieces_of[dev.idx] = pieces
@@ -53,10 +54,10 @@ def add_passes(prog: Program, dev: Device) -> None:
         j = op.chunk * prog.p + dev.pp
         norec = prog.norec(op)
         _count(prog, dev, op, j, norec)
-        bucketed = mode.overlap and op.kind == "B" and (mode.per_mb or last_b[op.chunk] == k)
+        bucketed = mode.overlap and op.kind == grads and (mode.per_mb or last_b[op.chunk] == k)
         split: Split = "layers" if mode.zero3 else "buckets" if bucketed else "whole"
         nred = _add_pass(prog, dev, op, j, norec, split, mode, bucketed, pieces, nred)
-        if mode.per_mb and not mode.overlap and op.kind == "B":
+        if mode.per_mb and not mode.overlap and op.kind == grads:
             data_parallel.reduce_gradients(prog, dev, prog.chunk_params(j), pieces[-1], nred)
             nred += 1
     if mode.dp_sync and not mode.overlap and not mode.per_mb:

@@ -44,6 +44,8 @@ def add_sends(prog: Program, dev: Device) -> None:
     """Every pipeline send of ``dev``, gating the receiver's pass (and the sender's next)."""
     order = prog.orders[dev.idx]
     for k, op in enumerate(order):
+        if op.kind == "W":  # ZB-H1's weight gradients stay on the rank
+            continue
         j = op.chunk * prog.p + dev.pp
         nxt = j + 1 if op.kind == "F" else j - 1
         if nxt < 0 or nxt >= prog.chunks:

@@ -189,7 +189,8 @@ class Program:
     def _items(self, kind: str, j: int, norec: bool) -> list[Item]:
         full, sel = self.recompute[j]
         modes = layer_modes(full, sel, self.layers[j], norec)
-        return pass_items(self.costs, kind, modes, self.embed_head and j == 0, self.embed_head and j == self.chunks - 1)
+        first, last = self.embed_head and j == 0, self.embed_head and j == self.chunks - 1
+        return pass_items(self.costs, kind, modes, first, last, self.plan.schedule == "zbh1")
 
     def totals(self, kind: str, j: int, norec: bool) -> tuple[float, int, int, int]:
         """(TP bytes, layer TP all-reduces, layers fully / selectively recomputed) of a pass."""
