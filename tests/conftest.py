@@ -63,3 +63,19 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subpro
 def published() -> dict:
     """``published.yaml``: ZeRO and Megatron-LM figures (docs/design.md section 7)."""
     return yaml.safe_load((VALIDATION_DIR / "published.yaml").read_text())
+
+
+def analytic_and_des(model, cluster, plan_text: str, batch: int, time_rel: float, memory_rel: float) -> tuple:
+    """(analytic, DES) results of one plan, asserting that the two models agree on its step time
+    and peak memory within ``time_rel`` and ``memory_rel``."""
+    from simulator.analytic import estimate
+    from simulator.des import simulate_des
+    from simulator.job import Job
+    from simulator.plan import parse_plan
+
+    plan, _ = parse_plan(plan_text, model, cluster.num_gpus, batch)
+    job = Job(model, cluster, plan, batch)
+    a, d = estimate(job), simulate_des(job)
+    assert d.step_time == pytest.approx(a.step_time, rel=time_rel), plan_text
+    assert d.peak_memory == pytest.approx(a.peak_memory, rel=memory_rel), plan_text
+    return a, d

@@ -5,19 +5,18 @@ the three models (scalar, array, DES) agreeing on an fp8 plan."""
 from __future__ import annotations
 
 import pytest
+from conftest import analytic_and_des
 
 from autoplan import space
 from autoplan.runtime.support import unsupported_reason
 from autoplan.search import SearchOptions, search
 from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
-from simulator.analytic import estimate
 from simulator.cost.memory import activation_bytes_per_layer
 from simulator.cost.op import gemm
 from simulator.cost.ops import backward_ops, gemm_efficiency, work_time
 from simulator.cost.precision import fp8_cast_op, fp8_weight_bytes, linear_input_bytes
 from simulator.cost.workload import layer_forward_ops
-from simulator.des import simulate_des
 from simulator.job import Job
 from simulator.plan import Plan, parse_plan, plan_errors
 from simulator.specs import ModelSpec, load_model
@@ -117,14 +116,7 @@ def test_search_tries_fp8_only_where_the_gpu_runs_it():
 def test_analytic_and_des_agree_on_an_fp8_plan():
     """The fp8 terms are the same rules in both: time within 3%, memory within 0.5%, and fp8 against
     bf16 changes memory by the same bytes in both."""
-    out = {}
-    for prec in ("bf16", "fp8"):
-        plan, _ = parse_plan(f"t=4,p=8,v=12,mb=1,zero=1,sp=1,prec={prec}", GPT, 128, 256)
-        job = Job(GPT, H100, plan, 256)
-        a, d = estimate(job), simulate_des(job)
-        assert d.step_time == pytest.approx(a.step_time, rel=0.03)
-        assert d.peak_memory == pytest.approx(a.peak_memory, rel=0.005)
-        out[prec] = (a, d)
-    (ab, db), (af, df) = out["bf16"], out["fp8"]
+    ab, db = analytic_and_des(GPT, H100, "t=4,p=8,v=12,mb=1,zero=1,sp=1", 256, 0.03, 0.005)
+    af, df = analytic_and_des(GPT, H100, "t=4,p=8,v=12,mb=1,zero=1,sp=1,prec=fp8", 256, 0.03, 0.005)
     assert af.step_time < 0.8 * ab.step_time  # NVIDIA's recipe: 8.91 s bf16, 5.92 s fp8
     assert df.peak_memory - db.peak_memory == pytest.approx(af.peak_memory - ab.peak_memory, rel=0.01)

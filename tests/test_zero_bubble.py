@@ -4,6 +4,7 @@ analytic and DES models agreeing, and the exports that cannot run it naming the 
 from __future__ import annotations
 
 import pytest
+from conftest import analytic_and_des
 from torch.distributed.pipelining.schedules import _ComputationType, _get_1f1b_rank_ops
 
 from autoplan.emit.deepspeed import export_deepspeed
@@ -11,11 +12,9 @@ from autoplan.emit.megatron import export_megatron
 from autoplan.runtime.config import TrainSettings
 from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
-from simulator.analytic import estimate
 from simulator.analytic.pipeline import pipeline_bubble
 from simulator.cost.memory import weight_grad_input_bytes, weight_grads_pending
 from simulator.cost.schedules import device_order
-from simulator.des import simulate_des
 from simulator.job import Job
 from simulator.plan import parse_plan
 from simulator.specs import load_model
@@ -67,16 +66,10 @@ def test_bubble_by_hand():
 
 
 def test_analytic_and_des_agree_and_zbh1_beats_1f1b():
-    out = {}
-    for schedule in ("1f1b", "zbh1"):
-        plan, _ = parse_plan(f"t=8,p=16,mb=1,zero=1,sp=1,ckpt=full,schedule={schedule}", GPT, 128, 128)
-        job = Job(GPT, A100, plan, 128)
-        a, d = estimate(job), simulate_des(job)
-        assert d.step_time == pytest.approx(a.step_time, rel=0.01)
-        assert d.peak_memory == pytest.approx(a.peak_memory, rel=0.01)
-        out[schedule] = a
-    assert out["zbh1"].step_time < 0.97 * out["1f1b"].step_time  # the W passes fill the bubble
-    assert out["zbh1"].peak_memory > out["1f1b"].peak_memory  # later stages keep the deferred W's inputs
+    one_f_one_b, _ = analytic_and_des(GPT, A100, "t=8,p=16,mb=1,zero=1,sp=1,ckpt=full", 128, 0.01, 0.01)
+    zero_bubble, _ = analytic_and_des(GPT, A100, "t=8,p=16,mb=1,zero=1,sp=1,ckpt=full,schedule=zbh1", 128, 0.01, 0.01)
+    assert zero_bubble.step_time < 0.97 * one_f_one_b.step_time  # the W passes fill the bubble
+    assert zero_bubble.peak_memory > one_f_one_b.peak_memory  # later stages keep the deferred W's inputs
 
 
 def test_bad_input_and_exports():
