@@ -141,6 +141,23 @@ def plan_output(d: Docs) -> str:
     return fence(shown.replace(str(png), rel(png)) + "\n" + out)
 
 
+H100_JOB = ["--model", "gpt3-175b", "--cluster", "dgx-h100", "--nodes", "16", "--global-batch", "256", "--top", "4"]
+
+
+def modern_plan(d: Docs) -> str:
+    """the plan space on H100: autoplan plan for gpt3-175b on 16 dgx-h100 nodes (fp8 and the zero-bubble
+    schedule searched), then the same pinned to bf16; headline and top plans of each"""
+    parts = []
+    for extra in ([], ["--fix", "prec=bf16"]):
+        shown, out = d.autoplan("plan", *H100_JOB, *extra)
+        lines = out.splitlines()
+        top = next(i for i, line in enumerate(lines) if line.startswith("top plans"))
+        end = next((i for i in range(top + 1, len(lines)) if not lines[i].strip()), len(lines))
+        head = [line for line in lines[:top] if line.startswith(("plan ", "step time", "TFLOP/s"))]
+        parts.append("\n".join([shown, *head, "", *lines[top:end]]))
+    return fence("\n\n".join(parts))
+
+
 def simulate_output(d: Docs) -> str:
     """autoplan simulate of the t=8,p=16 pipeline plan, with --plot docs/images/timeline-t8p16.png"""
     png = IMAGES / "timeline-t8p16.png"
@@ -738,6 +755,7 @@ NOTEBOOK_SECTIONS: dict[str, Callable[[Docs], None]] = {"notebooks": notebooks}
 
 SECTIONS: dict[str, Callable[[Docs], str]] = {
     "plan-output": plan_output,
+    "modern-plan": modern_plan,
     "simulate-output": simulate_output,
     "simulate-json": simulate_json,
     "gallery-what-if": gallery_what_if,
