@@ -40,6 +40,7 @@ CASES = [
     ("p=2,v=2,schedule=interleaved,ckpt=full", TINY),
     ("p=2,schedule=zbh1", TINY_LLAMA),  # zero bubble: input and weight gradients in separate passes
     ("p=2,d=2,schedule=zbh1,ckpt=full", TINY),
+    ("t=2,p=2,schedule=zbh1,ckpt=full", TINY_LLAMA),  # with DTensor tensor parallelism
     ("d=2,zero=1", TINY),
     ("d=2,zero=2,ckpt=full", TINY),
     ("d=2,zero=3", TINY_LLAMA),
