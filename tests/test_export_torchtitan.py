@@ -66,7 +66,7 @@ def load(run_dir, module: str) -> object:
 
 
 @pytest.fixture(params=CASES, ids=lambda c: c.id)
-def emitted(request, tmp_path):
+def emitted(request, tmp_path, monkeypatch):
     case: Case = request.param
     job = job_of(case)
     export = export_torchtitan(job, TrainSettings())
@@ -75,6 +75,13 @@ def emitted(request, tmp_path):
         pytest.skip(export.refused)
     module = f"torchtitan_config_{request.param_index}"
     (tmp_path / f"{module}.py").write_text(export.files["torchtitan_config.py"])
+    if job.plan.prec != "fp8":
+        return job, export, load(tmp_path, module)
+    pytest.importorskip("torchao")
+    from torchtitan.components.quantization import float8
+
+    # the converter checks for fp8 tensor cores (SM 8.9+) when the config is built on the training GPUs
+    monkeypatch.setattr(float8, "has_cuda_capability", lambda major, minor: True)
     return job, export, load(tmp_path, module)
 
 
@@ -106,6 +113,11 @@ def test_torchtitan_reads_the_plan(emitted):
     assert model.layers[0].feed_forward.w1.out_features == job.model.ffn
     assert model.layers[0].attention.rope.theta == job.model.rope_theta
     model.update_from_config(config=cfg)  # torchtitan's own model-vs-parallelism checks
+    from torchtitan.components.quantization.float8 import Float8Linear
+
+    float8 = isinstance(model.layers[0].feed_forward.w1, Float8Linear.Config)
+    assert float8 == (plan.prec == "fp8") == cfg.compile.enable  # fp8: the layers' linears, compiled
+    assert not isinstance(model.lm_head, Float8Linear.Config)  # the output layer stays bf16
 
 
 def test_torchtitan_pipeline_stages_are_the_plans(emitted):

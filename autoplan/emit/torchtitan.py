@@ -19,7 +19,8 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
   hsdp=N = shard N, replicate d/N. ZeRO-1 has no equivalent (-> ZeRO-2).
 - offload=cpu -> ``enable_cpu_offload`` (FSDP2 CPUOffloadPolicy: parameters, gradients and
   optimizer state on the host). Recomputation: one mode for every layer (full, torchtitan's
-  op-level selective, or none). prec=fp8 -> bf16 (torchtitan's float8 converter is not written).
+  op-level selective, or none). prec=fp8 -> ``Float8LinearConverter`` over the layers' linears
+  (the output layer stays bf16) with ``torch.compile`` (torchao's float8 casts fuse when compiled).
 """
 
 from __future__ import annotations
@@ -84,11 +85,9 @@ def _decide(job: Job) -> Draft:
             "(distributed/pipeline_parallel.py: 'Multi-stage schedule requires at least 2 stages per rank')",
         )
     if plan.prec == "fp8":
-        d.change(
-            "prec",
-            "bf16",
-            "autoplan does not write torchtitan's Float8LinearConverter (torchao float8, rowwise dynamic scaling, "
-            "not the Transformer Engine recipe autoplan models); the Megatron-LM export runs fp8",
+        d.notes.append(
+            "prec=fp8: torchtitan's Float8LinearConverter (torchao float8, rowwise dynamic scaling) under "
+            "torch.compile; autoplan prices Transformer Engine's recipe (delayed scaling, fused casts)"
         )
     _recompute_draft(d)
     written = d.plan()
@@ -177,6 +176,7 @@ def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[s
         "TRAINING: dict[str, Any]": repr(training(job, plan, train)),
         "OPTIMIZER: dict[str, Any]": repr(optimizer),
         "ACTIVATION_CHECKPOINT": repr(plan.ckpt),
+        "FLOAT8": repr(plan.prec == "fp8"),
     }
     return fill_template("torchtitan_config.py", values, header)
 

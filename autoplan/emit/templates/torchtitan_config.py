@@ -19,7 +19,8 @@ from typing import Any
 from torch import nn
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
-from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.components.quantization.float8 import Float8LinearConverter
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -48,6 +49,7 @@ PARALLELISM: dict[str, Any] = {}
 TRAINING: dict[str, Any] = {}
 OPTIMIZER: dict[str, Any] = {"lr": 3e-4}
 ACTIVATION_CHECKPOINT = "none"
+FLOAT8 = False
 # ---- end of the plan ----
 
 NORM_EPS = 1e-5
@@ -89,6 +91,8 @@ def model_spec() -> ModelSpec:
         layers=layers,
         enable_weight_tying=MODEL["tie_embeddings"],
     )
+    if FLOAT8:  # the layers' linears in float8 (torchao, rowwise scaling); the output layer stays bf16
+        model = Float8LinearConverter.Config(filter_fqns=["lm_head"], model_compile_enabled=True).build().convert(model)
     return ModelSpec(
         name="llama3",
         flavor=MODEL["name"],
@@ -113,4 +117,5 @@ def autoplan_config() -> Trainer.Config:
         parallelism=ParallelismConfig(**PARALLELISM),
         dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
         activation_checkpoint=checkpointing,
+        compile=CompileConfig(enable=FLOAT8),  # float8's casts and scales fuse into the compiled model
     )
