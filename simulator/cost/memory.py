@@ -9,8 +9,6 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 from simulator.specs import ModelSpec
 
 #: how the program computes the cross-entropy (simulator.job.Runtime.cross_entropy; :func:`logits_bytes_per_element`)
@@ -164,6 +162,8 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     sum_k count_k * held_k over them. With v = 1 this is the single count of
     :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last
     chunk, and which chunk peaks matters when chunks differ (uneven recomputation)."""
+    import numpy as np  # here, not at import: the command line's start-up does not need it
+
     from simulator.cost.schedules import device_order
 
     counts = [0] * v
