@@ -28,6 +28,7 @@ from simulator.cost.op import Op, elementwise
 from simulator.plan import Plan, Precision
 from simulator.specs import ModelSpec
 
+FP8: str = Precision.FP8.value  # a plain string: compared on the search's hot path
 #: the layer's GEMMs that run in fp8 (simulator.cost.workload names)
 FP8_LINEARS = ("qkv", "proj", "fc1", "fc2")
 FP8_WEIGHT_COPY_BYTES = 2  # the fp8 weight and its transpose, per parameter
@@ -37,12 +38,12 @@ ZERO3_LAYERS_HELD = 2  # simulator.cost.memory.zero3_working_set_bytes: the gath
 def gemm_dtype(prec: str, name: str) -> str | None:
     """The dtype GEMM ``name`` of a layer computes in: "fp8" for the linears under prec=fp8,
     else None (the GPU's default)."""
-    return "fp8" if prec == Precision.FP8 and name in FP8_LINEARS else None
+    return FP8 if prec == FP8 and name in FP8_LINEARS else None
 
 
 def linear_input_bytes(prec: str, e: int) -> int:
     """Bytes per element of what a linear layer saves of its input for the weight gradient."""
-    return 1 if prec == Precision.FP8 else e
+    return 1 if prec == FP8 else e
 
 
 def fp8_cast_op(model: ModelSpec, b: int, t: int, e: int) -> Op:
@@ -64,7 +65,7 @@ def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float) -> float:
     """The fp8 weight copies one rank holds: 2 bytes per parameter of its ``layers`` layers
     (``layer_params`` per layer on the rank), of the ZeRO-3 working set's layers only when the
     parameters are sharded; 0 in bf16."""
-    if plan.prec != Precision.FP8:
+    if plan.prec != FP8:
         return 0.0
     held = min(layers, ZERO3_LAYERS_HELD) if plan.zero == 3 else layers
     return FP8_WEIGHT_COPY_BYTES * held * layer_params
