@@ -34,6 +34,7 @@ from simulator.plan import (
     plan_errors,
     precision_errors,
     resolve_plan,
+    zero_bubble_errors,
 )
 from simulator.specs import ModelSpec
 
@@ -170,7 +171,7 @@ def enumerate_plans(
         for pr in precs
         if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr))
         for o in opts
-        if s.schedule != "zbh1" or o[0] <= 1  # zero bubble with unsharded gradients (plan_errors)
+        if s.schedule != "zbh1" or _zero_bubble_ok(o[0])
     ]
     return [q for plan in plans for q in hsdp_options(plan, gpus_per_node, fix)]
 
@@ -186,6 +187,13 @@ def hsdp_options(plan: Plan, gpus_per_node: int, fix: Mapping[str, Any]) -> list
         return [plan.replace(hsdp=want)] if _hybrid_ok(want, plan.zero, plan.d, plan.offload) else []
     n = gpus_per_node // plan.t if gpus_per_node and gpus_per_node % plan.t == 0 else 0
     return [plan, plan.replace(hsdp=n)] if n and _hybrid_ok(n, plan.zero, plan.d, plan.offload) else [plan]
+
+
+@functools.lru_cache(maxsize=8)
+def _zero_bubble_ok(zero: int) -> bool:
+    """Whether the zero-bubble schedule runs with this ZeRO stage (simulator.plan.zero_bubble_errors;
+    the shapes it is enumerated for have p >= 2)."""
+    return not zero_bubble_errors(Plan(p=2, zero=zero, schedule="zbh1"))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -10,24 +10,20 @@ from simulator.cost.stage import device_chunks, device_layers, stage_groups
 from simulator.cost.stage_memory import DeviceMemoryModel, stage_memory
 from simulator.plan import Plan
 
+UNEVEN_1F1B = Plan(
+    t=8,
+    p=8,
+    d=2,
+    mb=1,
+    zero=1,
+    ckpt="full",
+    schedule="1f1b",
+    layers=(11, 12, 12, 12, 12, 12, 12, 13),
+    recompute=((11, 0), (6, 6), (0, 12), (3, 0), (12, 0), (0, 0), (5, 7), (13, 0)),
+)
 CASES = [
     # (model, nodes, global batch, plan): uneven splits and mixed recomputation, every schedule
-    (
-        "gpt3-175b",
-        16,
-        256,
-        Plan(
-            t=8,
-            p=8,
-            d=2,
-            mb=1,
-            zero=1,
-            ckpt="full",
-            schedule="1f1b",
-            layers=(11, 12, 12, 12, 12, 12, 12, 13),
-            recompute=((11, 0), (6, 6), (0, 12), (3, 0), (12, 0), (0, 0), (5, 7), (13, 0)),
-        ),
-    ),
+    ("gpt3-175b", 16, 256, UNEVEN_1F1B),
     (
         "gpt3-175b",
         16,
@@ -62,22 +58,8 @@ CASES = [
         ),
     ),
     ("llama2-7b", 1, 32, Plan(t=2, p=2, d=2, mb=4, zero=0, ckpt="none", schedule="1f1b")),
-    (  # zero bubble: later stages keep the inputs of the weight gradients they still owe
-        "gpt3-175b",
-        16,
-        128,
-        Plan(
-            t=8,
-            p=8,
-            d=2,
-            mb=1,
-            zero=1,
-            ckpt="full",
-            schedule="zbh1",
-            layers=(11, 12, 12, 12, 12, 12, 12, 13),
-            recompute=((11, 0), (6, 6), (0, 12), (3, 0), (12, 0), (0, 0), (5, 7), (13, 0)),
-        ),
-    ),
+    # zero bubble: later stages keep the inputs of the weight gradients they still owe
+    ("gpt3-175b", 16, 128, UNEVEN_1F1B.replace(schedule="zbh1")),
 ]
 
 

@@ -33,11 +33,11 @@ from simulator.analytic.data_parallel import dp_link
 from simulator.analytic.pipeline import p2p_exposed, tied_embedding_time
 from simulator.cost import memory, params
 from simulator.cost.collectives import GroupLink
-from simulator.cost.memory import DP_BUCKET_BYTES
+from simulator.cost.memory import DP_BUCKET_BYTES, ZERO3_LAYERS_HELD
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.precision import ZERO3_LAYERS_HELD
+from simulator.cost.precision import fp8_layer_bytes
 from simulator.cost.stage import compute_slowdown, device_slowdown, host_async, stage_groups
-from simulator.cost.stage_memory import activation_peak, flight_buffers, fp8_weight_copies, weight_copies_held
+from simulator.cost.stage_memory import activation_peak, flight_buffers, weight_copies_held
 from simulator.cost.step import (
     ADAM_HBM_BYTES_PER_PARAM,
     CPU_ADAM_STATE_BYTES,
@@ -241,11 +241,13 @@ def estimate_batch(
     )
     working = np.where(col(zero == 3), col(ws), 0.0)
     copies = weight_copies_held(runtime.weight_copy_bytes, 1.0) * psi  # bytes per parameter x the stages' parameters
+    # stage_memory.fp8_weight_copies: precision.fp8_layer_bytes x precision.fp8_layers_held
     fp8_per_layer = _per_plan(
-        [(q.t, q.prec) for q in plans], lambda i: fp8_weight_copies(model, plans[i].replace(zero=0), 1)
+        [(q.t, q.prec) for q in plans],
+        lambda i: fp8_layer_bytes(plans[i].prec, params.layer_params_per_rank(model, plans[i].t)),
     )
     fp8_layers = np.where(col(zero == 3), np.minimum(S["layers"], ZERO3_LAYERS_HELD), S["layers"])
-    copies = copies + col(fp8_per_layer) * fp8_layers  # stage_memory.fp8_weight_copies
+    copies = copies + col(fp8_per_layer) * fp8_layers
     stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working + copies, -np.inf)
     peak = stage_total.max(axis=1)
 
@@ -297,8 +299,8 @@ def estimate_batch(
     w = S["backward_weight"]
     total_w = (np.where(valid, w, 0.0) * S["count"]).sum(axis=1)
     zb = np.maximum(0.0, (total - worst) - 2.0 * (total_w - w[rows, crit]))
-    bubble = np.where(interleaved, (total - worst) / P.v, np.where(P.schedule == "zbh1", zb, total - worst))
     # pipeline.pipeline_bubble
+    bubble = np.where(interleaved, (total - worst) / P.v, np.where(P.schedule == "zbh1", zb, total - worst))
     pipe = P.m * worst - saved + bubble
 
     # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure, data_parallel.dp_times)

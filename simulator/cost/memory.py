@@ -259,8 +259,11 @@ def logits_buffer_bytes(
     return logits_elements(model, b, t, vocab) * (inflight * kept + backward)
 
 
+ZERO3_LAYERS_HELD = 2  # ZeRO-3's gathered layers: the one running and the one prefetched
+
+
 def zero3_working_set_bytes(
-    layer_params_rank: float, prefetch_layers: int = 2, param_bytes: int = PARAM_BYTES
+    layer_params_rank: float, prefetch_layers: int = ZERO3_LAYERS_HELD, param_bytes: int = PARAM_BYTES
 ) -> float:
     """ZeRO-3 gathers each layer's full (TP-local) parameters before use and prefetches the
     next: about two layers of fp16 parameters are resident (Rajbhandari et al. 2021, section 5)."""

@@ -181,8 +181,17 @@ ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v", "flash_attentio
 #: weight GEMMs' wgrad (not the attention bmm's, whose operands are both activations) and the
 #: gradient accumulation; everything else of a backward is the input gradient
 WEIGHT_GRADIENT_OPS = frozenset(
-    ("qkv_wgrad", "proj_wgrad", "fc1_wgrad", "fc2_wgrad", "logits_wgrad", "grad_accum", "embedding_wgrad")
-) | {"logits_grad_accum"}
+    {
+        "qkv_wgrad",
+        "proj_wgrad",
+        "fc1_wgrad",
+        "fc2_wgrad",
+        "logits_wgrad",
+        "grad_accum",
+        "embedding_wgrad",
+        "logits_grad_accum",
+    }
+)
 
 
 def weight_share(bwd_ops: list[Op], gpu: GpuProfile) -> float:

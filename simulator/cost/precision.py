@@ -24,6 +24,7 @@ The amax-history and scaling state (a few floats per tensor) is left out.
 
 from __future__ import annotations
 
+from simulator.cost.memory import ZERO3_LAYERS_HELD
 from simulator.cost.op import Op, elementwise
 from simulator.plan import Plan, Precision
 from simulator.specs import ModelSpec
@@ -32,7 +33,6 @@ FP8: str = Precision.FP8.value  # a plain string: compared on the search's hot p
 #: the layer's GEMMs that run in fp8 (simulator.cost.workload names)
 FP8_LINEARS = ("qkv", "proj", "fc1", "fc2")
 FP8_WEIGHT_COPY_BYTES = 2  # the fp8 weight and its transpose, per parameter
-ZERO3_LAYERS_HELD = 2  # simulator.cost.memory.zero3_working_set_bytes: the gathered layers
 
 
 def gemm_dtype(prec: str, name: str) -> str | None:
@@ -61,11 +61,18 @@ def fp8_cast_op(model: ModelSpec, b: int, t: int, e: int) -> Op:
     )
 
 
+def fp8_layer_bytes(prec: str, layer_params: float) -> float:
+    """The fp8 weight copies of one layer of ``layer_params`` parameters on a rank: 2 bytes per
+    parameter under prec=fp8, 0 in bf16."""
+    return FP8_WEIGHT_COPY_BYTES * layer_params if prec == FP8 else 0.0
+
+
+def fp8_layers_held(zero: int, layers: int) -> int:
+    """The layers whose fp8 copies a rank holding ``layers`` keeps: all of them, or under ZeRO-3
+    the working set's gathered layers."""
+    return min(layers, ZERO3_LAYERS_HELD) if zero == 3 else layers
+
+
 def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float) -> float:
-    """The fp8 weight copies one rank holds: 2 bytes per parameter of its ``layers`` layers
-    (``layer_params`` per layer on the rank), of the ZeRO-3 working set's layers only when the
-    parameters are sharded; 0 in bf16."""
-    if plan.prec != FP8:
-        return 0.0
-    held = min(layers, ZERO3_LAYERS_HELD) if plan.zero == 3 else layers
-    return FP8_WEIGHT_COPY_BYTES * held * layer_params
+    """The fp8 weight copies one rank holds (:func:`fp8_layer_bytes` x :func:`fp8_layers_held`)."""
+    return fp8_layers_held(plan.zero, layers) * fp8_layer_bytes(plan.prec, layer_params)

@@ -161,8 +161,8 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
         zeros = [0] * p
         return ns, ns if plan.ckpt == "full" else zeros, ns if plan.ckpt == "selective" else zeros
     sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
-    per_chunk = (list(sizes), [f for f, _ in rec], [s for _, s in rec])
-    return tuple([sum(x[dev::p]) for dev in range(p)] for x in per_chunk)  # type: ignore[return-value]
+    per_device = lambda per_chunk: [sum(per_chunk[dev::p]) for dev in range(p)]
+    return per_device(sizes), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
 
 
 def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:

@@ -41,7 +41,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.precision import ZERO3_LAYERS_HELD, fp8_weight_bytes, linear_input_bytes
+from simulator.cost.precision import fp8_weight_bytes, linear_input_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
@@ -263,7 +263,7 @@ class DeviceMemoryModel:
         fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
         fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
         if plan.zero == 3:
-            fixed += fp8_weight_copies(model, plan, ZERO3_LAYERS_HELD)
+            fixed += fp8_weight_copies(model, plan, memory.ZERO3_LAYERS_HELD)
         if first:
             inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
             fixed += inflight * memory.embedding_activation_bytes(

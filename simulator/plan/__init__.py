@@ -36,6 +36,7 @@ from simulator.plan.rules import (
     plan_errors,
     precision_errors,
     validate_plan,
+    zero_bubble_errors,
 )
 from simulator.plan.text import parse_plan_items, resolve_plan
 
@@ -67,4 +68,5 @@ __all__ = [
     "precision_errors",
     "resolve_plan",
     "validate_plan",
+    "zero_bubble_errors",
 ]

@@ -90,14 +90,7 @@ def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:
 def _schedule_errors(plan: Plan, m: int) -> list[str]:
     """Virtual stages need the interleaved schedule, which needs p >= 2, v >= 2 and m % p == 0;
     the zero-bubble schedule needs a pipeline (p >= 2) and unsharded gradients (zero <= 1)."""
-    e: list[str] = []
-    if plan.schedule == Schedule.ZB_H1 and plan.p < 2:
-        e.append("schedule=zbh1 (zero bubble) needs p >= 2")
-    if plan.schedule == Schedule.ZB_H1 and plan.zero >= 2:
-        e.append(
-            f"schedule=zbh1 with zero={plan.zero} is not modelled (sharded gradients reduced from the split "
-            "weight-gradient passes); use zero=0 or 1"
-        )
+    e = zero_bubble_errors(plan)
     if plan.v > 1 and plan.schedule != Schedule.INTERLEAVED:
         e.append(f"v={plan.v} needs schedule=interleaved (got {plan.schedule})")
     if plan.schedule == Schedule.INTERLEAVED:
@@ -107,6 +100,21 @@ def _schedule_errors(plan: Plan, m: int) -> list[str]:
             e.append("schedule=interleaved needs v >= 2 virtual stages per device")
         if m and m % plan.p:
             e.append(f"interleaved schedule needs the {m} microbatches to be a multiple of p={plan.p}")
+    return e
+
+
+def zero_bubble_errors(plan: Plan) -> list[str]:
+    """The zero-bubble schedule needs a pipeline (p >= 2) and unsharded gradients (zero <= 1)."""
+    e: list[str] = []
+    if plan.schedule != Schedule.ZB_H1:
+        return e
+    if plan.p < 2:
+        e.append("schedule=zbh1 (zero bubble) needs p >= 2")
+    if plan.zero >= 2:
+        e.append(
+            f"schedule=zbh1 with zero={plan.zero} is not modelled (sharded gradients reduced from the split "
+            "weight-gradient passes); use zero=0 or 1"
+        )
     return e
 
 
