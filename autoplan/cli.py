@@ -63,7 +63,7 @@ examples:
   autoplan simulate --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536 --plan t=8,p=16,ckpt=full --plot t.png
   autoplan emit --model tiny --cluster localhost-cpu --global-batch 8 --plan t=2,p=2 -o runs/tiny && autoplan run runs/tiny
 
-Models: built-in names (gpt3-175b, gpt-1t, llama2-7b, llama2-70b, llama3-8b, tiny), a model YAML or a
+Models: built-in names (gpt3-175b, gpt-1t, llama2-7b, llama2-70b, llama3-8b, llama3-70b, tiny), a model YAML or a
 Hugging Face config.json. Clusters: a cluster name or file, or a node name (with --nodes)."""
 
 

@@ -3,9 +3,11 @@
 Variables per chunk c (p*v chunks, chunk c on device c % p): n_c layers (>= 1, sum = L),
 f_c layers fully recomputed, s_c selectively recomputed (f_c + s_c <= n_c).
 Per device i, per microbatch (microseconds, integers):
-    time_i = sum_{c on i} [ n_c * (F + B + 4*T) + f_c * (F + 2*T) + s_c * A ] + E[i=0] + H[i=p-1]
+    time_i = sum_{c on i} [ n_c * (F + B + 4*T + Rf + Rb) + f_c * (F + 2*T + Rf) + s_c * (A + Rf) ]
+             + E[i=0] + H[i=p-1]
 with F, B the layer's forward/backward compute, T one TP all-reduce, A the attention core
-(selective recompute), E/H the embedding and head passes.
+(selective recompute), Rf/Rb what the context-parallel ring adds to an attention's forward and
+backward (0 at cp = 1), E/H the embedding and head passes.
 with T's counts from simulator.cost.stage (TP_PER_LAYER, TP_PER_FULL_RECOMPUTE, TP_EMBEDDING, TP_HEAD).
 Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model,
 simulator.cost.stage_memory.DeviceMemoryModel, one constraint per reachable occupancy vector k
@@ -18,10 +20,12 @@ m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ti
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from hwprofiles.schema import ClusterSpec
+from simulator.cost.context import rank_model, rank_plan, user_plan
 from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times, device_chunks
 from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.plan import Plan, RecomputeName
@@ -55,11 +59,11 @@ class LayerTimes:
     @staticmethod
     def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> LayerTimes:
         bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
-        tp = bt.tp_all_reduce
+        tp, cp_f = bt.tp_all_reduce, bt.cp_forward
         return LayerTimes(
-            per_layer=round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp) * US),
-            full_extra=round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp) * US),
-            sel_extra=round(bt.layer.attention_core * US),
+            per_layer=round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp + cp_f + bt.cp_backward) * US),
+            full_extra=round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp + cp_f) * US),
+            sel_extra=round((bt.layer.attention_core + cp_f) * US),
             emb=round((bt.embedding.forward + bt.embedding.backward + TP_EMBEDDING * tp) * US),
             head=round((bt.head.forward + bt.head.backward + TP_HEAD * tp) * US),
         )
@@ -71,7 +75,13 @@ def optimize_partition(
     """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits.
 
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
-    and only the split is optimized."""
+    and only the split is optimized. A context-parallel plan is partitioned on one rank's view
+    (simulator.cost.context.rank_view; its microbatch count m is the same)."""
+    if plan.cp > 1:
+        found = optimize_partition(
+            rank_model(model, plan.cp), cluster, rank_plan(plan), m, choose_recompute, time_limit_s
+        )
+        return None if found is None else dataclasses.replace(found, plan=user_plan(found.plan, plan.cp))
     from ortools.sat.python import cp_model
 
     L, chunks = model.num_layers, plan.p * plan.v

@@ -1,7 +1,8 @@
 """The search space: every valid plan for a model, a cluster size and a global batch.
 
-Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; p <= layers and
-t*p divides the GPUs; d = GPUs / (t*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
+Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; cp 1 or a power of two
+leaving at least MIN_CP_TOKENS tokens per rank; p <= layers and t*cp*p divides the GPUs;
+d = GPUs / (t*cp*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
 schedule gpipe/1f1b/zbh1 (zero <= 1) and interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
 offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1); prec bf16, and fp8 on GPUs that
 run it (:func:`precisions`). Microbatches are capped at MAX_MB sequences: larger ones only raise
@@ -28,6 +29,7 @@ from simulator.plan import (
     RecomputeName,
     ScheduleName,
     ZeroStage,
+    context_errors,
     fp8_shape_errors,
     hsdp_errors,
     parse_plan_items,
@@ -47,6 +49,12 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // i for i in small]))
 
 
+#: context parallelism is searched down to this many tokens of a sequence per rank: below it the
+#: rank's attention is too short to hide the ring and the activations it saves are small (NeMo's
+#: long-context recipes split 16k-128k sequences into chunks of 8k-16k); --fix cp=N tries any cp
+MIN_CP_TOKENS = 8192
+
+
 @dataclass(frozen=True)
 class Shape:
     """The parallel layout part of a plan: what fixes the per-stage work."""
@@ -58,6 +66,7 @@ class Shape:
     sp: int
     schedule: ScheduleName
     v: int
+    cp: int = 1
 
 
 def parse_fix(text: str) -> dict[str, Any]:
@@ -71,26 +80,47 @@ def tensor_splits(model: ModelSpec) -> list[int]:
     return [t for t in divisors(model.num_attention_heads) if model.kv_heads % t == 0 and model.ffn % t == 0]
 
 
+def context_splits(model: ModelSpec, gpus: int, fix: Mapping[str, Any]) -> list[int]:
+    """The context-parallel sizes cp the search tries on ``gpus`` ranks (GPUs / t): 1, and powers
+    of two down to MIN_CP_TOKENS tokens per rank that keep the plan rules (2*cp divides the
+    sequence, flash attention: simulator.plan.context_errors); ``cp`` pinned: only that value."""
+    if "cp" in fix:
+        cp = fix["cp"]
+        return [cp] if gpus % cp == 0 and not context_errors(model, Plan(cp=cp)) else []
+    out, cp = [1], 2
+    while model.seq_length // cp >= MIN_CP_TOKENS and gpus % cp == 0:
+        if not context_errors(model, Plan(cp=cp)):
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def largest_context_split(model: ModelSpec) -> int:
+    """The largest cp the search tries for the model's sequence (on enough GPUs)."""
+    return max(context_splits(model, 2 ** model.seq_length.bit_length(), {}))
+
+
 def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> Iterator[Shape]:
     allowed = set(tensor_splits(model))
     for t in divisors(gpus):
         if t not in allowed or fix.get("t", t) != t:
             continue
-        for p in divisors(gpus // t):
-            if p > model.num_layers or fix.get("p", p) != p:
-                continue
-            d = gpus // (t * p)
-            if fix.get("d", d) != d or global_batch % d:
-                continue
-            for mb in divisors(global_batch // d):
-                if (mb > MAX_MB and "mb" not in fix) or fix.get("mb", mb) != mb:
+        for cp in context_splits(model, gpus // t, fix):
+            for p in divisors(gpus // (t * cp)):
+                if p > model.num_layers or fix.get("p", p) != p:
                     continue
-                m = global_batch // (d * mb)
-                for sp in (0, 1) if t > 1 and model.seq_length % t == 0 else (0,):
-                    if fix.get("sp", sp) != sp:
+                d = gpus // (t * cp * p)
+                if fix.get("d", d) != d or global_batch % d:
+                    continue
+                for mb in divisors(global_batch // d):
+                    if (mb > MAX_MB and "mb" not in fix) or fix.get("mb", mb) != mb:
                         continue
-                    for schedule, v in _schedules(model, p, m, fix):
-                        yield Shape(t, p, d, mb, sp, schedule, v)
+                    m = global_batch // (d * mb)
+                    for sp in (0, 1) if t > 1 and model.seq_length % (t * cp) == 0 else (0,):
+                        if fix.get("sp", sp) != sp:
+                            continue
+                        for schedule, v in _schedules(model, p, m, fix):
+                            yield Shape(t, p, d, mb, sp, schedule, v, cp)
 
 
 def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iterator[tuple[ScheduleName, int]]:
@@ -150,6 +180,7 @@ def plan_of(
         offload=offload,
         sp=shape.sp,
         prec=prec,
+        cp=shape.cp,
     )
 
 
@@ -169,7 +200,7 @@ def enumerate_plans(
         plan_of(s, *o, pr)
         for s in shapes(model, gpus, global_batch, fix)
         for pr in precs
-        if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr))
+        if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr, cp=s.cp))
         for o in opts
         if s.schedule != "zbh1" or _zero_bubble_ok(o[0])
     ]
@@ -184,9 +215,9 @@ def hsdp_options(plan: Plan, gpus_per_node: int, fix: Mapping[str, Any]) -> list
         want = fix["hsdp"]
         if want == 0:
             return [plan]
-        return [plan.replace(hsdp=want)] if _hybrid_ok(want, plan.zero, plan.d, plan.offload) else []
+        return [plan.replace(hsdp=want)] if _hybrid_ok(want, plan.zero, plan.grad_group, plan.offload) else []
     n = gpus_per_node // plan.t if gpus_per_node and gpus_per_node % plan.t == 0 else 0
-    return [plan, plan.replace(hsdp=n)] if n and _hybrid_ok(n, plan.zero, plan.d, plan.offload) else [plan]
+    return [plan, plan.replace(hsdp=n)] if n and _hybrid_ok(n, plan.zero, plan.grad_group, plan.offload) else [plan]
 
 
 @functools.lru_cache(maxsize=8)
@@ -198,15 +229,16 @@ def _zero_bubble_ok(zero: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _hybrid_ok(hsdp: int, zero: int, d: int, offload: OffloadName) -> bool:
-    """Whether hybrid sharding over ``hsdp`` ranks keeps the plan rules (simulator.plan.hsdp_errors);
-    cached: the search asks for the same few combinations tens of thousands of times."""
+    """Whether hybrid sharding over ``hsdp`` of the ``d`` ranks holding the same weights keeps the
+    plan rules (simulator.plan.hsdp_errors); cached: the search asks for the same few combinations tens of thousands of times."""
     return not hsdp_errors(Plan(d=d, zero=zero, offload=offload, hsdp=hsdp))
 
 
 def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:
-    """The most GPUs any plan can occupy: d <= global batch (one sequence per replica at least),
-    t <= the largest split of the heads, KV groups and FFN, p <= layers (one layer per stage)."""
-    return global_batch * max(tensor_splits(model)) * model.num_layers
+    """The most GPUs any plan the search tries can occupy: d <= global batch (one sequence per
+    replica at least), t <= the largest split of the heads, KV groups and FFN, p <= layers (one
+    layer per stage), cp <= the largest context split (:func:`context_splits`)."""
+    return global_batch * max(tensor_splits(model)) * model.num_layers * largest_context_split(model)
 
 
 def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
@@ -215,7 +247,8 @@ def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
     if gpus > most:
         raise PlanError(
             f"no plan can use {gpus:,} GPUs: {model.name} with global batch {global_batch} occupies at most "
-            f"{most:,} (d <= batch, t <= {max(tensor_splits(model))}, p <= {model.num_layers} layers); "
+            f"{most:,} (d <= batch, t <= {max(tensor_splits(model))}, p <= {model.num_layers} layers"
+            f"{f', cp <= {largest_context_split(model)}' if largest_context_split(model) > 1 else ''}); "
             "give fewer --nodes or a larger --global-batch"
         )
 

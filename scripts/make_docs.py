@@ -147,15 +147,29 @@ H100_JOB = ["--model", "gpt3-175b", "--cluster", "dgx-h100", "--nodes", "16", "-
 def modern_plan(d: Docs) -> str:
     """the plan space on H100: autoplan plan for gpt3-175b on 16 dgx-h100 nodes (fp8 and the zero-bubble
     schedule searched), then the same pinned to bf16; headline and top plans of each"""
-    parts = []
-    for extra in ([], ["--fix", "prec=bf16"]):
-        shown, out = d.autoplan("plan", *H100_JOB, *extra)
-        lines = out.splitlines()
-        top = next(i for i, line in enumerate(lines) if line.startswith("top plans"))
-        end = next((i for i in range(top + 1, len(lines)) if not lines[i].strip()), len(lines))
-        head = [line for line in lines[:top] if line.startswith(("plan ", "step time", "TFLOP/s"))]
-        parts.append("\n".join([shown, *head, "", *lines[top:end]]))
-    return fence("\n\n".join(parts))
+    runs = [d.autoplan("plan", *H100_JOB, *extra) for extra in ([], ["--fix", "prec=bf16"])]
+    return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "TFLOP/s")) for shown, out in runs))
+
+
+def _plan_summary(shown: str, out: str, headline: tuple[str, ...]) -> str:
+    """A plan command and its output cut to the headline lines starting with ``headline`` and the
+    top-plans table."""
+    lines = out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("top plans"))
+    end = next((i for i in range(top + 1, len(lines)) if not lines[i].strip()), len(lines))
+    head = [line for line in lines[:top] if line.startswith(headline)]
+    return "\n".join([shown, *head, "", *lines[top:end]])
+
+
+LONG_CONTEXT_JOB = ["--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "64", "--global-batch", "64"]
+LONG_CONTEXT_JOB += ["--seq-len", "131072", "--top", "3"]
+
+
+def long_context(d: Docs) -> str:
+    """context parallelism: autoplan plan for llama3-70b at 131,072 tokens on 64 dgx-h100 nodes, then
+    the same with cp pinned to 1; headline and top plans of each"""
+    runs = [d.autoplan("plan", *LONG_CONTEXT_JOB, *extra) for extra in ([], ["--fix", "cp=1"])]
+    return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "peak memory")) for shown, out in runs))
 
 
 def simulate_output(d: Docs) -> str:
@@ -756,6 +770,7 @@ NOTEBOOK_SECTIONS: dict[str, Callable[[Docs], None]] = {"notebooks": notebooks}
 SECTIONS: dict[str, Callable[[Docs], str]] = {
     "plan-output": plan_output,
     "modern-plan": modern_plan,
+    "long-context": long_context,
     "simulate-output": simulate_output,
     "simulate-json": simulate_json,
     "gallery-what-if": gallery_what_if,

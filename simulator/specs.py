@@ -75,6 +75,17 @@ class ModelSpec(BaseModel):
         """Width of K (and of V): kv_heads * head_dim."""
         return self.kv_heads * self.head_dim
 
+    @property
+    def attention_keys(self) -> int:
+        """Keys each query attends over: the sequence (all of it, also for a context-parallel
+        rank's shorter chunk: simulator.cost.context.RankModel)."""
+        return self.seq_length
+
+    @property
+    def max_positions(self) -> int:
+        """Rows of a learned position embedding: the sequence length."""
+        return self.seq_length
+
     def with_seq_length(self, seq: int | None) -> ModelSpec:
         return self if seq is None or seq == self.seq_length else self.model_copy(update={"seq_length": seq})
 

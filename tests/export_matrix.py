@@ -1,6 +1,6 @@
 """Plans the exporters are checked on (tests/test_export_*.py): the main job's best plan, Llama 2/3,
 interleaved, GPipe, ZeRO 0-3, offload, hybrid sharding, uneven and explicit layer splits and
-mixed recomputation (issue 15's matrix), NVIDIA's GPT-3 fp8 recipe, fp8 under FSDP and the zero-bubble schedule (issue 18)."""
+mixed recomputation (issue 15's matrix), NVIDIA's GPT-3 fp8 recipe, fp8 under FSDP, the zero-bubble schedule and context parallelism (issue 18)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ CASES = [
     Case("gpt3-175b", "dgx-h100", 16, 256, "t=4,p=8,mb=1,zero=1,v=12,schedule=interleaved,sp=1,prec=fp8"),  # NVIDIA fp8
     Case("llama3-8b", "dgx-h100", 2, 64, "t=2,p=1,mb=1,zero=3,ckpt=full,prec=fp8"),  # fp8 under FSDP
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=4,mb=1,zero=1,schedule=zbh1"),  # zero bubble
+    Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=2,mb=1,zero=1,ckpt=selective,sp=1"),  # context parallel
+    Case("llama3-8b", "dgx-h100", 2, 32, "t=1,cp=4,p=1,mb=1,zero=3,ckpt=full"),  # cp under FSDP
+    Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=1,mb=1,zero=0"),  # cp without sharding
     Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=1,mb=2,zero=0"),
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=2,mb=1,zero=1,v=2,schedule=interleaved,layers=7/9/8/8"),
     Case("gpt-1t", "dgx-a100-80gb", 16, 256, "t=8,p=1,mb=1,zero=3,offload=nvme,ckpt=full"),

@@ -26,6 +26,7 @@ from torch import nn
 
 from autoplan.emit.deepspeed import export_deepspeed
 from autoplan.runtime.config import TrainSettings
+from simulator.plan import num_microbatches
 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed import comm as ds_comm  # noqa: E402
@@ -113,7 +114,7 @@ def test_deepspeed_config_reads_the_plan(emitted):
         cfg = DeepSpeedConfig(cfg_dict, mpu=mpu)
     assert cfg.world_size == plan.d
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu) == (job.global_batch, plan.mb)
-    assert cfg.gradient_accumulation_steps == job.m
+    assert cfg.gradient_accumulation_steps == num_microbatches(plan, job.global_batch)  # of the plan it runs
     assert cfg.zero_optimization_stage == plan.zero
     if plan.p > 1:  # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         assert cfg.zero_optimization_stage < 2

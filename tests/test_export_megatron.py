@@ -77,7 +77,7 @@ def core_config(args: dict[str, Any]) -> Any:
     from megatron.core.transformer.enums import AttnBackend
 
     ints = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "recompute_num_layers")
-    ints += ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+    ints += ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
     kw: dict[str, Any] = {k: int(args[k]) for k in ints if k in args}
     kw |= {k: args[k] for k in ("recompute_granularity", "recompute_method", "normalization") if k in args}
     kw |= {k: float(args[k]) for k in ("hidden_dropout", "attention_dropout")}
@@ -135,6 +135,7 @@ def test_megatron_core_reads_the_plan(emitted):
         warnings.simplefilter("ignore")
         cfg = core_config(args)
     assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (plan.t, plan.p)
+    assert cfg.context_parallel_size == plan.cp
     assert (cfg.virtual_pipeline_model_parallel_size or 1) == plan.v
     assert cfg.sequence_parallel == bool(plan.sp)
     assert layers_built(cfg) == planned_layers(plan, n)

@@ -90,13 +90,13 @@ def test_torchtitan_reads_the_plan(emitted):
     plan, n = export.written, job.model.num_layers
     par, tr = cfg.parallelism, cfg.training
     dims = ParallelDims.from_config(par, plan.gpus)  # raises unless the degrees multiply to the world
-    assert (dims.tp, dims.pp, dims.cp) == (plan.t, plan.p, 1)
-    assert dims.dp_replicate * dims.dp_shard == plan.d
-    if plan.zero >= 2:
-        assert (dims.dp_replicate, dims.dp_shard) == (plan.replicas, plan.shard_group)
+    assert (dims.tp, dims.pp, dims.cp) == (plan.t, plan.p, plan.cp)
+    assert dims.dp_replicate * dims.dp_shard == plan.d  # the batch is split d ways (cp splits sequences)
+    if plan.zero >= 2:  # torchtitan's FSDP mesh is dp_shard x cp
+        assert (dims.dp_replicate, dims.dp_shard * dims.cp) == (plan.replicas, plan.shard_group)
         assert par.fsdp_reshard_after_forward == ("always" if plan.zero == 3 else "never")
     else:
-        assert dims.dp_shard == 1
+        assert dims.dp_shard == 1 and dims.cp == 1  # with cp > 1 torchtitan always shards (emit changes zero)
     assert par.enable_sequence_parallel == bool(plan.sp)
     batch_degree = dims.dp_replicate * dims.dp_shard if dims.dp_enabled else 1
     assert tr.global_batch_size == job.global_batch

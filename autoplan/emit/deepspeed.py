@@ -18,7 +18,8 @@ What DeepSpeed 0.19.8 reads, from its source (``deepspeed/runtime/...``):
 
 Closest runnable plan: ZeRO-2/3 with a pipeline -> ZeRO-1; interleaved -> one stage per rank;
 GPipe -> 1F1B; hsdp -> sharding over all d; selective recomputation -> full (DeepSpeed
-recomputes whole layers); AutoTP without sequence parallelism; prec=fp8 -> bf16.
+recomputes whole layers); AutoTP without sequence parallelism; prec=fp8 -> bf16; cp -> 1 (the cp
+ranks become data-parallel ones).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from autoplan.emit.export import Change, Draft, Export, fill_template, one_stage_per_rank
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
-from simulator.plan import Plan
+from simulator.plan import Plan, num_microbatches
 
 RELEASE = "DeepSpeed 0.19.8"
 NVME_PATH = "/local_nvme"
@@ -53,6 +54,14 @@ def _decide(job: Job) -> Draft:
     if plan.hsdp and "hsdp" not in d.updates:
         why = "DeepSpeed 0.19 removed MiCS (runtime/config.py rejects mics_shard_size)" if plan.zero == 3 else ""
         d.change("hsdp", 0, why or "DeepSpeed has no hybrid ZeRO-2: it shards over all d ranks")
+    if plan.cp > 1:
+        d.change(
+            "cp",
+            1,
+            "DeepSpeed's config has no ring attention (its sequence parallelism, Ulysses, is model code that "
+            "splits heads with all-to-alls); the cp ranks join the data-parallel ones",
+            d=plan.grad_group,
+        )
     if plan.prec == "fp8":
         d.change("prec", "bf16", "DeepSpeed's config has no fp8 training (its mixed precision is fp16 or bf16)")
     if plan.p == 1 and plan.t > 1 and plan.sp:
@@ -92,10 +101,11 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
         zero["offload_optimizer"] = dict(off)
         if plan.zero == 3:
             zero["offload_param"] = dict(off)
+    m = num_microbatches(plan, job.global_batch)  # the plan it runs (cp -> 1 makes d larger)
     cfg: dict[str, Any] = {
         "train_batch_size": job.global_batch,
         "train_micro_batch_size_per_gpu": plan.mb,
-        "gradient_accumulation_steps": job.m,
+        "gradient_accumulation_steps": m,
         "gradient_clipping": train.max_norm,
         "bf16": {"enabled": True},
         "optimizer": {
@@ -113,7 +123,7 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
     }
     if plan.p == 1 and plan.t > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.t}
-    cfg["autoplan"] = {"about": header, "plan": job.plan.to_dict(job.m), "runs": plan.to_dict(job.m)}
+    cfg["autoplan"] = {"about": header, "plan": job.plan.to_dict(job.m), "runs": plan.to_dict(m)}
     return cfg
 
 

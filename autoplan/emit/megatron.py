@@ -3,7 +3,7 @@
 Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training/arguments.py``
 ``parse_args`` + ``validate_args``) and megatron-core 0.16.1's ``TransformerConfig``. Mapping:
 
-- t, p -> ``--tensor/pipeline-model-parallel-size``; d is what remains of the world size.
+- t, p -> ``--tensor/pipeline-model-parallel-size``; d is what remains of the world size (/ cp).
   t > 1 needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` before Blackwell (``validate_args``), while
   Megatron-FSDP wants it unset or > 1: ``megatron_launch.sh`` exports what the plan needs.
 - Layer split: uniform -> nothing (or ``--num-layers-per-virtual-pipeline-stage`` when
@@ -22,6 +22,8 @@ Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training
   (``transformer_block.py``); selective (``core_attn``) covers every layer.
 - Llama-style models: ``--rotary-base``, ``--swiglu``, GQA, RMSNorm, untied embeddings;
   materialised attention -> ``--attention-backend unfused``.
+- cp -> ``--context-parallel-size`` (with ``--cp-comm-type``'s default ``p2p``: Transformer
+  Engine's K/V ring, the one autoplan prices); the distributed optimizer shards over dp x cp.
 - prec=fp8 -> ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
   (Transformer Engine layers, Megatron's default ``--transformer-impl``).
 
@@ -167,6 +169,8 @@ def _train_args(train: TrainSettings) -> list[str]:
 def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
     """The ``pretrain_gpt.py`` argument list for ``plan`` (the plan Megatron runs)."""
     parallel = ["--tensor-model-parallel-size", str(plan.t), "--pipeline-model-parallel-size", str(plan.p)]
+    if plan.cp > 1:
+        parallel += ["--context-parallel-size", str(plan.cp)]
     parallel += _layer_args(job, plan)
     if plan.sp:
         parallel.append("--sequence-parallel")
@@ -271,7 +275,8 @@ def megatron_args_text(job: Job, plan: Plan, train: TrainSettings, header: list[
     ``shlex.split(text, comments=True)`` or ``grep -v '^#' megatron_args.txt | xargs``."""
     args = megatron_args(job, plan, train)
     lines = [f"# {h}" for h in header]
-    lines.append(f"# {plan.gpus} ranks (data-parallel size {plan.d} = world / (t*p)); run with megatron_launch.sh")
+    split = "t*cp*p" if plan.cp > 1 else "t*p"
+    lines.append(f"# {plan.gpus} ranks (data-parallel size {plan.d} = world / ({split})); run with megatron_launch.sh")
     i = 0
     while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):

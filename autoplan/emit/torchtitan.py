@@ -17,6 +17,9 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
 - d: FSDP2 on (``data_parallel_replicate_degree``, ``data_parallel_shard_degree``): ZeRO-0 =
   replicate d; ZeRO-2 / ZeRO-3 = shard with ``fsdp_reshard_after_forward`` never / always;
   hsdp=N = shard N, replicate d/N. ZeRO-1 has no equivalent (-> ZeRO-2).
+- cp -> ``context_parallel_degree`` (torch's ring attention over SDPA); torchtitan then shards
+  the states over dp_shard x cp (its ``fsdp`` mesh), so the shard degree is the shard group / cp,
+  and a plan without sharding becomes ZeRO-2 sharded over the cp ranks.
 - offload=cpu -> ``enable_cpu_offload`` (FSDP2 CPUOffloadPolicy: parameters, gradients and
   optimizer state on the host). Recomputation: one mode for every layer (full, torchtitan's
   op-level selective, or none). prec=fp8 -> ``Float8LinearConverter`` over the layers' linears
@@ -68,6 +71,24 @@ def _recompute_draft(d: Draft) -> None:
         d.change_recompute(mode, None, f"torchtitan applies one activation-checkpoint mode to every layer ({mode})")
 
 
+def _context_draft(d: Draft) -> None:
+    """torchtitan applies FSDP2 over the data-shard x context ranks whenever cp > 1
+    (distributed/parallel_dims.py: "we always assume that when cp is used, FSDP is also applied
+    to cp"; its mesh ``fsdp`` = dp_shard * cp): the states are sharded at least over the cp ranks,
+    so ZeRO-0/1 become ZeRO-2 sharded over them (hybrid across the d replicas), and a hybrid
+    shard group must be a multiple of cp."""
+    plan = d.plan()
+    why = "torchtitan shards the states with FSDP2 over the context-parallel ranks whenever cp > 1"
+    if plan.zero < 2:
+        d.change(
+            "zero", 2, why + " (ZeRO-2 with its states sharded over the cp ranks)", hsdp=plan.cp if plan.d > 1 else 0
+        )
+    elif plan.hsdp and plan.hsdp % plan.cp:
+        d.change(
+            "hsdp", 0, why + f": its shard group is a multiple of cp={plan.cp}, so hsdp={plan.hsdp} cannot be kept"
+        )
+
+
 def _decide(job: Job) -> Draft:
     plan = job.plan
     d = Draft(job)
@@ -75,6 +96,8 @@ def _decide(job: Job) -> Draft:
         d.change(
             "zero", 2, "torchtitan has no optimizer-only sharding; FSDP2 without resharding after forward is ZeRO-2"
         )
+    if plan.cp > 1:
+        _context_draft(d)
     if plan.offload == "nvme":
         d.change("offload", "cpu", "torchtitan has no NVMe offload")
     if plan.schedule == "zbh1":
@@ -125,12 +148,12 @@ def parallelism(job: Job, plan: Plan) -> dict[str, Any]:
         "pipeline_parallel_degree": plan.p,
         "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.mb,
-        "context_parallel_degree": 1,
+        "context_parallel_degree": plan.cp,
     }
     if plan.zero >= 2:
         out |= {
             "data_parallel_replicate_degree": plan.replicas,
-            "data_parallel_shard_degree": plan.shard_group,
+            "data_parallel_shard_degree": plan.shard_group // plan.cp,
             "fsdp_reshard_after_forward": "always" if plan.zero == 3 else "never",
         }
     else:

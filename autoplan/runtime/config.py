@@ -56,7 +56,7 @@ class RunSpec:
 
     @property
     def world_size(self) -> int:
-        return self.plan.t * self.plan.p * self.plan.d
+        return self.plan.gpus
 
     @property
     def num_microbatches(self) -> int:

@@ -65,6 +65,11 @@ def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> s
             "prec=fp8: it computes in bf16 autocast (fp8 linears need Transformer Engine or torchao float8 on a "
             "Hopper GPU); use the emitted Megatron-LM or torchtitan config"
         )
+    if plan.cp > 1:
+        return (
+            f"cp={plan.cp}: it has no ring attention (torch's context_parallel runs on CUDA SDPA kernels only); "
+            "use the emitted Megatron-LM or torchtitan config"
+        )
     if plan.offload == "nvme":
         return "offload=nvme (ZeRO-Infinity) has no PyTorch implementation; use the emitted DeepSpeed config"
     if plan.offload == "cpu" and plan.zero != 3:

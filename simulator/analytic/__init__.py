@@ -16,6 +16,7 @@ Memory is the one stage-memory model (simulator.cost.stage_memory) of each disti
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from simulator.analytic.data_parallel import dp_link, dp_times, last_bucket_reduce_time, per_microbatch_dp
@@ -23,6 +24,7 @@ from simulator.analytic.offload import offload_time, offloaded_param_fetch
 from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble, tied_embedding_time
 from simulator.cost.cache import IdentityCache
 from simulator.cost.collectives import GroupLink
+from simulator.cost.context import rank_job
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import StageCost, stage_groups
 from simulator.cost.stage_memory import StageMemory, stage_memory
@@ -126,7 +128,14 @@ def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
 
 
 def estimate(job: Job) -> SimResult:
-    """The analytic prediction of one iteration (see the module docstring)."""
+    """The analytic prediction of one iteration (see the module docstring); a context-parallel
+    plan priced as one rank sees it (simulator.cost.context.rank_job), reported as given."""
+    if job.plan.cp > 1:
+        return dataclasses.replace(_estimate(rank_job(job)), job=job)
+    return _estimate(job)
+
+
+def _estimate(job: Job) -> SimResult:
     model, cluster, plan = job.model, job.cluster, job.plan
     groups = stage_groups(model, cluster, plan)
     p2p = p2p_exposed(job)
@@ -142,6 +151,7 @@ def estimate(job: Job) -> SimResult:
         "compute": m * (c.forward + c.backward),
         "recompute": m * c.recompute - pipe.saved,
         "tp_comm": m * c.tp_comm,
+        "cp_comm": m * c.cp_comm,
         "pp_comm": m * pipe.sends[crit] * p2p,
         "dp_comm": m * pipe.z3_exposed[crit] + dp_exposed + gather_after,
         "bubble": pipe.bubble,
@@ -196,5 +206,6 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
 
 def memory_only(job: Job) -> float:
     """Peak bytes of the plan's most loaded rank (the planner prunes with this first)."""
+    job = rank_job(job)
     groups = stage_groups(job.model, job.cluster, job.plan)
     return max(mem.total for _, mem in _stage_memories(job, groups))

@@ -33,6 +33,7 @@ from simulator.analytic.data_parallel import dp_link
 from simulator.analytic.pipeline import p2p_exposed, tied_embedding_time
 from simulator.cost import memory, params
 from simulator.cost.collectives import GroupLink
+from simulator.cost.context import rank_model, rank_plan
 from simulator.cost.memory import DP_BUCKET_BYTES, ZERO3_LAYERS_HELD
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_layer_bytes
@@ -190,13 +191,36 @@ def _per_plan(keys: Sequence[Hashable], value: Callable[[int], float]) -> np.nda
     return np.array(values, dtype=float)[inv]
 
 
+def _by_context(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plans: Sequence[Plan],
+    global_batch: int,
+    runtime: Runtime,
+    cps: list[int],
+) -> BatchEstimate:
+    """:func:`estimate_batch` of each cp's plans on its rank view, put back in the plans' order."""
+    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
+    for cp in cps:
+        idx = [i for i, q in enumerate(plans) if q.cp == cp]
+        ranked = [rank_plan(plans[i]) for i in idx]
+        r = estimate_batch(rank_model(model, cp), cluster, ranked, global_batch * cp, runtime)
+        step[idx], peak[idx], fits[idx] = r.step_time, r.peak_memory, r.fits
+    return BatchEstimate(step, peak, fits)
+
+
 def estimate_batch(
     model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan], global_batch: int, runtime: Runtime = OVERLAPPED
 ) -> BatchEstimate:
-    """The analytic step time, peak memory and fit of every plan (module docstring)."""
+    """The analytic step time, peak memory and fit of every plan (module docstring); plans with
+    context parallelism priced as one rank sees them (simulator.cost.context.rank_view), each cp
+    apart."""
     if not plans:
         empty = np.zeros(0)
         return BatchEstimate(empty, empty, np.zeros(0, dtype=bool))
+    cps = {q.cp for q in plans}
+    if cps != {1}:
+        return _by_context(model, cluster, plans, global_batch, runtime, sorted(cps))
     P = _Plans(plans, global_batch)
     S, valid = _stages(model, cluster, plans)
     links = _Links(cluster, plans)

@@ -142,7 +142,20 @@ def backward_ops(op: Op) -> list[Op]:
         bwd_bytes = op.bwd_bytes if op.bwd_bytes >= 0 else 2 * op.bytes
         return [Op(op.name + "_bwd", "elementwise", 2 * op.flops, bwd_bytes, kernels=op.bwd_kernels)]
     if op.kind == "attention":
-        return [Op(op.name + "_bwd", "attention", 2.5 * op.flops, 2 * op.bytes, op.m, op.n, op.k, op.count, 1, 1)]
+        return [
+            Op(
+                op.name + "_bwd",
+                "attention",
+                2.5 * op.flops,
+                2 * op.bytes,
+                op.m,
+                op.n,
+                op.k,
+                op.count,
+                op.bwd_kernels,
+                op.bwd_kernels,
+            )
+        ]
     e = op.bytes / (op.count * (op.m * op.k + op.k * op.n + op.m * op.n))
     dgrad = Op(op.name + "_dgrad", op.kind, op.flops, op.bytes, op.m, op.k, op.n, op.count, dtype=op.dtype)
     wgrad = Op(
@@ -176,7 +189,7 @@ class PassTimes:
     backward_weight: float = 0.0
 
 
-ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v", "flash_attention")
+ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attn_v", "flash_attention", "cp_out_correction")
 #: backward ops that compute or accumulate parameter gradients (simulator.cost.workload names): the
 #: weight GEMMs' wgrad (not the attention bmm's, whose operands are both activations) and the
 #: gradient accumulation; everything else of a backward is the input gradient

@@ -27,7 +27,7 @@ def layer_params(model: ModelSpec) -> int:
 
 def embedding_params(model: ModelSpec) -> int:
     """Word embedding V*h plus learned positions s*h (none with rotary)."""
-    pos = model.seq_length * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
+    pos = model.max_positions * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
     return model.vocab_size * model.hidden_size + pos
 
 
@@ -43,7 +43,7 @@ def total_params(model: ModelSpec) -> int:
 
 def megatron_params_formula(model: ModelSpec) -> float:
     """P = 12*l*h^2 * (1 + 13/(12h) + (V+s)/(12*l*h)) (Narayanan et al. 2021, eq. in section 5.1)."""
-    l, h, V, s = model.num_layers, model.hidden_size, model.vocab_size, model.seq_length
+    l, h, V, s = model.num_layers, model.hidden_size, model.vocab_size, model.max_positions
     return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
@@ -64,7 +64,7 @@ def layer_params_per_rank(model: ModelSpec, t: int) -> float:
 def embedding_params_per_rank(model: ModelSpec, t: int, vocab: int | None = None) -> float:
     """Vocab-parallel word embedding V*h/t plus replicated learned positions. ``vocab``
     overrides the model's vocabulary (e.g. Megatron's padded one, workload.padded_vocab_size)."""
-    pos = model.seq_length * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
+    pos = model.max_positions * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
     return (vocab or model.vocab_size) * model.hidden_size / t + pos
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, layout, params
+from simulator.cost import collectives, context, layout, params
+from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.stage_memory import StageShape
@@ -39,6 +40,8 @@ class BlockTimes:
     head: PassTimes
     tp_all_reduce: float
     act_bytes: float  # b*s*h*e: one boundary activation
+    cp_forward: float = 0.0  # context parallelism: what the K/V ring adds to a layer's forward attention
+    cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
 
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
@@ -93,6 +96,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     vocab = padded_vocab_size(model, t)
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
     eager = gpu.eager
+    cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
     bt = BlockTimes(
         layer=pass_times(
             layer_forward_ops(model, mb, t, sp, e, prec),
@@ -123,8 +127,22 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
         ),
         tp_all_reduce=collectives.all_reduce_time(act, t, link),
         act_bytes=act,
+        cp_forward=cp_f,
+        cp_backward=cp_b,
     )
     return bt
+
+
+def _ring_exposure(
+    model: ModelSpec, cluster: ClusterSpec, t: int, mb: int, e: int, slow: float, asy: bool, dev: float
+) -> tuple[float, float]:
+    """Context parallelism's ring beside one layer's attention (forward, backward), priced
+    against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1."""
+    if context.context_parallel(model) == 1:
+        return 0.0, 0.0
+    heads = model.num_attention_heads // t
+    attn = pass_times(attention_ops(model, mb, heads, e), cluster.gpu, slow, (), asy, None, dev)
+    return context.ring_exposure(model, cluster, t, mb, e, (attn.forward, attn.backward))
 
 
 @dataclass(frozen=True)
@@ -137,10 +155,11 @@ class StageCost(StageShape):
     recompute: float = 0.0
     tp_comm: float = 0.0  # forward + backward + recompute TP collectives
     backward_weight: float = 0.0  # the weight-gradient part of backward (ZB-H1's W passes)
+    cp_comm: float = 0.0  # forward + backward + recompute exposed context-parallel ring time
 
     @property
     def total(self) -> float:
-        return self.forward + self.backward + self.recompute + self.tp_comm
+        return self.forward + self.backward + self.recompute + self.tp_comm + self.cp_comm
 
 
 def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
@@ -211,6 +230,8 @@ def _make_stages(
         bwd_w = n * bt.layer.backward_weight
         recompute = full * bt.layer.forward + sel * bt.layer.attention_core
         tp = (TP_PER_LAYER * n + TP_PER_FULL_RECOMPUTE * full) * bt.tp_all_reduce
+        # a recomputed layer (full) or attention core (selective) runs its forward ring again
+        cp = n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward
         if first:
             fwd += bt.embedding.forward
             bwd += bt.embedding.backward
@@ -234,6 +255,7 @@ def _make_stages(
             recompute=recompute,
             tp_comm=tp,
             backward_weight=bwd_w,
+            cp_comm=cp,
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

@@ -194,10 +194,13 @@ def layer_forward_flops(model: ModelSpec, b: int) -> float:
     """Forward FLOPs of one layer for b sequences at t = 1, general (GQA, any ffn, SwiGLU):
     2*b*s*h*(h + 2*kv)  [QKV] + 4*b*s^2*h [attention] + 2*b*s*h^2 [proj]
     + 2*b*s*h*f*(3 if SwiGLU else 2) [MLP].
-    Reduces to 24*b*s*h^2 + 4*b*s^2*h for MHA, f = 4h, GELU (Narayanan et al. 2021)."""
+    Reduces to 24*b*s*h^2 + 4*b*s^2*h for MHA, f = 4h, GELU (Narayanan et al. 2021). The
+    attention term is 4*b*s*S*h with S the keys a query attends over (S = s; a context-parallel
+    rank's chunk of s/cp tokens attends over all of them, simulator.cost.context)."""
     s, h, f, kv = model.seq_length, model.hidden_size, model.ffn, model.kv_size
     mlp = 3 if model.activation == "swiglu" else 2
-    return 2 * b * s * h * (h + 2 * kv) + 4 * b * s * s * h + 2 * b * s * h * h + 2 * b * s * h * f * mlp
+    attention = 4 * b * s * model.attention_keys * h
+    return 2 * b * s * h * (h + 2 * kv) + attention + 2 * b * s * h * h + 2 * b * s * h * f * mlp
 
 
 def logits_forward_flops(model: ModelSpec, b: int) -> float:
@@ -228,7 +231,7 @@ def executed_flops_per_iteration(
     recomputed fully / selectively; selective recompute redoes only the attention core
     (the 4*b*s^2*h score and attention-times-V FLOPs) (Korthikanti et al. 2022, section 5)."""
     b = global_batch
-    attn_core = 4.0 * b * model.seq_length**2 * model.hidden_size
+    attn_core = 4.0 * b * model.seq_length * model.attention_keys * model.hidden_size
     return (
         model_flops_per_iteration(model, b) + full_layers * layer_forward_flops(model, b) + selective_layers * attn_core
     )

@@ -1,7 +1,7 @@
 """Where a rank's iteration time goes: busy time by segment kind, waiting time by cause.
 
 The rank's compute stream is busy with forward/backward/recompute compute, tensor-parallel
-collectives (synchronous in Megatron-LM), the optimizer step, and what data-parallel traffic
+collectives (synchronous in Megatron-LM), the context-parallel ring's exposed part (``cp_comm``), the optimizer step, and what data-parallel traffic
 beside a piece costs it (contention, FSDP2's copy-out: ``dp_comm``). Every gap in it, and the
 tail after its last compute task, is explained by walking the chain of critical
 predecessors back from the task that ended the gap (``Engine.cause``): the part of the gap
@@ -21,6 +21,7 @@ SEGMENT_CATEGORY = {
     "bwd": "compute",
     "recompute": "recompute",
     "tp": "tp_comm",
+    "cp": "cp_comm",  # what the context-parallel K/V ring adds beside the attention
     "opt": "optimizer",
     "dp": "dp_comm",  # the contention price of DP/ZeRO traffic beside a piece, and FSDP2's copy-out
 }

@@ -6,7 +6,9 @@ backward-only ops, host launch overhead): the same numbers the analytic estimato
 Per layer and microbatch on one TP rank:
 
 * forward: layer forward + 2 TP all-reduces of b*s*h (all-gather + reduce-scatter pairs with
-  sequence parallelism; Narayanan et al. 2021, section 3.2);
+  sequence parallelism; Narayanan et al. 2021, section 3.2), and with context parallelism what
+  the K/V ring adds beside the attention (a "cp" segment, simulator.cost.context.ring_exposure;
+  again in a recomputed forward or attention core, twice the traffic in backward);
 * backward: [full recompute: layer forward + 2 TP all-reduces | selective: attention core]
   + layer backward + 2 TP all-reduces;
 * the chunk's first layer carries the embedding (one TP all-reduce forward), the last layer
@@ -55,6 +57,8 @@ class Costs:
     attn_core: float
     tp_all_reduce: float  # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
     tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
+    cp_f: float  # what the context-parallel K/V ring adds to a layer's forward (0 at cp = 1)
+    cp_b: float  # and to its backward
     emb_f: float
     emb_b: float
     head_f: float
@@ -91,6 +95,8 @@ class Costs:
             attn_core=bt.layer.attention_core,
             tp_all_reduce=tp,
             tp_all_reduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
+            cp_f=0.0 if free_comm else bt.cp_forward,
+            cp_b=0.0 if free_comm else bt.cp_backward,
             emb_f=bt.embedding.forward,
             emb_b=bt.embedding.backward,
             head_f=bt.head.forward,
@@ -206,7 +212,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
             if has_emb:
                 segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
                 tp_bytes += TP_EMBEDDING * ar
-            segs += [("fwd", c.fwd), ("tp", TP_FORWARD * tp)]
+            segs += [("fwd", c.fwd), ("cp", c.cp_f), ("tp", TP_FORWARD * tp)]
             if has_head:
                 segs.append(("fwd", c.head_f))
             out.append(
@@ -227,13 +233,13 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
             segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
             tp_bytes += TP_HEAD * ar
         if mode == "full":
-            segs += [("recompute", c.fwd), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
+            segs += [("recompute", c.fwd), ("cp", c.cp_f), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
             tp_bytes += TP_PER_FULL_RECOMPUTE * ar
             n_ar += TP_PER_FULL_RECOMPUTE
             work = c.act["none"]
         elif mode == "selective":
-            segs.append(("recompute", c.attn_core))
-        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("tp", TP_BACKWARD * tp)]
+            segs += [("recompute", c.attn_core), ("cp", c.cp_f)]
+        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("tp", TP_BACKWARD * tp)]
         if has_emb:
             segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
         out.append(

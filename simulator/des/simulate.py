@@ -6,7 +6,7 @@ and the iteration's task graph (:mod:`simulator.des.program`) on the event engin
 with ``fidelity = "des"``:
 
 * ``step_time``: when the last task of the iteration ends;
-* ``time_breakdown`` and ``bubble_fraction`` (= bubble / (compute + recompute + tp_comm))
+* ``time_breakdown`` and ``bubble_fraction`` (= bubble / (compute + recompute + tp_comm + cp_comm))
   of the rank that finishes last (:mod:`simulator.des.attribution`);
 * ``peak_memory`` and ``memory_breakdown``: the highest point of any simulated rank's
   memory timeline (:mod:`simulator.des.memtimeline`), against the GPU's usable memory;
@@ -22,12 +22,14 @@ Keys starting with "_" are not part of the JSON output.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
+from simulator.cost.context import rank_job
 from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
 from simulator.des.attribution import rank_breakdown
@@ -82,7 +84,10 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
     """Simulate one iteration of ``job``. ``full`` simulates every rank instead of one
     pipeline; ``trace`` keeps link-utilization series for the Perfetto trace (task records
     and memory timelines are always kept; :func:`simulator.des.trace.write_trace` re-runs the
-    simulation with ``trace=True`` when the series are missing)."""
+    simulation with ``trace=True`` when the series are missing). A context-parallel plan is
+    simulated as one rank sees it (simulator.cost.context.rank_job) and reported as given."""
+    if job.plan.cp > 1:
+        return dataclasses.replace(simulate_des(rank_job(job), full, trace, options), job=job)
     t0 = time.perf_counter()
     opts = options or DesOptions()
     topo = topology_for(job.cluster)
@@ -97,7 +102,7 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
     crit = eng.info[final_task].device
     crit_dev = prog.devices[crit]
     breakdown = rank_breakdown(eng, crit_dev.streams["compute"], final_task)
-    busy = breakdown["compute"] + breakdown["recompute"] + breakdown["tp_comm"]
+    busy = breakdown["compute"] + breakdown["recompute"] + breakdown["tp_comm"] + breakdown["cp_comm"]
     bubble_fraction = breakdown["bubble"] / busy if busy > 0 else 0.0
 
     peak_rank = max(range(len(memory)), key=lambda r: (memory[r].peak, -r))
@@ -147,9 +152,10 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
 
 def _executed_flops(job: Job, prog: Program, model_flops: float) -> float:
     """Model FLOPs plus the recomputed layers' (full: a layer forward; selective: the attention
-    core, 4*b*s^2*h) over the d pipeline replicas."""
+    core, 4*b*s*S*h with S the keys, workload.executed_flops_per_iteration) over the d pipeline
+    replicas."""
     model, plan = job.model, job.plan
-    attn_core = 4.0 * plan.mb * model.seq_length**2 * model.hidden_size
+    attn_core = 4.0 * plan.mb * model.seq_length * model.attention_keys * model.hidden_size
     return model_flops + plan.d * (
         prog.recomputed["full"] * layer_forward_flops(model, plan.mb) + prog.recomputed["selective"] * attn_core
     )

@@ -34,12 +34,14 @@ THREADS = {
     "nvme": (9, "NVMe read"),
     "nvme_w": (10, "NVMe write"),
     "cpu": (11, "host CPU optimizer"),
+    "cp": (12, "CP ring (K/V exchange)"),
 }
 SEGMENT_NAMES = {
     "fwd": "forward",
     "bwd": "backward",
     "recompute": "recompute",
     "tp": "TP collective",
+    "cp": "CP ring: K/V exchange beside the attention",
     "opt": "optimizer step",
     "dp": "slowed by DP/ZeRO traffic (contention, FSDP2 copy-out)",
 }
@@ -66,7 +68,8 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
             {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"GPU {dev.gpu} ({dev.name})"}}
         )
         ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": dev.idx}})
-        lanes = set(dev.streams) | ({"tp"} if result.job.plan.t > 1 else set())
+        plan = result.job.plan
+        lanes = set(dev.streams) | ({"tp"} if plan.t > 1 else set()) | ({"cp"} if plan.cp > 1 else set())
         for lane in sorted(lanes, key=lambda x: THREADS[x][0]):
             tid, tname = THREADS[lane]
             ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
@@ -100,7 +103,7 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
                         "name": SEGMENT_NAMES[seg],
                         "cat": seg,
                         "pid": pid,
-                        "tid": THREADS["tp"][0] if seg == "tp" else tid,
+                        "tid": THREADS[seg][0] if seg in ("tp", "cp") else tid,
                         "ts": t,
                         "dur": max(d, 0.0),
                     }

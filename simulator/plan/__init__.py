@@ -30,6 +30,7 @@ from simulator.plan.fields import (
     num_microbatches,
 )
 from simulator.plan.rules import (
+    context_errors,
     fp8_shape_errors,
     hsdp_errors,
     parse_plan,
@@ -59,6 +60,7 @@ __all__ = [
     "Schedule",
     "ScheduleName",
     "ZeroStage",
+    "context_errors",
     "fp8_shape_errors",
     "hsdp_errors",
     "num_microbatches",

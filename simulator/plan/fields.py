@@ -52,7 +52,7 @@ SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
 PRECISIONS: tuple[PrecisionName, ...] = get_args(PrecisionName)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
-PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp")
+PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp", "cp")
 PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS, "prec": PRECISIONS}
 PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
 
@@ -70,6 +70,12 @@ class Plan:
     the d / hsdp groups; 0 shards over all d. ``prec``: "fp8" runs the transformer layers'
     linear GEMMs in fp8 (Transformer Engine's hybrid recipe, torchao float8), the rest in the
     GPU's 16-bit dtype; it needs a GPU profile with an fp8 peak and fp8 GEMM efficiency.
+    ``cp``: context parallelism (Megatron-LM ``--context-parallel-size``): each sequence is split
+    over cp ranks, which exchange keys and values around a ring in every attention
+    (simulator.cost.context). Ranks are ordered tensor innermost, then context, data, pipeline
+    (Megatron-LM's order), so t*cp*p*d GPUs; ``d`` counts the data-parallel replicas (the batch
+    is split d ways) and the parameters' gradients are reduced, and ZeRO states sharded, over the
+    d*cp ranks that hold the same weights (:attr:`grad_group`).
     """
 
     t: int = 1
@@ -86,16 +92,22 @@ class Plan:
     recompute: tuple[tuple[int, int], ...] | None = None
     hsdp: int = 0
     prec: PrecisionName = "bf16"
+    cp: int = 1
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks holding the same parameters, over which gradients are reduced: d*cp."""
+        return self.d * self.cp
 
     @property
     def shard_group(self) -> int:
-        """Data-parallel ranks that share one copy of the sharded states: hsdp, or d."""
-        return self.hsdp or self.d
+        """Ranks that share one copy of the sharded states: hsdp, or all of the grad group."""
+        return self.hsdp or self.grad_group
 
     @property
     def replicas(self) -> int:
-        """Copies of the sharded states (hybrid sharding's replicate groups): d / shard_group."""
-        return max(1, self.d // self.shard_group)
+        """Copies of the sharded states (hybrid sharding's replicate groups): grad_group / shard_group."""
+        return max(1, self.grad_group // self.shard_group)
 
     @property
     def model_parallel(self) -> int:
@@ -103,7 +115,7 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return self.t * self.p * self.d
+        return self.t * self.cp * self.p * self.d
 
     def replace(self, **kw: Any) -> Plan:
         return dataclasses.replace(self, **kw)
@@ -121,6 +133,8 @@ class Plan:
             s += f",hsdp={self.hsdp}"
         if self.prec != Precision.BF16:
             s += f",prec={self.prec}"
+        if self.cp > 1:
+            s += f",cp={self.cp}"
         return s
 
     def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
@@ -150,6 +164,8 @@ class Plan:
             out["hsdp"] = self.hsdp
         if self.prec != Precision.BF16:
             out["prec"] = self.prec
+        if self.cp > 1:
+            out["cp"] = self.cp
         return out
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:

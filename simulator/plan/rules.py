@@ -19,12 +19,12 @@ def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> l
     """Every rule a plan breaks for this model, GPU count and global batch (empty: valid)."""
     e = [
         f"{key} must be a positive integer, got {getattr(plan, key)}"
-        for key in ("t", "p", "d", "mb", "v")
+        for key in ("t", "p", "d", "mb", "v", "cp")
         if getattr(plan, key) < 1
     ]
     if e:
         return e
-    e += _layout_errors(model, plan, gpus)
+    e += _layout_errors(model, plan, gpus) + context_errors(model, plan)
     if global_batch < 1:
         e.append(f"global batch must be positive, got {global_batch}")
     elif global_batch % (plan.d * plan.mb):
@@ -47,8 +47,9 @@ def fp8_shape_errors(model: ModelSpec, plan: Plan) -> list[str]:
         "hidden_size per tensor rank": model.hidden_size // plan.t,
     }
     bad = [f"{name} {w}" for name, w in widths.items() if w % 16]
-    if (plan.mb * model.seq_length) % 8:
-        bad.append(f"mb*seq_length {plan.mb * model.seq_length} (a multiple of 8 is needed)")
+    tokens = plan.mb * model.seq_length // plan.cp
+    if tokens % 8:
+        bad.append(f"the {tokens} tokens of a microbatch on one rank (a multiple of 8 is needed)")
     return [f"prec=fp8 needs GEMM dimensions divisible by 16: {', '.join(bad)}"] if bad else []
 
 
@@ -72,8 +73,11 @@ def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:
         e.append(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.sp not in (0, 1):
         e.append(f"sp must be 0 or 1, got {plan.sp}")
-    if plan.t * plan.p * plan.d != gpus:
-        e.append(f"t*p*d = {plan.t}*{plan.p}*{plan.d} = {plan.gpus} but the cluster has {gpus} GPUs")
+    if plan.gpus != gpus:
+        what = (
+            f"t*cp*p*d = {plan.t}*{plan.cp}*{plan.p}*{plan.d}" if plan.cp > 1 else f"t*p*d = {plan.t}*{plan.p}*{plan.d}"
+        )
+        e.append(f"{what} = {plan.gpus} but the cluster has {gpus} GPUs")
     if model.num_attention_heads % plan.t:
         e.append(f"t={plan.t} does not divide num_attention_heads={model.num_attention_heads}")
     if model.kv_heads % plan.t:
@@ -82,8 +86,27 @@ def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:
         e.append(f"t={plan.t} does not divide ffn_hidden_size={model.ffn}")
     if plan.sp and plan.t == 1:
         e.append("sp=1 (sequence parallelism) needs t > 1")
-    if plan.sp and model.seq_length % plan.t:
-        e.append(f"sp=1 needs t={plan.t} to divide seq_length={model.seq_length}")
+    if plan.sp and model.seq_length % (plan.t * plan.cp):
+        rank_seq = "seq_length" if plan.cp == 1 else f"the {model.seq_length}/{plan.cp}-token sequence chunk of a rank"
+        e.append(f"sp=1 needs t={plan.t} to divide {rank_seq} (seq_length={model.seq_length})")
+    return e
+
+
+def context_errors(model: ModelSpec, plan: Plan) -> list[str]:
+    """Context parallelism splits each sequence into 2*cp chunks, two per rank (the causal
+    load balancing of Megatron-LM's ``get_batch_on_this_cp_rank`` and Transformer Engine's
+    ring attention, which requires ``seq_len % (2 * cp_size) == 0``), and needs fused
+    (flash) attention: the ring exchanges keys and values between flash-attention steps
+    (transformer_engine/pytorch/attention, ``AttnFuncWithCPAndKVP2P``)."""
+    if plan.cp == 1:
+        return []
+    e: list[str] = []
+    if model.seq_length % (2 * plan.cp):
+        e.append(f"cp={plan.cp} needs seq_length={model.seq_length} divisible by 2*cp = {2 * plan.cp}")
+    if model.attention != "flash":
+        e.append(
+            f"cp={plan.cp} (context parallelism) needs flash attention; the model uses attention={model.attention}"
+        )
     return e
 
 
@@ -157,14 +180,19 @@ def _memory_errors(plan: Plan) -> list[str]:
 
 
 def hsdp_errors(plan: Plan) -> list[str]:
-    """Hybrid sharding needs ZeRO-2/3, no offload, and a shard group of 2 to d-1 ranks that divides d."""
+    """Hybrid sharding needs ZeRO-2/3, no offload, and a shard group of 2 to g-1 ranks that
+    divides the g = d*cp ranks holding the same weights (Plan.grad_group)."""
     e: list[str] = []
     if not plan.hsdp:
         return e
     if plan.zero < 2:
         e.append(f"hsdp={plan.hsdp} (hybrid sharding) needs zero=2 or zero=3, got zero={plan.zero}")
-    if plan.hsdp < 2 or plan.hsdp >= plan.d or plan.d % plan.hsdp:
-        e.append(f"hsdp={plan.hsdp} must divide d={plan.d} and lie between 2 and d-1 (hsdp=d is plain sharding)")
+    g = plan.grad_group
+    if plan.hsdp < 2 or plan.hsdp >= g or g % plan.hsdp:
+        name = "d" if plan.cp == 1 else "d*cp"
+        e.append(
+            f"hsdp={plan.hsdp} must divide {name}={g} and lie between 2 and {name}-1 (hsdp={name} is plain sharding)"
+        )
     if plan.offload != Offload.NONE:
         e.append(f"hsdp={plan.hsdp} with offload={plan.offload} is not modelled")
     return e

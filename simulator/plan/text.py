@@ -67,16 +67,17 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
 
 
 def resolve_plan(items: Mapping[str, Any], gpus: int, source: str = "--plan") -> Plan:
-    """Fill defaults (d = gpus / (t*p); v>1 implies interleaved) and build a Plan."""
+    """Fill defaults (d = gpus / (t*cp*p); v>1 implies interleaved) and build a Plan."""
     kw = dict(items)
-    t, p = kw.get("t", 1), kw.get("p", 1)
-    for key in ("t", "p", "mb", "v"):
+    t, p, cp = kw.get("t", 1), kw.get("p", 1), kw.get("cp", 1)
+    for key in ("t", "p", "mb", "v", "cp"):
         if key in kw and kw[key] < 1:
             raise PlanError(f"{source}: key '{key}': expected a positive integer, got {kw[key]}")
     if "d" not in kw:
-        if t < 1 or p < 1 or gpus % (t * p):
-            raise PlanError(f"{source}: t*p = {t * p} does not divide the cluster's {gpus} GPUs")
-        kw["d"] = gpus // (t * p)
+        if gpus % (t * cp * p):
+            what = f"t*cp*p = {t}*{cp}*{p}" if cp > 1 else f"t*p = {t * p}"
+            raise PlanError(f"{source}: {what} does not divide the cluster's {gpus} GPUs")
+        kw["d"] = gpus // (t * cp * p)
     if kw.get("v", 1) > 1 and "schedule" not in kw:
         kw["schedule"] = "interleaved"
     return Plan(**kw)
