@@ -45,10 +45,13 @@ NODE_OF_GPU = {"A100-40GB": "hgx-a100-40gb-roce", "H100-80GB": "dgx-h100", "A100
 SOURCE_GPU = {"torchtitan_a100_64gpu": "A100-80GB", "dgxc_benchmarking_h100": "H100-80GB"}
 #: llm-foundry (Composer) MPT runs: flash-attn's fused cross-entropy (llm-foundry's default
 #: ``loss_fn: fused_crossentropy``); the A100 tables in bf16/PURE (bf16 gradient reduction)
-MPT_AMP = dataclasses.replace(OVERLAPPED, name="llm-foundry-amp-bf16", cross_entropy="fused")
+# llm-foundry's TE layers (te.LayerNormMLP / te.Linear) are called without is_first_microbatch: their fp8
+# weights are cast again in every forward (simulator.job.Runtime.fp8_weight_cache)
+MPT_AMP = dataclasses.replace(OVERLAPPED, name="llm-foundry-amp-bf16", cross_entropy="fused", fp8_weight_cache=False)
 MPT_PURE = dataclasses.replace(MPT_AMP, name="llm-foundry-pure-bf16", sharded_reduce_bytes=2)
 # torchtitan's loss (torchtitan/components/loss.py cross_entropy_loss, 0.3.0): F.cross_entropy(pred.float())
-TORCHTITAN = dataclasses.replace(OVERLAPPED, name="torchtitan", cross_entropy="torch")
+# torchao float8 (dynamic scaling) casts the weights in every forward
+TORCHTITAN = dataclasses.replace(OVERLAPPED, name="torchtitan", cross_entropy="torch", fp8_weight_cache=False)
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,9 @@ def _row(source: str, row: dict[str, Any], shapes: dict[str, Any], clusters: dic
     seq, gpus = row["seq"], row["gpus"]
     tok = row["tok_s_gpu"] if "tok_s_gpu" in row else row["gbs"] * seq / (row["iter_s"] * gpus)
     label = (
-        f"{row['model']} {gpu} {gpus} GPUs s={seq} B={row['gbs']} t{row['t']} p{row['p']} d{row['d']}"
+        f"{row['model']} {gpu} {gpus} GPUs s={seq} B={row['gbs']} t{row['t']}"
+        + (f" cp{row['cp']}" if row.get("cp", 1) > 1 else "")
+        + f" p{row['p']} d{row['d']}"
         f" mb{row['mb']} z{row['zero']} ckpt={row.get('ckpt_detail') or row['ckpt']}"
         + (" fp8" if row.get("prec") == "fp8" else "")
     )
@@ -126,6 +131,7 @@ def _row(source: str, row: dict[str, Any], shapes: dict[str, Any], clusters: dic
         sp=int(bool(row["sp"])),
         recompute=recompute,
         prec=row.get("prec", "bf16"),
+        cp=row.get("cp", 1),
     )
     key = (gpu, gpus)
     if key not in clusters:

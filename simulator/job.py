@@ -50,6 +50,13 @@ class Runtime:
     compute dtype (Megatron-LM, DeepSpeed; FSDP2's gathered bf16 parameters are ZeRO-3's
     working set).
 
+    ``fp8_weight_cache``: under prec=fp8, whether the fp8 copies of the weights are cast once
+    per step and reused by every microbatch (Megatron-core tells Transformer Engine which
+    microbatch is the first: ``is_first_microbatch``, whose docstring says setting it "allows
+    caching of the FP8 versions of the weights") or cast again in every forward (TE modules
+    called without it, as llm-foundry's MPT layers are; torchao float8's dynamic scaling, which
+    torchtitan runs): simulator.cost.precision.weight_cast_op.
+
     ``states``: how the program keeps its model states in memory
     (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
     weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
@@ -62,6 +69,7 @@ class Runtime:
     cross_entropy: CrossEntropy = "fp32"
     weight_copy_bytes: float = 0.0
     states: StateLayout = "mixed"
+    fp8_weight_cache: bool = True
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

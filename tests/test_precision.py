@@ -4,6 +4,8 @@ the three models (scalar, array, DES) agreeing on an fp8 plan."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import analytic_and_des
 
@@ -12,12 +14,16 @@ from autoplan.runtime.support import unsupported_reason
 from autoplan.search import SearchOptions, search
 from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
+from simulator.analytic import estimate
+from simulator.analytic.batch import estimate_batch
 from simulator.cost.memory import activation_bytes_per_layer
 from simulator.cost.op import gemm
 from simulator.cost.ops import backward_ops, gemm_efficiency, work_time
-from simulator.cost.precision import fp8_cast_op, fp8_weight_bytes, linear_input_bytes
+from simulator.cost.precision import fp8_cast_op, fp8_weight_bytes, linear_input_bytes, weight_cast_op
+from simulator.cost.stage import block_times, stage_costs
 from simulator.cost.workload import layer_forward_ops
-from simulator.job import Job
+from simulator.des import simulate_des
+from simulator.job import OVERLAPPED, Job
 from simulator.plan import Plan, parse_plan, plan_errors
 from simulator.specs import ModelSpec, load_model
 
@@ -120,3 +126,31 @@ def test_analytic_and_des_agree_on_an_fp8_plan():
     af, df = analytic_and_des(GPT, H100, "t=4,p=8,v=12,mb=1,zero=1,sp=1,prec=fp8", 256, 0.03, 0.005)
     assert af.step_time < 0.8 * ab.step_time  # NVIDIA's recipe: 8.91 s bf16, 5.92 s fp8
     assert df.peak_memory - db.peak_memory == pytest.approx(af.peak_memory - ab.peak_memory, rel=0.01)
+
+
+def test_weights_cast_every_microbatch_where_the_program_does_not_cache_them():
+    """Transformer Engine caches the fp8 weights only when told the first microbatch
+    (Megatron-core); llm-foundry's TE layers and torchao float8 cast them in every forward:
+    e + 2 bytes per linear weight (fp8 copy and transpose), once per forward and full recompute.
+    Llama-3-8B at t=2: (h(h + 2kv) + h^2 + 3hf)/2 = 109,051,904 weights per rank and layer."""
+    llama = load_model("llama3-8b")
+    op = weight_cast_op(llama, 2, 2)
+    assert op.flops == (4096 * (4096 + 2048) + 4096**2 + 3 * 4096 * 14336) / 2 == 109_051_904
+    assert op.bytes == 4 * 109_051_904 and op.kernels == 4
+    plan, _ = parse_plan("t=2,p=2,mb=1,zero=1,ckpt=full,prec=fp8", llama, 16, 64)
+    cluster = load_cluster("dgx-h100", 2)
+    cached = Job(llama, cluster, plan, 64)
+    recast = dataclasses.replace(cached, runtime=dataclasses.replace(OVERLAPPED, fp8_weight_cache=False))
+    stage = stage_costs(llama, cluster, plan)[0]  # 16 layers, all fully recomputed: 32 casts per microbatch
+    assert stage.weight_cast == pytest.approx(32 * block_times(llama, cluster, 2, False, 1, "fp8").fp8_weight_cast)
+    a0, a1 = estimate(cached), estimate(recast)
+    # 1F1B: every microbatch, and the bubble's p - 1 on the critical stage
+    assert a1.step_time - a0.step_time == pytest.approx((cached.m + plan.p - 1) * stage.weight_cast, rel=0.01)
+    d1 = simulate_des(recast)
+    assert d1.step_time == pytest.approx(a1.step_time, rel=0.02)
+    batch = estimate_batch(llama, cluster, [plan], 64, recast.runtime)
+    assert batch.step_time[0] == pytest.approx(a1.step_time, rel=1e-9)
+    bf16 = plan.replace(prec="bf16")
+    assert (
+        estimate(dataclasses.replace(recast, plan=bf16)).step_time == estimate(Job(llama, cluster, bf16, 64)).step_time
+    )

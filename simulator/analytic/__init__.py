@@ -87,7 +87,7 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
             fetch = offloaded_param_fetch(job, c)
             z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)
         n_send = p2p_sends(plan, c.first, c.last)
-        per_mb.append(c.total + n_send * p2p + z3_exp)
+        per_mb.append(c.total + weight_casts(job, c) + n_send * p2p + z3_exp)
         z3.append(z3_exp)
         sends.append(n_send)
     crit = max(range(len(per_mb)), key=per_mb.__getitem__)
@@ -96,6 +96,12 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
     total_w = sum(g[1].backward_weight * g[2] for g in groups)
     bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v, groups[crit][1].backward_weight, total_w)
     return PipelinePhase(m, per_mb, z3, sends, crit, saved, bubble)
+
+
+def weight_casts(job: Job, c: StageCost) -> float:
+    """The fp8 weight casts a stage's microbatch adds when the program does not cache them
+    (simulator.job.Runtime.fp8_weight_cache; simulator.cost.precision.weight_cast_op)."""
+    return 0.0 if job.runtime.fp8_weight_cache else c.weight_cast
 
 
 def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> tuple[float, float]:
@@ -148,7 +154,7 @@ def _estimate(job: Job) -> SimResult:
 
     m, crit, c = job.m, pipe.crit, groups[pipe.crit][1]
     breakdown = {
-        "compute": m * (c.forward + c.backward),
+        "compute": m * (c.forward + c.backward + weight_casts(job, c)),
         "recompute": m * c.recompute - pipe.saved,
         "tp_comm": m * c.tp_comm,
         "cp_comm": m * c.cp_comm,

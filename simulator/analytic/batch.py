@@ -63,6 +63,7 @@ _STAGE_FIELDS = (
     "backward",
     "recompute",
     "total",
+    "weight_cast",
     "backward_weight",
     "params",
     "layers",
@@ -123,6 +124,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tu
                 c.backward,
                 c.recompute,
                 c.total,
+                c.weight_cast,
                 c.backward_weight,
                 c.params,
                 c.layers,
@@ -313,7 +315,9 @@ def estimate_batch(
     fetch_exp = np.maximum(0.0, fetch - S["forward"]) + np.maximum(0.0, fetch - S["backward"] - S["recompute"])
     z_exp = z_exp + np.where(col(offload & (zero == 3)), fetch_exp, 0.0)
 
-    per_mb = np.where(valid, S["total"] + sends * col(p2p) + z_exp, -np.inf)
+    # simulator.analytic.weight_casts: the fp8 weight casts of a program that does not cache them
+    casts = 0.0 if runtime.fp8_weight_cache else S["weight_cast"]
+    per_mb = np.where(valid, S["total"] + casts + sends * col(p2p) + z_exp, -np.inf)
     crit = per_mb.argmax(axis=1)
     rows = np.arange(len(plans))
     worst = per_mb[rows, crit]

@@ -10,8 +10,10 @@ Megatron-core's TE layers under ``--fp8-format hybrid`` and by MosaicML's ``amp_
 * casts: the proj and fc2 inputs are cast to fp8 (read e, write 1 byte per element; the QKV
   and fc1 inputs come out of the fused LayerNorm-cast); in backward every linear's output
   gradient is cast and transposed at once (``fp8_cast_transpose_fused``: read e, write 1 + 1),
-  :func:`fp8_cast_op`. The weights are cast once per step, not per microbatch
-  (``is_first_microbatch``): 4 bytes per parameter per step, left out (under 0.1% of a step);
+  :func:`fp8_cast_op`. The weights: cast once per step when the program tells TE which
+  microbatch is the first (``is_first_microbatch``: Megatron-core), 4 bytes per parameter per
+  step, left out (under 0.1% of a step); otherwise every forward casts them again
+  (:func:`weight_cast_op`, simulator.job.Runtime.fp8_weight_cache);
 * activations: each linear saves its fp8 input for its weight gradient, 1 byte per element
   instead of e (:func:`linear_input_bytes`, used by simulator.cost.memory.activation_bytes_per_layer);
 * weights: the fp8 copy of each linear weight and its transpose (Hopper's fp8 GEMM takes only
@@ -59,6 +61,17 @@ def fp8_cast_op(model: ModelSpec, b: int, t: int, e: int) -> Op:
     return elementwise(
         "fp8_cast", forward, e + 1, 2, kernels=2, bwd_kernels=4, bwd_bytes_per_element=(e + 2) * backward / forward
     )
+
+
+def weight_cast_op(model: ModelSpec, t: int, e: int) -> Op:
+    """One forward's cast of a layer's linear weights on one TP rank when they are not cached
+    across microbatches (module docstring): each weight read in e bytes and written as its fp8
+    copy and fp8 transpose (``fp8_cast_transpose_fused``: e + 2 bytes per parameter), one kernel
+    per linear; both are saved for the backward, which casts nothing more."""
+    h, f, kv = model.hidden_size, model.ffn, model.kv_size
+    mlp = 3 if model.activation == "swiglu" else 2
+    weights = (h * (h + 2 * kv) + h * h + mlp * h * f) / t
+    return elementwise("fp8_weight_cast", weights, e + 2, 1, kernels=len(FP8_LINEARS))
 
 
 def fp8_layer_bytes(prec: str, layer_params: float) -> float:

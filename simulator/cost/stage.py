@@ -15,6 +15,7 @@ from simulator.cost import collectives, context, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
+from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.stage_memory import StageShape
 from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
@@ -42,6 +43,7 @@ class BlockTimes:
     act_bytes: float  # b*s*h*e: one boundary activation
     cp_forward: float = 0.0  # context parallelism: what the K/V ring adds to a layer's forward attention
     cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
+    fp8_weight_cast: float = 0.0  # prec=fp8: one forward's cast of a layer's weights, where not cached
 
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
@@ -97,6 +99,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
     eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
+    cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
     bt = BlockTimes(
         layer=pass_times(
             layer_forward_ops(model, mb, t, sp, e, prec),
@@ -129,6 +132,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
         act_bytes=act,
         cp_forward=cp_f,
         cp_backward=cp_b,
+        fp8_weight_cast=cast,
     )
     return bt
 
@@ -156,6 +160,9 @@ class StageCost(StageShape):
     tp_comm: float = 0.0  # forward + backward + recompute TP collectives
     backward_weight: float = 0.0  # the weight-gradient part of backward (ZB-H1's W passes)
     cp_comm: float = 0.0  # forward + backward + recompute exposed context-parallel ring time
+    # prec=fp8 without cached weight copies (simulator.job.Runtime.fp8_weight_cache): the casts of
+    # the layers' weights in every forward and full recompute; not in ``total`` (runtime-dependent)
+    weight_cast: float = 0.0
 
     @property
     def total(self) -> float:
@@ -256,6 +263,7 @@ def _make_stages(
             tp_comm=tp,
             backward_weight=bwd_w,
             cp_comm=cp,
+            weight_cast=(n + full) * bt.fp8_weight_cast,
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

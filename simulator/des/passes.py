@@ -11,6 +11,8 @@ Per layer and microbatch on one TP rank:
   again in a recomputed forward or attention core, twice the traffic in backward);
 * backward: [full recompute: layer forward + 2 TP all-reduces | selective: attention core]
   + layer backward + 2 TP all-reduces;
+* prec=fp8 in a program that does not cache the fp8 weight copies: each forward and full
+  recompute casts the layer's weights first (simulator.cost.precision.weight_cast_op);
 * the chunk's first layer carries the embedding (one TP all-reduce forward), the last layer
   the LM head (one TP all-reduce backward);
 * ZB-H1 (``split``): the backward ('B') is the input gradient only, less each block's
@@ -59,6 +61,7 @@ class Costs:
     tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
     cp_f: float  # what the context-parallel K/V ring adds to a layer's forward (0 at cp = 1)
     cp_b: float  # and to its backward
+    w_cast: float  # prec=fp8 without cached weight copies: a forward's cast of the layer's weights
     emb_f: float
     emb_b: float
     head_f: float
@@ -97,6 +100,7 @@ class Costs:
             tp_all_reduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
             cp_f=0.0 if free_comm else bt.cp_forward,
             cp_b=0.0 if free_comm else bt.cp_backward,
+            w_cast=0.0 if job.runtime.fp8_weight_cache else bt.fp8_weight_cast,
             emb_f=bt.embedding.forward,
             emb_b=bt.embedding.backward,
             head_f=bt.head.forward,
@@ -212,7 +216,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
             if has_emb:
                 segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
                 tp_bytes += TP_EMBEDDING * ar
-            segs += [("fwd", c.fwd), ("cp", c.cp_f), ("tp", TP_FORWARD * tp)]
+            segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", TP_FORWARD * tp)]
             if has_head:
                 segs.append(("fwd", c.head_f))
             out.append(
@@ -233,7 +237,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
             segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
             tp_bytes += TP_HEAD * ar
         if mode == "full":
-            segs += [("recompute", c.fwd), ("cp", c.cp_f), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
+            segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
             tp_bytes += TP_PER_FULL_RECOMPUTE * ar
             n_ar += TP_PER_FULL_RECOMPUTE
             work = c.act["none"]
