@@ -49,13 +49,19 @@ CASES = [
     ("t=2,p=2,ckpt=full", TINY_LLAMA),
     ("t=2,d=2,sp=1,zero=1", TINY),
     ("p=2,d=2,zero=1", TINY),  # tied embeddings: the last stage's copy weighs 0 in the norm
+    # context parallelism: sequence chunks, K/V all-gathered, gradients over the d*cp ranks
+    ("cp=2,ckpt=selective", TINY_LLAMA),
+    ("cp=2,d=2,zero=1,ckpt=full", TINY),  # learned positions offset by the chunk
+    ("t=2,cp=2,sp=1", TINY_LLAMA),  # with DTensor tensor and sequence parallelism
+    ("p=2,cp=2,schedule=1f1b", TINY),
+    ("cp=2,d=2,zero=3", TINY_LLAMA),  # FSDP2 over the d*cp ranks
 ]
 
 
 def emit_run_dir(tmp_path: Path, model: ModelSpec, plan_text: str, global_batch: int = 4) -> Path:
-    """A run dir for ``plan_text`` (world size t*p*d on one 'node'), no prediction stored."""
+    """A run dir for ``plan_text`` (world size t*cp*p*d on one 'node'), no prediction stored."""
     items = dict(kv.split("=") for kv in plan_text.split(","))
-    world = int(items.get("t", 1)) * int(items.get("p", 1)) * int(items.get("d", 1))
+    world = int(items.get("t", 1)) * int(items.get("cp", 1)) * int(items.get("p", 1)) * int(items.get("d", 1))
     base = load_cluster("dgx-a100-80gb")
     cluster = base.model_copy(update={"node": base.node.model_copy(update={"gpus_per_node": world})})
     plan, m = parse_plan(plan_text, model, world, global_batch)

@@ -5,7 +5,8 @@ Module names are stable across layouts (``embed.tok``, ``layers.<global index>.a
 (see ``autoplan.runtime.init``). Features: learned or rotary positions, LayerNorm or
 RMSNorm, GELU or SwiGLU MLP, grouped-query attention, tied input/output embeddings.
 Recomputation per layer: ``none``, ``selective`` (core attention recomputed) or ``full``
-(whole layer), with non-reentrant ``torch.utils.checkpoint``.
+(whole layer), with non-reentrant ``torch.utils.checkpoint``. Context parallelism: each rank runs
+one chunk of every sequence (:func:`set_context`, autoplan.runtime.context_parallel).
 
 Attention and MLP read their head/width counts from the tensors, so the same code runs
 unsharded and under DTensor tensor parallelism (local shards of q/k/v and fc1).
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from autoplan.runtime.context_parallel import ContextShard
 from simulator.specs import ModelSpec
 
 
@@ -42,21 +44,27 @@ def _rope_tables(seq: int, head_dim: int, theta: float, device: torch.device) ->
     return ang.cos().to(device), ang.sin().to(device)
 
 
-def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form, base ``theta``) of ``x`` shaped (batch, heads, seq, head_dim)."""
+def apply_rope(x: torch.Tensor, theta: float, offset: int = 0) -> torch.Tensor:
+    """Rotary embedding (rotate-half form, base ``theta``) of ``x`` shaped (batch, heads, seq,
+    head_dim), whose first token sits at position ``offset`` (a context-parallel chunk)."""
     seq, hd = x.shape[-2], x.shape[-1]
-    cos, sin = _rope_tables(seq, hd, theta, x.device)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    cos, sin = _rope_tables(offset + seq, hd, theta, x.device)
+    cos, sin = cos[offset:].to(x.dtype), sin[offset:].to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
-def _core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Scores, causal softmax and weighted sum: what selective recomputation recomputes."""
+def _core_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Scores, causal softmax and weighted sum: what selective recomputation recomputes;
+    ``mask``: the causal mask of a context-parallel chunk's queries over the whole sequence."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
@@ -73,18 +81,24 @@ class Attention(nn.Module):
         self.k = nn.Linear(spec.hidden_size, spec.kv_size, bias=bias)
         self.v = nn.Linear(spec.hidden_size, spec.kv_size, bias=bias)
         self.o = nn.Linear(spec.hidden_size, spec.hidden_size, bias=bias)
+        self.context: ContextShard | None = None  # context parallelism (set_context)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        cp = self.context
+        offset = cp.offset(s) if cp is not None else 0
         if self.rope_theta is not None:
-            q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
+            q, k = apply_rope(q, self.rope_theta, offset), apply_rope(k, self.rope_theta, offset)
+        mask = None
+        if cp is not None:  # the whole sequence's keys and values, masked by global position
+            k, v, mask = cp.gather(k), cp.gather(v), cp.causal_mask(s, x.device)
         if self.selective and torch.is_grad_enabled():
-            y = checkpoint(_core_attention, q, k, v, use_reentrant=False)
+            y = checkpoint(_core_attention, q, k, v, mask, use_reentrant=False)
         else:
-            y = _core_attention(q, k, v)
+            y = _core_attention(q, k, v, mask)
         return self.o(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -137,11 +151,13 @@ class Embed(nn.Module):
             if spec.position_embedding_type == "learned_absolute"
             else None
         )
+        self.context: ContextShard | None = None  # context parallelism (set_context)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            start = self.context.offset(tokens.shape[1]) if self.context is not None else 0
+            x = x + self.pos(torch.arange(start, start + tokens.shape[1], device=tokens.device))
         return x
 
 
@@ -198,6 +214,14 @@ class GPT(nn.Module):
         if self.head is not None:
             x = self.head(x)
         return x
+
+
+def set_context(model: nn.Module, shard: ContextShard) -> None:
+    """Run ``model`` on one context-parallel chunk of each sequence (autoplan.runtime.context_parallel):
+    its attentions gather the whole sequence's keys and values, its positions start at the chunk's."""
+    for module in model.modules():
+        if isinstance(module, (Attention, Embed)):
+            module.context = shard
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from simulator.cost.context import rank_plan
 from simulator.job import NO_DP_OVERLAP, Job
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
@@ -49,9 +50,10 @@ def program_job(job: Job) -> Job:
       MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set).
     """
     runtime = job.runtime
-    if dp_mode(job.plan) == "manual" and runtime.dp_overlap:
+    mode = dp_mode(rank_plan(job.plan))  # the program's data-parallel group: d*cp ranks
+    if mode == "manual" and runtime.dp_overlap:
         runtime = NO_DP_OVERLAP
-    autocast = job.cluster.node.backend == "nccl" and dp_mode(job.plan) != "fsdp"
+    autocast = job.cluster.node.backend == "nccl" and mode != "fsdp"
     runtime = dataclasses.replace(
         runtime, cross_entropy="torch", weight_copy_bytes=2.0 if autocast else 0.0, states="fp32-params"
     )
@@ -64,11 +66,6 @@ def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> s
         return (
             "prec=fp8: it computes in bf16 autocast (fp8 linears need Transformer Engine or torchao float8 on a "
             "Hopper GPU); use the emitted Megatron-LM or torchtitan config"
-        )
-    if plan.cp > 1:
-        return (
-            f"cp={plan.cp}: it has no ring attention (torch's context_parallel runs on CUDA SDPA kernels only); "
-            "use the emitted Megatron-LM or torchtitan config"
         )
     if plan.offload == "nvme":
         return "offload=nvme (ZeRO-Infinity) has no PyTorch implementation; use the emitted DeepSpeed config"

@@ -33,6 +33,7 @@ from autoplan.runtime.config import RunSpec, load_run_spec
 from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, peak_reserved_bytes, reset_peak, rss_bytes
 from autoplan.runtime.rank import RankLayout
 from autoplan.runtime.trainer import DistEnv, Trainer, import_plan_modules
+from simulator.cost.context import rank_plan
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> None:
     log(f"pid {os.getpid()} start")
     spec = load_run_spec(args.run_dir)
     if world != spec.world_size:
-        raise SystemExit(f"world size {world} does not match the plan's t*p*d = {spec.world_size}")
+        raise SystemExit(f"world size {world} does not match the plan's {spec.world_size} ranks (t*cp*p*d)")
     device = pick_device(args.device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=args.pg_timeout)
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> None:
         dist.init_process_group(backend, timeout=timeout, device_id=device)
     else:
         dist.init_process_group(backend, timeout=timeout)
-    plan = spec.plan
+    plan = rank_plan(spec.plan)  # context parallelism: d*cp data-parallel ranks (simulator.cost.context)
     if plan.hsdp:  # hybrid sharding: FSDP2 shards over dp_shard, replicates over dp_replicate
         shape = (plan.p, plan.replicas, plan.shard_group, plan.t)
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))

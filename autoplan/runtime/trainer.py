@@ -28,14 +28,16 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.runtime.config import RunSpec
+from autoplan.runtime.context_parallel import context_shard
 from autoplan.runtime.data import local_batch
 from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, local
 from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
 from autoplan.runtime.init import init_parameters
-from autoplan.runtime.model import GPT, layer_recompute, lm_loss
+from autoplan.runtime.model import GPT, layer_recompute, lm_loss, set_context
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
+from simulator.cost.context import rank_plan
 from simulator.plan import Plan
 
 
@@ -87,10 +89,12 @@ class Trainer:
         """``optimizer``: ``adamw`` or ``sgd``; ``mixed_precision``: bf16 compute (GPU only)."""
         self.spec, self.env = spec, env
         self.bf16 = mixed_precision and env.cuda
-        self.plan = plan = spec.plan
+        # the rank's view of a context-parallel plan: d*cp data-parallel ranks (simulator.cost.context)
+        self.plan = plan = rank_plan(spec.plan)
         self.layout = layout = env.layout
         self.mode = dp_mode(plan)
         self.dp_group = env.mesh["dp"].get_group()
+        self.context = context_shard(spec.plan, env.rank)
         self.chunks = [self._build_chunk(c) for c in layout.chunks]
         self.params = list(dict.fromkeys(p for m in self.chunks for p in m.parameters()))
         self.ddp: DistributedDataParallel | None = None
@@ -131,6 +135,8 @@ class Trainer:
         modes = layer_recompute(model, plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers))
         with torch.device("meta"):
             m = GPT(model, chunk_layer_ids(model, plan, chunk), chunk == 0, chunk == self.layout.num_chunks - 1, modes)
+        if self.context is not None:
+            set_context(m, self.context)
         if plan.t > 1:
             from autoplan.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -195,16 +201,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        m = self.spec.model
+        """This rank's sequences of the step (its replica's share), and of them its context chunk."""
+        m, cp = self.spec.model, self.spec.plan.cp
         x, y = local_batch(
             step,
             self.spec.global_batch,
             m.seq_length,
             m.vocab_size,
             self.spec.train.seed,
-            self.layout.dp_rank,
-            self.plan.d,
+            self.layout.dp_rank // cp,
+            self.spec.plan.d,
         )
+        if self.context is not None:
+            x, y = self.context.chunk(x), self.context.chunk(y)
         return x.to(self.env.device), y.to(self.env.device)
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
