@@ -141,9 +141,12 @@ def _ring_exposure(
     model: ModelSpec, cluster: ClusterSpec, t: int, mb: int, e: int, slow: float, asy: bool, dev: float
 ) -> tuple[float, float]:
     """Context parallelism's ring beside one layer's attention (forward, backward), priced
-    against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1."""
+    against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1. A
+    CPU rank (not ``asy``) runs its own ops and collectives one after another: nothing overlaps."""
     if context.context_parallel(model) == 1:
         return 0.0, 0.0
+    if not asy:
+        return context.ring_times(model, cluster, t, mb, e)
     heads = model.num_attention_heads // t
     attn = pass_times(attention_ops(model, mb, heads, e), cluster.gpu, slow, (), asy, None, dev)
     return context.ring_exposure(model, cluster, t, mb, e, (attn.forward, attn.backward))
