@@ -8,7 +8,7 @@ Per device i, per microbatch (microseconds, integers):
 with F, B the layer's forward/backward compute, T one TP all-reduce, A the attention core
 (selective recompute), Rf/Rb what the context-parallel ring adds to an attention's forward and
 backward (0 at cp = 1), E/H the embedding and head passes.
-with T's counts from simulator.cost.stage (TP_PER_LAYER, TP_PER_FULL_RECOMPUTE, TP_EMBEDDING, TP_HEAD).
+with T's counts from simulator.cost.stage (tp_per_layer, tp_per_full_recompute, TP_EMBEDDING, TP_HEAD).
 Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model,
 simulator.cost.stage_memory.DeviceMemoryModel, one constraint per reachable occupancy vector k
 of the schedule (simulator.cost.memory.chunk_occupancy):
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.context import rank_model, rank_plan, user_plan
-from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, TP_PER_FULL_RECOMPUTE, TP_PER_LAYER, block_times, device_chunks
+from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, device_chunks, tp_per_full_recompute, tp_per_layer
 from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.plan import Plan, RecomputeName
 from simulator.specs import ModelSpec
@@ -50,8 +50,8 @@ class PartitionResult:
 class LayerTimes:
     """Integer microseconds per microbatch of the partition's time terms (module docstring)."""
 
-    per_layer: int  # F + B + TP_PER_LAYER * T
-    full_extra: int  # F + TP_PER_FULL_RECOMPUTE * T
+    per_layer: int  # F + B + tp_per_layer * T
+    full_extra: int  # F + tp_per_full_recompute * T
     sel_extra: int  # A
     emb: int  # E
     head: int  # H
@@ -61,8 +61,10 @@ class LayerTimes:
         bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
         tp, cp_f = bt.tp_all_reduce, bt.cp_forward
         return LayerTimes(
-            per_layer=round((bt.layer.forward + bt.layer.backward + TP_PER_LAYER * tp + cp_f + bt.cp_backward) * US),
-            full_extra=round((bt.layer.forward + TP_PER_FULL_RECOMPUTE * tp + cp_f) * US),
+            per_layer=round(
+                (bt.layer.forward + bt.layer.backward + tp_per_layer(model) * tp + cp_f + bt.cp_backward) * US
+            ),
+            full_extra=round((bt.layer.forward + tp_per_full_recompute(model) * tp + cp_f) * US),
             sel_extra=round((bt.layer.attention_core + cp_f) * US),
             emb=round((bt.embedding.forward + bt.embedding.backward + TP_EMBEDDING * tp) * US),
             head=round((bt.head.forward + bt.head.backward + TP_HEAD * tp) * US),

@@ -7,9 +7,12 @@ different model; planning it as the dense one gives a plan for a model the user 
 (a Mixtral-8x7B config read as Mistral-7B: 7.2 B parameters instead of 46.7 B). So each key
 below is refused, by name, when its value departs from the dense decoder:
 
-* mixture of experts: ``num_local_experts`` (Mixtral), ``num_experts`` (Qwen-MoE, OLMoE),
-  ``n_routed_experts`` / ``n_shared_experts`` (DeepSeek), ``num_experts_per_tok``,
-  ``moe_intermediate_size``, ``moe_layer_freq``, ``decoder_sparse_step``;
+* mixture of experts beyond routed experts in every layer (which autoplan models:
+  ``num_local_experts`` / ``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
+  read by simulator.specs): shared experts (``n_shared_experts``, ``shared_expert_intermediate_size``:
+  DeepSeek, Qwen2-MoE), DeepSeek's ``n_routed_experts`` layout, dense layers between MoE ones
+  (``moe_layer_freq`` / ``decoder_sparse_step`` other than 1, ``mlp_only_layers``,
+  ``first_k_dense_replace``);
 * attention that is not full: ``sliding_window`` shorter than the sequence (Mistral v0.1;
   ignored when ``use_sliding_window`` is false, as Qwen2 sets it), ``layer_types`` /
   ``sliding_window_pattern`` (Gemma 2/3 local layers), ``attention_type`` other than global;
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-_MOE = "a mixture-of-experts layer (autoplan models dense MLPs only)"
+_MOE = "a mixture-of-experts layout autoplan does not model (it models routed experts in every layer)"
 
 
 def _positive(v: Any) -> bool:
@@ -40,14 +43,13 @@ def _true(v: Any) -> bool:
 
 #: key -> (does this value change the architecture?, what it is)
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "num_local_experts": (_positive, _MOE),
-    "num_experts": (_positive, _MOE),
     "n_routed_experts": (_positive, _MOE),
     "n_shared_experts": (_positive, _MOE),
-    "num_experts_per_tok": (_positive, _MOE),
-    "moe_intermediate_size": (_positive, _MOE),
-    "moe_layer_freq": (_positive, _MOE),
-    "decoder_sparse_step": (_positive, _MOE),
+    "shared_expert_intermediate_size": (_positive, _MOE),
+    "moe_layer_freq": (lambda v: _positive(v) and v != 1, _MOE),
+    "decoder_sparse_step": (lambda v: _positive(v) and v != 1, _MOE),
+    "mlp_only_layers": (lambda v: isinstance(v, list) and len(v) > 0, _MOE),
+    "first_k_dense_replace": (_positive, _MOE),
     "layer_types": (
         lambda v: isinstance(v, list) and any(str(x) != "full_attention" for x in v),
         "layers with local (sliding-window) attention (autoplan models full attention in every layer)",

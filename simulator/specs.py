@@ -45,6 +45,11 @@ class ModelSpec(BaseModel):
     # stored; "materialized": scores, softmax and dropout as separate kernels that keep the
     # s x s tensors (Megatron-LM 2021's fused softmax, Megatron-DeepSpeed without flash)
     attention: Literal["flash", "materialized"] = "flash"
+    # mixture of experts (Megatron-LM --num-experts, --moe-router-topk): every layer's MLP is
+    # num_experts expert MLPs of ffn_hidden_size (Megatron's --moe-ffn-hidden-size) and a router that
+    # sends each token to moe_router_topk of them; None: a dense MLP
+    num_experts: int | None = Field(default=None, ge=2)
+    moe_router_topk: int = Field(default=2, ge=1)
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelSpec:
@@ -56,6 +61,8 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"num_attention_heads {self.num_attention_heads} must be divisible by num_query_groups {self.kv_heads}"
             )
+        if self.num_experts is not None and self.moe_router_topk > self.num_experts:
+            raise ValueError(f"moe_router_topk {self.moe_router_topk} exceeds num_experts {self.num_experts}")
         return self
 
     @property
@@ -65,6 +72,16 @@ class ModelSpec(BaseModel):
     @property
     def ffn(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def experts(self) -> int:
+        """MLPs per layer: num_experts, or 1 (dense)."""
+        return self.num_experts or 1
+
+    @property
+    def mlp_copies(self) -> int:
+        """MLPs each token passes through per layer: the router's top-k, or 1 (dense)."""
+        return self.moe_router_topk if self.num_experts else 1
 
     @property
     def head_dim(self) -> int:
@@ -96,14 +113,18 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
     "num_attention_heads": ("num_attention_heads", "n_head"),
     "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
-    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_dim"),
+    "ffn_hidden_size": ("moe_intermediate_size", "intermediate_size", "n_inner", "ffn_dim"),
+    "num_experts": ("num_local_experts", "num_experts"),
+    "moe_router_topk": ("num_experts_per_tok",),
     "vocab_size": ("vocab_size",),
     "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
 }
 
 
 def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | None = None) -> ModelSpec:
-    """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style) onto ModelSpec
+    """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style, and their mixtures of
+    experts: Mixtral, Qwen3-MoE, OLMoE, whose expert width is ``moe_intermediate_size`` or, for
+    Mixtral, ``intermediate_size``) onto ModelSpec
     (SpecError when it cannot be used, or when a key makes it a model autoplan does not model:
     :mod:`simulator.hf_unsupported`). ``seq_len``: the sequence it will be planned for, when not
     the config's own."""
@@ -115,6 +136,9 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
             if cfg.get(n) is not None:
                 data[key] = cfg[n]
                 break
+    if not (isinstance(data.get("num_experts"), int) and data["num_experts"] >= 2):  # dense (0 or 1 expert)
+        data.pop("num_experts", None)
+        data.pop("moe_router_topk", None)
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
     if act in ("silu", "swish", "swiglu"):
         data["activation"] = "swiglu"
@@ -123,7 +147,16 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     else:
         raise SpecError(f"{source}: key 'hidden_act': unsupported activation {act!r} (expected gelu or silu/swiglu)")
     model_type = str(cfg.get("model_type", ""))
-    llama_like = "rope_theta" in cfg or model_type in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma")
+    llama_like = "rope_theta" in cfg or model_type in (
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "mixtral",
+        "qwen3_moe",
+        "olmoe",
+        "gemma",
+    )
     data["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", not llama_like))
     data["position_embedding_type"] = "rope" if llama_like else "learned_absolute"
     data["normalization"] = "RMSNorm" if ("rms_norm_eps" in cfg or llama_like) else "LayerNorm"

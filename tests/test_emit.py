@@ -63,9 +63,13 @@ def test_run_dir_files_parse_and_record_every_export(tmp_path, case):
                 text = (out / name).read_text()
                 assert all(c in text for c in record["changes"]) and all(n in text for n in record["notes"])
                 assert ("NOT the plan as given" in text) == (not record["exact"])
-    assert written == FILES - (
-        {"torchtitan_config.py", "torchtitan_launch.sh"} if "refused" in data["exports"]["torchtitan"] else set()
-    )
+    refused = {
+        "torchtitan": {"torchtitan_config.py", "torchtitan_launch.sh"},
+        "deepspeed": {"ds_config.json", "deepspeed_setup.py"},
+    }
+    assert written == FILES - {
+        f for tool, files in refused.items() if "refused" in data["exports"][tool] for f in files
+    }
     for script in written:
         if script.endswith((".sh", ".sbatch")):
             assert subprocess.run(["bash", "-n", str(out / script)], timeout=30).returncode == 0

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autoplan.emit.export import Change, Draft, Export, fill_template, one_stage_per_rank
+from autoplan.emit.export import Change, Draft, Export, fill_template, one_stage_per_rank, refuse
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
 from simulator.plan import Plan, num_microbatches
@@ -141,6 +141,14 @@ def deepspeed_setup(job: Job, plan: Plan, header: list[str]) -> str:
 
 
 def export_deepspeed(job: Job, train: TrainSettings) -> Export:
+    if job.model.num_experts:
+        return refuse(
+            "deepspeed",
+            RELEASE,
+            f"{job.model.name} is a mixture of experts: DeepSpeed-MoE runs the model's own MoE layers "
+            "(deepspeed.moe.layer.MoE), and deepspeed_setup.py builds dense blocks",
+        )
+
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {
             "ds_config.json": json.dumps(deepspeed_config(job, plan, train, header), indent=2) + "\n",

@@ -24,6 +24,8 @@ Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training
   materialised attention -> ``--attention-backend unfused``.
 - cp -> ``--context-parallel-size`` (with ``--cp-comm-type``'s default ``p2p``: Transformer
   Engine's K/V ring, the one autoplan prices); the distributed optimizer shards over dp x cp.
+- Mixture of experts -> ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``
+  (the model's ffn: the expert width) and the all-to-all token dispatcher autoplan prices.
 - prec=fp8 -> ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
   (Transformer Engine layers, Megatron's default ``--transformer-impl``).
 
@@ -84,6 +86,9 @@ def _model_args(job: Job) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     if m.attention == "materialized":
         args += ["--attention-backend", "unfused"]
+    if m.num_experts:  # every layer a mixture of experts (simulator.cost.experts)
+        args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_router_topk)]
+        args += ["--moe-ffn-hidden-size", str(m.ffn), "--moe-token-dispatcher-type", "alltoall"]
     return args
 
 

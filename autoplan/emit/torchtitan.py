@@ -57,6 +57,11 @@ def architecture_refusal(job: Job) -> str | None:
             f"{m.name} is GPT-style ({', '.join(gpt)}); torchtitan 0.3 ships Llama-style decoders only "
             "(SwiGLU, RMSNorm, RoPE), a different model"
         )
+    if m.num_experts:
+        return (
+            f"{m.name} is a mixture of experts; torchtitan_config.py builds torchtitan's dense Llama blocks "
+            "(its MoE models, deepseek_v3 / qwen3 / llama4, are other architectures)"
+        )
     if m.tie_embeddings and job.plan.p > 1:
         return "tied embeddings with p > 1: torchtitan raises NotImplementedError (models/common/decoder.py)"
     return None

@@ -62,6 +62,11 @@ def program_job(job: Job) -> Job:
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:
     """Why the runtime cannot run ``plan`` correctly, or None when it can."""
+    if model.num_experts:
+        return (
+            f"{model.name} is a mixture of experts: its MLPs are dense (no router, no experts); use the emitted "
+            "Megatron-LM config"
+        )
     if plan.prec == "fp8":
         return (
             "prec=fp8: it computes in bf16 autocast (fp8 linears need Transformer Engine or torchao float8 on a "

@@ -100,6 +100,9 @@ def activation_bytes_per_layer(
     Generalized here term by term (so GQA, other ffn sizes and SwiGLU are exact too):
         replicated (split by t only with SP): two norm inputs, QKV input, fc1 input (4e)
             and two dropout masks (2 bytes)           -> (4e + 2)*s*b*h
+            (a mixture of experts keeps its router's input and probabilities and k permuted
+            copies for the experts' fc1 instead of fc1's input: :func:`mlp_input_bytes`; its
+            MLP activations below are k times the dense ones, f the expert width)
         tensor-parallel: Q, K, V, proj input, MLP activations
             -> e*s*b*(2h + 2kv + f_act)/t,  f_act = 2f (GELU in/out) or 3f (SwiGLU 2f in, f out)
         attention core: the materialized scores' softmax output (e), dropout mask (1) and
@@ -116,12 +119,25 @@ def activation_bytes_per_layer(
     if ckpt == "full":
         return e * sbh / (t if sp else 1)
     li = e if linear_input is None else linear_input
-    f = model.ffn
+    f, k = model.ffn, model.mlp_copies
     f_act = 3 * f if model.activation == "swiglu" else 2 * f
-    replicated = (2 * e + 2 * li + 2) * sbh / (t if sp else 1)
-    split = s * b * (e * (h + 2 * model.kv_size) + li * h + e * (f_act - f) + li * f) / t
+    replicated = (2 * e + li + 2) * sbh / (t if sp else 1) + mlp_input_bytes(model, b, t, sp, e, li)
+    split = s * b * (e * (h + 2 * model.kv_size) + li * h + k * (e * (f_act - f) + li * f)) / t
     scores = 0.0 if ckpt == "selective" else attention_core_bytes(model, b, t, e)
     return replicated + split + scores
+
+
+def mlp_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, e: int, li: int) -> float:
+    """What the MLP keeps of its input for backward, per microbatch on one TP rank: fc1's input,
+    li*s*b*h (split by t with SP); a mixture of experts (simulator.cost.experts) keeps the
+    router's input (e*s*b*h, split by t with SP), the routing probabilities (fp32, 4*s*b*E,
+    split likewise) and the k permuted copies fc1 reads, li*k*s*b*h on every tensor rank (each
+    holds all its experts' rows)."""
+    s, h = model.seq_length, model.hidden_size
+    per_rank = t if sp else 1
+    if not model.num_experts:
+        return li * s * b * h / per_rank
+    return (e * s * b * h + 4 * s * b * model.experts) / per_rank + li * model.mlp_copies * s * b * h
 
 
 def attention_core_bytes(model: ModelSpec, b: int, t: int, e: int = 2) -> float:
@@ -212,9 +228,11 @@ def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_i
     """What a layer's weight gradients need of its activations, per microbatch on one TP rank:
     the four linears' saved inputs at ``linear_input`` bytes per element (the terms of
     :func:`activation_bytes_per_layer`): QKV and fc1, 2*s*b*h (split by t with SP), and proj and
-    fc2, s*b*(h + f)/t."""
+    fc2, s*b*(h + f)/t; a mixture of experts' fc1 and fc2 read k permuted copies, k*s*b*h on
+    every tensor rank and k*s*b*f/t."""
     s, h = model.seq_length, model.hidden_size
-    return linear_input * s * b * (2 * h / (t if sp else 1) + (h + model.ffn) / t)
+    mlp = linear_input * s * b * h * model.mlp_copies / (1 if model.num_experts else (t if sp else 1))
+    return linear_input * s * b * (h / (t if sp else 1) + (h + model.mlp_copies * model.ffn) / t) + mlp
 
 
 def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:

@@ -203,6 +203,9 @@ WEIGHT_GRADIENT_OPS = frozenset(
         "grad_accum",
         "embedding_wgrad",
         "logits_grad_accum",
+        "router_wgrad",
+        "expert_fc1_wgrad",
+        "expert_fc2_wgrad",
     }
 )
 

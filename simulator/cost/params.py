@@ -4,7 +4,9 @@ Megatron-LM (Narayanan et al. 2021, section 5.1): with biases and LayerNorm (GPT
     P = 12*l*h^2 * (1 + 13/(12h) + (V + s)/(12*l*h))
 Per layer: QKV h*(h+2kv) + proj h*h + MLP h*f*(3 if SwiGLU else 2); GPT-style models add
 biases (h+2kv + h + f + h) and two LayerNorms (4h); Llama-style (RMSNorm) models have no
-biases and two norm weights (2h).
+biases and two norm weights (2h). A mixture of experts has E such MLPs (f the expert width)
+and an h*E router: Mixtral 8x7B (h 4096, 32 layers, f 14336, 8 KV heads, V 32000) has
+46,702,792,704 parameters.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ def _has_bias(model: ModelSpec) -> bool:
 
 
 def layer_params(model: ModelSpec) -> int:
-    h, f, kv = model.hidden_size, model.ffn, model.kv_size
+    """One layer: attention, norms and the MLP (E expert MLPs and an h x E router for a mixture
+    of experts, Megatron-core's TopKRouter without bias)."""
+    h, f, kv, E = model.hidden_size, model.ffn, model.kv_size, model.experts
     mlp = 3 if model.activation == "swiglu" else 2
-    weights = h * (h + 2 * kv) + h * h + mlp * h * f
+    router = h * E if model.num_experts else 0
+    weights = h * (h + 2 * kv) + h * h + E * mlp * h * f + router
     if _has_bias(model):
-        return weights + (h + 2 * kv) + h + f * (mlp - 1) + h + 4 * h
+        return weights + (h + 2 * kv) + h + E * (f * (mlp - 1) + h) + 4 * h
     return weights + 2 * h
 
 
@@ -50,14 +55,16 @@ def megatron_params_formula(model: ModelSpec) -> float:
 def layer_params_per_rank(model: ModelSpec, t: int) -> float:
     """One layer's parameters on one TP rank: the split weights and biases / t, the
     row-parallel biases and norms replicated (Shoeybi et al. 2019)."""
-    h, f, kv = model.hidden_size, model.ffn, model.kv_size
+    h, f, kv, E = model.hidden_size, model.ffn, model.kv_size, model.experts
     mlp = 3 if model.activation == "swiglu" else 2
-    split = h * (h + 2 * kv) + h * h + mlp * h * f
+    split = h * (h + 2 * kv) + h * h + E * mlp * h * f  # experts split by t too (Megatron's default
+    # expert tensor parallelism: --expert-tensor-parallel-size = t)
+    replicated = h * E if model.num_experts else 0  # the router
     if _has_bias(model):
-        split += (h + 2 * kv) + f * (mlp - 1)
-        replicated = h + h + 4 * h
+        split += (h + 2 * kv) + E * f * (mlp - 1)
+        replicated += h + E * h + 4 * h
     else:
-        replicated = 2 * h
+        replicated += 2 * h
     return split / t + replicated
 
 

@@ -14,6 +14,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, context, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
+from simulator.cost.experts import mlp_tensor_collectives
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.stage_memory import StageShape
@@ -48,10 +49,26 @@ class BlockTimes:
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
 # sequence parallelism each is an all-gather + reduce-scatter pair, Korthikanti et al. 2022):
-TP_FORWARD = 2  # per layer forward: after attention and after the MLP (the g operators)
-TP_BACKWARD = 2  # per layer backward: the f operators' conjugates
-TP_PER_LAYER = TP_FORWARD + TP_BACKWARD
-TP_PER_FULL_RECOMPUTE = TP_FORWARD  # a fully recomputed layer runs its forward's again
+def tp_forward(model: ModelSpec) -> int:
+    """Per layer forward: after attention and after the MLP (the g operators): 2; a mixture of
+    experts' MLP moves its k routed copies (simulator.cost.experts.mlp_tensor_collectives)."""
+    return 1 + mlp_tensor_collectives(model)
+
+
+def tp_backward(model: ModelSpec) -> int:
+    """Per layer backward: the f operators' conjugates, as many as forward."""
+    return tp_forward(model)
+
+
+def tp_per_layer(model: ModelSpec) -> int:
+    return tp_forward(model) + tp_backward(model)
+
+
+def tp_per_full_recompute(model: ModelSpec) -> int:
+    """A fully recomputed layer runs its forward's again."""
+    return tp_forward(model)
+
+
 TP_EMBEDDING = 1  # the vocab-parallel embedding's forward
 TP_HEAD = 1  # the vocab-parallel LM head's backward
 
@@ -195,8 +212,8 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
 
 
 def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
-    """Cost of each pipeline device per microbatch. TP: TP_FORWARD all-reduces of b*s*h forward
-    and TP_BACKWARD backward per layer, TP_PER_FULL_RECOMPUTE more when a layer is fully
+    """Cost of each pipeline device per microbatch. TP: tp_forward all-reduces of b*s*h forward
+    and tp_backward backward per layer, tp_per_full_recompute more when a layer is fully
     recomputed; the vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward.
 
     Devices with the same work share one StageCost object (see ``unique_stages``). The
@@ -239,7 +256,7 @@ def _make_stages(
         bwd = n * bt.layer.backward
         bwd_w = n * bt.layer.backward_weight
         recompute = full * bt.layer.forward + sel * bt.layer.attention_core
-        tp = (TP_PER_LAYER * n + TP_PER_FULL_RECOMPUTE * full) * bt.tp_all_reduce
+        tp = (tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * bt.tp_all_reduce
         # a recomputed layer (full) or attention core (selective) runs its forward ring again
         cp = n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward
         if first:

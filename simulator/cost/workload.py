@@ -31,6 +31,7 @@ see :func:`padded_vocab_size`. The simulator's stage costs use the padded size.
 from __future__ import annotations
 
 from simulator.cost.attention import attention_ops
+from simulator.cost.experts import moe_mlp_ops
 from simulator.cost.op import Op, elementwise, gemm
 from simulator.cost.precision import fp8_cast_op, gemm_dtype
 from simulator.plan import Precision
@@ -49,10 +50,12 @@ def padded_vocab_size(model: ModelSpec, t: int, divisible_by: int = MAKE_VOCAB_S
 def layer_param_tensors(model: ModelSpec) -> int:
     """Parameter tensors of one layer: a GPT layer has a weight and a bias for each of ln1,
     QKV, proj, ln2, fc1 and fc2 (12); a Llama-style layer 2 norm weights and 4 weight matrices
-    (SwiGLU: 5, the gate and up projections separate)."""
+    (SwiGLU: 5, the gate and up projections separate); a mixture of experts E MLPs' and a router."""
+    mlp = 2 if model.activation != "swiglu" else 3  # fc1, fc2 (SwiGLU: gate and up apart)
+    router = 1 if model.num_experts else 0  # a mixture of experts: E expert MLPs and a router
     if model.normalization == "LayerNorm":
-        return 12
-    return 6 if model.activation != "swiglu" else 7
+        return 8 + 2 * 2 * model.experts + router  # weights and biases; MLP: fc1 and fc2
+    return 4 + mlp * model.experts + router
 
 
 def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: str = "bf16") -> list[Op]:
@@ -94,18 +97,21 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: 
         ),
         elementwise("ln2", tok_sp * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
     ]
-    if model.activation == "swiglu":
+    if model.num_experts:  # a mixture of experts (simulator.cost.experts)
+        ops += moe_mlp_ops(model, b, t, sp, e)
+    elif model.activation == "swiglu":
         ops += [
             gemm("fc1", tok, 2 * f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
             elementwise("swiglu", tok * f / t, 3 * e, 6, bwd_kernels=1, bwd_bytes_per_element=5 * e),
+            gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
         ]
     else:
         ops += [
             gemm("fc1", tok, f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
             elementwise("gelu", tok * f / t, 2 * e, 8, bwd_kernels=2, bwd_bytes_per_element=4 * e),
+            gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
         ]
     ops += [
-        gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
         elementwise(
             "dropout_residual2", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3, bwd_bytes_per_element=6 * e + 1
         ),
@@ -193,14 +199,17 @@ def forward_flops(ops: list[Op]) -> float:
 def layer_forward_flops(model: ModelSpec, b: int) -> float:
     """Forward FLOPs of one layer for b sequences at t = 1, general (GQA, any ffn, SwiGLU):
     2*b*s*h*(h + 2*kv)  [QKV] + 4*b*s^2*h [attention] + 2*b*s*h^2 [proj]
-    + 2*b*s*h*f*(3 if SwiGLU else 2) [MLP].
+    + 2*b*s*h*f*(3 if SwiGLU else 2) [MLP]; a mixture of experts runs k MLPs per token and a
+    2*b*s*h*E router (Mixtral 8x7B: 12.9 B of its 46.7 B parameters per token).
     Reduces to 24*b*s*h^2 + 4*b*s^2*h for MHA, f = 4h, GELU (Narayanan et al. 2021). The
     attention term is 4*b*s*S*h with S the keys a query attends over (S = s; a context-parallel
     rank's chunk of s/cp tokens attends over all of them, simulator.cost.context)."""
     s, h, f, kv = model.seq_length, model.hidden_size, model.ffn, model.kv_size
     mlp = 3 if model.activation == "swiglu" else 2
     attention = 4 * b * s * model.attention_keys * h
-    return 2 * b * s * h * (h + 2 * kv) + attention + 2 * b * s * h * h + 2 * b * s * h * f * mlp
+    router = 2 * b * s * h * model.experts if model.num_experts else 0
+    experts = 2 * b * s * h * f * mlp * model.mlp_copies  # each token through k MLPs (1 when dense)
+    return 2 * b * s * h * (h + 2 * kv) + attention + 2 * b * s * h * h + experts + router
 
 
 def logits_forward_flops(model: ModelSpec, b: int) -> float:

@@ -42,7 +42,7 @@ from simulator.cost.memory import (
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from simulator.cost.precision import linear_input_bytes
-from simulator.cost.stage import TP_BACKWARD, TP_EMBEDDING, TP_FORWARD, TP_HEAD, TP_PER_FULL_RECOMPUTE, block_times
+from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, tp_backward, tp_forward, tp_per_full_recompute
 from simulator.cost.stage_memory import layer_activations
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
@@ -59,6 +59,9 @@ class Costs:
     attn_core: float
     tp_all_reduce: float  # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
     tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
+    tp_fwd: int  # a layer's TP all-reduces forward (stage.tp_forward), backward, and in a full recompute
+    tp_bwd: int
+    tp_rec: int
     cp_f: float  # what the context-parallel K/V ring adds to a layer's forward (0 at cp = 1)
     cp_b: float  # and to its backward
     w_cast: float  # prec=fp8 without cached weight copies: a forward's cast of the layer's weights
@@ -98,6 +101,9 @@ class Costs:
             attn_core=bt.layer.attention_core,
             tp_all_reduce=tp,
             tp_all_reduce_bytes=2 * (t - 1) / t * bt.act_bytes if t > 1 else 0.0,
+            tp_fwd=tp_forward(model),
+            tp_bwd=tp_backward(model),
+            tp_rec=tp_per_full_recompute(model),
             cp_f=0.0 if free_comm else bt.cp_forward,
             cp_b=0.0 if free_comm else bt.cp_backward,
             w_cast=0.0 if job.runtime.fp8_weight_cache else bt.fp8_weight_cast,
@@ -212,11 +218,11 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
         params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
         segs: list[tuple[str, float]] = []
         if kind == "F":
-            tp_bytes = TP_FORWARD * ar
+            tp_bytes = c.tp_fwd * ar
             if has_emb:
                 segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
                 tp_bytes += TP_EMBEDDING * ar
-            segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", TP_FORWARD * tp)]
+            segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", c.tp_fwd * tp)]
             if has_head:
                 segs.append(("fwd", c.head_f))
             out.append(
@@ -226,24 +232,24 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
                     alloc_buf=c.logits if has_head else 0.0,
                     params=params,
                     tp_bytes=tp_bytes,
-                    tp_layer_all_reduces=TP_FORWARD,
+                    tp_layer_all_reduces=c.tp_fwd,
                 )
             )
             continue
-        tp_bytes = TP_BACKWARD * ar
-        n_ar = TP_BACKWARD
+        tp_bytes = c.tp_bwd * ar
+        n_ar = c.tp_bwd
         work = 0.0
         if has_head:
             segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
             tp_bytes += TP_HEAD * ar
         if mode == "full":
-            segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", TP_PER_FULL_RECOMPUTE * tp)]
-            tp_bytes += TP_PER_FULL_RECOMPUTE * ar
-            n_ar += TP_PER_FULL_RECOMPUTE
+            segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", c.tp_rec * tp)]
+            tp_bytes += c.tp_rec * ar
+            n_ar += c.tp_rec
             work = c.act["none"]
         elif mode == "selective":
             segs += [("recompute", c.attn_core), ("cp", c.cp_f)]
-        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("tp", TP_BACKWARD * tp)]
+        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("tp", c.tp_bwd * tp)]
         if has_emb:
             segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
         out.append(

@@ -1,0 +1,118 @@
+"""Mixture of experts (issue 18, part 3): the model, its parameters, work and memory, by hand."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import analytic_and_des
+
+from autoplan.emit.deepspeed import export_deepspeed
+from autoplan.emit.megatron import export_megatron
+from autoplan.emit.torchtitan import export_torchtitan
+from autoplan.runtime.config import TrainSettings
+from autoplan.runtime.support import unsupported_reason
+from hwprofiles.errors import PlanError, SpecError
+from hwprofiles.load import load_cluster
+from simulator.cost.experts import expert_tokens, moe_mlp_ops
+from simulator.cost.memory import activation_bytes_per_layer
+from simulator.cost.params import total_params
+from simulator.cost.stage import tp_forward
+from simulator.cost.workload import layer_forward_flops, layer_param_tensors
+from simulator.job import Job
+from simulator.plan import parse_plan
+from simulator.specs import load_model
+
+MIXTRAL = load_model("mixtral-8x7b")
+H100 = load_cluster("dgx-h100", 8)  # 64 GPUs
+
+
+def test_mixtral_parameters_and_work_per_token():
+    """46.7 B parameters, of which a token uses 12.9 B (Jiang et al. 2024): the layer forward's
+    FLOPs per token are 2 x (attention's and two experts' weights) + the router, plus attention."""
+    assert total_params(MIXTRAL) == 46_702_792_704
+    h, f, kv, s = 4096, 14336, 1024, 4096
+    per_token = 2 * (h * (h + 2 * kv) + h * h + 2 * 3 * h * f + h * 8) + 4 * s * h
+    assert layer_forward_flops(MIXTRAL, 1) == per_token * s
+    active = 32 * (h * (h + 2 * kv) + h * h + 2 * 3 * h * f) + 2 * 32000 * h
+    assert active == pytest.approx(12.9e9, rel=0.01)
+    assert layer_param_tensors(MIXTRAL) == 4 + 3 * 8 + 1  # norms, qkv, proj; 8 SwiGLU experts; router
+
+
+def test_expert_ops_by_hand():
+    """b=1, s=4096, k=2, E=8: each expert's grouped GEMM has 1024 rows; at t=2 fc1 is 1024 x
+    14336 x 4096 per expert (SwiGLU's gate and up), fc2 1024 x 4096 x 7168."""
+    assert expert_tokens(MIXTRAL, 1) == 1024
+    ops = {o.name: o for o in moe_mlp_ops(MIXTRAL, 1, 2, True, 2)}
+    assert (ops["expert_fc1"].m, ops["expert_fc1"].n, ops["expert_fc1"].k, ops["expert_fc1"].count) == (
+        1024,
+        14336,
+        4096,
+        8,
+    )
+    assert ops["expert_fc2"].flops == 2 * 1024 * 4096 * 7168 * 8
+    assert ops["router"].m == 2048 and ops["router"].n == 8  # the sequence-parallel tokens
+    assert ops["permute"].bytes == 2 * 4096 * 2 * 4096 * 2
+    assert tp_forward(MIXTRAL) == 3 and tp_forward(load_model("llama2-7b")) == 2
+
+
+def test_activations_hold_k_copies():
+    """Against the same model with one dense MLP of the expert width: the MLP's activations
+    double (k = 2), and the routed copies sit on every tensor rank."""
+    dense = MIXTRAL.model_copy(update={"num_experts": None})
+    b, t, e = 1, 2, 2
+    sbh = 4096 * 4096
+    extra = activation_bytes_per_layer(MIXTRAL, b, t, True, "none", e) - activation_bytes_per_layer(
+        dense, b, t, True, "none", e
+    )
+    f_act = 3 * 14336
+    mlp_split = 4096 * (e * (f_act - 14336) + e * 14336) / t  # one more copy of the split MLP activations
+    router = (e * sbh + 4 * 4096 * 8) / t  # its input and fp32 probabilities, split by SP
+    copies = e * 2 * sbh - e * sbh / t  # k permuted rows on every rank instead of fc1's split input
+    assert extra == pytest.approx(mlp_split + router + copies)
+    assert activation_bytes_per_layer(MIXTRAL, b, t, True, "full", e) == e * sbh / t
+
+
+def test_hf_configs():
+    mixtral = {
+        "model_type": "mixtral",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "hidden_act": "silu",
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-5,
+        "sliding_window": None,
+    }
+    from simulator.specs import model_from_hf_config
+
+    m = model_from_hf_config(mixtral, "config.json", 4096)
+    assert (m.num_experts, m.moe_router_topk, m.ffn) == (8, 2, 14336)
+    assert total_params(m) == total_params(MIXTRAL)
+    qwen3 = dict(mixtral, model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
+    del qwen3["num_local_experts"]
+    q = model_from_hf_config(qwen3, "config.json", 4096)
+    assert (q.num_experts, q.moe_router_topk, q.ffn) == (128, 8, 768)
+    shared = dict(qwen3, shared_expert_intermediate_size=5632)
+    with pytest.raises(SpecError, match="shared_expert_intermediate_size"):
+        model_from_hf_config(shared, "config.json", 4096)
+    assert model_from_hf_config(dict(mixtral, num_local_experts=1), "c.json", 4096).num_experts is None
+
+
+def test_analytic_and_des_agree():
+    analytic_and_des(MIXTRAL, H100, "t=2,p=4,mb=1,zero=1,sp=1", 256, 0.02, 0.01)
+
+
+def test_bad_input_and_exports():
+    with pytest.raises(PlanError, match="prec=fp8 with a mixture of experts is not modelled"):
+        parse_plan("t=2,prec=fp8", MIXTRAL, 64, 64)
+    plan, m = parse_plan("t=2,p=4,mb=1,zero=1,sp=1", MIXTRAL, 64, 64)
+    job = Job(MIXTRAL, H100, plan, 64)
+    args = export_megatron(job, TrainSettings()).files["megatron_args.txt"]
+    assert "--num-experts 8" in args and "--moe-router-topk 2" in args and "--moe-ffn-hidden-size 14336" in args
+    assert export_deepspeed(job, TrainSettings()).refused and export_torchtitan(job, TrainSettings()).refused
+    assert "mixture of experts" in (unsupported_reason(MIXTRAL, plan, m) or "")
