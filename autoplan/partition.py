@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.context import rank_model, rank_plan, user_plan
+from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
+from simulator.cost.rank_view import rank_model, rank_plan, user_plan
 from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, device_chunks, tp_per_full_recompute, tp_per_layer
 from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.plan import Plan, RecomputeName
@@ -59,12 +60,12 @@ class LayerTimes:
     @staticmethod
     def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> LayerTimes:
         bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
-        tp, cp_f = bt.tp_all_reduce, bt.cp_forward
+        tp, cp_f, a2a = bt.tp_all_reduce, bt.cp_forward, ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
         return LayerTimes(
             per_layer=round(
-                (bt.layer.forward + bt.layer.backward + tp_per_layer(model) * tp + cp_f + bt.cp_backward) * US
+                (bt.layer.forward + bt.layer.backward + tp_per_layer(model) * tp + cp_f + bt.cp_backward + 2 * a2a) * US
             ),
-            full_extra=round((bt.layer.forward + tp_per_full_recompute(model) * tp + cp_f) * US),
+            full_extra=round((bt.layer.forward + tp_per_full_recompute(model) * tp + cp_f + a2a) * US),
             sel_extra=round((bt.layer.attention_core + cp_f) * US),
             emb=round((bt.embedding.forward + bt.embedding.backward + TP_EMBEDDING * tp) * US),
             head=round((bt.head.forward + bt.head.backward + TP_HEAD * tp) * US),
@@ -77,13 +78,13 @@ def optimize_partition(
     """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits.
 
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
-    and only the split is optimized. A context-parallel plan is partitioned on one rank's view
-    (simulator.cost.context.rank_view; its microbatch count m is the same)."""
-    if plan.cp > 1:
+    and only the split is optimized. A context- or expert-parallel plan is partitioned on one rank's view
+    (simulator.cost.rank_view; its microbatch count m is the same)."""
+    if plan.cp > 1 or plan.ep > 1:
         found = optimize_partition(
-            rank_model(model, plan.cp), cluster, rank_plan(plan), m, choose_recompute, time_limit_s
+            rank_model(model, plan.cp, plan.ep), cluster, rank_plan(plan), m, choose_recompute, time_limit_s
         )
-        return None if found is None else dataclasses.replace(found, plan=user_plan(found.plan, plan.cp))
+        return None if found is None else dataclasses.replace(found, plan=user_plan(found.plan, plan))
     from ortools.sat.python import cp_model
 
     L, chunks = model.num_layers, plan.p * plan.v

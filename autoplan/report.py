@@ -38,7 +38,8 @@ def _cell(x: Any) -> str:
 
 def plan_label(plan: dict[str, Any]) -> str:
     cp = f"cp={plan['cp']}," if plan.get("cp", 1) > 1 else ""
-    s = f"t={plan['t']},{cp}p={plan['p']},d={plan['d']},mb={plan['mb']},zero={plan['zero']},ckpt={plan['ckpt']}"
+    ep = f",ep={plan['ep']}" if plan.get("ep", 1) > 1 else ""
+    s = f"t={plan['t']},{cp}p={plan['p']},d={plan['d']}{ep},mb={plan['mb']},zero={plan['zero']},ckpt={plan['ckpt']}"
     if plan.get("v", 1) > 1 or plan.get("schedule") != "1f1b":
         s += f",{plan['schedule']}" + (f",v={plan['v']}" if plan.get("v", 1) > 1 else "")
     if plan.get("sp"):

@@ -1,6 +1,7 @@
 """The search space: every valid plan for a model, a cluster size and a global batch.
 
-Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; cp 1 or a power of two
+Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; ep divides a mixture of
+experts' experts and d*cp (1 for a dense model); cp 1 or a power of two
 leaving at least MIN_CP_TOKENS tokens per rank; p <= layers and t*cp*p divides the GPUs;
 d = GPUs / (t*cp*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
 schedule gpipe/1f1b/zbh1 (zero <= 1) and interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
@@ -67,6 +68,7 @@ class Shape:
     schedule: ScheduleName
     v: int
     cp: int = 1
+    ep: int = 1
 
 
 def parse_fix(text: str) -> dict[str, Any]:
@@ -95,6 +97,15 @@ def context_splits(model: ModelSpec, gpus: int, fix: Mapping[str, Any]) -> list[
     return out
 
 
+def expert_splits(model: ModelSpec, grad_group: int, fix: Mapping[str, Any]) -> list[int]:
+    """The expert-parallel sizes ep the search tries: 1 for a dense model; for a mixture of
+    experts every divisor of its experts that divides the d*cp ranks holding the same weights
+    (simulator.plan.expert_errors); ``ep`` pinned: only that value."""
+    want = fix.get("ep")
+    found = [ep for ep in divisors(model.experts) if grad_group % ep == 0] if model.num_experts else [1]
+    return [ep for ep in found if want in (None, ep)]
+
+
 def largest_context_split(model: ModelSpec) -> int:
     """The largest cp the search tries for the model's sequence (on enough GPUs)."""
     return max(context_splits(model, 2 ** model.seq_length.bit_length(), {}))
@@ -119,8 +130,9 @@ def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any
                     for sp in (0, 1) if t > 1 and model.seq_length % (t * cp) == 0 else (0,):
                         if fix.get("sp", sp) != sp:
                             continue
-                        for schedule, v in _schedules(model, p, m, fix):
-                            yield Shape(t, p, d, mb, sp, schedule, v, cp)
+                        for ep in expert_splits(model, d * cp, fix):
+                            for schedule, v in _schedules(model, p, m, fix):
+                                yield Shape(t, p, d, mb, sp, schedule, v, cp, ep)
 
 
 def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iterator[tuple[ScheduleName, int]]:
@@ -181,6 +193,7 @@ def plan_of(
         sp=shape.sp,
         prec=prec,
         cp=shape.cp,
+        ep=shape.ep,
     )
 
 

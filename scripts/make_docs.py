@@ -172,6 +172,16 @@ def long_context(d: Docs) -> str:
     return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "peak memory")) for shown, out in runs))
 
 
+MOE_JOB = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "8", "--global-batch", "256", "--top", "3"]
+
+
+def moe_plan(d: Docs) -> str:
+    """mixture of experts: autoplan plan for mixtral-8x7b on 8 dgx-h100 nodes, then the same with ep pinned
+    to 1; headline and top plans of each"""
+    runs = [d.autoplan("plan", *MOE_JOB, *extra) for extra in ([], ["--fix", "ep=1"])]
+    return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "TFLOP/s")) for shown, out in runs))
+
+
 def simulate_output(d: Docs) -> str:
     """autoplan simulate of the t=8,p=16 pipeline plan, with --plot docs/images/timeline-t8p16.png"""
     png = IMAGES / "timeline-t8p16.png"
@@ -771,6 +781,7 @@ SECTIONS: dict[str, Callable[[Docs], str]] = {
     "plan-output": plan_output,
     "modern-plan": modern_plan,
     "long-context": long_context,
+    "moe-plan": moe_plan,
     "simulate-output": simulate_output,
     "simulate-json": simulate_json,
     "gallery-what-if": gallery_what_if,

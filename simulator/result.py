@@ -9,7 +9,18 @@ from hwprofiles.units import GiB  # also imported from here (simulator.des.plot,
 from simulator.job import Job
 from simulator.plausibility import published_best
 
-TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "offload", "optimizer")
+TIME_KEYS = (
+    "compute",
+    "recompute",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "pp_comm",
+    "dp_comm",
+    "bubble",
+    "offload",
+    "optimizer",
+)
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "buffers")
 
 

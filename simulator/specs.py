@@ -50,6 +50,9 @@ class ModelSpec(BaseModel):
     # sends each token to moe_router_topk of them; None: a dense MLP
     num_experts: int | None = Field(default=None, ge=2)
     moe_router_topk: int = Field(default=2, ge=1)
+    # the busiest expert-parallel rank's routed tokens over the mean (1: balanced routing; an
+    # auxiliary load-balancing loss keeps it near 1): the rank the others wait for at each all-to-all
+    moe_load_imbalance: float = Field(default=1.0, ge=1.0)
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelSpec:
@@ -79,6 +82,12 @@ class ModelSpec(BaseModel):
         return self.num_experts or 1
 
     @property
+    def local_experts(self) -> int:
+        """Experts a rank holds: all of them (an expert-parallel rank's share:
+        simulator.cost.rank_view.RankModel)."""
+        return self.experts
+
+    @property
     def mlp_copies(self) -> int:
         """MLPs each token passes through per layer: the router's top-k, or 1 (dense)."""
         return self.moe_router_topk if self.num_experts else 1
@@ -95,7 +104,7 @@ class ModelSpec(BaseModel):
     @property
     def attention_keys(self) -> int:
         """Keys each query attends over: the sequence (all of it, also for a context-parallel
-        rank's shorter chunk: simulator.cost.context.RankModel)."""
+        rank's shorter chunk: simulator.cost.rank_view.RankModel)."""
         return self.seq_length
 
     @property

@@ -53,6 +53,8 @@ CASES = [
     Case("llama3-8b", "dgx-h100", 2, 32, "t=1,cp=4,p=1,mb=1,zero=3,ckpt=full"),  # cp under FSDP
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=1,mb=1,zero=0"),  # cp without sharding
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=2,p=4,mb=1,zero=1,sp=1"),  # mixture of experts
+    Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=2,p=2,ep=4,mb=1,zero=1"),  # expert parallelism
+    Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=1,ep=8,mb=1,zero=3"),  # experts under Megatron-FSDP
     Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=1,mb=2,zero=0"),
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=2,mb=1,zero=1,v=2,schedule=interleaved,layers=7/9/8/8"),
     Case("gpt-1t", "dgx-a100-80gb", 16, 256, "t=8,p=1,mb=1,zero=3,offload=nvme,ckpt=full"),

@@ -17,7 +17,7 @@ from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate, memory_only
 from simulator.analytic.batch import estimate_batch
-from simulator.cost import collectives, context
+from simulator.cost import collectives, context, rank_view
 from simulator.cost.attention import attention_ops
 from simulator.cost.params import total_params
 from simulator.cost.workload import model_flops_per_iteration
@@ -60,9 +60,9 @@ def test_plan_strings_and_rules():
 def test_rank_model_attends_over_the_whole_sequence():
     """A rank of cp = 4 computes 1/4 of the causal attention of the sequence (its two chunks
     balance the mask) in 4 ring steps, and reads all the keys and values."""
-    rank = context.rank_model(LLAMA, 4)
-    assert (rank.seq_length, rank.attention_keys, context.context_parallel(rank)) == (8192, 32768, 4)
-    assert context.rank_model(LLAMA, 4) is rank and context.rank_model(LLAMA, 1) is LLAMA
+    rank = rank_view.rank_model(LLAMA, 4)
+    assert (rank.seq_length, rank.attention_keys, rank_view.context_parallel(rank)) == (8192, 32768, 4)
+    assert rank_view.rank_model(LLAMA, 4) is rank and rank_view.rank_model(LLAMA, 1) is LLAMA
     whole, part = attention_ops(LLAMA, 1, 16, 2)[0], attention_ops(rank, 1, 16, 2)[0]
     assert part.flops * 4 == pytest.approx(whole.flops)
     assert (part.kernels, part.m) == (4, 8192)
@@ -75,7 +75,7 @@ def test_rank_model_attends_over_the_whole_sequence():
 def test_ring_by_hand():
     """t=8, cp=4 on 8-GPU nodes: the cp ranks stride 8, one per node, so the ring runs on the
     NICs: cp-1 = 3 steps of one K/V chunk, 2 * (32768/4) * 1024/8 * 2 = 4 MiB."""
-    rank = context.rank_model(LLAMA, 4)
+    rank = rank_view.rank_model(LLAMA, 4)
     chunk = context.kv_chunk_bytes(rank, 1, 8, 2)
     assert chunk == 2 * 8192 * 1024 / 8 * 2 == 4 * 2**20
     link = context.ring_link(H100, 8, 4)

@@ -1,4 +1,5 @@
-"""Mixture of experts (issue 18, part 3): the model, its parameters, work and memory, by hand."""
+"""Mixture of experts (issue 18, part 3): the model, its parameters, work and memory, and expert
+parallelism (its states and all-to-alls), by hand."""
 
 from __future__ import annotations
 
@@ -10,15 +11,21 @@ from autoplan.emit.megatron import export_megatron
 from autoplan.emit.torchtitan import export_torchtitan
 from autoplan.runtime.config import TrainSettings
 from autoplan.runtime.support import unsupported_reason
+from autoplan.search import SearchOptions, search
+from autoplan.space import expert_splits
 from hwprofiles.errors import PlanError, SpecError
 from hwprofiles.load import load_cluster
-from simulator.cost.experts import expert_tokens, moe_mlp_ops
+from simulator.analytic import estimate
+from simulator.analytic.batch import estimate_batch
+from simulator.cost import collectives
+from simulator.cost.experts import all_to_all_time, dispatch_bytes, expert_tokens, moe_mlp_ops
 from simulator.cost.memory import activation_bytes_per_layer
 from simulator.cost.params import total_params
-from simulator.cost.stage import tp_forward
+from simulator.cost.rank_view import rank_model
+from simulator.cost.stage import stage_costs, tp_forward
 from simulator.cost.workload import layer_forward_flops, layer_param_tensors
 from simulator.job import Job
-from simulator.plan import parse_plan
+from simulator.plan import Plan, parse_plan
 from simulator.specs import load_model
 
 MIXTRAL = load_model("mixtral-8x7b")
@@ -116,3 +123,71 @@ def test_bad_input_and_exports():
     assert "--num-experts 8" in args and "--moe-router-topk 2" in args and "--moe-ffn-hidden-size 14336" in args
     assert export_deepspeed(job, TrainSettings()).refused and export_torchtitan(job, TrainSettings()).refused
     assert "mixture of experts" in (unsupported_reason(MIXTRAL, plan, m) or "")
+
+
+def test_expert_parallel_rules():
+    for text, message in [
+        ("ep=3", "ep=3 does not divide the 8 experts"),
+        ("t=8,p=4,ep=4", "ep=4 must divide d=2"),
+        ("ep=0", "ep must be a positive integer, got 0"),
+    ]:
+        with pytest.raises(PlanError, match=message):
+            parse_plan(text, MIXTRAL, 64, 64)
+    with pytest.raises(PlanError, match="ep=2 \\(expert parallelism\\) needs a mixture of experts"):
+        parse_plan("ep=2", load_model("llama2-7b"), 64, 64)
+    plan, _ = parse_plan("t=2,ep=4", MIXTRAL, 64, 64)
+    assert plan.to_string().endswith(",ep=4") and plan.gpus == 64 and plan.d == 32
+
+
+def test_expert_parallel_states_by_hand():
+    """ep=8, t=1: a rank holds 1 of the 8 experts of each layer, so its unsharded parameters and
+    gradients shrink by 7 experts per layer, while ZeRO-1's optimizer states (each expert's over
+    its d/ep = 8 ranks) are those of all 8 experts over d = 64."""
+    expert = 3 * 4096 * 14336
+    dense_rank = stage_costs(MIXTRAL, H100, Plan(d=64, zero=1))[0]
+    ep_rank = stage_costs(rank_model(MIXTRAL, 1, 8), H100, Plan(d=64, zero=1))[0]
+    assert dense_rank.params - ep_rank.params == 32 * 7 * expert
+    assert ep_rank.sharded_params == dense_rank.sharded_params == dense_rank.params
+    a = estimate(Job(MIXTRAL, H100, parse_plan("d=64,zero=1", MIXTRAL, 64, 256)[0], 256))
+    b = estimate(Job(MIXTRAL, H100, parse_plan("d=64,zero=1,ep=8", MIXTRAL, 64, 256)[0], 256))
+    assert b.memory_breakdown["optimizer"] == pytest.approx(a.memory_breakdown["optimizer"])
+    assert a.memory_breakdown["params"] - b.memory_breakdown["params"] == pytest.approx(32 * 7 * expert * 2)
+
+
+def test_all_to_all_by_hand():
+    """ep=8 on one 8-GPU node: each dispatch sends 7/8 of the microbatch's b*s*k rows of h
+    (4096 * 2 * 4096 * 2 bytes = 64 MiB) over NVLink, (ep-1) messages' latency; an imbalance of
+    1.25 makes the busiest rank's rows and bytes 1.25 times larger."""
+    rank = rank_model(MIXTRAL, 1, 8)
+    assert dispatch_bytes(rank, 1, 1, 2) == 64 * 2**20
+    bw, lat = collectives.node_link(H100).figures("send_recv")
+    assert all_to_all_time(rank, H100, 1, 1, 2) == pytest.approx(7 / 8 * 64 * 2**20 / bw + 7 * lat)
+    assert all_to_all_time(MIXTRAL, H100, 1, 1, 2) == 0.0
+    skewed = rank_model(MIXTRAL.model_copy(update={"moe_load_imbalance": 1.25}), 1, 8)
+    assert dispatch_bytes(skewed, 1, 1, 2) == 1.25 * 64 * 2**20
+    assert expert_tokens(skewed, 1) == 1.25 * 4096 * 2  # one local expert takes the ep ranks' rows
+
+
+def test_expert_parallel_in_every_model():
+    """Analytic and DES agree, the batch model matches the scalar one, the search picks ep > 1
+    for Mixtral on 64 H100 (issue 18's target) and its all-to-alls are in the trace."""
+    a, d = analytic_and_des(MIXTRAL, H100, "t=2,p=2,mb=1,zero=1,sp=1,ep=4", 256, 0.02, 0.01)
+    assert a.time_breakdown["ep_comm"] > 0 and d.time_breakdown["ep_comm"] > 0
+    plans = [parse_plan(x, MIXTRAL, 64, 256)[0] for x in ("ep=8,zero=1", "t=2,p=2,ep=4,zero=3", "t=2,zero=2,ep=2")]
+    batch = estimate_batch(MIXTRAL, H100, plans, 256)
+    for i, plan in enumerate(plans):
+        scalar = estimate(Job(MIXTRAL, H100, plan, 256))
+        assert batch.peak_memory[i] == pytest.approx(scalar.peak_memory, rel=1e-9)
+        assert batch.step_time[i] == pytest.approx(scalar.step_time if scalar.fits else float("inf"), rel=1e-9)
+    assert expert_splits(load_model("llama2-7b"), 64, {}) == [1]  # dense searches unchanged
+    found = search(MIXTRAL, H100, 256, SearchOptions(top=2, fidelity="des", keep_timeline=True))
+    best = found.best_result
+    assert best.job.plan.ep > 1
+    lanes = {seg for task in best.extra["_des"].engine.info for seg, _ in getattr(task, "segments", ())}
+    assert "ep" in lanes
+
+
+def test_megatron_gets_the_expert_parallel_size():
+    plan, _ = parse_plan("t=2,p=2,ep=4,zero=1", MIXTRAL, 64, 64)
+    args = export_megatron(Job(MIXTRAL, H100, plan, 64), TrainSettings()).files["megatron_args.txt"]
+    assert "--expert-model-parallel-size 4" in args

@@ -25,7 +25,8 @@ Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training
 - cp -> ``--context-parallel-size`` (with ``--cp-comm-type``'s default ``p2p``: Transformer
   Engine's K/V ring, the one autoplan prices); the distributed optimizer shards over dp x cp.
 - Mixture of experts -> ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``
-  (the model's ffn: the expert width) and the all-to-all token dispatcher autoplan prices.
+  (the model's ffn: the expert width) and the all-to-all token dispatcher autoplan prices; ep ->
+  ``--expert-model-parallel-size`` (expert tensor parallelism left at its default, t).
 - prec=fp8 -> ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
   (Transformer Engine layers, Megatron's default ``--transformer-impl``).
 
@@ -176,6 +177,8 @@ def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
     parallel = ["--tensor-model-parallel-size", str(plan.t), "--pipeline-model-parallel-size", str(plan.p)]
     if plan.cp > 1:
         parallel += ["--context-parallel-size", str(plan.cp)]
+    if plan.ep > 1:
+        parallel += ["--expert-model-parallel-size", str(plan.ep)]
     parallel += _layer_args(job, plan)
     if plan.sp:
         parallel.append("--sequence-parallel")

@@ -11,7 +11,7 @@ This is the all-gather form of context parallelism (Llama 3's, Dubey et al. 2024
 3.3.2), which runs on gloo; Transformer Engine's ring (what simulator.cost.context prices and the
 Megatron-LM export runs) moves the same K/V bytes in cp-1 steps beside the attention instead.
 Gradients are averaged over the d*cp ranks that hold the same weights (the rank's view of
-simulator.cost.context: the program's data-parallel group is that group, and each chunk's mean
+simulator.cost.rank_view: the program's data-parallel group is that group, and each chunk's mean
 loss weighs the same).
 """
 
@@ -81,7 +81,7 @@ class _GatherSequence(torch.autograd.Function):
 def context_shard(plan: Plan, rank: int) -> ContextShard | None:
     """This rank's shard, making the process groups of every cp group (a collective: every rank
     calls it, in the same order). The program's rank grid is the plan's rank view (t, p,
-    d*cp: simulator.cost.context.rank_plan), in which the cp ranks of a replica are consecutive
+    d*cp: simulator.cost.rank_view.rank_plan), in which the cp ranks of a replica are consecutive
     data-parallel coordinates: dp' = dp*cp + c."""
     if plan.cp == 1:
         return None

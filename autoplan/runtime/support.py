@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from simulator.cost.context import rank_plan
+from simulator.cost.rank_view import rank_plan
 from simulator.job import NO_DP_OVERLAP, Job
 from simulator.plan import Plan
 from simulator.specs import ModelSpec

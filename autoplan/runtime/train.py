@@ -33,7 +33,7 @@ from autoplan.runtime.config import RunSpec, load_run_spec
 from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, peak_reserved_bytes, reset_peak, rss_bytes
 from autoplan.runtime.rank import RankLayout
 from autoplan.runtime.trainer import DistEnv, Trainer, import_plan_modules
-from simulator.cost.context import rank_plan
+from simulator.cost.rank_view import rank_plan
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> None:
         dist.init_process_group(backend, timeout=timeout, device_id=device)
     else:
         dist.init_process_group(backend, timeout=timeout)
-    plan = rank_plan(spec.plan)  # context parallelism: d*cp data-parallel ranks (simulator.cost.context)
+    plan = rank_plan(spec.plan)  # context parallelism: d*cp data-parallel ranks (simulator.cost.rank_view)
     if plan.hsdp:  # hybrid sharding: FSDP2 shards over dp_shard, replicates over dp_replicate
         shape = (plan.p, plan.replicas, plan.shard_group, plan.t)
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))

@@ -37,7 +37,7 @@ from autoplan.runtime.model import GPT, layer_recompute, lm_loss, set_context
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
-from simulator.cost.context import rank_plan
+from simulator.cost.rank_view import rank_plan
 from simulator.plan import Plan
 
 
@@ -89,7 +89,7 @@ class Trainer:
         """``optimizer``: ``adamw`` or ``sgd``; ``mixed_precision``: bf16 compute (GPU only)."""
         self.spec, self.env = spec, env
         self.bf16 = mixed_precision and env.cuda
-        # the rank's view of a context-parallel plan: d*cp data-parallel ranks (simulator.cost.context)
+        # the rank's view of a context-parallel plan: d*cp data-parallel ranks (simulator.cost.rank_view)
         self.plan = plan = rank_plan(spec.plan)
         self.layout = layout = env.layout
         self.mode = dp_mode(plan)

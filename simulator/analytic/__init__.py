@@ -24,8 +24,8 @@ from simulator.analytic.offload import offload_time, offloaded_param_fetch
 from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble, tied_embedding_time
 from simulator.cost.cache import IdentityCache
 from simulator.cost.collectives import GroupLink
-from simulator.cost.context import rank_job
 from simulator.cost.ops import dtype_bytes
+from simulator.cost.rank_view import rank_job
 from simulator.cost.stage import StageCost, stage_groups
 from simulator.cost.stage_memory import StageMemory, stage_memory
 from simulator.cost.step import (
@@ -126,7 +126,7 @@ def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) ->
 
 def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
     """(optimizer seconds, offload seconds, parameters of the busiest rank's shard)."""
-    psi_local = local_params(max(c.params for _, c, _ in groups), job.plan)
+    psi_local = local_params(max(c.params for _, c, _ in groups), job.plan, max(c.sharded_params for _, c, _ in groups))
     if job.plan.offload != "none":
         return 0.0, offload_time(job, psi_local), psi_local
     tensors = optimizer_tensors(job.model, max(c.layers for _, c, _ in groups))
@@ -134,11 +134,10 @@ def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
 
 
 def estimate(job: Job) -> SimResult:
-    """The analytic prediction of one iteration (see the module docstring); a context-parallel
-    plan priced as one rank sees it (simulator.cost.context.rank_job), reported as given."""
-    if job.plan.cp > 1:
-        return dataclasses.replace(_estimate(rank_job(job)), job=job)
-    return _estimate(job)
+    """The analytic prediction of one iteration (see the module docstring); a context- or
+    expert-parallel plan priced as one rank sees it (simulator.cost.rank_view.rank_job), reported as given."""
+    view = rank_job(job)
+    return _estimate(job) if view is job else dataclasses.replace(_estimate(view), job=job)
 
 
 def _estimate(job: Job) -> SimResult:
@@ -158,6 +157,7 @@ def _estimate(job: Job) -> SimResult:
         "recompute": m * c.recompute - pipe.saved,
         "tp_comm": m * c.tp_comm,
         "cp_comm": m * c.cp_comm,
+        "ep_comm": m * c.ep_comm,
         "pp_comm": m * pipe.sends[crit] * p2p,
         "dp_comm": m * pipe.z3_exposed[crit] + dp_exposed + gather_after,
         "bubble": pipe.bubble,

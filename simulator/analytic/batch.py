@@ -33,10 +33,10 @@ from simulator.analytic.data_parallel import dp_link
 from simulator.analytic.pipeline import p2p_exposed, tied_embedding_time
 from simulator.cost import memory, params
 from simulator.cost.collectives import GroupLink
-from simulator.cost.context import rank_model, rank_plan
 from simulator.cost.memory import DP_BUCKET_BYTES, ZERO3_LAYERS_HELD
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_layer_bytes
+from simulator.cost.rank_view import rank_model, rank_plan
 from simulator.cost.stage import compute_slowdown, device_slowdown, host_async, stage_groups
 from simulator.cost.stage_memory import activation_peak, flight_buffers, weight_copies_held
 from simulator.cost.step import (
@@ -66,6 +66,7 @@ _STAGE_FIELDS = (
     "weight_cast",
     "backward_weight",
     "params",
+    "sharded_params",
     "layers",
     "full",
     "first",
@@ -127,6 +128,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tu
                 c.weight_cast,
                 c.backward_weight,
                 c.params,
+                c.sharded_params,
                 c.layers,
                 c.full_layers,
                 c.first,
@@ -193,20 +195,20 @@ def _per_plan(keys: Sequence[Hashable], value: Callable[[int], float]) -> np.nda
     return np.array(values, dtype=float)[inv]
 
 
-def _by_context(
+def _by_view(
     model: ModelSpec,
     cluster: ClusterSpec,
     plans: Sequence[Plan],
     global_batch: int,
     runtime: Runtime,
-    cps: list[int],
+    views: list[tuple[int, int]],
 ) -> BatchEstimate:
-    """:func:`estimate_batch` of each cp's plans on its rank view, put back in the plans' order."""
-    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
-    for cp in cps:
-        idx = [i for i, q in enumerate(plans) if q.cp == cp]
+    """:func:`estimate_batch` of each (cp, ep)'s plans on their rank view, put back in the plans' order."""
+    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans), dtype=float), np.zeros(len(plans), dtype=bool)
+    for cp, ep in views:
+        idx = [i for i, q in enumerate(plans) if (q.cp, q.ep) == (cp, ep)]
         ranked = [rank_plan(plans[i]) for i in idx]
-        r = estimate_batch(rank_model(model, cp), cluster, ranked, global_batch * cp, runtime)
+        r = estimate_batch(rank_model(model, cp, ep), cluster, ranked, global_batch * cp, runtime)
         step[idx], peak[idx], fits[idx] = r.step_time, r.peak_memory, r.fits
     return BatchEstimate(step, peak, fits)
 
@@ -215,14 +217,14 @@ def estimate_batch(
     model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan], global_batch: int, runtime: Runtime = OVERLAPPED
 ) -> BatchEstimate:
     """The analytic step time, peak memory and fit of every plan (module docstring); plans with
-    context parallelism priced as one rank sees them (simulator.cost.context.rank_view), each cp
-    apart."""
+    context or expert parallelism priced as one rank sees them (simulator.cost.rank_view), each
+    (cp, ep) apart."""
     if not plans:
         empty = np.zeros(0)
         return BatchEstimate(empty, empty, np.zeros(0, dtype=bool))
-    cps = {q.cp for q in plans}
-    if cps != {1}:
-        return _by_context(model, cluster, plans, global_batch, runtime, sorted(cps))
+    views = {(q.cp, q.ep) for q in plans}
+    if views != {(1, 1)}:
+        return _by_view(model, cluster, plans, global_batch, runtime, sorted(views))
     P = _Plans(plans, global_batch)
     S, valid = _stages(model, cluster, plans)
     links = _Links(cluster, plans)
@@ -236,12 +238,12 @@ def estimate_batch(
     # ---- memory (simulator.cost.stage_memory.stage_memory; states: memory.model_state_bytes)
     by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
     pb, gb, k = (col(by_zero[zero, i]) for i in range(3))  # bytes per parameter of each plan's ZeRO stage
-    psi, shard = S["params"], col(P.shard)
+    psi, psi_s, shard = S["params"], S["sharded_params"], col(P.shard)
     params_b = np.where(
-        col(offload), np.where(col(zero == 3), 0.0, psi * pb), np.where(col(zero >= 3), psi * pb / shard, psi * pb)
+        col(offload), np.where(col(zero == 3), 0.0, psi * pb), np.where(col(zero >= 3), psi_s * pb / shard, psi * pb)
     )
-    grads_b = np.where(col(offload), 0.0, np.where(col(zero >= 2), psi * gb / shard, psi * gb))
-    opt_b = np.where(col(offload), 0.0, np.where(col(zero >= 1), psi * k / shard, psi * k))
+    grads_b = np.where(col(offload), 0.0, np.where(col(zero >= 2), psi_s * gb / shard, psi * gb))
+    opt_b = np.where(col(offload), 0.0, np.where(col(zero >= 1), psi_s * k / shard, psi * k))
     loss = runtime.cross_entropy
     width = valid.shape[1]
     sched_keys = [
@@ -351,7 +353,8 @@ def estimate_batch(
 
     # ---- step end (simulator.analytic.step_end)
     psi_max = np.where(valid, psi, -np.inf).max(axis=1)
-    psi_local = np.where(zero >= 1, psi_max / P.shard, psi_max)  # step.local_params
+    psi_s_max = np.where(valid, psi_s, -np.inf).max(axis=1)
+    psi_local = np.where(zero >= 1, psi_s_max / P.shard, psi_max)  # step.local_params
     layers_max = np.where(valid, S["layers"], 0).max(axis=1)
     opt = np.where(offload, 0.0, _optimizer_time(model, cluster, P, psi_local, layers_max))
     off = np.where(offload, _offload_time(cluster, P, psi_local), 0.0)

@@ -11,4 +11,7 @@ layer partitioner share (docs/design.md section 4.1).
 * :mod:`~simulator.cost.stage` -- per-layer block times and per-stage costs
 * :mod:`~simulator.cost.step` -- the step's orchestration rules: pipeline sends, ZeRO volumes,
   offload, optimizer, step-end synchronisation
+* :mod:`~simulator.cost.rank_view` -- a context- or expert-parallel plan as one rank sees it
+* :mod:`~simulator.cost.context` -- context parallelism's K/V ring
+* :mod:`~simulator.cost.experts` -- a mixture of experts' layer and its token all-to-alls
 """

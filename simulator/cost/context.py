@@ -12,96 +12,21 @@ partial output is merged into the result with its log-sum-exp (``flash_attn_fwd_
 The backward runs the ring again and sends the K/V gradients back with it: twice the forward's
 traffic.
 
-A rank's view (:func:`rank_view`): all a rank computes and keeps except attention is that of
-the same model at sequence s/cp, and the plan is a data-parallel plan over sequence chunks:
-
-    (model at s, plan t, cp, p, d, batch B)  ->  (model at s/cp, plan t, p, d*cp, batch B*cp)
-
-Megatron orders ranks tp, cp, dp, pp, so the d*cp ranks that hold the same weights stride by t
-like a data-parallel group of that size; gradients are reduced and ZeRO states sharded over
-them (Megatron's distributed optimizer over the data-parallel-with-context group; torchtitan's
-FSDP2 mesh ``dp_shard_cp``); B*cp chunks in microbatches of mb make B/(d*mb) microbatches per
-pipeline, as the plan has. What the view does not carry is this module's: a query attends over
-all s keys (:attr:`RankModel.attention_keys`: the attention's FLOPs and K/V reads,
-simulator.cost.attention), learned position embeddings keep s rows
-(:attr:`RankModel.max_positions`), and the ring's communication (:func:`ring_exposure`).
+The cost model prices a cp plan as one rank sees it (simulator.cost.rank_view: the model at s/cp
+whose queries attend over all s keys, the plan a data-parallel one of d*cp ranks over B*cp
+chunks); this module adds the ring's communication (:func:`ring_exposure`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from pydantic import Field
-
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout
-from simulator.cost.cache import IdentityCache
 from simulator.cost.overlap import overlap_cost
-from simulator.job import Job
-from simulator.plan import Plan
+from simulator.cost.rank_view import context_parallel
 from simulator.specs import ModelSpec
 
 #: the backward ring carries the K/V chunks and their gradients: twice the forward's bytes
 BACKWARD_RING_TRAFFIC = 2
-
-_RANK_MODELS = IdentityCache(64)
-
-
-class RankModel(ModelSpec):
-    """The model as one of ``context_parallel`` ranks runs it: ``seq_length`` is the rank's
-    s/cp tokens of each sequence, whose queries attend over all cp*(s/cp) keys."""
-
-    context_parallel: int = Field(ge=1)
-
-    @property
-    def attention_keys(self) -> int:
-        return self.seq_length * self.context_parallel
-
-    @property
-    def max_positions(self) -> int:
-        return self.seq_length * self.context_parallel
-
-
-def rank_model(model: ModelSpec, cp: int) -> ModelSpec:
-    """The model one context-parallel rank runs (the model itself when cp = 1); one object per
-    (model, cp), so the stage-cost caches keyed by identity keep working."""
-    if cp == 1:
-        return model
-    return _RANK_MODELS.get_or_make(
-        (model,),
-        cp,
-        lambda: RankModel(**model.model_dump(), context_parallel=cp).model_copy(
-            update={"seq_length": model.seq_length // cp}
-        ),
-    )
-
-
-def rank_plan(plan: Plan) -> Plan:
-    """The plan as a rank sees it: d*cp data-parallel ranks over sequence chunks, cp = 1."""
-    return plan if plan.cp == 1 else plan.replace(d=plan.grad_group, cp=1)
-
-
-def user_plan(priced: Plan, cp: int) -> Plan:
-    """Back from :func:`rank_plan` (e.g. a layer split chosen on the rank's view)."""
-    return priced if cp == 1 else priced.replace(d=priced.d // cp, cp=cp)
-
-
-def rank_view(model: ModelSpec, plan: Plan, global_batch: int) -> tuple[ModelSpec, Plan, int]:
-    """(rank model, rank plan, batch of sequence chunks B*cp): what the cost model prices."""
-    return rank_model(model, plan.cp), rank_plan(plan), global_batch * plan.cp
-
-
-def rank_job(job: Job) -> Job:
-    """The job the cost model prices for a context-parallel plan (the job itself at cp = 1)."""
-    if job.plan.cp == 1:
-        return job
-    model, plan, batch = rank_view(job.model, job.plan, job.global_batch)
-    return dataclasses.replace(job, model=model, plan=plan, global_batch=batch)
-
-
-def context_parallel(model: ModelSpec) -> int:
-    """The cp a (rank) model was cut for: 1 for a whole model."""
-    return model.context_parallel if isinstance(model, RankModel) else 1
 
 
 def kv_chunk_bytes(model: ModelSpec, b: int, t: int, e: int) -> float:

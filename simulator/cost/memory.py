@@ -9,6 +9,7 @@ import functools
 from dataclasses import dataclass
 from typing import Literal
 
+from simulator.cost.experts import routed_copies
 from simulator.specs import ModelSpec
 
 #: how the program computes the cross-entropy (simulator.job.Runtime.cross_entropy; :func:`logits_bytes_per_element`)
@@ -66,6 +67,7 @@ def model_state_bytes(
     param_bytes: int = PARAM_BYTES,
     grad_bytes: int = GRAD_BYTES,
     k: int = OPTIMIZER_BYTES_PER_PARAM,
+    psi_sharded: float | None = None,
 ) -> ModelStates:
     """Bytes of model states on one GPU for Psi parameters held by its model-parallel rank.
 
@@ -78,12 +80,16 @@ def model_state_bytes(
     optimizer state and the fp32 gradient copy live on the host (or NVMe), so the GPU keeps no
     optimizer state and only a gradient staging bucket (counted in buffers); with stage 3
     the fp16 parameters are offloaded too (the gathered working set is in buffers).
+    ``psi_sharded``: the parameters whose states the d ranks shard, when not Psi (a mixture of
+    experts split over ep ranks: all E experts' states are sharded over d, as each E/ep over
+    d/ep; simulator.cost.rank_view).
     """
     if offload != "none":
         return ModelStates(0.0 if zero == 3 else psi * param_bytes, 0.0, 0.0)
-    params = psi * param_bytes / d if zero >= 3 else psi * param_bytes
-    grads = psi * grad_bytes / d if zero >= 2 else psi * grad_bytes
-    opt = psi * k / d if zero >= 1 else psi * k
+    ps = psi if psi_sharded is None else psi_sharded
+    params = ps * param_bytes / d if zero >= 3 else psi * param_bytes
+    grads = ps * grad_bytes / d if zero >= 2 else psi * grad_bytes
+    opt = ps * k / d if zero >= 1 else psi * k
     return ModelStates(params, grads, opt)
 
 
@@ -119,7 +125,7 @@ def activation_bytes_per_layer(
     if ckpt == "full":
         return e * sbh / (t if sp else 1)
     li = e if linear_input is None else linear_input
-    f, k = model.ffn, model.mlp_copies
+    f, k = model.ffn, routed_copies(model)
     f_act = 3 * f if model.activation == "swiglu" else 2 * f
     replicated = (2 * e + li + 2) * sbh / (t if sp else 1) + mlp_input_bytes(model, b, t, sp, e, li)
     split = s * b * (e * (h + 2 * model.kv_size) + li * h + k * (e * (f_act - f) + li * f)) / t
@@ -137,7 +143,7 @@ def mlp_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, e: int, li: int)
     per_rank = t if sp else 1
     if not model.num_experts:
         return li * s * b * h / per_rank
-    return (e * s * b * h + 4 * s * b * model.experts) / per_rank + li * model.mlp_copies * s * b * h
+    return (e * s * b * h + 4 * s * b * model.experts) / per_rank + li * routed_copies(model) * s * b * h
 
 
 def attention_core_bytes(model: ModelSpec, b: int, t: int, e: int = 2) -> float:
@@ -231,8 +237,9 @@ def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_i
     fc2, s*b*(h + f)/t; a mixture of experts' fc1 and fc2 read k permuted copies, k*s*b*h on
     every tensor rank and k*s*b*f/t."""
     s, h = model.seq_length, model.hidden_size
-    mlp = linear_input * s * b * h * model.mlp_copies / (1 if model.num_experts else (t if sp else 1))
-    return linear_input * s * b * (h / (t if sp else 1) + (h + model.mlp_copies * model.ffn) / t) + mlp
+    k = routed_copies(model)
+    mlp = linear_input * s * b * h * k / (1 if model.num_experts else (t if sp else 1))
+    return linear_input * s * b * (h / (t if sp else 1) + (h + k * model.ffn) / t) + mlp
 
 
 def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:

@@ -52,14 +52,16 @@ def megatron_params_formula(model: ModelSpec) -> float:
     return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-def layer_params_per_rank(model: ModelSpec, t: int) -> float:
+def layer_params_per_rank(model: ModelSpec, t: int, experts: int | None = None) -> float:
     """One layer's parameters on one TP rank: the split weights and biases / t, the
-    row-parallel biases and norms replicated (Shoeybi et al. 2019)."""
-    h, f, kv, E = model.hidden_size, model.ffn, model.kv_size, model.experts
+    row-parallel biases and norms replicated (Shoeybi et al. 2019); of a mixture of experts the
+    rank's ``experts`` (default: the E/ep it holds, ModelSpec.local_experts) and the router."""
+    h, f, kv = model.hidden_size, model.ffn, model.kv_size
+    E = model.local_experts if experts is None else experts
     mlp = 3 if model.activation == "swiglu" else 2
     split = h * (h + 2 * kv) + h * h + E * mlp * h * f  # experts split by t too (Megatron's default
     # expert tensor parallelism: --expert-tensor-parallel-size = t)
-    replicated = h * E if model.num_experts else 0  # the router
+    replicated = h * model.experts if model.num_experts else 0  # the router (over all E experts)
     if _has_bias(model):
         split += (h + 2 * kv) + E * f * (mlp - 1)
         replicated += h + E * h + 4 * h
@@ -84,11 +86,18 @@ def head_params_per_rank(model: ModelSpec, t: int, p: int, vocab: int | None = N
 
 
 def stage_params_per_rank(
-    model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool, vocab: int | None = None
+    model: ModelSpec,
+    t: int,
+    p: int,
+    layers: int,
+    first: bool,
+    last: bool,
+    vocab: int | None = None,
+    experts: int | None = None,
 ) -> float:
     """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers
-    (``vocab``: see :func:`embedding_params_per_rank`)."""
-    n = layers * layer_params_per_rank(model, t)
+    (``vocab``: see :func:`embedding_params_per_rank`; ``experts``: :func:`layer_params_per_rank`)."""
+    n = layers * layer_params_per_rank(model, t, experts)
     if first:
         n += embedding_params_per_rank(model, t, vocab)
     if last:

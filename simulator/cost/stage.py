@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, context, layout, params
+from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
-from simulator.cost.experts import mlp_tensor_collectives
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.stage_memory import StageShape
@@ -45,26 +44,27 @@ class BlockTimes:
     cp_forward: float = 0.0  # context parallelism: what the K/V ring adds to a layer's forward attention
     cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
     fp8_weight_cast: float = 0.0  # prec=fp8: one forward's cast of a layer's weights, where not cached
+    ep_all_to_all: float = 0.0  # expert parallelism: one token all-to-all (simulator.cost.experts)
 
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
 # sequence parallelism each is an all-gather + reduce-scatter pair, Korthikanti et al. 2022):
-def tp_forward(model: ModelSpec) -> int:
+def tp_forward(model: ModelSpec) -> float:
     """Per layer forward: after attention and after the MLP (the g operators): 2; a mixture of
     experts' MLP moves its k routed copies (simulator.cost.experts.mlp_tensor_collectives)."""
-    return 1 + mlp_tensor_collectives(model)
+    return 1 + experts.mlp_tensor_collectives(model)
 
 
-def tp_backward(model: ModelSpec) -> int:
+def tp_backward(model: ModelSpec) -> float:
     """Per layer backward: the f operators' conjugates, as many as forward."""
     return tp_forward(model)
 
 
-def tp_per_layer(model: ModelSpec) -> int:
+def tp_per_layer(model: ModelSpec) -> float:
     return tp_forward(model) + tp_backward(model)
 
 
-def tp_per_full_recompute(model: ModelSpec) -> int:
+def tp_per_full_recompute(model: ModelSpec) -> float:
     """A fully recomputed layer runs its forward's again."""
     return tp_forward(model)
 
@@ -150,6 +150,7 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
         cp_forward=cp_f,
         cp_backward=cp_b,
         fp8_weight_cast=cast,
+        ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
     )
     return bt
 
@@ -183,10 +184,11 @@ class StageCost(StageShape):
     # prec=fp8 without cached weight copies (simulator.job.Runtime.fp8_weight_cache): the casts of
     # the layers' weights in every forward and full recompute; not in ``total`` (runtime-dependent)
     weight_cast: float = 0.0
+    ep_comm: float = 0.0  # forward + backward + full recompute token all-to-alls (expert parallelism)
 
     @property
     def total(self) -> float:
-        return self.forward + self.backward + self.recompute + self.tp_comm + self.cp_comm
+        return self.forward + self.backward + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
 
 
 def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
@@ -269,7 +271,10 @@ def _make_stages(
             bwd += bt.head.backward
             bwd_w += bt.head.backward_weight
             tp += TP_HEAD * bt.tp_all_reduce
-        psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, padded_vocab_size(model, plan.t))
+        vocab = padded_vocab_size(model, plan.t)
+        psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, vocab)
+        psi_all = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, vocab, model.experts)
+        a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
         made[sig] = StageCost(
             layers=n,
             full_layers=full,
@@ -284,6 +289,8 @@ def _make_stages(
             backward_weight=bwd_w,
             cp_comm=cp,
             weight_cast=(n + full) * bt.fp8_weight_cast,
+            ep_comm=(2 * n + full) * a2a,
+            sharded_extra=psi_all - psi,
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

@@ -75,6 +75,15 @@ class StageShape:
     params: float  # parameters held by one rank of the device (before ZeRO sharding)
     first: bool
     last: bool
+    # parameters beyond ``params`` whose sharded states the rank keeps a share of: with expert
+    # parallelism, the experts of the other ep ranks (each E/ep experts' states are sharded over
+    # d/ep ranks, so a rank holds as much as if all E were sharded over d: simulator.cost.rank_view)
+    sharded_extra: float = 0.0
+
+    @property
+    def sharded_params(self) -> float:
+        """The parameters whose states ZeRO shards over the shard group."""
+        return self.params + self.sharded_extra
 
 
 def layer_activations(
@@ -176,7 +185,9 @@ def stage_memory(
     ``weight_copy_bytes`` and ``state_layout``: the program's (simulator.job.Runtime)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
-    states = memory.model_state_bytes(shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k)
+    states = memory.model_state_bytes(
+        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params
+    )
     act = activation_peak(model, cluster, plan, m, stage, shape)
     buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)
     buffers += weight_copies_held(weight_copy_bytes, shape.params) + fp8_weight_copies(model, plan, shape.layers)
@@ -254,8 +265,9 @@ class DeviceMemoryModel:
         e = dtype_bytes(cluster.gpu)
         pb, gb, k = memory.state_bytes_per_param(e)
         a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e, plan.prec)
+        all_experts = params.layer_params_per_rank(model, plan.t, model.experts)
         layer_states = memory.model_state_bytes(
-            _layer_params(model, plan.t), plan.shard_group, plan.zero, plan.offload, pb, gb, k
+            _layer_params(model, plan.t), plan.shard_group, plan.zero, plan.offload, pb, gb, k, all_experts
         ).total
         if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
             layer_states += fp8_weight_copies(model, plan, 1)

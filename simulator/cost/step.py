@@ -54,10 +54,13 @@ def param_gather_bytes(e: int) -> int:
     return min(e, 2)
 
 
-def local_params(psi: float, plan: Plan) -> float:
+def local_params(psi: float, plan: Plan, psi_sharded: float | None = None) -> float:
     """Parameters whose optimizer state one rank steps: its 1/d shard with ZeRO >= 1 (1/hsdp
-    with hybrid sharding: every replicate group steps its own copy)."""
-    return psi / plan.shard_group if plan.zero >= 1 else psi
+    with hybrid sharding: every replicate group steps its own copy) of ``psi_sharded`` (the
+    sharded parameters when not ``psi``: simulator.cost.memory.model_state_bytes)."""
+    if plan.zero >= 1:
+        return (psi if psi_sharded is None else psi_sharded) / plan.shard_group
+    return psi
 
 
 def optimizer_tensors(model: ModelSpec, layers: int) -> int:

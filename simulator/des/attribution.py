@@ -22,6 +22,7 @@ SEGMENT_CATEGORY = {
     "recompute": "recompute",
     "tp": "tp_comm",
     "cp": "cp_comm",  # what the context-parallel K/V ring adds beside the attention
+    "ep": "ep_comm",  # the token all-to-alls of expert parallelism
     "opt": "optimizer",
     "dp": "dp_comm",  # the contention price of DP/ZeRO traffic beside a piece, and FSDP2's copy-out
 }

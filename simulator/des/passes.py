@@ -13,6 +13,8 @@ Per layer and microbatch on one TP rank:
   + layer backward + 2 TP all-reduces;
 * prec=fp8 in a program that does not cache the fp8 weight copies: each forward and full
   recompute casts the layer's weights first (simulator.cost.precision.weight_cast_op);
+* expert parallelism: each forward, full recompute and backward exchanges the routed tokens in
+  two all-to-alls on the compute stream (an "ep" segment, simulator.cost.experts.all_to_all_time);
 * the chunk's first layer carries the embedding (one TP all-reduce forward), the last layer
   the LM head (one TP all-reduce backward);
 * ZB-H1 (``split``): the backward ('B') is the input gradient only, less each block's
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.memory import (
     embedding_activation_bytes,
     logits_bytes_per_element,
@@ -59,9 +62,10 @@ class Costs:
     attn_core: float
     tp_all_reduce: float  # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
     tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
-    tp_fwd: int  # a layer's TP all-reduces forward (stage.tp_forward), backward, and in a full recompute
-    tp_bwd: int
-    tp_rec: int
+    tp_fwd: float  # a layer's TP all-reduces forward (stage.tp_forward), backward, and in a full recompute
+    tp_bwd: float
+    tp_rec: float
+    ep_a2a: float  # a layer's token all-to-alls per pass (expert parallelism; 0 without)
     cp_f: float  # what the context-parallel K/V ring adds to a layer's forward (0 at cp = 1)
     cp_b: float  # and to its backward
     w_cast: float  # prec=fp8 without cached weight copies: a forward's cast of the layer's weights
@@ -78,6 +82,7 @@ class Costs:
     logits: float  # the last stage's logits kept per in-flight microbatch
     logits_backward: float  # and more while one microbatch's loss backward runs
     layer_params: float
+    layer_sharded_extra: float  # the other ep ranks' experts of a layer (StageShape.sharded_extra)
     emb_params: float
     head_params: float
     e: int  # activation bytes
@@ -104,6 +109,7 @@ class Costs:
             tp_fwd=tp_forward(model),
             tp_bwd=tp_backward(model),
             tp_rec=tp_per_full_recompute(model),
+            ep_a2a=0.0 if free_comm else ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all,
             cp_f=0.0 if free_comm else bt.cp_forward,
             cp_b=0.0 if free_comm else bt.cp_backward,
             w_cast=0.0 if job.runtime.fp8_weight_cache else bt.fp8_weight_cast,
@@ -120,6 +126,7 @@ class Costs:
             logits=logits * kept,
             logits_backward=logits * backward,
             layer_params=layer_params_per_rank(model, t),
+            layer_sharded_extra=layer_params_per_rank(model, t, model.experts) - layer_params_per_rank(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),
             e=e,
@@ -141,7 +148,7 @@ class Item:
     free_buf: float = 0.0
     params: float = 0.0  # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
     tp_bytes: float = 0.0  # bytes one rank sends in TP collectives
-    tp_layer_all_reduces: int = 0
+    tp_layer_all_reduces: float = 0
     rec_full: int = 0
     rec_sel: int = 0
 
@@ -222,7 +229,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
             if has_emb:
                 segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
                 tp_bytes += TP_EMBEDDING * ar
-            segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", c.tp_fwd * tp)]
+            segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_fwd * tp)]
             if has_head:
                 segs.append(("fwd", c.head_f))
             out.append(
@@ -243,13 +250,13 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
             segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
             tp_bytes += TP_HEAD * ar
         if mode == "full":
-            segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("tp", c.tp_rec * tp)]
+            segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_rec * tp)]
             tp_bytes += c.tp_rec * ar
             n_ar += c.tp_rec
             work = c.act["none"]
         elif mode == "selective":
             segs += [("recompute", c.attn_core), ("cp", c.cp_f)]
-        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("tp", c.tp_bwd * tp)]
+        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("ep", c.ep_a2a), ("tp", c.tp_bwd * tp)]
         if has_emb:
             segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
         out.append(

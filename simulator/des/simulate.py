@@ -6,7 +6,7 @@ and the iteration's task graph (:mod:`simulator.des.program`) on the event engin
 with ``fidelity = "des"``:
 
 * ``step_time``: when the last task of the iteration ends;
-* ``time_breakdown`` and ``bubble_fraction`` (= bubble / (compute + recompute + tp_comm + cp_comm))
+* ``time_breakdown`` and ``bubble_fraction`` (= bubble / (compute + recompute + tp_comm + cp_comm + ep_comm))
   of the rank that finishes last (:mod:`simulator.des.attribution`);
 * ``peak_memory`` and ``memory_breakdown``: the highest point of any simulated rank's
   memory timeline (:mod:`simulator.des.memtimeline`), against the GPU's usable memory;
@@ -29,7 +29,7 @@ from typing import Any
 
 from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
-from simulator.cost.context import rank_job
+from simulator.cost.rank_view import rank_job
 from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.cost.workload import layer_forward_flops, model_flops_per_iteration
 from simulator.des.attribution import rank_breakdown
@@ -84,10 +84,11 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
     """Simulate one iteration of ``job``. ``full`` simulates every rank instead of one
     pipeline; ``trace`` keeps link-utilization series for the Perfetto trace (task records
     and memory timelines are always kept; :func:`simulator.des.trace.write_trace` re-runs the
-    simulation with ``trace=True`` when the series are missing). A context-parallel plan is
-    simulated as one rank sees it (simulator.cost.context.rank_job) and reported as given."""
-    if job.plan.cp > 1:
-        return dataclasses.replace(simulate_des(rank_job(job), full, trace, options), job=job)
+    simulation with ``trace=True`` when the series are missing). A context- or expert-parallel
+    plan is simulated as one rank sees it (simulator.cost.rank_view.rank_job) and reported as given."""
+    view = rank_job(job)
+    if view is not job:
+        return dataclasses.replace(simulate_des(view, full, trace, options), job=job)
     t0 = time.perf_counter()
     opts = options or DesOptions()
     topo = topology_for(job.cluster)
@@ -102,7 +103,7 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
     crit = eng.info[final_task].device
     crit_dev = prog.devices[crit]
     breakdown = rank_breakdown(eng, crit_dev.streams["compute"], final_task)
-    busy = breakdown["compute"] + breakdown["recompute"] + breakdown["tp_comm"] + breakdown["cp_comm"]
+    busy = sum(breakdown[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm"))
     bubble_fraction = breakdown["bubble"] / busy if busy > 0 else 0.0
 
     peak_rank = max(range(len(memory)), key=lambda r: (memory[r].peak, -r))
@@ -199,6 +200,8 @@ def _host_memory_fits(job: Job, prog: Program, extra: dict[str, Any]) -> bool:
     figure goes to ``extra["host_memory_gib"]``."""
     if job.plan.offload == "none":
         return True
-    host = host_state_bytes(job, local_params(max(prog.device_params(dev) for dev in prog.devices), job.plan))
+    psi = max(prog.device_params(dev) for dev in prog.devices)
+    psi_sharded = max(prog.device_sharded_params(dev) for dev in prog.devices)
+    host = host_state_bytes(job, local_params(psi, job.plan, psi_sharded))
     extra["host_memory_gib"] = host / GiB
     return host_fits(job, host)

@@ -35,6 +35,7 @@ THREADS = {
     "nvme_w": (10, "NVMe write"),
     "cpu": (11, "host CPU optimizer"),
     "cp": (12, "CP ring (K/V exchange)"),
+    "ep": (13, "EP all-to-all (tokens)"),
 }
 SEGMENT_NAMES = {
     "fwd": "forward",
@@ -42,6 +43,7 @@ SEGMENT_NAMES = {
     "recompute": "recompute",
     "tp": "TP collective",
     "cp": "CP ring: K/V exchange beside the attention",
+    "ep": "EP all-to-all: token dispatch / combine",
     "opt": "optimizer step",
     "dp": "slowed by DP/ZeRO traffic (contention, FSDP2 copy-out)",
 }
@@ -69,7 +71,7 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
         )
         ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": dev.idx}})
         plan = result.job.plan
-        lanes = set(dev.streams) | ({"tp"} if plan.t > 1 else set()) | ({"cp"} if plan.cp > 1 else set())
+        lanes = set(dev.streams) | {k for k, on in (("tp", plan.t > 1), ("cp", plan.cp > 1), ("ep", plan.ep > 1)) if on}
         for lane in sorted(lanes, key=lambda x: THREADS[x][0]):
             tid, tname = THREADS[lane]
             ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
@@ -103,7 +105,7 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
                         "name": SEGMENT_NAMES[seg],
                         "cat": seg,
                         "pid": pid,
-                        "tid": THREADS[seg][0] if seg in ("tp", "cp") else tid,
+                        "tid": THREADS[seg][0] if seg in ("tp", "cp", "ep") else tid,
                         "ts": t,
                         "dur": max(d, 0.0),
                     }

@@ -31,6 +31,7 @@ from simulator.plan.fields import (
 )
 from simulator.plan.rules import (
     context_errors,
+    expert_errors,
     fp8_shape_errors,
     hsdp_errors,
     parse_plan,
@@ -61,6 +62,7 @@ __all__ = [
     "ScheduleName",
     "ZeroStage",
     "context_errors",
+    "expert_errors",
     "fp8_shape_errors",
     "hsdp_errors",
     "num_microbatches",

@@ -52,7 +52,7 @@ SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
 PRECISIONS: tuple[PrecisionName, ...] = get_args(PrecisionName)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
-PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp", "cp")
+PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp", "cp", "ep")
 PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS, "prec": PRECISIONS}
 PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
 
@@ -75,7 +75,9 @@ class Plan:
     (simulator.cost.context). Ranks are ordered tensor innermost, then context, data, pipeline
     (Megatron-LM's order), so t*cp*p*d GPUs; ``d`` counts the data-parallel replicas (the batch
     is split d ways) and the parameters' gradients are reduced, and ZeRO states sharded, over the
-    d*cp ranks that hold the same weights (:attr:`grad_group`).
+    d*cp ranks that hold the same weights (:attr:`grad_group`). ``ep``: expert parallelism of a
+    mixture of experts (Megatron-LM ``--expert-model-parallel-size``): its experts split over ep
+    of those d*cp ranks, which exchange the routed tokens with all-to-alls (simulator.cost.experts).
     """
 
     t: int = 1
@@ -93,6 +95,7 @@ class Plan:
     hsdp: int = 0
     prec: PrecisionName = "bf16"
     cp: int = 1
+    ep: int = 1
 
     @property
     def grad_group(self) -> int:
@@ -135,6 +138,8 @@ class Plan:
             s += f",prec={self.prec}"
         if self.cp > 1:
             s += f",cp={self.cp}"
+        if self.ep > 1:
+            s += f",ep={self.ep}"
         return s
 
     def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
@@ -166,6 +171,8 @@ class Plan:
             out["prec"] = self.prec
         if self.cp > 1:
             out["cp"] = self.cp
+        if self.ep > 1:
+            out["ep"] = self.ep
         return out
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:

@@ -19,12 +19,12 @@ def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> l
     """Every rule a plan breaks for this model, GPU count and global batch (empty: valid)."""
     e = [
         f"{key} must be a positive integer, got {getattr(plan, key)}"
-        for key in ("t", "p", "d", "mb", "v", "cp")
+        for key in ("t", "p", "d", "mb", "v", "cp", "ep")
         if getattr(plan, key) < 1
     ]
     if e:
         return e
-    e += _layout_errors(model, plan, gpus) + context_errors(model, plan)
+    e += _layout_errors(model, plan, gpus) + context_errors(model, plan) + expert_errors(model, plan)
     if global_batch < 1:
         e.append(f"global batch must be positive, got {global_batch}")
     elif global_batch % (plan.d * plan.mb):
@@ -93,6 +93,23 @@ def _layout_errors(model: ModelSpec, plan: Plan, gpus: int) -> list[str]:
     if plan.sp and model.seq_length % (plan.t * plan.cp):
         rank_seq = "seq_length" if plan.cp == 1 else f"the {model.seq_length}/{plan.cp}-token sequence chunk of a rank"
         e.append(f"sp=1 needs t={plan.t} to divide {rank_seq} (seq_length={model.seq_length})")
+    return e
+
+
+def expert_errors(model: ModelSpec, plan: Plan) -> list[str]:
+    """Expert parallelism needs a mixture of experts whose experts it divides, carved from the
+    d*cp ranks holding the same weights (Megatron-LM: the expert-parallel group lies inside the
+    data-parallel-with-context one), so ep divides d*cp."""
+    if plan.ep == 1:
+        return []
+    if not model.num_experts:
+        return [f"ep={plan.ep} (expert parallelism) needs a mixture of experts; {model.name} has dense MLPs"]
+    e: list[str] = []
+    if model.num_experts % plan.ep:
+        e.append(f"ep={plan.ep} does not divide the {model.num_experts} experts")
+    if plan.grad_group % plan.ep:
+        what = "d" if plan.cp == 1 else "d*cp"
+        e.append(f"ep={plan.ep} must divide {what}={plan.grad_group} (expert ranks are data-parallel ranks)")
     return e
 
 

@@ -29,7 +29,7 @@ def add_static_memory(prog: Program) -> None:
     states = program_state_bytes(prog.job.runtime.states, c.e, plan.zero)
     for dev in prog.devices:
         psi = prog.device_params(dev)
-        ms = model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states)
+        ms = model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev))
         prog.mem.add_static(dev.idx, "params", ms.params)
         prog.mem.add_static(dev.idx, "grads", ms.grads)
         prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)

@@ -133,7 +133,7 @@ class Program:
         self.piece_index: dict[int, tuple[int, int]] = {}  # compute task -> (device, index in pieces_of)
         self.gates: list[tuple[int, int]] = []  # (compute task, transfer it waits for)
         self._piece_cache: dict[tuple, list[Piece]] = {}
-        self._totals_cache: dict[tuple, tuple[float, int, int, int]] = {}
+        self._totals_cache: dict[tuple, tuple[float, float, int, int]] = {}
         self._groups: dict[tuple, int] = {}
         self.cache: dict[tuple, tuple[float, float]] = {}  # per-boundary send sizes (pipeline.boundary_send)
         self.boundary_sends: dict[tuple[int, int, bool], Send] = {}  # per boundary and direction (pipeline._boundary)
@@ -165,6 +165,11 @@ class Program:
         """Parameters held by one rank of dev's stage (all its chunks)."""
         return sum(self.chunk_params(c * self.p + dev.pp) for c in range(self.v))
 
+    def device_sharded_params(self, dev: Device) -> float:
+        """The parameters whose states ZeRO shards, for one rank of dev's stage
+        (simulator.cost.stage_memory.StageShape.sharded_params)."""
+        return self.device_params(dev) + self.device_layers(dev) * self.costs.layer_sharded_extra
+
     def device_layers(self, dev: Device) -> int:
         return sum(self.layers[c * self.p + dev.pp] for c in range(self.v))
 
@@ -192,7 +197,7 @@ class Program:
         first, last = self.embed_head and j == 0, self.embed_head and j == self.chunks - 1
         return pass_items(self.costs, kind, modes, first, last, self.plan.schedule == "zbh1")
 
-    def totals(self, kind: str, j: int, norec: bool) -> tuple[float, int, int, int]:
+    def totals(self, kind: str, j: int, norec: bool) -> tuple[float, float, int, int]:
         """(TP bytes, layer TP all-reduces, layers fully / selectively recomputed) of a pass."""
         key = (kind, j, norec)
         got = self._totals_cache.get(key)
