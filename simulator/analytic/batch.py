@@ -48,6 +48,7 @@ from simulator.cost.step import (
     param_gather_bytes,
     step_sync_time,
 )
+from simulator.cost.workload import layer_param_tensors
 from simulator.cost.zero3 import reduce_bytes, shard_links
 from simulator.job import OVERLAPPED, Job, Runtime
 from simulator.plan import Plan
@@ -376,7 +377,8 @@ def _optimizer_time(
     """simulator.cost.step.optimizer_time over arrays."""
     gpu = cluster.gpu
     eager = gpu.eager
-    tensors = np.array([optimizer_tensors(model, int(n)) for n in layers], dtype=float)
+    # step.optimizer_tensors is linear in the layers: its value at 0 plus the layers' tensors
+    tensors = optimizer_tensors(model, 0) + layers.astype(float) * layer_param_tensors(model)
     tp = P.t > 1
     dev = device_slowdown(cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
