@@ -3,11 +3,13 @@
 Variables per chunk c (p*v chunks, chunk c on device c % p): n_c layers (>= 1, sum = L),
 f_c layers fully recomputed, s_c selectively recomputed (f_c + s_c <= n_c).
 Per device i, per microbatch (microseconds, integers):
-    time_i = sum_{c on i} [ n_c * (F + B + 4*T + Rf + Rb) + f_c * (F + 2*T + Rf) + s_c * (A + Rf) ]
+    time_i = sum_{c on i} [ n_c * (F + B + 4*T + Rf + Rb + 4*X) + f_c * (F + 2*T + Rf + 2*X) + s_c * (A + Rf) ]
              + E[i=0] + H[i=p-1]
 with F, B the layer's forward/backward compute, T one TP all-reduce, A the attention core
 (selective recompute), Rf/Rb what the context-parallel ring adds to an attention's forward and
-backward (0 at cp = 1), E/H the embedding and head passes.
+backward (0 at cp = 1), X one token all-to-all of expert parallelism (0 at ep = 1; two per
+pass), E/H the embedding and head passes; T's counts are 2 per pass, 1 + k with a mixture of
+experts.
 with T's counts from simulator.cost.stage (tp_per_layer, tp_per_full_recompute, TP_EMBEDDING, TP_HEAD).
 Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model,
 simulator.cost.stage_memory.DeviceMemoryModel, one constraint per reachable occupancy vector k

@@ -243,7 +243,8 @@ def _zero_bubble_ok(zero: int) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _hybrid_ok(hsdp: int, zero: int, d: int, offload: OffloadName) -> bool:
     """Whether hybrid sharding over ``hsdp`` of the ``d`` ranks holding the same weights keeps the
-    plan rules (simulator.plan.hsdp_errors); cached: the search asks for the same few combinations tens of thousands of times."""
+    plan rules (simulator.plan.hsdp_errors); cached: the search asks for the same few combinations
+    tens of thousands of times."""
     return not hsdp_errors(Plan(d=d, zero=zero, offload=offload, hsdp=hsdp))
 
 
@@ -258,10 +259,11 @@ def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
     """PlanError when no plan can use every GPU of the cluster (before any plan is enumerated)."""
     most = max_usable_gpus(model, global_batch)
     if gpus > most:
+        cp = largest_context_split(model)
         raise PlanError(
             f"no plan can use {gpus:,} GPUs: {model.name} with global batch {global_batch} occupies at most "
             f"{most:,} (d <= batch, t <= {max(tensor_splits(model))}, p <= {model.num_layers} layers"
-            f"{f', cp <= {largest_context_split(model)}' if largest_context_split(model) > 1 else ''}); "
+            f"{f', cp <= {cp}' if cp > 1 else ''}); "
             "give fewer --nodes or a larger --global-batch"
         )
 

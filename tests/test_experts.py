@@ -122,7 +122,10 @@ def test_bad_input_and_exports():
     args = export_megatron(job, TrainSettings()).files["megatron_args.txt"]
     assert "--num-experts 8" in args and "--moe-router-topk 2" in args and "--moe-ffn-hidden-size 14336" in args
     assert export_deepspeed(job, TrainSettings()).refused and export_torchtitan(job, TrainSettings()).refused
-    assert "mixture of experts" in (unsupported_reason(MIXTRAL, plan, m) or "")
+    assert "mixture of experts: its experts are not tensor-parallel" in (unsupported_reason(MIXTRAL, plan, m) or "")
+    ep_plan, m = parse_plan("ep=8,zero=0", MIXTRAL, 64, 64)
+    assert unsupported_reason(MIXTRAL, ep_plan, m) is None  # the program runs it (tests/test_runtime_equivalence.py)
+    assert "ep=8 with zero=1" in (unsupported_reason(MIXTRAL, ep_plan.replace(zero=1), m) or "")
 
 
 def test_expert_parallel_rules():

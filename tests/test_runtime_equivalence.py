@@ -33,6 +33,9 @@ TINY_LLAMA = TINY.model_copy(
     }
 )
 
+# A mixture of experts: 4 SwiGLU experts, 2 per token.
+TINY_MOE = TINY_LLAMA.model_copy(update={"name": "tiny-moe", "num_experts": 4, "moe_router_topk": 2})
+
 CASES = [
     ("t=2,ckpt=full", TINY),
     ("p=2,schedule=1f1b,ckpt=selective", TINY),
@@ -55,6 +58,11 @@ CASES = [
     ("t=2,cp=2,sp=1", TINY_LLAMA),  # with DTensor tensor and sequence parallelism
     ("p=2,cp=2,schedule=1f1b", TINY),
     ("cp=2,d=2,zero=3", TINY_LLAMA),  # FSDP2 over the d*cp ranks
+    # mixture of experts: every expert on every rank, then split over ep ranks (all-to-all dispatch)
+    ("d=2,zero=1", TINY_MOE),
+    ("d=2,ep=2", TINY_MOE),
+    ("d=4,ep=2,ckpt=full", TINY_MOE),  # two expert groups: the experts' gradients over their replicas
+    ("p=2,d=2,ep=2", TINY_MOE),
 ]
 
 
@@ -72,7 +80,7 @@ def emit_run_dir(tmp_path: Path, model: ModelSpec, plan_text: str, global_batch:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("plan_text,model", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("plan_text,model", CASES, ids=[f"{c[0]}:{c[1].name}" for c in CASES])
 def test_parallel_losses_equal_single_process(tmp_path, plan_text, model):
     result = run_and_verify(emit_run_dir(tmp_path, model, plan_text), steps=0, timeout_s=240, log=lambda _: None)
     assert len(result["losses"]) == 3

@@ -3,7 +3,8 @@
 Module names are stable across layouts (``embed.tok``, ``layers.<global index>.attn.q``,
 ``head.out``) so that parameters are initialized identically whatever the plan
 (see ``autoplan.runtime.init``). Features: learned or rotary positions, LayerNorm or
-RMSNorm, GELU or SwiGLU MLP, grouped-query attention, tied input/output embeddings.
+RMSNorm, GELU or SwiGLU MLP (or a mixture of such experts: autoplan.runtime.experts),
+grouped-query attention, tied input/output embeddings.
 Recomputation per layer: ``none``, ``selective`` (core attention recomputed) or ``full``
 (whole layer), with non-reentrant ``torch.utils.checkpoint``. Context parallelism: each rank runs
 one chunk of every sequence (:func:`set_context`, autoplan.runtime.context_parallel).
@@ -23,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autoplan.runtime.context_parallel import ContextShard
+from autoplan.runtime.experts import ExpertShard, MoEMLP
 from simulator.specs import ModelSpec
 
 
@@ -128,7 +130,7 @@ class Block(nn.Module):
         self.ln1 = _norm(spec)
         self.attn = Attention(spec, selective=recompute == "selective")
         self.ln2 = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp: nn.Module = MoEMLP(spec, MLP) if spec.num_experts else MLP(spec)
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -222,6 +224,14 @@ def set_context(model: nn.Module, shard: ContextShard) -> None:
     for module in model.modules():
         if isinstance(module, (Attention, Embed)):
             module.context = shard
+
+
+def keep_experts(model: nn.Module, shard: ExpertShard) -> None:
+    """Keep only this rank's experts in every mixture-of-experts MLP of ``model``
+    (autoplan.runtime.experts)."""
+    for module in model.modules():
+        if isinstance(module, MoEMLP):
+            module.keep_shard(shard)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

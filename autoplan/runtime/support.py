@@ -26,8 +26,12 @@ from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
 
-def dp_mode(plan: Plan) -> str:
-    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring)."""
+def dp_mode(plan: Plan, ep: int = 1) -> str:
+    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring); with expert
+    parallelism ``ep`` > 1 ``manual``: the experts' gradients average over other ranks than the
+    rest's (autoplan.runtime.experts)."""
+    if ep > 1:
+        return "manual"
     if plan.zero >= 2 and (plan.d > 1 or plan.offload == "cpu"):
         return "fsdp"
     if plan.d == 1:
@@ -50,7 +54,7 @@ def program_job(job: Job) -> Job:
       MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set).
     """
     runtime = job.runtime
-    mode = dp_mode(rank_plan(job.plan))  # the program's data-parallel group: d*cp ranks
+    mode = dp_mode(rank_plan(job.plan), job.plan.ep)  # the program's data-parallel group: d*cp ranks
     if mode == "manual" and runtime.dp_overlap:
         runtime = NO_DP_OVERLAP
     autocast = job.cluster.node.backend == "nccl" and mode != "fsdp"
@@ -62,10 +66,15 @@ def program_job(job: Job) -> Job:
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:
     """Why the runtime cannot run ``plan`` correctly, or None when it can."""
-    if model.num_experts:
+    if model.num_experts and plan.t > 1:
         return (
-            f"{model.name} is a mixture of experts: its MLPs are dense (no router, no experts); use the emitted "
-            "Megatron-LM config"
+            f"t={plan.t} with a mixture of experts: its experts are not tensor-parallel in autoplan's program; "
+            "use t=1 or the emitted Megatron-LM config"
+        )
+    if plan.ep > 1 and plan.zero > 0:
+        return (
+            f"ep={plan.ep} with zero={plan.zero}: its experts' gradients and states are reduced over their own "
+            "replicas by hand, without ZeRO; use zero=0 or the emitted Megatron-LM config"
         )
     if plan.prec == "fp8":
         return (

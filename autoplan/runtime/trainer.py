@@ -31,9 +31,10 @@ from autoplan.runtime.config import RunSpec
 from autoplan.runtime.context_parallel import context_shard
 from autoplan.runtime.data import local_batch
 from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, local
+from autoplan.runtime.experts import expert_params, expert_shard
 from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
 from autoplan.runtime.init import init_parameters
-from autoplan.runtime.model import GPT, layer_recompute, lm_loss, set_context
+from autoplan.runtime.model import GPT, keep_experts, layer_recompute, lm_loss, set_context
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
@@ -92,9 +93,10 @@ class Trainer:
         # the rank's view of a context-parallel plan: d*cp data-parallel ranks (simulator.cost.rank_view)
         self.plan = plan = rank_plan(spec.plan)
         self.layout = layout = env.layout
-        self.mode = dp_mode(plan)
+        self.mode = dp_mode(plan, spec.plan.ep)
         self.dp_group = env.mesh["dp"].get_group()
         self.context = context_shard(spec.plan, env.rank)
+        self.experts = expert_shard(spec.plan, env.rank)
         self.chunks = [self._build_chunk(c) for c in layout.chunks]
         self.params = list(dict.fromkeys(p for m in self.chunks for p in m.parameters()))
         self.ddp: DistributedDataParallel | None = None
@@ -103,11 +105,7 @@ class Trainer:
                 self.chunks[0], process_group=self.dp_group, device_ids=[env.local_rank] if env.cuda else None
             )
         self.optimizer, self.zero1 = self._build_optimizer(optimizer)
-        self.manual_all_reduce = (
-            ManualGradAllReduce(self.params, self.dp_group, plan.d)
-            if self.mode == "manual" and plan.zero == 0
-            else None
-        )
+        self.manual_all_reduce = self._manual_all_reduce() if self.mode == "manual" and plan.zero == 0 else None
         self.tied = self._tied_sync()
         self.norm_weights = self._norm_weights()
         self.schedule = None
@@ -137,6 +135,8 @@ class Trainer:
             m = GPT(model, chunk_layer_ids(model, plan, chunk), chunk == 0, chunk == self.layout.num_chunks - 1, modes)
         if self.context is not None:
             set_context(m, self.context)
+        if self.experts is not None:
+            keep_experts(m, self.experts)
         if plan.t > 1:
             from autoplan.runtime.tensor_parallel import apply_tensor_parallel
 
@@ -153,6 +153,24 @@ class Trainer:
                 param_dtype=torch.bfloat16 if self.bf16 else None,
             )
         return m
+
+    def _manual_all_reduce(self) -> Callable[[], None]:
+        """ZeRO-0's gradient average over the d*cp data-parallel ranks; with expert parallelism
+        the experts' over the ranks holding the same experts, summed and divided by d*cp too
+        (each already sums its ep group's tokens: autoplan.runtime.experts)."""
+        d = self.plan.d
+        if self.experts is None:
+            return ManualGradAllReduce(self.params, self.dp_group, d)
+        mine = set().union(*(expert_params(m) for m in self.chunks))
+        dense = ManualGradAllReduce([p for p in self.params if p not in mine], self.dp_group, d)
+        assert self.experts.replica_group is not None
+        experts = ManualGradAllReduce([p for p in self.params if p in mine], self.experts.replica_group, d)
+
+        def both() -> None:
+            dense()
+            experts()
+
+        return both
 
     def _build_optimizer(self, kind: str) -> tuple[torch.optim.Optimizer | None, Zero1Optimizer | None]:
         tr = self.spec.train
@@ -195,8 +213,16 @@ class Trainer:
         if self.tied is not None and self.layout.has_last and not self.layout.has_first and head is not None:
             duplicate = head.out.weight
         dp_unique = self.zero1 is not None
+        ep = self.experts.size if self.experts is not None else 1
+        mine = set().union(*(expert_params(m) for m in self.chunks)) if ep > 1 else set()
         return [
-            (p, 0.0 if p is duplicate else 1.0 / replicas(p, self.plan.t, self.plan.d, dp_unique)) for p in self.params
+            (
+                p,
+                0.0
+                if p is duplicate
+                else 1.0 / replicas(p, self.plan.t, self.plan.d // (ep if p in mine else 1), dp_unique),
+            )
+            for p in self.params
         ]
 
     # ------------------------------------------------------------------ one step
