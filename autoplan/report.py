@@ -91,8 +91,10 @@ def format_result(r: dict[str, Any]) -> str:
             else f"busiest link     {b}"
         )
     step = r["step_time_s"] or 1.0
+    unused = {key for key, dim in (("cp_comm", "cp"), ("ep_comm", "ep")) if r["plan"].get(dim, 1) == 1}
     times = table(
-        ["time", "seconds", "share"], [(k, v, f"{100 * v / step:.1f}%") for k, v in r["time_breakdown_s"].items()]
+        ["time", "seconds", "share"],
+        [(k, v, f"{100 * v / step:.1f}%") for k, v in r["time_breakdown_s"].items() if k not in unused],
     )
     total = sum(r["memory_breakdown_gib"].values()) or 1.0
     mem = table(
