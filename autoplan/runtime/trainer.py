@@ -90,7 +90,7 @@ class Trainer:
         """``optimizer``: ``adamw`` or ``sgd``; ``mixed_precision``: bf16 compute (GPU only)."""
         self.spec, self.env = spec, env
         self.bf16 = mixed_precision and env.cuda
-        # the rank's view of a context-parallel plan: d*cp data-parallel ranks (simulator.cost.rank_view)
+        # the rank's view of a context- or expert-parallel plan: d*cp data-parallel ranks (simulator.cost.rank_view)
         self.plan = plan = rank_plan(spec.plan)
         self.layout = layout = env.layout
         self.mode = dp_mode(plan, spec.plan.ep)
@@ -99,6 +99,8 @@ class Trainer:
         self.experts = expert_shard(spec.plan, env.rank)
         self.chunks = [self._build_chunk(c) for c in layout.chunks]
         self.params = list(dict.fromkeys(p for m in self.chunks for p in m.parameters()))
+        # the experts this rank holds alone among its ep group (expert parallelism; none without)
+        self.own_experts = set().union(*(expert_params(m) for m in self.chunks)) if self.experts else set()
         self.ddp: DistributedDataParallel | None = None
         if self.mode == "ddp":
             self.ddp = DistributedDataParallel(
@@ -161,10 +163,10 @@ class Trainer:
         d = self.plan.d
         if self.experts is None:
             return ManualGradAllReduce(self.params, self.dp_group, d)
-        mine = set().union(*(expert_params(m) for m in self.chunks))
-        dense = ManualGradAllReduce([p for p in self.params if p not in mine], self.dp_group, d)
+        own = self.own_experts
+        dense = ManualGradAllReduce([p for p in self.params if p not in own], self.dp_group, d)
         assert self.experts.replica_group is not None
-        experts = ManualGradAllReduce([p for p in self.params if p in mine], self.experts.replica_group, d)
+        experts = ManualGradAllReduce([p for p in self.params if p in own], self.experts.replica_group, d)
 
         def both() -> None:
             dense()
@@ -214,13 +216,12 @@ class Trainer:
             duplicate = head.out.weight
         dp_unique = self.zero1 is not None
         ep = self.experts.size if self.experts is not None else 1
-        mine = set().union(*(expert_params(m) for m in self.chunks)) if ep > 1 else set()
         return [
             (
                 p,
                 0.0
                 if p is duplicate
-                else 1.0 / replicas(p, self.plan.t, self.plan.d // (ep if p in mine else 1), dp_unique),
+                else 1.0 / replicas(p, self.plan.t, self.plan.d // (ep if p in self.own_experts else 1), dp_unique),
             )
             for p in self.params
         ]
