@@ -228,9 +228,10 @@ def hsdp_options(plan: Plan, gpus_per_node: int, fix: Mapping[str, Any]) -> list
         want = fix["hsdp"]
         if want == 0:
             return [plan]
-        return [plan.replace(hsdp=want)] if _hybrid_ok(want, plan.zero, plan.grad_group, plan.offload) else []
+        return [plan.replace(hsdp=want)] if _hybrid_ok(want, plan.zero, plan.grad_group, plan.offload, plan.ep) else []
     n = gpus_per_node // plan.t if gpus_per_node and gpus_per_node % plan.t == 0 else 0
-    return [plan, plan.replace(hsdp=n)] if n and _hybrid_ok(n, plan.zero, plan.grad_group, plan.offload) else [plan]
+    ok = n and _hybrid_ok(n, plan.zero, plan.grad_group, plan.offload, plan.ep)
+    return [plan, plan.replace(hsdp=n)] if ok else [plan]
 
 
 @functools.lru_cache(maxsize=8)
@@ -241,11 +242,11 @@ def _zero_bubble_ok(zero: int) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _hybrid_ok(hsdp: int, zero: int, d: int, offload: OffloadName) -> bool:
+def _hybrid_ok(hsdp: int, zero: int, d: int, offload: OffloadName, ep: int = 1) -> bool:
     """Whether hybrid sharding over ``hsdp`` of the ``d`` ranks holding the same weights keeps the
     plan rules (simulator.plan.hsdp_errors); cached: the search asks for the same few combinations
     tens of thousands of times."""
-    return not hsdp_errors(Plan(d=d, zero=zero, offload=offload, hsdp=hsdp))
+    return not hsdp_errors(Plan(d=d, zero=zero, offload=offload, hsdp=hsdp, ep=ep))
 
 
 def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:

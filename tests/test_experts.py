@@ -133,6 +133,7 @@ def test_expert_parallel_rules():
         ("ep=3", "ep=3 does not divide the 8 experts"),
         ("t=8,p=4,ep=4", "ep=4 must divide d=2"),
         ("ep=0", "ep must be a positive integer, got 0"),
+        ("ep=8,zero=3,hsdp=4", "hsdp=4 must be a multiple of ep=8"),
     ]:
         with pytest.raises(PlanError, match=message):
             parse_plan(text, MIXTRAL, 64, 64)

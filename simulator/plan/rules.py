@@ -202,7 +202,8 @@ def _memory_errors(plan: Plan) -> list[str]:
 
 def hsdp_errors(plan: Plan) -> list[str]:
     """Hybrid sharding needs ZeRO-2/3, no offload, and a shard group of 2 to g-1 ranks that
-    divides the g = d*cp ranks holding the same weights (Plan.grad_group)."""
+    divides the g = d*cp ranks holding the same weights (Plan.grad_group) and holds whole
+    expert-parallel groups (each expert's states are sharded over hsdp/ep ranks)."""
     e: list[str] = []
     if not plan.hsdp:
         return e
@@ -216,6 +217,8 @@ def hsdp_errors(plan: Plan) -> list[str]:
         )
     if plan.offload != Offload.NONE:
         e.append(f"hsdp={plan.hsdp} with offload={plan.offload} is not modelled")
+    if plan.hsdp % plan.ep:
+        e.append(f"hsdp={plan.hsdp} must be a multiple of ep={plan.ep} (a shard group holds whole expert groups)")
     return e
 
 
