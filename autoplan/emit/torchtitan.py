@@ -60,7 +60,8 @@ def architecture_refusal(job: Job) -> str | None:
     if m.num_experts:
         return (
             f"{m.name} is a mixture of experts; torchtitan_config.py builds torchtitan's dense Llama blocks "
-            "(its MoE models, deepseek_v3 / qwen3 / llama4, are other architectures)"
+            "(its MoE models, deepseek_v3 / qwen3 / llama4, are other architectures; its expert parallelism borrows "
+            "data-shard, context and tensor ranks and keeps each expert whole, where autoplan prices Megatron's)"
         )
     if m.tie_embeddings and job.plan.p > 1:
         return "tied embeddings with p > 1: torchtitan raises NotImplementedError (models/common/decoder.py)"
