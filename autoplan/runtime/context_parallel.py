@@ -34,10 +34,10 @@ class ContextShard:
     index: int
     group: dist.ProcessGroup | None = None
 
-    def chunk(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's tokens of (batch, seq) ``x``."""
-        n = x.shape[1] // self.size
-        return x[:, self.index * n : (self.index + 1) * n].contiguous()
+    def chunk(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's chunk of ``x`` along its sequence dimension ``dim`` (tokens: (batch, seq))."""
+        n = x.shape[dim] // self.size
+        return x.narrow(dim, self.index * n, n).contiguous()
 
     def offset(self, local_seq: int) -> int:
         """Global position of this rank's first token."""
@@ -74,8 +74,7 @@ class _GatherSequence(torch.autograd.Function):
         shard: ContextShard = ctx.shard
         total = grad.contiguous().clone()
         dist.all_reduce(total, group=shard.group)
-        n = total.shape[2] // shard.size
-        return total[:, :, shard.index * n : (shard.index + 1) * n], None
+        return shard.chunk(total, dim=2), None
 
 
 def context_shard(plan: Plan, rank: int) -> ContextShard | None:

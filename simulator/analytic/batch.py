@@ -205,7 +205,7 @@ def _by_view(
     views: list[tuple[int, int]],
 ) -> BatchEstimate:
     """:func:`estimate_batch` of each (cp, ep)'s plans on their rank view, put back in the plans' order."""
-    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans), dtype=float), np.zeros(len(plans), dtype=bool)
+    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
     for cp, ep in views:
         idx = [i for i, q in enumerate(plans) if (q.cp, q.ep) == (cp, ep)]
         ranked = [rank_plan(plans[i]) for i in idx]

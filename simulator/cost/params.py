@@ -70,6 +70,13 @@ def layer_params_per_rank(model: ModelSpec, t: int, experts: int | None = None) 
     return split / t + replicated
 
 
+def layer_sharded_extra(model: ModelSpec, t: int) -> float:
+    """Parameters of one layer, beyond those a rank holds, whose sharded states it keeps a share
+    of: the experts of the other ep ranks (each E/ep experts' states sharded over d/ep ranks
+    amount to all E experts' over d: simulator.cost.rank_view); 0 without expert parallelism."""
+    return layer_params_per_rank(model, t, model.experts) - layer_params_per_rank(model, t)
+
+
 def embedding_params_per_rank(model: ModelSpec, t: int, vocab: int | None = None) -> float:
     """Vocab-parallel word embedding V*h/t plus replicated learned positions. ``vocab``
     overrides the model's vocabulary (e.g. Megatron's padded one, workload.padded_vocab_size)."""
@@ -93,11 +100,10 @@ def stage_params_per_rank(
     first: bool,
     last: bool,
     vocab: int | None = None,
-    experts: int | None = None,
 ) -> float:
     """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers
-    (``vocab``: see :func:`embedding_params_per_rank`; ``experts``: :func:`layer_params_per_rank`)."""
-    n = layers * layer_params_per_rank(model, t, experts)
+    (``vocab``: see :func:`embedding_params_per_rank`)."""
+    n = layers * layer_params_per_rank(model, t)
     if first:
         n += embedding_params_per_rank(model, t, vocab)
     if last:

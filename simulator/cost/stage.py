@@ -16,6 +16,7 @@ from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.precision import FP8, weight_cast_op
+from simulator.cost.rank_view import context_parallel
 from simulator.cost.stage_memory import StageShape
 from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
@@ -161,7 +162,7 @@ def _ring_exposure(
     """Context parallelism's ring beside one layer's attention (forward, backward), priced
     against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1. A
     CPU rank (not ``asy``) runs its own ops and collectives one after another: nothing overlaps."""
-    if context.context_parallel(model) == 1:
+    if context_parallel(model) == 1:
         return 0.0, 0.0
     if not asy:
         return context.ring_times(model, cluster, t, mb, e)
@@ -273,7 +274,6 @@ def _make_stages(
             tp += TP_HEAD * bt.tp_all_reduce
         vocab = padded_vocab_size(model, plan.t)
         psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, vocab)
-        psi_all = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, vocab, model.experts)
         a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
         made[sig] = StageCost(
             layers=n,
@@ -290,7 +290,7 @@ def _make_stages(
             cp_comm=cp,
             weight_cast=(n + full) * bt.fp8_weight_cast,
             ep_comm=(2 * n + full) * a2a,
-            sharded_extra=psi_all - psi,
+            sharded_extra=n * params.layer_sharded_extra(model, plan.t),  # the embedding and head hold no experts
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

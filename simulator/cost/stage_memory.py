@@ -265,9 +265,16 @@ class DeviceMemoryModel:
         e = dtype_bytes(cluster.gpu)
         pb, gb, k = memory.state_bytes_per_param(e)
         a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e, plan.prec)
-        all_experts = params.layer_params_per_rank(model, plan.t, model.experts)
+        psi_layer = _layer_params(model, plan.t)
         layer_states = memory.model_state_bytes(
-            _layer_params(model, plan.t), plan.shard_group, plan.zero, plan.offload, pb, gb, k, all_experts
+            psi_layer,
+            plan.shard_group,
+            plan.zero,
+            plan.offload,
+            pb,
+            gb,
+            k,
+            psi_layer + params.layer_sharded_extra(model, plan.t),
         ).total
         if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
             layer_states += fp8_weight_copies(model, plan, 1)

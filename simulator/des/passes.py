@@ -43,7 +43,12 @@ from simulator.cost.memory import (
     weight_grad_input_bytes,
 )
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from simulator.cost.params import (
+    embedding_params_per_rank,
+    head_params_per_rank,
+    layer_params_per_rank,
+    layer_sharded_extra,
+)
 from simulator.cost.precision import linear_input_bytes
 from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, tp_backward, tp_forward, tp_per_full_recompute
 from simulator.cost.stage_memory import layer_activations
@@ -126,7 +131,7 @@ class Costs:
             logits=logits * kept,
             logits_backward=logits * backward,
             layer_params=layer_params_per_rank(model, t),
-            layer_sharded_extra=layer_params_per_rank(model, t, model.experts) - layer_params_per_rank(model, t),
+            layer_sharded_extra=layer_sharded_extra(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),
             e=e,
