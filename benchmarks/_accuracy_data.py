@@ -26,7 +26,7 @@ import yaml
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
-from simulator.job import Job, Runtime
+from simulator.job import NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
 from simulator.plan import Plan
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
@@ -136,6 +136,57 @@ def published_rows() -> list[PublishedRow]:
         )
         out.append(PublishedRow(r["params_B"], model, r["t"], r["p"], r["gpus"], r["batch"], r["tflops_per_gpu"]))
     return out
+
+
+@dataclass(frozen=True)
+class Sc21Run:
+    """How Megatron-LM's own script for the paper's Table 1 ran a row
+    (examples/academic_paper_scripts/sc21/run_table_1.sh in NVIDIA/Megatron-LM): the microbatch
+    size (``MBS``), the layers per virtual pipeline stage (``--num-layers-per-virtual-pipeline-stage``;
+    None: plain 1F1B) and the data-parallel implementation (``--DDP-impl``: "torch" is PyTorch
+    DDP, whose bucketed all-reduce overlaps the backward pass; "local" is Megatron-LM's own,
+    one all-reduce after the last backward). CONFIG.sh adds what every row shares: fp16, sequence
+    2048, ``--activations-checkpoint-method uniform`` (every layer fully recomputed)."""
+
+    mb: int
+    layers_per_virtual_stage: int | None
+    ddp: str
+
+    @property
+    def runtime(self) -> Runtime:
+        return OVERLAPPED if self.ddp == "torch" else NO_DP_OVERLAP
+
+
+#: run_table_1.sh's settings for the published rows, by (layers, hidden size)
+SC21_RUNS = {
+    (24, 2304): Sc21Run(16, None, "torch"),  # 1.7B
+    (36, 4096): Sc21Run(16, None, "torch"),  # 7.5B
+    (48, 8192): Sc21Run(4, None, "local"),  # 39B
+    (80, 12288): Sc21Run(2, 5, "local"),  # 145B
+    (128, 25600): Sc21Run(1, None, "local"),  # 1T
+}
+
+
+def published_as_run(row: PublishedRow) -> Job:
+    """A published row as Megatron-LM's script ran it (:class:`Sc21Run`): its t and p, zero=0,
+    ckpt=full, sp=0 (sequence parallelism came a year later), the script's microbatch size,
+    schedule and data-parallel runtime."""
+    run = SC21_RUNS.get((row.model.num_layers, row.model.hidden_size))
+    if run is None:
+        raise SystemExit(f"accuracy: no Megatron-LM sc21 script settings for the {row.params_B}B row")
+    d = row.gpus // (row.t * row.p)
+    lpvs = run.layers_per_virtual_stage
+    plan = Plan(
+        t=row.t,
+        p=row.p,
+        d=d,
+        mb=run.mb,
+        zero=0,
+        ckpt="full",
+        schedule="interleaved" if lpvs else "1f1b",
+        v=row.model.num_layers // (row.p * lpvs) if lpvs else 1,
+    )
+    return Job.make(row.model, selene(row.gpus), plan, row.batch, f"the {row.params_B}B row", run.runtime)
 
 
 def selene(gpus: int) -> ClusterSpec:

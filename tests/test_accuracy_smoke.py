@@ -52,6 +52,18 @@ def test_published_row_predicts():
     assert 0 < r.tflops_per_gpu < cluster.gpu.peak_tflops["fp16"]
 
 
+def test_published_rows_run_as_megatron_scripts_ran_them():
+    """run_table_1.sh: 145B has 80 layers on 8 stages at 5 layers per virtual stage, so v=2 interleaved;
+    1T sets no virtual stages (1F1B); 1.7B uses PyTorch DDP (overlapped), 39B Megatron's local DDP."""
+    from simulator.job import NO_DP_OVERLAP, OVERLAPPED
+
+    jobs = {r.params_B: data.published_as_run(r) for r in data.published_rows()}
+    assert (jobs[145.6].plan.schedule, jobs[145.6].plan.v, jobs[145.6].plan.mb) == ("interleaved", 2, 2)
+    assert (jobs[1008.0].plan.schedule, jobs[1008.0].plan.v, jobs[1008.0].plan.mb) == ("1f1b", 1, 1)
+    assert jobs[1.7].runtime == OVERLAPPED and jobs[39.1].runtime == NO_DP_OVERLAP
+    assert all(j.plan.d * j.plan.t * j.plan.p == j.cluster.num_gpus and j.plan.ckpt == "full" for j in jobs.values())
+
+
 def test_megatron_vocab_padding():
     """GPT-2's 50257 tokens pad to a multiple of 128*t (Megatron's make-vocab-size-divisible-by)."""
     from simulator.specs import ModelSpec
