@@ -55,6 +55,7 @@ CASES = [
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=2,p=4,mb=1,zero=1,sp=1"),  # mixture of experts
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=2,p=2,ep=4,mb=1,zero=1"),  # expert parallelism
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=1,ep=8,mb=1,zero=3"),  # experts under Megatron-FSDP
+    Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=2,ep=4,mb=1,zero=0,ckpt=full"),  # ep with data-parallel replicas
     Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=1,mb=2,zero=0"),
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=2,mb=1,zero=1,v=2,schedule=interleaved,layers=7/9/8/8"),
     Case("gpt-1t", "dgx-a100-80gb", 16, 256, "t=8,p=1,mb=1,zero=3,offload=nvme,ckpt=full"),

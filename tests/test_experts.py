@@ -121,7 +121,14 @@ def test_bad_input_and_exports():
     job = Job(MIXTRAL, H100, plan, 64)
     args = export_megatron(job, TrainSettings()).files["megatron_args.txt"]
     assert "--num-experts 8" in args and "--moe-router-topk 2" in args and "--moe-ffn-hidden-size 14336" in args
-    assert export_deepspeed(job, TrainSettings()).refused and export_torchtitan(job, TrainSettings()).refused
+    assert export_deepspeed(job, TrainSettings()).refused
+    titan = export_torchtitan(job, TrainSettings())  # t=2 with ep=1: torchtitan splits the experts over the t ranks
+    assert not titan.refused and "'num_experts': 8" in titan.files["torchtitan_config.py"]
+    off_tensor_ranks = Job(MIXTRAL, H100, parse_plan("t=2,p=2,ep=4,mb=1,zero=1", MIXTRAL, 64, 64)[0], 64)
+    assert (
+        "torchtitan's expert parallelism borrows the tensor ranks"
+        in export_torchtitan(off_tensor_ranks, TrainSettings()).refused
+    )
     assert "mixture of experts: its experts are not tensor-parallel" in (unsupported_reason(MIXTRAL, plan, m) or "")
     ep_plan, m = parse_plan("ep=8,zero=0", MIXTRAL, 64, 64)
     assert unsupported_reason(MIXTRAL, ep_plan, m) is None  # the program runs it (tests/test_runtime_equivalence.py)

@@ -72,7 +72,8 @@ def emitted(request, tmp_path, monkeypatch):
     export = export_torchtitan(job, TrainSettings())
     if export.refused:
         gpt_style = job.model.activation != "swiglu"
-        assert gpt_style or bool(job.model.num_experts) or (job.model.tie_embeddings and job.plan.p > 1)
+        experts_off_tensor_ranks = bool(job.model.num_experts) and job.plan.ep > 1 and job.plan.t > 1
+        assert gpt_style or experts_off_tensor_ranks or (job.model.tie_embeddings and job.plan.p > 1)
         pytest.skip(export.refused)
     module = f"torchtitan_config_{request.param_index}"
     (tmp_path / f"{module}.py").write_text(export.files["torchtitan_config.py"])
@@ -91,7 +92,7 @@ def test_torchtitan_reads_the_plan(emitted):
     plan, n = export.written, job.model.num_layers
     par, tr = cfg.parallelism, cfg.training
     dims = ParallelDims.from_config(par, plan.gpus)  # raises unless the degrees multiply to the world
-    assert (dims.tp, dims.pp, dims.cp) == (plan.t, plan.p, plan.cp)
+    assert (dims.tp, dims.pp, dims.cp, dims.ep) == (plan.t, plan.p, plan.cp, plan.ep)
     assert dims.dp_replicate * dims.dp_shard == plan.d  # the batch is split d ways (cp splits sequences)
     if plan.zero >= 2:  # torchtitan's FSDP mesh is dp_shard x cp
         assert (dims.dp_replicate, dims.dp_shard * dims.cp) == (plan.replicas, plan.shard_group)
@@ -111,12 +112,25 @@ def test_torchtitan_reads_the_plan(emitted):
     assert mode == {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}[plan.ckpt]
     model = cfg.model_spec.model
     assert len(model.layers) == n and model.dim == job.model.hidden_size
-    assert model.layers[0].feed_forward.w1.out_features == job.model.ffn
+    if job.model.num_experts:  # torchtitan's MoE layer: E experts of the expert FFN size, Mixtral's top-k routing
+        moe = model.layers[0].moe
+        assert model.layers[0].feed_forward is None and moe.num_experts == job.model.num_experts
+        assert moe.routed_experts.inner_experts.hidden_dim == job.model.ffn
+        assert (moe.router.top_k, moe.router.score_func, moe.router.route_norm) == (
+            job.model.moe_router_topk,
+            "softmax",
+            True,
+        )
+        assert moe.load_balance_coeff is None
+        if plan.ep > 1:  # the expert ranks are data-shard ranks, each holding E/ep whole experts
+            assert plan.t == 1 and dims.dp_shard * dims.cp % plan.ep == 0
+    else:
+        assert model.layers[0].feed_forward.w1.out_features == job.model.ffn
     assert model.layers[0].attention.rope.theta == job.model.rope_theta
     model.update_from_config(config=cfg)  # torchtitan's own model-vs-parallelism checks
     from torchtitan.components.quantization.float8 import Float8Linear
 
-    float8 = isinstance(model.layers[0].feed_forward.w1, Float8Linear.Config)
+    float8 = not job.model.num_experts and isinstance(model.layers[0].feed_forward.w1, Float8Linear.Config)
     assert float8 == (plan.prec == "fp8") == cfg.compile.enable  # fp8: the layers' linears, compiled
     assert not isinstance(model.lm_head, Float8Linear.Config)  # the output layer stays bf16
 
@@ -142,3 +156,42 @@ def test_torchtitan_pipeline_stages_are_the_plans(emitted):
         assert list(mine) == [rank + i * plan.p for i in range(plan.v)]
     assert layers == job.model.num_layers
     del stages
+
+
+@pytest.mark.parametrize("experts", [0, 4])
+def test_torchtitan_model_has_the_parameters_autoplan_prices(tmp_path, experts):
+    """The emitted model, built by torchtitan on the meta device, holds as many parameters as
+    autoplan counts for the model file (simulator.cost.params.total_params): a small Llama-style
+    decoder, dense and with 4 experts (top 2)."""
+    import torch
+
+    from hwprofiles.load import load_cluster
+    from simulator.cost.params import total_params
+    from simulator.job import Job
+    from simulator.plan import parse_plan
+    from simulator.specs import ModelSpec
+
+    model = ModelSpec(
+        name="small",
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=96,
+        vocab_size=256,
+        seq_length=64,
+        activation="swiglu",
+        tie_embeddings=False,
+        position_embedding_type="rope",
+        normalization="RMSNorm",
+        num_experts=experts or None,
+    )
+    cluster = load_cluster("dgx-h100", 1)
+    plan, _ = parse_plan("t=1,p=1,mb=1,zero=3" + (",ep=2" if experts else ""), model, cluster.num_gpus, 8)
+    export = export_torchtitan(Job(model, cluster, plan, 8), TrainSettings())
+    assert not export.refused
+    (tmp_path / f"small_{experts}.py").write_text(export.files["torchtitan_config.py"])
+    cfg = load(tmp_path, f"small_{experts}")
+    with torch.device("meta"):
+        built = cfg.model_spec.model.build()
+    assert sum(p.numel() for p in built.parameters()) == total_params(model)

@@ -7,6 +7,17 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
 - The model: a Llama-style decoder built from torchtitan's blocks with the model file's sizes
   (dim, layers, heads, KV heads, the exact SwiGLU hidden size, vocabulary, rotary base). GPT-style
   models (GELU, LayerNorm, learned positions) are refused: torchtitan ships no such model.
+- A mixture of experts: the same decoder with torchtitan's MoE layer in every block
+  (``models/common/moe.py`` through ``config_utils.make_moe_config``, in ``Qwen3TransformerBlock`` /
+  ``Qwen3Model`` without QK norms, parallelized by ``parallelize_qwen3``): E SwiGLU experts of the
+  model's expert FFN size, a router taking the softmax over the experts, the top k, renormalized
+  (Mixtral's routing: ``score_func="softmax"``, ``route_norm=True``), no load-balancing bias
+  (``load_balance_coeff=None``). ep -> ``expert_parallel_degree``; torchtitan's EP borrows ranks
+  from dp_shard x cp x tp (``efsdp = dp_shard * cp * tp / ep``, ``distributed/parallel_dims.py``),
+  so with t = 1 it is autoplan's ep over the d*cp ranks with whole experts, the expert states
+  sharded over the other efsdp ranks; with t > 1 it would take the experts off the tensor ranks
+  (Megatron, which autoplan prices, splits each expert over them), so t > 1 with ep > 1 is
+  refused; ep = 1 with t > 1 splits the experts over the tensor ranks, as Megatron does.
 - t -> ``tensor_parallel_degree``, sp -> ``enable_sequence_parallel``; p -> ``pipeline_parallel_degree``
   with the plan's split as ``module_fqns_per_model_part`` (p*v stages, rank r running r, r+p, ...:
   the looped placement autoplan plans; no ``*_less_layers`` defaults involved); schedule ->
@@ -16,7 +27,8 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
   or mb x m (pipeline: m microbatches, one step).
 - d: FSDP2 on (``data_parallel_replicate_degree``, ``data_parallel_shard_degree``): ZeRO-0 =
   replicate d; ZeRO-2 / ZeRO-3 = shard with ``fsdp_reshard_after_forward`` never / always;
-  hsdp=N = shard N, replicate d/N. ZeRO-1 has no equivalent (-> ZeRO-2).
+  hsdp=N = shard N, replicate d/N. ZeRO-1 has no equivalent (-> ZeRO-2), nor has ZeRO-0 with
+  ep > 1 (the expert ranks are data-shard ranks: -> ZeRO-2).
 - cp -> ``context_parallel_degree`` (torch's ring attention over SDPA); torchtitan then shards
   the states over dp_shard x cp (its ``fsdp`` mesh), so the shard degree is the shard group / cp,
   and a plan without sharding becomes ZeRO-2 sharded over the cp ranks.
@@ -57,11 +69,11 @@ def architecture_refusal(job: Job) -> str | None:
             f"{m.name} is GPT-style ({', '.join(gpt)}); torchtitan 0.3 ships Llama-style decoders only "
             "(SwiGLU, RMSNorm, RoPE), a different model"
         )
-    if m.num_experts:
+    if m.num_experts and job.plan.ep > 1 and job.plan.t > 1:
         return (
-            f"{m.name} is a mixture of experts; torchtitan_config.py builds torchtitan's dense Llama blocks "
-            "(its MoE models, deepseek_v3 / qwen3 / llama4, are other architectures; its expert parallelism borrows "
-            "data-shard, context and tensor ranks and keeps each expert whole, where autoplan prices Megatron's)"
+            f"ep={job.plan.ep} with t={job.plan.t}: torchtitan's expert parallelism borrows the tensor ranks and keeps "
+            "each expert whole (efsdp = dp_shard * cp * tp / ep, distributed/parallel_dims.py), where autoplan prices "
+            "Megatron's, which splits every expert over the t ranks; plan with t=1, or ep=1"
         )
     if m.tie_embeddings and job.plan.p > 1:
         return "tied embeddings with p > 1: torchtitan raises NotImplementedError (models/common/decoder.py)"
@@ -102,6 +114,13 @@ def _decide(job: Job) -> Draft:
         d.change(
             "zero", 2, "torchtitan has no optimizer-only sharding; FSDP2 without resharding after forward is ZeRO-2"
         )
+    elif plan.zero == 0 and plan.ep > 1:
+        d.change(
+            "zero",
+            2,
+            "torchtitan's expert-parallel ranks are data-shard ranks (efsdp x ep = dp_shard x cp x tp): "
+            "FSDP2 without resharding after forward is ZeRO-2",
+        )
     if plan.cp > 1:
         _context_draft(d)
     if plan.offload == "nvme":
@@ -126,6 +145,12 @@ def _decide(job: Job) -> Draft:
         d.notes.append(
             "ckpt=selective: torchtitan's selective AC is op-level (keeps matmul outputs, recomputes the rest), "
             "not the attention-core recomputation autoplan models"
+        )
+    if job.model.num_experts:
+        d.notes.append(
+            f"mixture of experts: torchtitan's MoE layer (top-{job.model.moe_router_topk} of {job.model.num_experts} "
+            "experts, softmax router renormalized over the top k, no load-balancing loss or bias); autoplan prices "
+            f"Megatron-core's all-to-all dispatcher with moe_load_imbalance={job.model.moe_load_imbalance}"
         )
     if job.model.attention == "materialized":
         d.notes.append("attention=materialized: torchtitan runs FlexAttention (fused, no s x s scores kept)")
@@ -155,6 +180,7 @@ def parallelism(job: Job, plan: Plan) -> dict[str, Any]:
         "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
         "pipeline_parallel_microbatch_size": plan.mb,
         "context_parallel_degree": plan.cp,
+        "expert_parallel_degree": plan.ep,
     }
     if plan.zero >= 2:
         out |= {
@@ -180,7 +206,9 @@ def training(job: Job, plan: Plan, train: TrainSettings) -> dict[str, Any]:
         "enable_cpu_offload": plan.offload == "cpu",
         "mixed_precision_param": "bfloat16",
         "mixed_precision_reduce": "float32",
-        "disable_cuda_graphs": plan.p > 1,  # Trainer.Config: "CUDA graphs do not support pipeline parallelism yet"
+        # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet", nor the
+        # all-to-all token dispatcher's host synchronization under expert parallelism
+        "disable_cuda_graphs": plan.p > 1 or plan.ep > 1,
     }
 
 
@@ -197,6 +225,8 @@ def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[s
         "rope_theta": m.rope_theta,
         "max_seq_len": m.seq_length,
         "tie_embeddings": m.tie_embeddings,
+        "num_experts": m.num_experts or 0,  # 0: dense
+        "top_k": m.moe_router_topk if m.num_experts else 0,
     }
     optimizer = {"lr": train.lr, "betas": tuple(train.betas), "eps": train.eps, "weight_decay": train.weight_decay}
     values = {

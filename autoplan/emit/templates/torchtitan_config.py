@@ -3,8 +3,8 @@
 torchtitan 0.3 takes its job as a Python function returning ``Trainer.Config``
 (``torchtitan/config/manager.py``: ``--module <importable module> --config <function>``); TOML job
 files are gone. This module's ``autoplan_config`` builds the model (a Llama-style decoder with
-the model file's sizes, from torchtitan's own building blocks) and the plan's parallelism,
-batch and recomputation. Run it with torchtitan_launch.sh, or:
+the model file's sizes, from torchtitan's own building blocks; with experts, its MoE layer in
+every block) and the plan's parallelism, batch and recomputation. Run it with torchtitan_launch.sh, or:
 
     PYTHONPATH=<this dir> torchrun ... -m torchtitan.train --module torchtitan_config --config autoplan_config
 
@@ -25,10 +25,20 @@ from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+from torchtitan.models.common.config_utils import (
+    get_attention_config,
+    make_ffn_config,
+    make_gqa_config,
+    make_moe_config,
+    make_routed_experts_config,
+    make_router_config,
+)
 from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock
 from torchtitan.models.llama3.parallelize import parallelize_llama
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+from torchtitan.models.qwen3.parallelize import parallelize_qwen3
+from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
@@ -44,6 +54,8 @@ MODEL: dict[str, Any] = {
     "rope_theta": 10000.0,
     "max_seq_len": 64,
     "tie_embeddings": False,
+    "num_experts": 0,
+    "top_k": 0,
 }
 PARALLELISM: dict[str, Any] = {}
 TRAINING: dict[str, Any] = {}
@@ -55,14 +67,44 @@ FLOAT8 = False
 NORM_EPS = 1e-5
 _INIT = {"weight": partial(nn.init.trunc_normal_, std=0.02), "bias": nn.init.zeros_}
 _NORM_INIT = {"weight": nn.init.ones_}
+_EXPERT_INIT = {name: _INIT["weight"] for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
+
+
+def mlp() -> dict[str, Any]:
+    """A block's MLP: the SwiGLU feed-forward, or with experts torchtitan's MoE layer (E SwiGLU
+    experts of the same hidden size; softmax router, top k, renormalized as Mixtral routes; no
+    load-balancing bias)."""
+    dim, hidden, experts, top_k = MODEL["dim"], MODEL["ffn_hidden_dim"], MODEL["num_experts"], MODEL["top_k"]
+    if not experts:
+        return {"feed_forward": make_ffn_config(dim=dim, hidden_dim=hidden, w1_param_init=_INIT, w2w3_param_init=_INIT)}
+    router = make_router_config(
+        dim=dim,
+        num_experts=experts,
+        gate_param_init=_INIT,
+        top_k=top_k,
+        score_func="softmax",
+        route_norm=True,
+    )
+    routed = make_routed_experts_config(
+        dim=dim,
+        hidden_dim=hidden,
+        num_experts=experts,
+        top_k=top_k,
+        param_init=_EXPERT_INIT,
+        comm_backend="standard",
+    )
+    return {"moe": make_moe_config(num_experts=experts, router=router, routed_experts=routed, load_balance_coeff=None)}
 
 
 def model_spec() -> ModelSpec:
-    """A Llama-style decoder (SwiGLU, RMSNorm, RoPE, FlexAttention) with the model file's sizes."""
+    """A Llama-style decoder (SwiGLU, RMSNorm, RoPE, FlexAttention) with the model file's sizes;
+    with experts, torchtitan's Qwen3 decoder classes (their blocks take an MoE layer) without QK norms."""
     dim, heads = MODEL["dim"], MODEL["n_heads"]
+    moe = bool(MODEL["num_experts"])
+    block, decoder = (Qwen3TransformerBlock, Qwen3Model) if moe else (Llama3TransformerBlock, Llama3Model)
     rope = ComplexRoPE.Config(dim=dim // heads, max_seq_len=MODEL["max_seq_len"], theta=MODEL["rope_theta"])
     layers = [
-        Llama3TransformerBlock.Config(
+        block.Config(
             attention_norm=RMSNorm.Config(normalized_shape=dim, eps=NORM_EPS, param_init=_NORM_INIT),
             ffn_norm=RMSNorm.Config(normalized_shape=dim, eps=NORM_EPS, param_init=_NORM_INIT),
             attention=make_gqa_config(
@@ -75,14 +117,12 @@ def model_spec() -> ModelSpec:
                 fuse_qkv=True,
                 rope=rope,
             ),
-            feed_forward=make_ffn_config(
-                dim=dim, hidden_dim=MODEL["ffn_hidden_dim"], w1_param_init=_INIT, w2w3_param_init=_INIT
-            ),
+            **mlp(),
         )
         for _ in range(MODEL["n_layers"])
     ]
     vocab = MODEL["vocab_size"]
-    model = Llama3Model.Config(
+    model = decoder.Config(
         dim=dim,
         vocab_size=vocab,
         tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_INIT),
@@ -94,13 +134,13 @@ def model_spec() -> ModelSpec:
     if FLOAT8:  # the layers' linears in float8 (torchao, rowwise scaling); the output layer stays bf16
         model = Float8LinearConverter.Config(filter_fqns=["lm_head"], model_compile_enabled=True).build().convert(model)
     return ModelSpec(
-        name="llama3",
+        name="qwen3" if moe else "llama3",
         flavor=MODEL["name"],
         model=model,
-        parallelize_fn=parallelize_llama,
+        parallelize_fn=parallelize_qwen3 if moe else parallelize_llama,
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=None,
-        state_dict_adapter=Llama3StateDictAdapter,
+        state_dict_adapter=Qwen3StateDictAdapter if moe else Llama3StateDictAdapter,
     )
 
 
