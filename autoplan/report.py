@@ -50,6 +50,8 @@ def plan_label(plan: dict[str, Any]) -> str:
         s += f",hsdp={plan['hsdp']}"
     if plan.get("prec", "bf16") != "bf16":
         s += f",prec={plan['prec']}"
+    if plan.get("fp8ag"):
+        s += ",fp8ag=1"
     return s
 
 

@@ -6,7 +6,9 @@ leaving at least MIN_CP_TOKENS tokens per rank; p <= layers and t*cp*p divides t
 d = GPUs / (t*cp*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
 schedule gpipe/1f1b/zbh1 (zero <= 1) and interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
 offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1); prec bf16, and fp8 on GPUs that
-run it (:func:`precisions`). Microbatches are capped at MAX_MB sequences: larger ones only raise
+run it (:func:`precisions`), with fp8 parameters (fp8ag=1) where a sharded optimizer or FSDP keeps
+them (:func:`fp8_param_options`: they save memory and gather traffic, and cost nothing, so fp8ag=0
+is tried only when pinned). Microbatches are capped at MAX_MB sequences: larger ones only raise
 activation memory once GEMMs are saturated.
 """
 
@@ -217,7 +219,23 @@ def enumerate_plans(
         for o in opts
         if s.schedule != "zbh1" or _zero_bubble_ok(o[0])
     ]
-    return [q for plan in plans for q in hsdp_options(plan, gpus_per_node, fix)]
+    fp8ag = "fp8ag" in fix
+    return [
+        r
+        for plan in plans
+        for q in hsdp_options(plan, gpus_per_node, fix)
+        for r in (fp8_param_options(q, fix) if fp8ag or q.prec == "fp8" else (q,))
+    ]
+
+
+def fp8_param_options(plan: Plan, fix: Mapping[str, Any]) -> list[Plan]:
+    """An fp8 plan with a sharded optimizer or FSDP and no offload with fp8 parameters
+    (simulator.plan.fp8_param_errors); ``fp8ag`` pinned: only plans that take that value."""
+    can = plan.prec == "fp8" and plan.zero >= 1 and plan.offload == "none"
+    want = fix.get("fp8ag", 1 if can else 0)
+    if want == 0:
+        return [plan]
+    return [plan.replace(fp8ag=1)] if can and want == 1 else []
 
 
 def hsdp_options(plan: Plan, gpus_per_node: int, fix: Mapping[str, Any]) -> list[Plan]:

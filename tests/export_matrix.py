@@ -1,6 +1,7 @@
 """Plans the exporters are checked on (tests/test_export_*.py): the main job's best plan, Llama 2/3,
 interleaved, GPipe, ZeRO 0-3, offload, hybrid sharding, uneven and explicit layer splits and
-mixed recomputation (issue 15's matrix), NVIDIA's GPT-3 fp8 recipe, fp8 under FSDP, the zero-bubble schedule and context parallelism (issue 18)."""
+mixed recomputation (issue 15's matrix), NVIDIA's GPT-3 fp8 recipe, fp8 under FSDP, fp8 parameters,
+the zero-bubble schedule, context parallelism and experts (issue 18)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ CASES = [
     Case("llama3-8b", "dgx-h100", 1, 64, "t=1,p=1,mb=1,zero=2,recompute=0:16"),
     Case("gpt3-175b", "dgx-h100", 16, 256, "t=4,p=8,mb=1,zero=1,v=12,schedule=interleaved,sp=1,prec=fp8"),  # NVIDIA fp8
     Case("llama3-8b", "dgx-h100", 2, 64, "t=2,p=1,mb=1,zero=3,ckpt=full,prec=fp8"),  # fp8 under FSDP
+    Case("gpt3-175b", "dgx-h100", 16, 256, "t=4,p=8,mb=1,zero=1,v=12,sp=1,prec=fp8,fp8ag=1"),  # fp8 parameters
+    Case("llama3-8b", "dgx-h100", 2, 64, "t=2,p=1,mb=1,zero=3,ckpt=full,prec=fp8,fp8ag=1"),  # gathered in fp8
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=4,mb=1,zero=1,schedule=zbh1"),  # zero bubble
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=2,mb=1,zero=1,ckpt=selective,sp=1"),  # context parallel
     Case("llama3-8b", "dgx-h100", 2, 32, "t=1,cp=4,p=1,mb=1,zero=3,ckpt=full"),  # cp under FSDP

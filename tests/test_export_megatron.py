@@ -94,6 +94,7 @@ def core_config(args: dict[str, Any]) -> Any:
     if "fp8_format" in args:  # Megatron-LM's --fp8-format has dest "fp8"
         kw |= {"fp8": args["fp8_format"], "fp8_amax_history_len": int(args["fp8_amax_history_len"])}
         kw["fp8_amax_compute_algo"] = args["fp8_amax_compute_algo"]
+        kw["fp8_param"] = bool(args.get("fp8_param_gather"))  # argument_utils.py: fp8_param = args.fp8_param_gather
     kw["apply_rope_fusion"] = False  # needs Transformer Engine, which a CPU machine has not
     return TransformerConfig(**kw)
 
@@ -142,6 +143,7 @@ def test_megatron_core_reads_the_plan(emitted):
     assert (cfg.num_query_groups or cfg.num_attention_heads) == job.model.kv_heads
     assert cfg.gated_linear_unit == (job.model.activation == "swiglu")
     assert cfg.fp8 == ("hybrid" if plan.prec == "fp8" else None)  # TE's e4m3 forward / e5m2 backward recipe
+    assert cfg.fp8_param == bool(plan.fp8ag)  # fp8 parameters, gathered in fp8
     rec = plan.chunk_recompute(n)
     full = max(f for f, _ in rec)
     if full:  # block method: the first N layers of every chunk, all of them recomputed in full

@@ -75,7 +75,7 @@ def test_zero3_pass_per_unit_by_hand():
     link = collectives.group_link(c, layout.dp_shape(1, 32, 8))
     stage = _stage(params=8e9, layers=8, forward=1.0, backward=2.0, full=8)
     links = zero3.ShardLinks(link, 32, None, 1)
-    z = zero3.zero3_pass(stage, links, 2, 2, OVERLAPPED, c.gpu)
+    z = zero3.zero3_pass(stage, links, 2, 16e9, OVERLAPPED, c.gpu)  # 8e9 parameters gathered at 2 bytes
     # 8 units of 1e9 parameters: each a ring all-gather of 2 GB and an fp32 reduce-scatter of 4 GB
     assert z.units == 8
     assert z.gather == pytest.approx(8 * collectives.all_gather_time(2e9, 32, link))
@@ -88,7 +88,7 @@ def test_zero3_pass_per_unit_by_hand():
     bwd = g + r + overlap_cost(2.0, z.gather + z.scatter - g - r, sigma) + z.copy_out
     assert z.exposed(1.0, 2.0, sigma) == pytest.approx(fwd + bwd)
     # DeepSpeed gathers every fully recomputed layer once more, reduces in bf16, copies nothing out
-    ds = zero3.zero3_pass(stage, links, 2, 2, DEEPSPEED_ZERO3, c.gpu)
+    ds = zero3.zero3_pass(stage, links, 2, 16e9, DEEPSPEED_ZERO3, c.gpu)
     assert ds.regather == pytest.approx(z.gather) and ds.copy_out == 0.0
     assert ds.scatter == pytest.approx(8 * collectives.reduce_scatter_time(2e9, 32, link))
 

@@ -5,6 +5,7 @@ the three models (scalar, array, DES) agreeing on an fp8 plan."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from conftest import analytic_and_des
@@ -19,7 +20,15 @@ from simulator.analytic.batch import estimate_batch
 from simulator.cost.memory import activation_bytes_per_layer
 from simulator.cost.op import gemm
 from simulator.cost.ops import backward_ops, gemm_efficiency, work_time
-from simulator.cost.precision import fp8_cast_op, fp8_weight_bytes, linear_input_bytes, weight_cast_op
+from simulator.cost.params import layer_params_per_rank
+from simulator.cost.precision import (
+    casts_every_forward,
+    fp8_cast_op,
+    fp8_weight_bytes,
+    gathered_bytes,
+    linear_input_bytes,
+    weight_cast_op,
+)
 from simulator.cost.stage import block_times, stage_costs
 from simulator.cost.workload import layer_forward_ops
 from simulator.des import simulate_des
@@ -88,9 +97,46 @@ def test_fp8_saves_seven_sbh_of_activations_per_layer():
 def test_fp8_weight_copies():
     """2 bytes (the fp8 weight and its transpose) per parameter of the rank's layers; ZeRO-3: of
     the two gathered layers only; none in bf16."""
-    assert fp8_weight_bytes(Plan(zero=1, prec="fp8"), 12, 1e6) == 24e6
-    assert fp8_weight_bytes(Plan(zero=3, d=8, prec="fp8"), 12, 1e6) == 4e6
-    assert fp8_weight_bytes(Plan(zero=1), 12, 1e6) == 0.0
+    assert fp8_weight_bytes(Plan(zero=1, prec="fp8"), 12, 1e6, 2) == 24e6
+    assert fp8_weight_bytes(Plan(zero=3, d=8, prec="fp8"), 12, 1e6, 2) == 4e6
+    assert fp8_weight_bytes(Plan(zero=1), 12, 1e6, 2) == 0.0
+
+
+def test_fp8_parameters_by_hand():
+    """fp8ag=1 (Megatron-LM --fp8-param-gather): a layer keeps its fp8 weight and transpose
+    (2 bytes) instead of its bf16 weight and both fp8 copies (4 bytes): 2 - e = 0 beside the
+    e counted with the parameters; a ZeRO-3 shard of 12 layers of 1e6 over 8 ranks is 1 byte
+    per parameter instead of 2: -1.5e6; gathers move the layers' parameters at 1 byte; nothing
+    is cast per microbatch."""
+    fp8ag = Plan(zero=1, prec="fp8", fp8ag=1)
+    assert fp8_weight_bytes(fp8ag, 12, 1e6, 2) == 0.0
+    assert fp8_weight_bytes(fp8ag.replace(zero=3, d=8), 12, 1e6, 2) == pytest.approx(-1.5e6)
+    assert gathered_bytes(10e6, 8e6, 2, 1) == 12e6 and gathered_bytes(10e6, 8e6, 2, 0) == 20e6
+    assert casts_every_forward(False, Plan(prec="fp8")) and not casts_every_forward(False, fp8ag)
+    assert not casts_every_forward(True, Plan(prec="fp8")) and not casts_every_forward(False, Plan())
+
+
+def test_fp8_parameters_rules_and_prediction():
+    """fp8ag needs prec=fp8, ZeRO >= 1 and no offload; on NVIDIA's GPT-3 fp8 recipe (ZeRO-1) it
+    saves the bf16 weights (2 bytes per layer parameter) and half the layers' parameter gather."""
+    for text, message in [
+        ("t=4,p=8,fp8ag=1", "fp8ag=1 (fp8 parameters) needs prec=fp8"),
+        ("t=4,p=8,prec=fp8,fp8ag=1,zero=0", "needs zero >= 1"),
+        ("t=4,p=8,prec=fp8,fp8ag=2,zero=1", "fp8ag must be 0 or 1, got 2"),
+        ("t=4,p=8,prec=fp8,fp8ag=1,zero=1,offload=cpu", "fp8ag=1 with offload=cpu is not modelled"),
+    ]:
+        with pytest.raises(PlanError, match=re.escape(message)):
+            parse_plan(text, GPT, 128, 256)
+    h100 = H100
+    plan, _ = parse_plan("t=4,p=8,mb=1,zero=1,v=12,sp=1,prec=fp8", GPT, 128, 256)
+    assert plan.to_string().endswith(",prec=fp8")
+    with_params = plan.replace(fp8ag=1)
+    assert with_params.to_string().endswith(",prec=fp8,fp8ag=1") and with_params.to_dict()["fp8ag"] == 1
+    a, b = (estimate(Job(GPT, h100, q, 256)) for q in (plan, with_params))
+    layer = layer_params_per_rank(GPT, 4)
+    layers = GPT.num_layers // 8
+    assert a.peak_memory - b.peak_memory == pytest.approx(2 * layers * layer, rel=1e-9)
+    assert b.step_time < a.step_time
 
 
 def test_plan_key_round_trip_and_bad_input():
@@ -119,6 +165,17 @@ def test_search_tries_fp8_only_where_the_gpu_runs_it():
     assert found.best_result.job.plan.prec == "fp8"  # fp8 linears are faster on an H100
 
 
+def test_search_gives_fp8_plans_fp8_parameters_where_they_can_have_them():
+    plans = space.enumerate_plans(GPT, 128, 256, {"t": 8, "p": 8}, 8, ("bf16", "fp8"))
+    assert all(q.fp8ag == (q.prec == "fp8" and q.zero >= 1 and q.offload == "none") for q in plans)
+    pinned = space.enumerate_plans(GPT, 128, 256, {"t": 8, "p": 8, "fp8ag": 0}, 8, ("bf16", "fp8"))
+    assert len(pinned) == len(plans) and not any(q.fp8ag for q in pinned)
+    only = space.enumerate_plans(GPT, 128, 256, {"t": 8, "p": 8, "fp8ag": 1}, 8, ("bf16", "fp8"))
+    assert only and all(q.fp8ag and q.prec == "fp8" for q in only)
+    with pytest.raises(PlanError, match="fp8ag must be 0 or 1, got 3"):
+        search(GPT, H100, 256, SearchOptions(fix="t=8,p=8,fp8ag=3", fidelity="analytic", partition=False))
+
+
 def test_analytic_and_des_agree_on_an_fp8_plan():
     """The fp8 terms are the same rules in both: time within 3%, memory within 0.5%, and fp8 against
     bf16 changes memory by the same bytes in both."""
@@ -126,6 +183,25 @@ def test_analytic_and_des_agree_on_an_fp8_plan():
     af, df = analytic_and_des(GPT, H100, "t=4,p=8,v=12,mb=1,zero=1,sp=1,prec=fp8", 256, 0.03, 0.005)
     assert af.step_time < 0.8 * ab.step_time  # NVIDIA's recipe: 8.91 s bf16, 5.92 s fp8
     assert df.peak_memory - db.peak_memory == pytest.approx(af.peak_memory - ab.peak_memory, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("gpt3-175b", 16, 256, "t=4,p=8,v=12,mb=1,zero=1,sp=1,prec=fp8", 0.005),
+        ("llama3-8b", 2, 128, "t=2,p=1,mb=4,zero=3,ckpt=full,prec=fp8", 0.02),
+    ],
+    ids=lambda c: c[3],
+)
+def test_analytic_and_des_agree_on_fp8_parameters(case):
+    """fp8ag=1 in both models: the same time and memory agreement as the fp8 plan, and the same
+    change against fp8ag=0 (ZeRO-1: the bf16 weights gone; ZeRO-3: 1-byte shards and gathers)."""
+    name, nodes, batch, text, memory_rel = case
+    model, cluster = load_model(name), load_cluster("dgx-h100", nodes)
+    a0, d0 = analytic_and_des(model, cluster, text, batch, 0.03, memory_rel)
+    a1, d1 = analytic_and_des(model, cluster, text + ",fp8ag=1", batch, 0.03, memory_rel)
+    assert a1.peak_memory < a0.peak_memory and a1.step_time <= a0.step_time
+    assert d0.peak_memory - d1.peak_memory == pytest.approx(a0.peak_memory - a1.peak_memory, rel=0.02)
 
 
 def test_weights_cast_every_microbatch_where_the_program_does_not_cache_them():

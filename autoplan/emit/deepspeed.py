@@ -63,7 +63,9 @@ def _decide(job: Job) -> Draft:
             d=plan.grad_group,
         )
     if plan.prec == "fp8":
-        d.change("prec", "bf16", "DeepSpeed's config has no fp8 training (its mixed precision is fp16 or bf16)")
+        d.change(
+            "prec", "bf16", "DeepSpeed's config has no fp8 training (its mixed precision is fp16 or bf16)", fp8ag=0
+        )
     if plan.p == 1 and plan.t > 1 and plan.sp:
         d.change("sp", 0, "AutoTP splits the linear layers only; sequence parallelism is Megatron-DeepSpeed model code")
     if plan.p > 1 and plan.t > 1:

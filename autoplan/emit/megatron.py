@@ -28,7 +28,9 @@ Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training
   (the model's ffn: the expert width) and the all-to-all token dispatcher autoplan prices; ep ->
   ``--expert-model-parallel-size`` (expert tensor parallelism left at its default, t).
 - prec=fp8 -> ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
-  (Transformer Engine layers, Megatron's default ``--transformer-impl``).
+  (Transformer Engine layers, Megatron's default ``--transformer-impl``); fp8ag=1 ->
+  ``--fp8-param-gather`` (fp8 parameters gathered in fp8 by the distributed optimizer or
+  Megatron-FSDP).
 
 Closest runnable plan: GPipe -> 1F1B; NVMe offload -> CPU; recomputation as Megatron can
 express it (same N in every chunk, one granularity).
@@ -189,10 +191,12 @@ def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
 
 def _precision_args(plan: Plan) -> list[str]:
     """prec=fp8: Transformer Engine's hybrid recipe (e4m3 forward, e5m2 gradients) with delayed
-    scaling over a 1024-step amax history, as NeMo's GPT-3 fp8 recipes set it."""
+    scaling over a 1024-step amax history, as NeMo's GPT-3 fp8 recipes set it; fp8ag=1: the
+    parameters kept and all-gathered in fp8 (``--fp8-param-gather``)."""
     if plan.prec != "fp8":
         return []
-    return ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
+    recipe = ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
+    return recipe + (["--fp8-param-gather"] if plan.fp8ag else [])
 
 
 def megatron_env(plan: Plan) -> dict[str, str | None]:

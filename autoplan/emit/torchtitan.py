@@ -35,7 +35,8 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
 - offload=cpu -> ``enable_cpu_offload`` (FSDP2 CPUOffloadPolicy: parameters, gradients and
   optimizer state on the host). Recomputation: one mode for every layer (full, torchtitan's
   op-level selective, or none). prec=fp8 -> ``Float8LinearConverter`` over the layers' linears
-  (the output layer stays bf16) with ``torch.compile`` (torchao's float8 casts fuse when compiled).
+  (the output layer stays bf16) with ``torch.compile`` (torchao's float8 casts fuse when compiled);
+  fp8ag=1 has no equivalent (its float8 is rowwise; torchao's fp8 all-gather is tensorwise only).
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ def _decide(job: Job) -> Draft:
             "1f1b",
             "torchtitan runs torch's zero-bubble schedules with 2 or more stages per rank only "
             "(distributed/pipeline_parallel.py: 'Multi-stage schedule requires at least 2 stages per rank')",
+        )
+    if plan.fp8ag:
+        d.change(
+            "fp8ag",
+            0,
+            "torchtitan 0.3's float8 converter has rowwise scaling only, and torchao's float8 all-gather for FSDP "
+            "needs tensorwise scaling (torchao/float8/config.py: 'enable_fsdp_float8_all_gather only supports "
+            "tensorwise scaling granularity')",
         )
     if plan.prec == "fp8":
         d.notes.append(

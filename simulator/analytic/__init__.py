@@ -25,6 +25,7 @@ from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble,
 from simulator.cost.cache import IdentityCache
 from simulator.cost.collectives import GroupLink
 from simulator.cost.ops import dtype_bytes
+from simulator.cost.precision import casts_every_forward
 from simulator.cost.rank_view import rank_job
 from simulator.cost.stage import StageCost, stage_groups
 from simulator.cost.stage_memory import StageMemory, stage_memory
@@ -99,9 +100,9 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
 
 
 def weight_casts(job: Job, c: StageCost) -> float:
-    """The fp8 weight casts a stage's microbatch adds when the program does not cache them
-    (simulator.job.Runtime.fp8_weight_cache; simulator.cost.precision.weight_cast_op)."""
-    return 0.0 if job.runtime.fp8_weight_cache else c.weight_cast
+    """The fp8 weight casts a stage's microbatch adds when the program does not cache them and
+    the weights are not fp8 already (simulator.cost.precision.casts_every_forward, weight_cast_op)."""
+    return c.weight_cast if casts_every_forward(job.runtime.fp8_weight_cache, job.plan) else 0.0
 
 
 def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> tuple[float, float]:

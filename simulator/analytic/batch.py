@@ -72,6 +72,7 @@ _STAGE_FIELDS = (
     "full",
     "first",
     "last",
+    "layer_params",
 )
 
 
@@ -98,10 +99,10 @@ class _Plans:
     """The plans' fields as arrays (one row per plan)."""
 
     def __init__(self, plans: Sequence[Plan], global_batch: int):
-        cols = np.array([(q.t, q.p, q.d, q.mb, q.sp, q.v, q.zero, q.hsdp) for q in plans], dtype=np.int64).reshape(
-            -1, 8
-        )
-        self.t, self.p, self.d, self.mb, self.sp, self.v, self.zero, self.hsdp = cols.T
+        cols = np.array(
+            [(q.t, q.p, q.d, q.mb, q.sp, q.v, q.zero, q.hsdp, q.fp8ag) for q in plans], dtype=np.int64
+        ).reshape(-1, 9)
+        self.t, self.p, self.d, self.mb, self.sp, self.v, self.zero, self.hsdp, self.fp8ag = cols.T
         self.offload = np.array([q.offload for q in plans])
         self.schedule = np.array([q.schedule for q in plans])
         self.m = global_batch // (self.d * self.mb)  # simulator.plan.num_microbatches
@@ -134,6 +135,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tu
                 c.full_layers,
                 c.first,
                 c.last,
+                c.layer_params,
             )
             valid[k, j] = True
     rows = table[inv]
@@ -271,12 +273,14 @@ def estimate_batch(
     working = np.where(col(zero == 3), col(ws), 0.0)
     copies = weight_copies_held(runtime.weight_copy_bytes, 1.0) * psi  # bytes per parameter x the stages' parameters
     # stage_memory.fp8_weight_copies: precision.fp8_layer_bytes x precision.fp8_layers_held
+    # + the layers x precision.fp8_shard_bytes
     fp8_per_layer = _per_plan(
-        [(q.t, q.prec) for q in plans],
-        lambda i: fp8_layer_bytes(plans[i].prec, params.layer_params_per_rank(model, plans[i].t)),
+        [(q.t, q.prec, q.fp8ag) for q in plans],
+        lambda i: fp8_layer_bytes(plans[i], params.layer_params_per_rank(model, plans[i].t), e),
     )
     fp8_layers = np.where(col(zero == 3), np.minimum(S["layers"], ZERO3_LAYERS_HELD), S["layers"])
-    copies = copies + col(fp8_per_layer) * fp8_layers
+    fp8_shards = np.where(col((P.fp8ag == 1) & (zero == 3)), (1 - e) * S["layer_params"] / shard, 0.0)
+    copies = copies + col(fp8_per_layer) * fp8_layers + fp8_shards
     stage_total = np.where(valid, params_b + grads_b + opt_b + by_schedule + bucket + working + copies, -np.inf)
     peak = stage_total.max(axis=1)
 
@@ -286,6 +290,8 @@ def estimate_batch(
     bwd = S["backward"] + S["recompute"]
     rb = reduce_bytes(runtime, e)
     pgb = param_gather_bytes(e)
+    # analytic.data_parallel.stage_gathered_bytes: precision.gathered_bytes of each stage
+    gathered = psi * pgb - np.where(col(P.fp8ag == 1), (pgb - 1) * S["layer_params"], 0.0)
 
     def sharded_reduce(size: np.ndarray) -> np.ndarray:  # zero3.sharded_reduce_time
         out = links.time("shard", RS, size, P.shard)
@@ -296,13 +302,13 @@ def estimate_batch(
     z2 = _overlap_cost(bwd, scatter2, sigma) if runtime.dp_overlap else scatter2
     # ZeRO-3: per-unit gathers and scatters (zero3.zero3_pass, Zero3Pass.exposed)
     units = np.maximum(S["layers"] + np.maximum(S["first"], S["last"]), 1)  # zero3.units (1: padding)
-    gather = units * links.time("shard", AG, psi * pgb / units, P.shard)
+    gather = units * links.time("shard", AG, gathered / units, P.shard)
     scatter3 = units * sharded_reduce(psi * rb / units)
     regather = (
         gather * (S["full"] / np.maximum(S["layers"], 1)) if runtime.zero3 == "deepspeed" else np.zeros_like(gather)
     )
     copy_out = (
-        2 * pgb * psi / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) if runtime.zero3 == "fsdp2" else 0.0
+        2 * gathered / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) if runtime.zero3 == "fsdp2" else 0.0
     )
     g, r = gather / units, scatter3 / units
     z3 = (g + _overlap_cost(S["forward"], gather - g, sigma) + copy_out) + (
@@ -319,7 +325,8 @@ def estimate_batch(
     z_exp = z_exp + np.where(col(offload & (zero == 3)), fetch_exp, 0.0)
 
     # simulator.analytic.weight_casts: the fp8 weight casts of a program that does not cache them
-    casts = 0.0 if runtime.fp8_weight_cache else S["weight_cast"]
+    # (precision.casts_every_forward: none with fp8 parameters; bf16 stages have none)
+    casts = 0.0 if runtime.fp8_weight_cache else np.where(col(P.fp8ag == 1), 0.0, S["weight_cast"])
     per_mb = np.where(valid, S["total"] + casts + sends * col(p2p) + z_exp, -np.inf)
     crit = per_mb.argmax(axis=1)
     rows = np.arange(len(plans))
@@ -337,7 +344,7 @@ def estimate_batch(
     # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure, data_parallel.dp_times)
     grad_bytes = psi * e
     reduce_all = np.where(col(zero == 0), links.time("dp", AR, grad_bytes, d), links.time("dp", RS, grad_bytes, d))
-    gather_t = np.where(col(zero == 0), 0.0, links.time("shard", AG, psi * pgb, P.shard))
+    gather_t = np.where(col(zero == 0), 0.0, links.time("shard", AG, gathered, P.shard))
     reduce_t = np.where(col(zero <= 1), reduce_all, 0.0)
     # data_parallel.last_bucket_bytes / last_bucket_reduce_time
     rest = np.fmod(grad_bytes, DP_BUCKET_BYTES)

@@ -23,10 +23,17 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout, memory, zero3
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
+from simulator.cost.precision import gathered_bytes
 from simulator.cost.stage import StageCost
 from simulator.cost.step import gradient_reduction, param_gather_bytes
 from simulator.job import Job
 from simulator.plan import Plan
+
+
+def stage_gathered_bytes(cost: StageCost, plan: Plan, e: int) -> float:
+    """Bytes of all-gathering one rank's parameters of stage ``cost``: param_gather_bytes(e) per
+    parameter, its layers' at 1 byte with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
+    return gathered_bytes(cost.params, cost.layer_params, param_gather_bytes(e), plan.fp8ag)
 
 
 def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
@@ -50,7 +57,7 @@ def per_microbatch_dp(cost: StageCost, job: Job, link: collectives.GroupLink) ->
     if plan.zero == 2:
         scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(job.runtime, e), links)
         return scatter, overlap_cost(bwd, scatter, sigma) if job.runtime.dp_overlap else scatter
-    z3 = zero3.zero3_pass(cost, links, e, param_gather_bytes(e), job.runtime, gpu)
+    z3 = zero3.zero3_pass(cost, links, e, stage_gathered_bytes(cost, plan, e), job.runtime, gpu)
     return z3.traffic, z3.exposed(cost.forward, bwd, sigma)
 
 
@@ -88,5 +95,5 @@ def dp_times(
         return reduce, 0.0
     if plan.hsdp:
         link = zero3.shard_links(cluster, plan).shard
-    gather = collectives.all_gather_time(cost.params * param_gather_bytes(e), plan.shard_group, link)
+    gather = collectives.all_gather_time(stage_gathered_bytes(cost, plan, e), plan.shard_group, link)
     return (reduce if plan.zero == 1 else 0.0), gather

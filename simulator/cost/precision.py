@@ -21,6 +21,16 @@ Megatron-core's TE layers under ``--fp8-format hybrid`` and by MosaicML's ``amp_
   (``weight_fp8``, ``weight_t_fp8``) beside the bf16 weights; under ZeRO-3 the gathered layer is
   cast on the fly, so only the working set's layers hold copies (:func:`fp8_weight_bytes`).
 
+fp8 parameters (``fp8ag=1``; Megatron-LM ``--fp8-param-gather``, TransformerConfig ``fp8_param``:
+"keep the parameters in fp8 precision to save memory", TE's ``fp8_model_init``), with a sharded
+optimizer or FSDP: the layers' GEMM weights are stored as fp8 tensors, the optimizer writes them
+from its fp32 master copy after each step, and every parameter all-gather moves them at 1 byte
+(:func:`gathered_bytes`; the distributed optimizer's after the step, Megatron-FSDP's before each
+pass). So no e-byte copy of those weights exists: a layer holds its fp8 weight and transpose,
+2 bytes per parameter instead of e + 2 (:func:`fp8_layer_bytes`), a ZeRO-3 shard 1 byte instead of
+e (:func:`fp8_shard_bytes`), and nothing is cast per microbatch (:func:`casts_every_forward`). A
+layer's norms (under 0.1% of its parameters) are counted with its weights.
+
 The amax-history and scaling state (a few floats per tensor) is left out.
 """
 
@@ -74,10 +84,29 @@ def weight_cast_op(model: ModelSpec, t: int, e: int) -> Op:
     return elementwise("fp8_weight_cast", weights, e + 2, 1, kernels=len(FP8_LINEARS))
 
 
-def fp8_layer_bytes(prec: str, layer_params: float) -> float:
-    """The fp8 weight copies of one layer of ``layer_params`` parameters on a rank: 2 bytes per
-    parameter under prec=fp8, 0 in bf16."""
-    return FP8_WEIGHT_COPY_BYTES * layer_params if prec == FP8 else 0.0
+def casts_every_forward(fp8_weight_cache: bool, plan: Plan) -> bool:
+    """Whether every forward casts the layers' weights to fp8 (:func:`weight_cast_op`): under
+    prec=fp8, by a program that does not cache the casts (simulator.job.Runtime.fp8_weight_cache),
+    unless the weights are fp8 already (fp8ag)."""
+    return plan.prec == FP8 and not fp8_weight_cache and not plan.fp8ag
+
+
+def fp8_layer_bytes(plan: Plan, layer_params: float, e: int) -> float:
+    """Bytes one layer of ``layer_params`` parameters holds under prec=fp8 beyond its e-byte
+    parameters: its fp8 weight copy and transpose, 2 per parameter; with fp8 parameters (fp8ag)
+    the fp8 weight and transpose replace the e-byte weight, 2 - e; 0 in bf16."""
+    if plan.prec != FP8:
+        return 0.0
+    return (FP8_WEIGHT_COPY_BYTES - (e if plan.fp8ag else 0)) * layer_params
+
+
+def fp8_shard_bytes(plan: Plan, layer_params: float, e: int) -> float:
+    """What fp8 parameters change in one layer's ZeRO-3 shard (counted at e bytes per parameter,
+    simulator.cost.memory.model_state_bytes): 1 - e bytes per parameter of its 1/shard share;
+    0 otherwise."""
+    if not (plan.fp8ag and plan.zero == 3):
+        return 0.0
+    return (1 - e) * layer_params / plan.shard_group
 
 
 def fp8_layers_held(zero: int, layers: int) -> int:
@@ -86,6 +115,15 @@ def fp8_layers_held(zero: int, layers: int) -> int:
     return min(layers, ZERO3_LAYERS_HELD) if zero == 3 else layers
 
 
-def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float) -> float:
-    """The fp8 weight copies one rank holds (:func:`fp8_layer_bytes` x :func:`fp8_layers_held`)."""
-    return fp8_layers_held(plan.zero, layers) * fp8_layer_bytes(plan.prec, layer_params)
+def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float, e: int) -> float:
+    """What prec=fp8 adds to the memory of a rank holding ``layers`` layers:
+    :func:`fp8_layer_bytes` x :func:`fp8_layers_held` + ``layers`` x :func:`fp8_shard_bytes`."""
+    held = fp8_layers_held(plan.zero, layers) * fp8_layer_bytes(plan, layer_params, e)
+    return held + layers * fp8_shard_bytes(plan, layer_params, e)
+
+
+def gathered_bytes(params: float, layer_params: float, e_gather: int, fp8ag: int) -> float:
+    """Bytes of all-gathering ``params`` parameters of which ``layer_params`` are transformer
+    layers': ``e_gather`` each (simulator.cost.step.param_gather_bytes), the layers' at 1 byte
+    with fp8 parameters (fp8ag); the embedding and head stay in the 16-bit dtype."""
+    return params * e_gather - (e_gather - 1) * layer_params if fp8ag else params * e_gather

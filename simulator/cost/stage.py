@@ -186,6 +186,7 @@ class StageCost(StageShape):
     # the layers' weights in every forward and full recompute; not in ``total`` (runtime-dependent)
     weight_cast: float = 0.0
     ep_comm: float = 0.0  # forward + backward + full recompute token all-to-alls (expert parallelism)
+    layer_params: float = 0.0  # the parameters of its transformer layers on one rank (fp8 parameters' gathers)
 
     @property
     def total(self) -> float:
@@ -291,6 +292,7 @@ def _make_stages(
             weight_cast=(n + full) * bt.fp8_weight_cast,
             ep_comm=(2 * n + full) * a2a,
             sharded_extra=n * params.layer_sharded_extra(model, plan.t),  # the embedding and head hold no experts
+            layer_params=n * params.layer_params_per_rank(model, plan.t),
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

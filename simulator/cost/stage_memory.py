@@ -41,7 +41,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.precision import fp8_weight_bytes, linear_input_bytes
+from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes, fp8_weight_bytes, linear_input_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
@@ -101,9 +101,10 @@ def layer_activations(
     )
 
 
-def fp8_weight_copies(model: ModelSpec, plan: Plan, layers: int) -> float:
-    """The fp8 weight copies of a rank holding ``layers`` layers (simulator.cost.precision)."""
-    return fp8_weight_bytes(plan, layers, _layer_params(model, plan.t))
+def fp8_weight_copies(model: ModelSpec, plan: Plan, layers: int, e: int) -> float:
+    """What prec=fp8 adds to the memory of a rank holding ``layers`` layers: the fp8 weight
+    copies, or with fp8 parameters their difference (simulator.cost.precision.fp8_weight_bytes)."""
+    return fp8_weight_bytes(plan, layers, _layer_params(model, plan.t), e)
 
 
 def _layer_params(model: ModelSpec, t: int) -> float:
@@ -190,7 +191,7 @@ def stage_memory(
     )
     act = activation_peak(model, cluster, plan, m, stage, shape)
     buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)
-    buffers += weight_copies_held(weight_copy_bytes, shape.params) + fp8_weight_copies(model, plan, shape.layers)
+    buffers += weight_copies_held(weight_copy_bytes, shape.params) + fp8_weight_copies(model, plan, shape.layers, e)
     return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
 
 
@@ -277,12 +278,13 @@ class DeviceMemoryModel:
             psi_layer + params.layer_sharded_extra(model, plan.t),
         ).total
         if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
-            layer_states += fp8_weight_copies(model, plan, 1)
+            layer_states += fp8_layer_bytes(plan, psi_layer, e)
+        layer_states += fp8_shard_bytes(plan, psi_layer, e)  # fp8 parameters' ZeRO-3 shards
         psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
         fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
         fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
         if plan.zero == 3:
-            fixed += fp8_weight_copies(model, plan, memory.ZERO3_LAYERS_HELD)
+            fixed += memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
         if first:
             inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
             fixed += inflight * memory.embedding_activation_bytes(

@@ -82,13 +82,13 @@ def sharded_reduce_time(size_bytes: float, links: ShardLinks) -> float:
     return out
 
 
-def copy_out_time(params: float, param_bytes: int, runtime: Runtime, gpu: GpuProfile) -> float:
-    """FSDP2's copy of ``params`` gathered parameters out of the all-gather buffer, on the compute
-    stream: read and write 2 * param_bytes per parameter at the HBM's elementwise rate; 0 for
-    DeepSpeed, which gathers into the parameters' storage."""
+def copy_out_time(gathered: float, runtime: Runtime, gpu: GpuProfile) -> float:
+    """FSDP2's copy of ``gathered`` bytes of parameters out of the all-gather buffer, on the
+    compute stream: each byte read and written at the HBM's elementwise rate; 0 for DeepSpeed,
+    which gathers into the parameters' storage."""
     if runtime.zero3 != "fsdp2":
         return 0.0
-    return 2 * param_bytes * params / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
+    return 2 * gathered / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
 
 
 def regather_fraction(runtime: Runtime, full_layers: int, layers: int) -> float:
@@ -128,11 +128,12 @@ class Zero3Pass:
 
 
 def zero3_pass(
-    cost: StageCost, links: ShardLinks, e: int, param_bytes: int, runtime: Runtime, gpu: GpuProfile
+    cost: StageCost, links: ShardLinks, e: int, gathered: float, runtime: Runtime, gpu: GpuProfile
 ) -> Zero3Pass:
-    """The ZeRO-3 traffic of stage ``cost`` for one microbatch over the plan's shard links."""
+    """The ZeRO-3 traffic of stage ``cost`` for one microbatch over the plan's shard links;
+    ``gathered``: the bytes of one pass's gathers (simulator.cost.precision.gathered_bytes)."""
     u = units(cost)
-    gather = u * collectives.all_gather_time(cost.params * param_bytes / u, links.n, links.shard)
+    gather = u * collectives.all_gather_time(gathered / u, links.n, links.shard)
     scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
     regather = gather * regather_fraction(runtime, cost.full_layers, cost.layers)
-    return Zero3Pass(u, gather, scatter, regather, copy_out_time(cost.params, param_bytes, runtime, gpu))
+    return Zero3Pass(u, gather, scatter, regather, copy_out_time(gathered, runtime, gpu))

@@ -49,9 +49,10 @@ from simulator.cost.params import (
     layer_params_per_rank,
     layer_sharded_extra,
 )
-from simulator.cost.precision import linear_input_bytes
+from simulator.cost.precision import casts_every_forward, gathered_bytes, linear_input_bytes
 from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, tp_backward, tp_forward, tp_per_full_recompute
 from simulator.cost.stage_memory import layer_activations
+from simulator.cost.step import param_gather_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
 
@@ -93,6 +94,13 @@ class Costs:
     e: int  # activation bytes
     grad_bytes: int  # per parameter, as the gradient buckets and reduction move them
     optimizer_bytes: int
+    gather_bytes: int  # per parameter of a parameter all-gather (simulator.cost.step.param_gather_bytes)
+    fp8ag: int  # fp8 parameters: the layers' weights gathered at 1 byte
+
+    def gathered(self, params: float) -> float:
+        """Bytes of all-gathering one layer's ``params`` (with the embedding or head folded in):
+        simulator.cost.precision.gathered_bytes."""
+        return gathered_bytes(params, self.layer_params, self.gather_bytes, self.fp8ag)
 
     @staticmethod
     def of(job: Job, free_comm: bool = False) -> Costs:
@@ -117,7 +125,7 @@ class Costs:
             ep_a2a=0.0 if free_comm else ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all,
             cp_f=0.0 if free_comm else bt.cp_forward,
             cp_b=0.0 if free_comm else bt.cp_backward,
-            w_cast=0.0 if job.runtime.fp8_weight_cache else bt.fp8_weight_cast,
+            w_cast=bt.fp8_weight_cast if casts_every_forward(job.runtime.fp8_weight_cache, plan) else 0.0,
             emb_f=bt.embedding.forward,
             emb_b=bt.embedding.backward,
             head_f=bt.head.forward,
@@ -137,6 +145,8 @@ class Costs:
             e=e,
             grad_bytes=gb,
             optimizer_bytes=k,
+            gather_bytes=param_gather_bytes(e),
+            fp8ag=plan.fp8ag,
         )
 
 
@@ -152,6 +162,7 @@ class Item:
     free_act: float = 0.0  # backward: freed at its end
     free_buf: float = 0.0
     params: float = 0.0  # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
+    gathered: float = 0.0  # bytes of all-gathering them (ZeRO-3: forward and backward passes)
     tp_bytes: float = 0.0  # bytes one rank sends in TP collectives
     tp_layer_all_reduces: float = 0
     rec_full: int = 0
@@ -167,6 +178,7 @@ class Piece:
     start_mem: tuple[tuple[str, float], ...]
     end_mem: tuple[tuple[str, float], ...]
     first_params: float
+    first_gathered: float  # bytes of all-gathering the first item's parameters
     params: float
 
 
@@ -200,7 +212,9 @@ def make_piece(kind: str, its: list[Item]) -> Piece:
             ("activations", -(work + sum(it.free_act for it in its))),
             ("buffers", -(work_buf + sum(it.free_buf for it in its))),
         )
-    return Piece(segs, sum(d for _, d in segs), start, end, its[0].params, sum(it.params for it in its))
+    return Piece(
+        segs, sum(d for _, d in segs), start, end, its[0].params, its[0].gathered, sum(it.params for it in its)
+    )
 
 
 def layer_modes(full: int, selective: int, n: int, norec: bool = False) -> list[str]:
@@ -243,6 +257,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
                     alloc_act=stored + (c.emb_act if has_emb else 0.0),
                     alloc_buf=c.logits if has_head else 0.0,
                     params=params,
+                    gathered=c.gathered(params),
                     tp_bytes=tp_bytes,
                     tp_layer_all_reduces=c.tp_fwd,
                 )
@@ -272,6 +287,7 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
                 free_act=stored + (c.emb_act if has_emb else 0.0) - keep,
                 free_buf=c.logits if has_head else 0.0,
                 params=params,
+                gathered=c.gathered(params),
                 tp_bytes=tp_bytes,
                 tp_layer_all_reduces=n_ar,
                 rec_full=int(mode == "full"),

@@ -52,7 +52,7 @@ SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
 PRECISIONS: tuple[PrecisionName, ...] = get_args(PrecisionName)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
-PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp", "cp", "ep")
+PLAN_INT_KEYS = ("t", "p", "d", "mb", "zero", "v", "sp", "hsdp", "cp", "ep", "fp8ag")
 PLAN_STR_KEYS = {"ckpt": CKPT_MODES, "schedule": SCHEDULES, "offload": OFFLOADS, "prec": PRECISIONS}
 PLAN_KEYS = PLAN_INT_KEYS + tuple(PLAN_STR_KEYS) + ("layers", "recompute")
 
@@ -78,6 +78,8 @@ class Plan:
     d*cp ranks that hold the same weights (:attr:`grad_group`). ``ep``: expert parallelism of a
     mixture of experts (Megatron-LM ``--expert-model-parallel-size``): its experts split over ep
     of those d*cp ranks, which exchange the routed tokens with all-to-alls (simulator.cost.experts).
+    ``fp8ag``: with prec=fp8 and ZeRO >= 1, the layers' GEMM weights are kept in fp8 and
+    all-gathered in fp8 (Megatron-LM ``--fp8-param-gather``; simulator.cost.precision).
     """
 
     t: int = 1
@@ -96,6 +98,7 @@ class Plan:
     prec: PrecisionName = "bf16"
     cp: int = 1
     ep: int = 1
+    fp8ag: int = 0
 
     @property
     def grad_group(self) -> int:
@@ -140,6 +143,8 @@ class Plan:
             s += f",cp={self.cp}"
         if self.ep > 1:
             s += f",ep={self.ep}"
+        if self.fp8ag:
+            s += f",fp8ag={self.fp8ag}"
         return s
 
     def to_dict(self, num_microbatches: int | None = None) -> dict[str, Any]:
@@ -173,6 +178,8 @@ class Plan:
             out["cp"] = self.cp
         if self.ep > 1:
             out["ep"] = self.ep
+        if self.fp8ag:
+            out["fp8ag"] = self.fp8ag
         return out
 
     def chunk_layers(self, num_layers: int) -> tuple[int, ...]:

@@ -31,7 +31,7 @@ def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> l
         e.append(f"global batch {global_batch} is not divisible by d*mb = {plan.d}*{plan.mb} = {plan.d * plan.mb}")
     m = global_batch // (plan.d * plan.mb) if global_batch > 0 else 0
     e += _schedule_errors(plan, m) + _split_errors(model, plan) + _memory_errors(plan)
-    return e + fp8_shape_errors(model, plan)
+    return e + fp8_shape_errors(model, plan) + fp8_param_errors(plan)
 
 
 def fp8_shape_errors(model: ModelSpec, plan: Plan) -> list[str]:
@@ -55,6 +55,25 @@ def fp8_shape_errors(model: ModelSpec, plan: Plan) -> list[str]:
     if tokens % 8:
         bad.append(f"the {tokens} tokens of a microbatch on one rank (a multiple of 8 is needed)")
     return [f"prec=fp8 needs GEMM dimensions divisible by 16: {', '.join(bad)}"] if bad else []
+
+
+def fp8_param_errors(plan: Plan) -> list[str]:
+    """fp8 parameters (fp8ag=1) are fp8 GEMMs' weights, kept and gathered by a sharded optimizer
+    or FSDP (Megatron-LM arguments.py: "--fp8-param-gather only supported with distributed
+    optimizer, torch fsdp2, megatron fsdp"; TransformerConfig: "fp8_param must be used together
+    with fp8 mode")."""
+    if plan.fp8ag not in (0, 1):
+        return [f"fp8ag must be 0 or 1, got {plan.fp8ag}"]
+    if not plan.fp8ag:
+        return []
+    e = []
+    if plan.prec != Precision.FP8:
+        e.append(f"fp8ag=1 (fp8 parameters) needs prec=fp8, got prec={plan.prec}")
+    if plan.zero < 1:
+        e.append("fp8ag=1 (fp8 parameters, all-gathered in fp8) needs zero >= 1 (a sharded optimizer or FSDP)")
+    if plan.offload != "none":
+        e.append(f"fp8ag=1 with offload={plan.offload} is not modelled (fp8 parameters offloaded); use offload=none")
+    return e
 
 
 def precision_errors(plan: Plan, gpu: GpuProfile) -> list[str]:

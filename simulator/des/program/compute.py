@@ -105,13 +105,11 @@ def _add_pass(
         extra = 0.0  # what the data-parallel traffic beside this piece costs it
         gather = -1
         if mode.zero3:
-            gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pieces, regather)
-            job = prog.job
-            extra += copy_out_time(pc.first_params, data_parallel.gather_bytes(prog), job.runtime, job.cluster.gpu)
+            gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pc.first_gathered, pieces, regather)
+            extra += copy_out_time(pc.first_gathered, prog.job.runtime, prog.job.cluster.gpu)
         if mode.zero3 or bucketed:
-            extra += sigma * min(
-                pc.dur, data_parallel.beside(prog, pc.first_params if mode.zero3 else pc.params, op.kind == "B")
-            )
+            params = pc.first_params if mode.zero3 else pc.params
+            extra += sigma * min(pc.dur, data_parallel.beside(prog, params, pc.first_gathered, op.kind == "B"))
         segs = (*pc.segs, ("dp", extra)) if extra > 0 else pc.segs
         tid = prog.eng.task(cs, pc.dur + extra, op.kind, (), TaskInfo(dev.idx, op.mb, j, segments=segs))
         prog.piece_index[tid] = (dev.idx, len(pieces))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from hwprofiles.algorithms import Collective
 from simulator.cost import collectives
+from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
 from simulator.cost.zero3 import reduce_bytes, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
@@ -40,17 +41,18 @@ def grad_reduce_bytes(prog: Program) -> int:
     return reduce_bytes(prog.job.runtime, prog.costs.e) if prog.plan.zero >= 2 else prog.costs.grad_bytes
 
 
-def beside(prog: Program, params: float, backward: bool) -> float:
+def beside(prog: Program, params: float, gathered: float, backward: bool) -> float:
     """Closed-form seconds of the data-parallel traffic that runs beside one compute piece of
-    ``params`` parameters, for its contention price (simulator.cost.overlap): with ZeRO-3 the
-    next layer's gather (and in backward this layer's reduce-scatter); with ZeRO 0-2 the
-    bucket's reduction. None with free communication (``DesOptions.free_comm``)."""
+    ``params`` parameters (``gathered``: the bytes of all-gathering them), for its contention
+    price (simulator.cost.overlap): with ZeRO-3 the next layer's gather (and in backward this
+    layer's reduce-scatter); with ZeRO 0-2 the bucket's reduction. None with free
+    communication (``DesOptions.free_comm``)."""
     plan = prog.plan
     if prog.opt.free_comm:
         return 0.0
     if plan.zero == 3:
         links = prog.shard_links
-        comm = collectives.all_gather_time(params * gather_bytes(prog), links.n, links.shard)
+        comm = collectives.all_gather_time(gathered, links.n, links.shard)
         if backward:
             comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
@@ -59,12 +61,16 @@ def beside(prog: Program, params: float, backward: bool) -> float:
     )
 
 
-def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int], times: float = 1.0) -> int:
-    """All-gather one layer's parameters, at most one layer ahead of the compute; ``times`` > 1
-    when DeepSpeed gathers it again for the recompute forward (simulator.cost.zero3)."""
+def zero3_gather(
+    prog: Program, dev: Device, params: float, gathered: float, pieces: list[int], times: float = 1.0
+) -> int:
+    """All-gather one layer's ``params`` parameters (``gathered`` bytes), at most one layer ahead
+    of the compute; ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
+    (simulator.cost.zero3). Its buffer holds the layer's parameters at the gather dtype (fp8
+    parameters' difference is in the static fp8 term, simulator.cost.precision.fp8_layer_bytes)."""
     plan, xfer = prog.plan, prog.xfer
     dep = pieces[-2] if len(pieces) >= 2 else -1
-    size = params * gather_bytes(prog) * times
+    size = gathered * times
     shard = size / plan.d
     if plan.offload != "none":
         if plan.offload == "nvme":
@@ -90,7 +96,7 @@ def zero3_gather(prog: Program, dev: Device, params: float, pieces: list[int], t
     make, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
     send = Send("zero", ("ag", dev.pp), make, per, size, "zero", "param gather", "dp_bytes")
     g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)), member)
-    prog.mem.add(g, dev.idx, False, "buffers", size)
+    prog.mem.add(g, dev.idx, False, "buffers", params * gather_bytes(prog))
     return g
 
 
@@ -179,7 +185,8 @@ def add_param_all_gather(prog: Program) -> None:
     if prog.plan.zero not in (1, 2) or prog.plan.d == 1:
         return
     for dev in prog.devices:
-        size = prog.device_params(dev) * gather_bytes(prog)
+        layers = prog.device_layers(dev) * prog.costs.layer_params
+        size = gathered_bytes(prog.device_params(dev), layers, gather_bytes(prog), prog.plan.fp8ag)
         after = prog.opt_last[dev.idx]
         make, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
         send = Send("dp", ("ag", dev.pp), make, per, size, "dp", "param all-gather", "dp_bytes")

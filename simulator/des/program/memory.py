@@ -39,6 +39,6 @@ def add_static_memory(prog: Program) -> None:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
         if prog.job.runtime.weight_copy_bytes:
             prog.mem.add_static(dev.idx, "buffers", weight_copies_held(prog.job.runtime.weight_copy_bytes, psi))
-        fp8 = fp8_weight_copies(model, plan, prog.device_layers(dev))
+        fp8 = fp8_weight_copies(model, plan, prog.device_layers(dev), c.e)
         if fp8:
             prog.mem.add_static(dev.idx, "buffers", fp8)
