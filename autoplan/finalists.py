@@ -107,8 +107,8 @@ def _simulation_cost(plan: Plan, global_batch: int) -> float:
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:
     """The CP-SAT model can help when stages are uneven (p > 1: embedding and head) or when
     recomputation can be chosen per layer (ckpt not none). Its objective is 1F1B's or the
-    interleaved schedule's pipeline time, so ZB-H1 plans (whose bubble the weight-gradient passes
-    fill) keep the uniform split."""
-    if "layers" in fix or plan.schedule == "zbh1":
+    interleaved schedule's pipeline time, so zero-bubble plans (whose bubble the weight-gradient
+    passes fill; ZB-V's chunks in a V) keep the uniform split."""
+    if "layers" in fix or plan.split_backward:
         return False
     return plan.p > 1 or plan.ckpt != "none"

@@ -4,7 +4,8 @@ Axes (docs/design.md section 5): t divides the heads, KV groups and ffn; ep divi
 experts' experts and d*cp (1 for a dense model); cp 1 or a power of two
 leaving at least MIN_CP_TOKENS tokens per rank; p <= layers and t*cp*p divides the GPUs;
 d = GPUs / (t*cp*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
-schedule gpipe/1f1b/zbh1 (zero <= 1) and interleaved with v in 2..MAX_V dividing layers/p (and m % p == 0);
+schedule gpipe/1f1b/zbh1/zbv (zero <= 1; zbv: v = 2, 2p dividing the layers) and interleaved with v in
+2..MAX_V dividing layers/p (and m % p == 0);
 offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1); prec bf16, and fp8 on GPUs that
 run it (:func:`precisions`), with fp8 parameters (fp8ag=1) where a sharded optimizer or FSDP keeps
 them (:func:`fp8_param_options`: they save memory and gather traffic, and cost nothing, so fp8ag=0
@@ -146,6 +147,8 @@ def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iter
     for sched in ("1f1b", "gpipe", "zbh1"):
         if want in (None, sched) and fix.get("v", 1) == 1:
             yield sched, 1
+    if want in (None, "zbv") and model.num_layers % (2 * p) == 0 and fix.get("v", 2) == 2:
+        yield "zbv", 2
     if want in (None, "interleaved") and m % p == 0 and model.num_layers % p == 0:
         per_stage = model.num_layers // p
         for v in range(2, min(MAX_V, per_stage) + 1):
@@ -217,7 +220,7 @@ def enumerate_plans(
         for pr in precs
         if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr, cp=s.cp))
         for o in opts
-        if s.schedule != "zbh1" or _zero_bubble_ok(o[0])
+        if s.schedule not in ("zbh1", "zbv") or _zero_bubble_ok(o[0])
     ]
     fp8ag = "fp8ag" in fix
     return [

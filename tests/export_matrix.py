@@ -52,6 +52,7 @@ CASES = [
     Case("gpt3-175b", "dgx-h100", 16, 256, "t=4,p=8,mb=1,zero=1,v=12,sp=1,prec=fp8,fp8ag=1"),  # fp8 parameters
     Case("llama3-8b", "dgx-h100", 2, 64, "t=2,p=1,mb=1,zero=3,ckpt=full,prec=fp8,fp8ag=1"),  # gathered in fp8
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=4,mb=1,zero=1,schedule=zbh1"),  # zero bubble
+    Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=4,mb=1,zero=1,schedule=zbv,ckpt=full"),  # zero bubble in a V
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=2,mb=1,zero=1,ckpt=selective,sp=1"),  # context parallel
     Case("llama3-8b", "dgx-h100", 2, 32, "t=1,cp=4,p=1,mb=1,zero=3,ckpt=full"),  # cp under FSDP
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=1,mb=1,zero=0"),  # cp without sharding

@@ -44,6 +44,8 @@ CASES = [
     ("p=2,schedule=zbh1", TINY_LLAMA),  # zero bubble: input and weight gradients in separate passes
     ("p=2,d=2,schedule=zbh1,ckpt=full", TINY),
     ("t=2,p=2,schedule=zbh1,ckpt=full", TINY_LLAMA),  # with DTensor tensor parallelism
+    ("p=2,schedule=zbv", TINY_LLAMA),  # ZB-V: rank 0 runs chunks 0 and 3, rank 1 chunks 1 and 2
+    ("p=2,d=2,zero=1,schedule=zbv,ckpt=full", TINY),  # tied embeddings: one parameter in rank 0's two stages
     ("d=2,zero=1", TINY),
     ("d=2,zero=2,ckpt=full", TINY),
     ("d=2,zero=3", TINY_LLAMA),

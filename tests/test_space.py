@@ -31,9 +31,10 @@ def test_space_rules(gpt):
     assert all(p.offload != "cpu" or p.zero >= 1 for p in plans)
     assert all(p.offload != "nvme" or p.zero == 3 for p in plans)
     assert all(p.sp == 0 or p.t > 1 for p in plans)
-    assert all(p.v == 1 or p.schedule == "interleaved" for p in plans)
-    assert {p.schedule for p in plans} == {"1f1b", "gpipe", "interleaved", "zbh1"}
-    assert all(p.schedule != "zbh1" or (p.p > 1 and p.zero <= 1) for p in plans)
+    assert all(p.v == 1 or p.schedule in ("interleaved", "zbv") for p in plans)
+    assert {p.schedule for p in plans} == {"1f1b", "gpipe", "interleaved", "zbh1", "zbv"}
+    assert all(p.schedule not in ("zbh1", "zbv") or (p.p > 1 and p.zero <= 1) for p in plans)
+    assert all(p.schedule != "zbv" or (p.v == 2 and gpt.num_layers % (2 * p.p) == 0) for p in plans)
     assert all(p.mb <= space.MAX_MB for p in plans)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal, get_args
 
+from simulator.cost.schedules import rank_chunks
 from simulator.job import Job
 from simulator.plan import Plan, plan_errors
 
@@ -125,13 +126,12 @@ def _text(value: Any) -> str:
 
 
 def one_stage_per_rank(plan: Plan, num_layers: int) -> dict[str, Any]:
-    """The updates that turn an interleaved plan (v chunks per pipeline rank) into one stage per
-    rank with the same layers per rank: rank r's chunks r, r+p, ... become one stage of as many
-    layers (and recomputed layers), for tools without interleaving."""
+    """The updates that turn a plan of v chunks per pipeline rank (interleaved, or ZB-V's V) into
+    one 1F1B stage per rank with the same layers per rank: rank r's chunks (r, r+p, ...; or r and
+    2p-1-r) become one stage of as many layers (and recomputed layers), for tools without them."""
     chunks = plan.chunk_layers(num_layers)
     rec = plan.chunk_recompute(num_layers)
-    ranks = range(plan.p)
-    mine = [[c for c in range(plan.p * plan.v) if c % plan.p == r] for r in ranks]
+    mine = rank_chunks(plan.schedule, plan.p, plan.v)
     layers = tuple(sum(chunks[c] for c in cs) for cs in mine)
     recompute = tuple((sum(rec[c][0] for c in cs), sum(rec[c][1] for c in cs)) for cs in mine)
     return {

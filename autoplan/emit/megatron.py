@@ -42,7 +42,7 @@ import math
 import shlex
 from dataclasses import replace
 
-from autoplan.emit.export import Draft, Export
+from autoplan.emit.export import Draft, Export, one_stage_per_rank
 from autoplan.emit.launch import node_shape, rendezvous_block
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
@@ -274,6 +274,14 @@ def _decide(job: Job) -> Draft:
             "1f1b",
             "Megatron-LM has no zero-bubble schedule (megatron/core/pipeline_parallel/schedules.py: 1F1B, "
             "interleaved); 1F1B has its memory and a larger bubble",
+        )
+    if plan.schedule == "zbv":
+        d.change(
+            "schedule",
+            "1f1b",
+            "Megatron-LM has no zero-bubble schedule (megatron/core/pipeline_parallel/schedules.py: 1F1B, "
+            "interleaved, whose chunks are looped, not in a V): one 1F1B stage per rank with its layers",
+            **one_stage_per_rank(plan, job.model.num_layers),
         )
     if plan.offload == "nvme":
         d.change("offload", "cpu", "Megatron-LM has no NVMe offload (DeepSpeed's ZeRO-Infinity does)")

@@ -20,8 +20,9 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
   refused; ep = 1 with t > 1 splits the experts over the tensor ranks, as Megatron does.
 - t -> ``tensor_parallel_degree``, sp -> ``enable_sequence_parallel``; p -> ``pipeline_parallel_degree``
   with the plan's split as ``module_fqns_per_model_part`` (p*v stages, rank r running r, r+p, ...:
-  the looped placement autoplan plans; no ``*_less_layers`` defaults involved); schedule ->
-  ``1F1B`` / ``GPipe`` / ``Interleaved1F1B``; mb -> ``pipeline_parallel_microbatch_size``.
+  the looped placement autoplan plans, or for zbv rank r running r and 2p-1-r, torchtitan's "v"
+  style; no ``*_less_layers`` defaults involved); schedule -> ``1F1B`` / ``GPipe`` /
+  ``Interleaved1F1B`` / ``ZBVZeroBubble``; mb -> ``pipeline_parallel_microbatch_size``.
 - Batch: the trainer accumulates ``global / (local x dp)`` steps and, with a pipeline, splits
   ``local`` into ``local / mb`` microbatches; so local = mb (no pipeline: m accumulation steps)
   or mb x m (pipeline: m microbatches, one step).
@@ -50,7 +51,7 @@ from simulator.job import Job
 from simulator.plan import Plan
 
 RELEASE = "torchtitan 0.3.0"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
 
 
 def architecture_refusal(job: Job) -> str | None:
@@ -111,7 +112,15 @@ def _context_draft(d: Draft) -> None:
 def _decide(job: Job) -> Draft:
     plan = job.plan
     d = Draft(job)
-    if plan.zero == 1:
+    if plan.zero == 1 and plan.schedule == "zbv":
+        d.change(
+            "zero",
+            0,
+            "torchtitan has no optimizer-only sharding, and ZB-V with sharded gradients (its ZeRO-2) is not "
+            "modelled: the states replicated (FSDP2 replicate)",
+            hsdp=0,
+        )
+    elif plan.zero == 1:
         d.change(
             "zero", 2, "torchtitan has no optimizer-only sharding; FSDP2 without resharding after forward is ZeRO-2"
         )

@@ -92,3 +92,21 @@ class TiedEmbeddingSync:
     def __call__(self) -> None:
         if self.param is not None and self.param.grad is not None:
             dist.all_reduce(local(self.param.grad), group=self.group)
+
+
+class LocalTiedSum:
+    """Sums the gradients of the tied embedding's two copies on one rank (ZB-V's rank 0 runs the
+    first and the last stage): both copies get the sum, so their updates stay equal. (One shared
+    parameter would not do: torch's schedule scales each stage's gradients by 1/m, twice.)"""
+
+    def __init__(self, embedding: torch.Tensor, head: torch.Tensor):
+        self.embedding, self.head = embedding, head
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        a, b = self.embedding.grad, self.head.grad
+        if a is None or b is None:
+            return
+        total = local(a) + local(b)
+        local(a).copy_(total)
+        local(b).copy_(total)

@@ -2,9 +2,11 @@
 
 Each local chunk becomes a ``PipelineStage`` (shapes inferred at run time); the plan's
 schedule maps to ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (v
-chunks per rank, looped placement) or, for zbh1, ``ScheduleInterleavedZeroBubble`` over the rank's
-one stage (the backward split into input and weight gradients, the W passes filling the bubble). The schedule splits the rank's local batch into the
-plan's microbatches and averages gradients over them (``scale_grads``).
+chunks per rank, looped placement), for zbh1 ``ScheduleInterleavedZeroBubble`` over the rank's
+one stage (the backward split into input and weight gradients, the W passes filling the bubble),
+or for zbv ``ScheduleZBVZeroBubble`` over its two stages in a V (rank r: stages r and 2p-1-r).
+The schedule splits the rank's local batch into the plan's microbatches and averages gradients
+over them (``scale_grads``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 
 from autoplan.runtime.rank import RankLayout
@@ -44,6 +47,8 @@ def build_schedule(
         return ScheduleInterleaved1F1B(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
     if schedule == "zbh1":  # one stage per rank: torch's zero-bubble order is ZB-H1 (simulator.cost.schedules)
         return ScheduleInterleavedZeroBubble(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    if schedule == "zbv":  # two stages per rank in a V (simulator.cost.schedules.zero_bubble_v)
+        return ScheduleZBVZeroBubble(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
     cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
 

@@ -3,7 +3,7 @@
 The rank order is the simulator's (:mod:`simulator.cost.layout`: pp-major, tp-minor, so a
 tensor-parallel group is consecutive ranks on one node, as in Megatron-LM); this module only
 asks it. With v virtual stages per rank, pipeline rank r runs chunks r, r + p, ..., r + (v-1)p
-(looped placement).
+(looped placement), or under ZB-V chunks r and 2p-1-r (simulator.cost.schedules.global_chunk).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.cost.layout import coords_of, rank_of
+from simulator.cost.schedules import global_chunk
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
@@ -24,10 +25,11 @@ class RankLayout:
     t: int
     v: int
     rank: int
+    schedule: str = "1f1b"
 
     @staticmethod
     def of(plan: Plan, rank: int) -> RankLayout:
-        return RankLayout(p=plan.p, d=plan.d, t=plan.t, v=plan.v, rank=rank)
+        return RankLayout(p=plan.p, d=plan.d, t=plan.t, v=plan.v, rank=rank, schedule=plan.schedule)
 
     @property
     def world(self) -> int:
@@ -54,8 +56,8 @@ class RankLayout:
 
     @property
     def chunks(self) -> list[int]:
-        """Global pipeline chunk (stage) indices run by this rank, in execution order."""
-        return [self.pp_rank + i * self.p for i in range(self.v)]
+        """Global pipeline chunk (stage) indices run by this rank, in local chunk order."""
+        return [global_chunk(self.schedule, i, self.pp_rank, self.p) for i in range(self.v)]
 
     @property
     def has_first(self) -> bool:

@@ -88,8 +88,8 @@ def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> s
             f"offload=cpu with zero={plan.zero}: PyTorch offloads only through FSDP2's CPUOffloadPolicy, which "
             "moves parameters, gradients and optimizer state together (ZeRO-3); use zero=3 or the DeepSpeed config"
         )
-    if plan.schedule not in ("gpipe", "1f1b", "interleaved", "zbh1"):
-        return f"schedule={plan.schedule} is not one of gpipe, 1f1b, interleaved, zbh1"
+    if plan.schedule not in ("gpipe", "1f1b", "interleaved", "zbh1", "zbv"):
+        return f"schedule={plan.schedule} is not one of gpipe, 1f1b, interleaved, zbh1, zbv"
     rounds = max(1, num_microbatches // plan.p)
     if plan.schedule == "zbh1" and num_microbatches % rounds:
         return (

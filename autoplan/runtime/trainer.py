@@ -32,7 +32,13 @@ from autoplan.runtime.context_parallel import context_shard
 from autoplan.runtime.data import local_batch
 from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, local
 from autoplan.runtime.experts import expert_params, expert_shard
-from autoplan.runtime.grads import TiedEmbeddingSync, clip_global_norm, replicas, settle_partial_grads
+from autoplan.runtime.grads import (
+    LocalTiedSum,
+    TiedEmbeddingSync,
+    clip_global_norm,
+    replicas,
+    settle_partial_grads,
+)
 from autoplan.runtime.init import init_parameters
 from autoplan.runtime.model import GPT, keep_experts, layer_recompute, lm_loss, set_context
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
@@ -197,10 +203,17 @@ class Trainer:
             return None, Zero1Optimizer(self.params, make, self.dp_group)
         return make(self.params), None
 
-    def _tied_sync(self) -> TiedEmbeddingSync | None:
+    def _tied_sync(self) -> Callable[[], None] | None:
+        """The first and last stages' sum of the tied embedding's gradients: across two ranks, or
+        under ZB-V on rank 0, which runs both (:class:`LocalTiedSum`); None when p = 1 (one
+        module shares the parameter)."""
         if self.plan.p == 1 or not self.spec.model.tie_embeddings:
             return None
         embed, head = self.chunks[0].embed, self.chunks[-1].head
+        if self.plan.schedule == "zbv":
+            if self.layout.has_first and embed is not None and head is not None:
+                return LocalTiedSum(embed.tok.weight, head.out.weight)
+            return None
         param = None
         if self.layout.has_first and embed is not None:
             param = embed.tok.weight
@@ -212,7 +225,7 @@ class Trainer:
         """1/replicas per parameter; the last stage's copy of a tied embedding counts 0."""
         duplicate = None
         head = self.chunks[-1].head
-        if self.tied is not None and self.layout.has_last and not self.layout.has_first and head is not None:
+        if self.tied is not None and self.layout.has_last and head is not None and not self.chunks[-1].tied_locally:
             duplicate = head.out.weight
         dp_unique = self.zero1 is not None
         ep = self.experts.size if self.experts is not None else 1

@@ -87,7 +87,7 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
         if plan.offload != "none" and plan.zero == 3:
             fetch = offloaded_param_fetch(job, c)
             z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)
-        n_send = p2p_sends(plan, c.first, c.last)
+        n_send = p2p_sends(plan, c.first, c.last, c.turn)
         per_mb.append(c.total + weight_casts(job, c) + n_send * p2p + z3_exp)
         z3.append(z3_exp)
         sends.append(n_send)

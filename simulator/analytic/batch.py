@@ -73,6 +73,7 @@ _STAGE_FIELDS = (
     "first",
     "last",
     "layer_params",
+    "turn",
 )
 
 
@@ -113,7 +114,7 @@ class _Plans:
 def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Each plan's distinct stages (simulator.cost.stage.stage_groups) as (plans x G) arrays,
     G the most any plan has, and the mask of the real ones."""
-    keys = [(q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.prec) for q in plans]
+    keys = [(q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.prec, q.schedule == "zbv") for q in plans]
     groups, inv = _per_key(keys, lambda i: stage_groups(model, cluster, plans[i]))
     width = max(len(g) for g in groups)
     table = np.zeros((len(groups), width, len(_STAGE_FIELDS)))
@@ -136,6 +137,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tu
                 c.first,
                 c.last,
                 c.layer_params,
+                c.turn,
             )
             valid[k, j] = True
     rows = table[inv]
@@ -286,7 +288,7 @@ def estimate_batch(
 
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
     p2p = _per_plan([(q.t, q.sp, q.mb, q.p, q.d) for q in plans], lambda i: p2p_exposed(job_of(i)))
-    sends = np.where(col(P.p == 1), 0.0, 2 * col(P.v) - S["first"] - S["last"])  # pipeline.p2p_sends
+    sends = np.where(col(P.p == 1), 0.0, 2 * col(P.v) - S["first"] - S["last"] - 2 * S["turn"])  # pipeline.p2p_sends
     bwd = S["backward"] + S["recompute"]
     rb = reduce_bytes(runtime, e)
     pgb = param_gather_bytes(e)
@@ -338,7 +340,8 @@ def estimate_batch(
     total_w = (np.where(valid, w, 0.0) * S["count"]).sum(axis=1)
     zb = np.maximum(0.0, (total - worst) - 2.0 * (total_w - w[rows, crit]))
     # pipeline.pipeline_bubble
-    bubble = np.where(interleaved, (total - worst) / P.v, np.where(P.schedule == "zbh1", zb, total - worst))
+    zero_bubble = np.where(P.schedule == "zbh1", zb, np.where(P.schedule == "zbv", zb / 2, total - worst))
+    bubble = np.where(interleaved, (total - worst) / P.v, zero_bubble)
     pipe = P.m * worst - saved + bubble
 
     # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure, data_parallel.dp_times)

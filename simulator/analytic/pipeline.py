@@ -3,6 +3,7 @@
     GPipe / 1F1B:  T_pipe = (m - 1) * max_i c_i + sum_i c_i
     interleaved:   T_pipe = m * max_i c_i + (sum_i c_i - max_i c_i) / v
     ZB-H1:         T_pipe = m * max_i c_i + max(0, sum_{i != crit} (c_i - 2 w_i)), w_i the W part
+    ZB-V:          T_pipe = m * max_i c_i + max(0, sum_{i != crit} (c_i - 2 w_i)) / 2
 which for equal stages gives a bubble of (p - 1)/m (resp. (p - 1)/(v m)) of the ideal m * c
 (Narayanan et al. 2021, section 2.2). What a boundary send moves is
 simulator.cost.step.pipeline_send's; the link is the one between two stages.
@@ -25,11 +26,12 @@ _P2P = IdentityCache(4096)
 _TIED = IdentityCache(4096)
 
 
-def p2p_sends(plan: Plan, first: bool, last: bool) -> int:
+def p2p_sends(plan: Plan, first: bool, last: bool, turn: bool = False) -> int:
     """Blocking pipeline sends of one device per microbatch: each of its v chunks sends the
     forward activation on and the backward gradient back, except that the model's first
-    chunk sends no gradient and its last chunk no activation."""
-    return 0 if plan.p == 1 else 2 * plan.v - int(first) - int(last)
+    chunk sends no gradient and its last chunk no activation, and that ZB-V's turn (chunks p-1
+    and p on the last rank, ``turn``) passes both on inside the rank."""
+    return 0 if plan.p == 1 else 2 * plan.v - int(first) - int(last) - 2 * int(turn)
 
 
 def p2p_exposed(job: Job) -> float:
@@ -72,11 +74,13 @@ def pipeline_bubble(
     by v when interleaved; never negative (the sum includes the maximum). ZB-H1 fills it with the
     deferred weight-gradient passes: each other device's c_i - 2 w_i, (p - 1)(F + B - W) for equal
     stages (Qi et al. 2024, section 3; ``worst_w``/``total_w``: the W parts of the critical
-    device and of all of them), at least 0."""
+    device and of all of them), at least 0; ZB-V half of that, its chunks being half a device's
+    layers (ibid., section 6: zero when F = B = W; the DES replays torch's order, test_zero_bubble)."""
     if schedule == "interleaved" and v > 1:
         return (total - worst) / v
-    if schedule == "zbh1":
-        return max(0.0, (total - worst) - 2.0 * (total_w - worst_w))
+    if schedule in ("zbh1", "zbv"):
+        zero_bubble = max(0.0, (total - worst) - 2.0 * (total_w - worst_w))
+        return zero_bubble / 2 if schedule == "zbv" else zero_bubble
     return total - worst
 
 

@@ -165,14 +165,27 @@ def in_flight_microbatches(schedule: str, stage: int, p: int, m: int, v: int = 1
     PipeDream-Flush).  Interleaved 1F1B (Megatron-LM schedule): a rank runs
     (p - stage - 1)*2 + (v - 1)*p warm-up chunk-forwards plus one in steady state (all m*v
     forwards first when m = p), capped by the m*v chunk-forwards it has in all; each chunk
-    holds 1/v of the stage. Equals max(sum(vec)) / v over :func:`chunk_occupancy`.
+    holds 1/v of the stage. Equals max(sum(vec)) / v over :func:`chunk_occupancy`, which ZB-V
+    (two chunks in a V) takes directly.
     """
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and v > 1:
         warmup = m * v if m == p else (p - stage - 1) * 2 + (v - 1) * p
         return min(warmup + 1, m * v) / v
+    if schedule == "zbv":  # replayed: max(sum(vec)) / v over chunk_occupancy
+        return max(sum(vec) for vec in chunk_occupancy(schedule, stage, p, m, v)) / v
     return float(min(p - stage, m))
+
+
+def end_chunk_in_flight(schedule: str, stage: int, p: int, m: int, v: int, local: int) -> float:
+    """Microbatches whose embedding (``local`` = 0) or head (``local`` = v - 1) activations the
+    stage holding that end chunk keeps at most: under ZB-V that chunk's own largest count (the
+    head's chunk on rank 0 runs each forward's backward next: one), elsewhere the stage's
+    :func:`in_flight_microbatches`."""
+    if schedule == "zbv":
+        return float(max(vec[local] for vec in chunk_occupancy(schedule, stage, p, m, v)))
+    return in_flight_microbatches(schedule, stage, p, m, v)
 
 
 @functools.lru_cache(maxsize=2048)
@@ -207,19 +220,21 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
 
 
 @functools.lru_cache(maxsize=2048)
-def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> int:
-    """ZB-H1: the microbatches whose weight-gradient pass (W) a stage still owes when its
-    in-flight forwards peak, replayed from its pass order (simulator.cost.schedules): each keeps
-    the linears' inputs (:func:`weight_grad_input_bytes`) until its W. Stage s defers W by s
-    microbatches, so it holds min(p - s, m) microbatches' activations and up to s of them; 0 for
-    the other schedules."""
-    if schedule != "zbh1":
-        return 0
+def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> float:
+    """The zero-bubble schedules: the microbatches whose weight-gradient pass (W) a stage still
+    owes when its in-flight forwards peak, replayed from its pass order (simulator.cost.schedules),
+    in units of the stage's layers (a ZB-V chunk is half of them): each keeps the linears' inputs
+    (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s defers W by s microbatches, so it
+    holds min(p - s, m) microbatches' activations and up to s of them; ZB-V runs each W right after
+    its B until the cool-down; 0 for the other schedules."""
+    if schedule not in ("zbh1", "zbv"):
+        return 0.0
     from simulator.cost.schedules import device_order
 
+    v = 2 if schedule == "zbv" else 1
     inflight = pending = 0
     peak = (0, 0)
-    for op in device_order(schedule, p, m, 1, stage):
+    for op in device_order(schedule, p, m, v, stage):
         if op.kind == "F":
             inflight += 1
             peak = max(peak, (inflight, pending))
@@ -227,7 +242,7 @@ def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> int:
             inflight, pending = inflight - 1, pending + 1
         else:
             pending -= 1
-    return peak[1]
+    return peak[1] / v
 
 
 def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_input: int) -> float:

@@ -16,13 +16,22 @@
   gradient (what the previous stage waits for), and 'W', the weight gradient, which no one waits
   for. Stage s runs min(p - s - 1, m) warm-up forwards, then F, B and, once s microbatches have
   been through B, the W of the oldest one; then the remaining B's (each with a W) and W's.
+* Zero bubble ZB-V (Qi et al. 2024, section 6), as ``torch.distributed.pipelining.
+  ScheduleZBVZeroBubble`` runs it (``_calculate_single_rank_operations``): two chunks per rank in a
+  V, rank s holding global chunks s and 2p-1-s, so the forward runs down the ranks and back up and
+  the turn (chunks p-1 and p on rank p-1) needs no send; rank s idles s slots, runs 2(p-s)-1
+  chunk-0 forwards, s pairs of (chunk-1, chunk-0) forwards, p-s rounds of a chunk-1 F, B and W,
+  then F/B/W of chunk 0 and of chunk 1 in turn while forwards remain, then the cool-down's B's,
+  the chunk-0 W's beside them and the remaining W's; torch plans with max(2p-1, m) microbatches
+  and drops the passes of the ones beyond m.
 With uniform stages and free communication the bubble is (p-1)/m of the ideal time for
 GPipe and 1F1B and (p-1)/(v m) for the interleaved schedule (tests check it in the DES); ZB-H1's
-is (p-1)(F + B - W) instead of (p-1)(F + B + W) (ibid.).
+is (p-1)(F + B - W) instead of (p-1)(F + B + W) (ibid.), ZB-V's half of it (its chunks are half a
+rank's layers), which is zero when F = B = W.
 
-Chunks: global chunk j = c*p + s holds the j-th block of layers; rank s runs local chunks
-c = 0..v-1. Forward of (mb, j) needs forward of (mb, j-1); backward of (mb, j) needs
-backward of (mb, j+1).
+Chunks: global chunk j holds the j-th block of layers; rank s runs local chunks c = 0..v-1,
+global chunk c*p + s (looped placement), or under ZB-V s and 2p-1-s (:func:`global_chunk`).
+Forward of (mb, j) needs forward of (mb, j-1); backward of (mb, j) needs backward of (mb, j+1).
 """
 
 from __future__ import annotations
@@ -67,6 +76,55 @@ def zero_bubble_h1(p: int, m: int, stage: int) -> list[PipeOp]:
     return ops
 
 
+def zero_bubble_v(p: int, m: int, stage: int) -> list[PipeOp]:
+    """ZB-V (module docstring): rank ``stage``'s passes of its local chunks 0 (global ``stage``)
+    and 1 (global 2p-1-``stage``), B the input gradient, in torch's order."""
+    n = max(2 * p - 1, m)
+    ops: list[PipeOp] = []
+    f = [0, 0]  # forwards, input gradients and weight gradients issued per local chunk
+    b = [0, 0]
+
+    def run(kind: str, chunk: int, mb: int) -> None:
+        if mb < m:  # torch keeps the slot of a microbatch beyond m empty
+            ops.append(PipeOp(kind, mb, chunk))
+
+    def forward(chunk: int) -> None:
+        run("F", chunk, f[chunk])
+        f[chunk] += 1
+
+    def backward(chunk: int, weights: bool) -> None:
+        run("B", chunk, b[chunk])
+        if weights:
+            run("W", chunk, b[chunk])
+        b[chunk] += 1
+
+    for _ in range(2 * (p - stage) - 1):
+        forward(0)
+    for _ in range(stage):
+        forward(1)
+        forward(0)
+    for _ in range(p - stage):
+        forward(1)
+        backward(1, True)
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
+            forward(0)
+        backward(0, True)
+        forward(1)
+        backward(1, True)
+    w = list(b)
+    for _ in range(stage):
+        backward(0, False)
+        backward(1, False)
+    for _ in range(p - stage):
+        backward(0, False)
+        run("W", 0, w[0])
+        w[0] += 1
+    ops += [PipeOp("W", i, 1) for i in range(w[1], min(b[1], m))]
+    ops += [PipeOp("W", i, 0) for i in range(w[0], min(b[0], m))]
+    return ops
+
+
 def interleaved(p: int, m: int, v: int, stage: int) -> list[PipeOp]:
     total = m * v
 
@@ -95,8 +153,26 @@ def device_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[Pipe
         return interleaved(p, m, v, stage)
     if schedule == "zbh1":
         return zero_bubble_h1(p, m, stage)
+    if schedule == "zbv":
+        return zero_bubble_v(p, m, stage)
     return one_f_one_b(p, m, stage)
 
 
-def global_chunk(local_chunk: int, stage: int, p: int) -> int:
+def global_chunk(schedule: str, local_chunk: int, stage: int, p: int) -> int:
+    """The model-order chunk that rank ``stage`` runs as its ``local_chunk``: c*p + stage, or
+    under ZB-V stage and 2p-1-stage."""
+    if schedule == "zbv":
+        return stage if local_chunk == 0 else 2 * p - 1 - stage
     return local_chunk * p + stage
+
+
+def chunk_rank(schedule: str, chunk: int, p: int) -> int:
+    """The pipeline rank that runs model-order chunk ``chunk``."""
+    if schedule == "zbv":
+        return chunk if chunk < p else 2 * p - 1 - chunk
+    return chunk % p
+
+
+def rank_chunks(schedule: str, p: int, v: int) -> list[list[int]]:
+    """The model-order chunks of each pipeline rank, in local chunk order."""
+    return [[global_chunk(schedule, c, s, p) for c in range(v)] for s in range(p)]

@@ -17,6 +17,7 @@ from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.rank_view import context_parallel
+from simulator.cost.schedules import chunk_rank, rank_chunks
 from simulator.cost.stage_memory import StageShape
 from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
@@ -187,6 +188,7 @@ class StageCost(StageShape):
     weight_cast: float = 0.0
     ep_comm: float = 0.0  # forward + backward + full recompute token all-to-alls (expert parallelism)
     layer_params: float = 0.0  # the parameters of its transformer layers on one rank (fp8 parameters' gathers)
+    turn: bool = False  # ZB-V's last rank: its two chunks meet there, two pipeline sends fewer per microbatch
 
     @property
     def total(self) -> float:
@@ -194,17 +196,22 @@ class StageCost(StageShape):
 
 
 def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
-    """Chunk indices (model order) on each pipeline device: chunk c lives on device c % p."""
-    chunks = plan.p * plan.v
-    return [list(range(dev, chunks, plan.p)) for dev in range(plan.p)]
+    """Chunk indices (model order) on each pipeline device: dev, dev + p, ... (looped), or under
+    ZB-V dev and 2p-1-dev (simulator.cost.schedules.rank_chunks)."""
+    return rank_chunks(plan.schedule, plan.p, plan.v)
 
 
 def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], list[int]]:
-    """Per pipeline device (its chunks dev, dev + p, ...: :func:`device_chunks`), its layers and
-    its fully and selectively recomputed layers. The uniform split in closed form: with
+    """Per pipeline device (its chunks: :func:`device_chunks`), its layers and its fully and
+    selectively recomputed layers. The looped uniform split in closed form: with
     base, extra = divmod(L, p*v), chunk c holds base + [c < extra] layers, so device dev holds
     v*base + #{k < v : dev + k*p < extra}."""
     p, v = plan.p, plan.v
+    if plan.schedule == "zbv":
+        sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
+        chunks = device_chunks(plan, num_layers)
+        per_device = lambda per_chunk: [sum(per_chunk[j] for j in cs) for cs in chunks]
+        return per_device(list(sizes)), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
     if plan.layers is None and plan.recompute is None:
         base, extra = divmod(num_layers, p * v)
         ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
@@ -235,7 +242,18 @@ def stage_groups(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tup
 def _stages(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    rest = (plan.t, plan.sp, plan.mb, plan.p, plan.v, plan.ckpt, plan.layers, plan.recompute, plan.prec)
+    rest = (
+        plan.t,
+        plan.sp,
+        plan.mb,
+        plan.p,
+        plan.v,
+        plan.ckpt,
+        plan.layers,
+        plan.recompute,
+        plan.prec,
+        plan.schedule == "zbv",
+    )
     return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan))
 
 
@@ -245,13 +263,14 @@ def _make_stages(
     bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
     ns, fulls, sels = device_layers(plan, model.num_layers)
     p = plan.p
-    last_chunk = p * plan.v - 1
+    last_rank = chunk_rank(plan.schedule, p * plan.v - 1, p)
     out: list[StageCost] = []
     made: dict[tuple, StageCost] = {}
     groups: dict[tuple, list] = {}
     for dev, (n, full, sel) in enumerate(zip(ns, fulls, sels)):
-        first, last = dev == 0, last_chunk % p == dev
-        sig = (n, full, sel, first, last)
+        first, last = dev == 0, dev == last_rank
+        turn = plan.schedule == "zbv" and dev == p - 1  # ZB-V's turn: chunks p-1 and p on one rank
+        sig = (n, full, sel, first, last, turn)
         if sig in made:
             out.append(made[sig])
             groups[sig][2] += 1
@@ -293,6 +312,7 @@ def _make_stages(
             ep_comm=(2 * n + full) * a2a,
             sharded_extra=n * params.layer_sharded_extra(model, plan.t),  # the embedding and head hold no experts
             layer_params=n * params.layer_params_per_rank(model, plan.t),
+            turn=turn,
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]

@@ -42,6 +42,7 @@ from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes, fp8_weight_bytes, linear_input_bytes
+from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
@@ -166,7 +167,7 @@ def flight_buffers(
     b, t = plan.mb, plan.t
     out = 0.0
     if last:
-        inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+        inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, plan.v - 1)
         out += memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), loss, inflight)
     return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
 
@@ -219,7 +220,7 @@ def _activation_peak(
         sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
         held = [
             f * per_full + s_ * per_sel + (n - f - s_) * per_none
-            for (f, s_), n in ((rec[c], sizes[c]) for c in range(stage, plan.p * plan.v, plan.p))
+            for (f, s_), n in ((rec[c], sizes[c]) for c in rank_chunks(plan.schedule, plan.p, plan.v)[stage])
         ]
         act = max(
             sum(k * x for k, x in zip(vec, held))
@@ -230,7 +231,8 @@ def _activation_peak(
         act += shape.full_layers * (per_none - per_full) + shape.selective_layers * (per_none - per_sel)
     act += pending_weight_inputs(model, cluster, plan, m, stage) * shape.layers
     if shape.first:
-        act += inflight * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
+        emb = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, 0)
+        act += emb * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
     return act
 
 
@@ -286,7 +288,7 @@ class DeviceMemoryModel:
         if plan.zero == 3:
             fixed += memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
         if first:
-            inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+            inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, 0)
             fixed += inflight * memory.embedding_activation_bytes(
                 plan.mb, model.seq_length, model.hidden_size, plan.t, bool(plan.sp)
             )

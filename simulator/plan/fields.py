@@ -24,6 +24,7 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
     ZB_H1 = "zbh1"  # zero bubble (Qi et al. 2024): backward split into input and weight gradients
+    ZB_V = "zbv"  # zero bubble with two chunks per rank in a V (ibid., section 6): v = 2
 
 
 class Precision(StrEnum):
@@ -42,7 +43,7 @@ class Offload(StrEnum):
 
 
 RecomputeName = Literal["none", "selective", "full"]
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zbh1"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zbh1", "zbv"]
 OffloadName = Literal["none", "cpu", "nvme"]
 PrecisionName = Literal["bf16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -114,6 +115,12 @@ class Plan:
     def replicas(self) -> int:
         """Copies of the sharded states (hybrid sharding's replicate groups): grad_group / shard_group."""
         return max(1, self.grad_group // self.shard_group)
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the backward runs as an input-gradient pass and a later weight-gradient pass
+        (the zero-bubble schedules)."""
+        return self.schedule in (Schedule.ZB_H1, Schedule.ZB_V)
 
     @property
     def model_parallel(self) -> int:

@@ -154,8 +154,8 @@ def _schedule_errors(plan: Plan, m: int) -> list[str]:
     """Virtual stages need the interleaved schedule, which needs p >= 2, v >= 2 and m % p == 0;
     the zero-bubble schedule needs a pipeline (p >= 2) and unsharded gradients (zero <= 1)."""
     e = zero_bubble_errors(plan)
-    if plan.v > 1 and plan.schedule != Schedule.INTERLEAVED:
-        e.append(f"v={plan.v} needs schedule=interleaved (got {plan.schedule})")
+    if plan.v > 1 and plan.schedule not in (Schedule.INTERLEAVED, Schedule.ZB_V):
+        e.append(f"v={plan.v} needs schedule=interleaved or zbv (got {plan.schedule})")
     if plan.schedule == Schedule.INTERLEAVED:
         if plan.p < 2:
             e.append("schedule=interleaved needs p >= 2")
@@ -167,16 +167,20 @@ def _schedule_errors(plan: Plan, m: int) -> list[str]:
 
 
 def zero_bubble_errors(plan: Plan) -> list[str]:
-    """The zero-bubble schedule needs a pipeline (p >= 2) and unsharded gradients (zero <= 1)."""
+    """The zero-bubble schedules need a pipeline (p >= 2) and unsharded gradients (zero <= 1);
+    ZB-V exactly two chunks per rank (torch's ScheduleZBVZeroBubble: "ZBV requires exactly 2
+    stages per rank")."""
     e: list[str] = []
-    if plan.schedule != Schedule.ZB_H1:
+    if not plan.split_backward:
         return e
     if plan.p < 2:
-        e.append("schedule=zbh1 (zero bubble) needs p >= 2")
+        e.append(f"schedule={plan.schedule} (zero bubble) needs p >= 2")
+    if plan.schedule == Schedule.ZB_V and plan.v != 2:
+        e.append(f"schedule=zbv runs two chunks per rank in a V: it needs v=2, got v={plan.v}")
     if plan.zero >= 2:
         e.append(
-            f"schedule=zbh1 with zero={plan.zero} is not modelled (sharded gradients reduced from the split "
-            "weight-gradient passes); use zero=0 or 1"
+            f"schedule={plan.schedule} with zero={plan.zero} is not modelled (sharded gradients reduced from the "
+            "split weight-gradient passes); use zero=0 or 1"
         )
     return e
 
@@ -189,7 +193,10 @@ def _split_errors(model: ModelSpec, plan: Plan) -> list[str]:
         if model.num_layers < chunks:
             e.append(f"p*v = {chunks} pipeline chunks exceed the model's {model.num_layers} layers")
         elif plan.v > 1 and model.num_layers % chunks:
-            e.append(f"interleaving needs p*v = {chunks} to divide num_layers={model.num_layers}")
+            e.append(
+                f"v={plan.v} chunks per rank need p*v = {chunks} to divide num_layers={model.num_layers} "
+                "(or a layers= split)"
+            )
     elif len(plan.layers) != chunks:
         e.append(f"layers= gives {len(plan.layers)} stage sizes, expected p*v = {chunks}")
     elif sum(plan.layers) != model.num_layers or min(plan.layers) < 1:

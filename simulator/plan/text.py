@@ -67,7 +67,7 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
 
 
 def resolve_plan(items: Mapping[str, Any], gpus: int, source: str = "--plan") -> Plan:
-    """Fill defaults (d = gpus / (t*cp*p); v>1 implies interleaved) and build a Plan."""
+    """Fill defaults (d = gpus / (t*cp*p); v>1 implies interleaved; zbv implies v=2) and build a Plan."""
     kw = dict(items)
     t, p, cp = kw.get("t", 1), kw.get("p", 1), kw.get("cp", 1)
     for key in ("t", "p", "mb", "v", "cp"):
@@ -80,4 +80,6 @@ def resolve_plan(items: Mapping[str, Any], gpus: int, source: str = "--plan") ->
         kw["d"] = gpus // (t * cp * p)
     if kw.get("v", 1) > 1 and "schedule" not in kw:
         kw["schedule"] = "interleaved"
+    if kw.get("schedule") == "zbv" and "v" not in kw:
+        kw["v"] = 2
     return Plan(**kw)

@@ -44,14 +44,14 @@ class ReductionMode:
 def add_passes(prog: Program, dev: Device) -> None:
     """Every pass of ``dev`` in schedule order, with the reductions that hang off them."""
     order = prog.orders[dev.idx]
-    grads = "W" if prog.plan.schedule == "zbh1" else "B"  # the pass that produces the weight gradients
+    grads = "W" if prog.plan.split_backward else "B"  # the pass that produces the weight gradients
     last_b = {op.chunk: k for k, op in enumerate(order) if op.kind == grads}
     mode = ReductionMode.of(prog)
     pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
     prog.pieces_of[dev.idx] = pieces
     nred = 0
     for k, op in enumerate(order):
-        j = op.chunk * prog.p + dev.pp
+        j = prog.chunk_of(dev, op.chunk)
         norec = prog.norec(op)
         _count(prog, dev, op, j, norec)
         bucketed = mode.overlap and op.kind == grads and (mode.per_mb or last_b[op.chunk] == k)

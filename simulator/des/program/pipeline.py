@@ -8,6 +8,7 @@ Megatron-LM) so does the sender's next pass.
 
 from __future__ import annotations
 
+from simulator.cost.schedules import chunk_rank
 from simulator.cost.step import pipeline_send
 from simulator.des.program.state import Device, Program, Send
 
@@ -46,11 +47,14 @@ def add_sends(prog: Program, dev: Device) -> None:
     for k, op in enumerate(order):
         if op.kind == "W":  # ZB-H1's weight gradients stay on the rank
             continue
-        j = op.chunk * prog.p + dev.pp
+        j = prog.chunk_of(dev, op.chunk)
         nxt = j + 1 if op.kind == "F" else j - 1
         if nxt < 0 or nxt >= prog.chunks:
             continue
-        s1 = nxt % prog.p
+        s1 = chunk_rank(prog.plan.schedule, nxt, prog.p)
+        if s1 == dev.pp:  # ZB-V's turn: the next chunk is this rank's other one, no send
+            prog.eng.add_dep(prog.first[(dev.idx, op.kind, op.mb, nxt)], prog.last[(dev.idx, op.kind, op.mb, j)])
+            continue
         fwd = op.kind == "F"
         send = _boundary(prog, dev.pp, s1, fwd)
         x = prog.transfer(dev, send, (prog.last[(dev.idx, op.kind, op.mb, j)],), op.mb, j)
@@ -58,7 +62,7 @@ def add_sends(prog: Program, dev: Device) -> None:
         prog.gate(prog.first[(rcv.idx, op.kind, op.mb, nxt)], x)
         if prog.opt.blocking_p2p and k + 1 < len(order):
             after = order[k + 1]
-            prog.gate(prog.first[(dev.idx, after.kind, after.mb, after.chunk * prog.p + dev.pp)], x)
+            prog.gate(prog.first[(dev.idx, after.kind, after.mb, prog.chunk_of(dev, after.chunk))], x)
 
 
 def sync_tensor_groups(prog: Program) -> None:

@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 from simulator.cost import collectives, layout
 from simulator.cost.layout import rank_of
 from simulator.cost.memory import DP_BUCKET_BYTES
-from simulator.cost.schedules import PipeOp
+from simulator.cost.schedules import PipeOp, global_chunk
 from simulator.cost.zero3 import ShardLinks, shard_links
 from simulator.des.engine import Engine
 from simulator.des.memtimeline import MemoryTimeline
@@ -163,7 +163,7 @@ class Program:
 
     def device_params(self, dev: Device) -> float:
         """Parameters held by one rank of dev's stage (all its chunks)."""
-        return sum(self.chunk_params(c * self.p + dev.pp) for c in range(self.v))
+        return sum(self.chunk_params(j) for j in self.device_chunks(dev))
 
     def device_sharded_params(self, dev: Device) -> float:
         """The parameters whose states ZeRO shards, for one rank of dev's stage
@@ -171,7 +171,15 @@ class Program:
         return self.device_params(dev) + self.device_layers(dev) * self.costs.layer_sharded_extra
 
     def device_layers(self, dev: Device) -> int:
-        return sum(self.layers[c * self.p + dev.pp] for c in range(self.v))
+        return sum(self.layers[j] for j in self.device_chunks(dev))
+
+    def device_chunks(self, dev: Device) -> list[int]:
+        """The model-order chunks dev's stage runs, in local chunk order (simulator.cost.schedules)."""
+        return [self.chunk_of(dev, c) for c in range(self.v)]
+
+    def chunk_of(self, dev: Device, local: int) -> int:
+        """The model-order chunk dev's stage runs as its ``local`` chunk."""
+        return global_chunk(self.plan.schedule, local, dev.pp, self.p)
 
     # ------------------------------------------------------------------ passes
 
@@ -195,7 +203,7 @@ class Program:
         full, sel = self.recompute[j]
         modes = layer_modes(full, sel, self.layers[j], norec)
         first, last = self.embed_head and j == 0, self.embed_head and j == self.chunks - 1
-        return pass_items(self.costs, kind, modes, first, last, self.plan.schedule == "zbh1")
+        return pass_items(self.costs, kind, modes, first, last, self.plan.split_backward)
 
     def totals(self, kind: str, j: int, norec: bool) -> tuple[float, float, int, int]:
         """(TP bytes, layer TP all-reduces, layers fully / selectively recomputed) of a pass."""
