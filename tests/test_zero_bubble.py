@@ -87,6 +87,18 @@ def test_bad_input_and_exports():
 # ---------------------------------------------------------------------------------------- ZB-V
 
 
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 8), (4, 3), (4, 16), (8, 24)])
+def test_zbv_owes_no_weight_gradient_when_a_forward_runs(p, m):
+    """ZB-V runs each W right after its B until the cool-down, which has no forward: whenever a
+    forward runs, no W is owed (so memory.weight_grads_pending is 0 for zbv)."""
+    for s in range(p):
+        owed = 0
+        for op in device_order("zbv", p, m, 2, s):
+            owed += {"F": 0, "B": 1, "W": -1}[op.kind]
+            assert op.kind != "F" or owed == 0
+        assert weight_grads_pending("zbv", s, p, m) == 0
+
+
 def test_zbv_bubble_by_hand():
     """ZB-V idles half of ZB-H1's (p - 1)(F + B - W): its chunks are half a rank's layers."""
     assert pipeline_bubble(9.0, 36.0, "zbv", 2, 2.0, 8.0) == 7.5

@@ -226,15 +226,15 @@ def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> float:
     in units of the stage's layers (a ZB-V chunk is half of them): each keeps the linears' inputs
     (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s defers W by s microbatches, so it
     holds min(p - s, m) microbatches' activations and up to s of them; ZB-V runs each W right after
-    its B until the cool-down; 0 for the other schedules."""
-    if schedule not in ("zbh1", "zbv"):
+    its B until the cool-down, which runs no forward: none are pending when the forwards peak
+    (tests/test_zero_bubble.py replays it); 0 for the other schedules."""
+    if schedule != "zbh1":
         return 0.0
     from simulator.cost.schedules import device_order
 
-    v = 2 if schedule == "zbv" else 1
     inflight = pending = 0
     peak = (0, 0)
-    for op in device_order(schedule, p, m, v, stage):
+    for op in device_order(schedule, p, m, 1, stage):
         if op.kind == "F":
             inflight += 1
             peak = max(peak, (inflight, pending))
@@ -242,7 +242,7 @@ def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> float:
             inflight, pending = inflight - 1, pending + 1
         else:
             pending -= 1
-    return peak[1] / v
+    return float(peak[1])
 
 
 def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_input: int) -> float:

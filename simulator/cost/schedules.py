@@ -80,49 +80,32 @@ def zero_bubble_v(p: int, m: int, stage: int) -> list[PipeOp]:
     """ZB-V (module docstring): rank ``stage``'s passes of its local chunks 0 (global ``stage``)
     and 1 (global 2p-1-``stage``), B the input gradient, in torch's order."""
     n = max(2 * p - 1, m)
-    ops: list[PipeOp] = []
-    f = [0, 0]  # forwards, input gradients and weight gradients issued per local chunk
-    b = [0, 0]
-
-    def run(kind: str, chunk: int, mb: int) -> None:
-        if mb < m:  # torch keeps the slot of a microbatch beyond m empty
-            ops.append(PipeOp(kind, mb, chunk))
-
-    def forward(chunk: int) -> None:
-        run("F", chunk, f[chunk])
-        f[chunk] += 1
-
-    def backward(chunk: int, weights: bool) -> None:
-        run("B", chunk, b[chunk])
-        if weights:
-            run("W", chunk, b[chunk])
-        b[chunk] += 1
-
+    raw: list[tuple[str, int, int]] = []  # (kind, microbatch, local chunk), before dropping mb >= m
+    f0 = f1 = b0 = b1 = 0
     for _ in range(2 * (p - stage) - 1):
-        forward(0)
+        raw.append(("F", f0, 0))
+        f0 += 1
     for _ in range(stage):
-        forward(1)
-        forward(0)
+        raw += [("F", f1, 1), ("F", f0, 0)]
+        f0, f1 = f0 + 1, f1 + 1
     for _ in range(p - stage):
-        forward(1)
-        backward(1, True)
-    while f[1] < f[0] or f[0] < n:
-        if f[0] < n:
-            forward(0)
-        backward(0, True)
-        forward(1)
-        backward(1, True)
-    w = list(b)
+        raw += [("F", f1, 1), ("B", b1, 1), ("W", b1, 1)]
+        f1, b1 = f1 + 1, b1 + 1
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            raw.append(("F", f0, 0))
+            f0 += 1
+        raw += [("B", b0, 0), ("W", b0, 0), ("F", f1, 1), ("B", b1, 1), ("W", b1, 1)]
+        f1, b0, b1 = f1 + 1, b0 + 1, b1 + 1
+    w0, w1 = b0, b1
     for _ in range(stage):
-        backward(0, False)
-        backward(1, False)
+        raw += [("B", b0, 0), ("B", b1, 1)]
+        b0, b1 = b0 + 1, b1 + 1
     for _ in range(p - stage):
-        backward(0, False)
-        run("W", 0, w[0])
-        w[0] += 1
-    ops += [PipeOp("W", i, 1) for i in range(w[1], min(b[1], m))]
-    ops += [PipeOp("W", i, 0) for i in range(w[0], min(b[0], m))]
-    return ops
+        raw += [("B", b0, 0), ("W", w0, 0)]
+        b0, w0 = b0 + 1, w0 + 1
+    raw += [("W", i, 1) for i in range(w1, b1)] + [("W", i, 0) for i in range(w0, b0)]
+    return [PipeOp(kind, mb, chunk) for kind, mb, chunk in raw if mb < m]  # torch leaves those slots empty
 
 
 def interleaved(p: int, m: int, v: int, stage: int) -> list[PipeOp]:

@@ -264,6 +264,7 @@ def _make_stages(
     ns, fulls, sels = device_layers(plan, model.num_layers)
     p = plan.p
     last_rank = chunk_rank(plan.schedule, p * plan.v - 1, p)
+    layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
     out: list[StageCost] = []
     made: dict[tuple, StageCost] = {}
     groups: dict[tuple, list] = {}
@@ -310,8 +311,8 @@ def _make_stages(
             cp_comm=cp,
             weight_cast=(n + full) * bt.fp8_weight_cast,
             ep_comm=(2 * n + full) * a2a,
-            sharded_extra=n * params.layer_sharded_extra(model, plan.t),  # the embedding and head hold no experts
-            layer_params=n * params.layer_params_per_rank(model, plan.t),
+            sharded_extra=n * sharded_extra,  # the embedding and head hold no experts
+            layer_params=n * layer_params,
             turn=turn,
         )
         out.append(made[sig])
