@@ -107,7 +107,8 @@ def weight_casts(job: Job, c: StageCost) -> float:
 
 def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> tuple[float, float]:
     """(exposed gradient reduction, parameter all-gather after the step) of ZeRO 0-2: the worst
-    stage's, each stage hiding its backward (with overlap) and its head start over stage 0."""
+    stage's, each stage hiding its backward span (with overlap; its in-pass collectives included,
+    StageCost.backward_span) and its head start over stage 0."""
     plan = job.plan
     if link is None or plan.zero >= 3:
         return 0.0, 0.0
@@ -115,8 +116,8 @@ def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) ->
     exposed, gather_after = 0.0, 0.0
     for i, c, _ in groups:
         reduce_t, gather_t = dp_times(c, job.cluster, plan, link, e)
-        behind = i * (c.backward + c.recompute + p2p)  # stage i's head start over stage 0
-        hidden = c.backward + c.recompute if job.runtime.dp_overlap else 0.0
+        behind = i * (c.backward_span + p2p)  # stage i's head start over stage 0
+        hidden = c.backward_span if job.runtime.dp_overlap else 0.0
         # beside the last backward it slows the compute (simulator.cost.overlap)
         contention = job.cluster.gpu.comm_overlap_slowdown * min(reduce_t, hidden)
         tail = last_bucket_reduce_time(c, plan, link, e, reduce_t) - behind

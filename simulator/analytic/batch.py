@@ -74,6 +74,7 @@ _STAGE_FIELDS = (
     "last",
     "layer_params",
     "turn",
+    "forward_span",
 )
 
 
@@ -138,6 +139,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tu
                 c.last,
                 c.layer_params,
                 c.turn,
+                c.forward_span,
             )
             valid[k, j] = True
     rows = table[inv]
@@ -289,7 +291,7 @@ def estimate_batch(
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
     p2p = _per_plan([(q.t, q.sp, q.mb, q.p, q.d) for q in plans], lambda i: p2p_exposed(job_of(i)))
     sends = np.where(col(P.p == 1), 0.0, 2 * col(P.v) - S["first"] - S["last"] - 2 * S["turn"])  # pipeline.p2p_sends
-    bwd = S["backward"] + S["recompute"]
+    bwd = S["total"] - S["forward_span"]  # StageCost.backward_span
     rb = reduce_bytes(runtime, e)
     pgb = param_gather_bytes(e)
     # analytic.data_parallel.stage_gathered_bytes: precision.gathered_bytes of each stage
@@ -313,7 +315,7 @@ def estimate_batch(
         2 * gathered / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) if runtime.zero3 == "fsdp2" else 0.0
     )
     g, r = gather / units, scatter3 / units
-    z3 = (g + _overlap_cost(S["forward"], gather - g, sigma) + copy_out) + (
+    z3 = (g + _overlap_cost(S["forward_span"], gather - g, sigma) + copy_out) + (
         g + r + _overlap_cost(bwd, gather + regather + scatter3 - g - r, sigma) + copy_out
     )
     z_exp = np.where(col(d > 1), np.where(col(zero == 2), z2, np.where(col(zero == 3), z3, 0.0)), 0.0)

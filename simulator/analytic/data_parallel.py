@@ -46,19 +46,20 @@ def per_microbatch_dp(cost: StageCost, job: Job, link: collectives.GroupLink) ->
     gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
     DeepSpeed and FSDP both do), overlapped with that microbatch's backward when the runtime
     overlaps, at the contention price of simulator.cost.overlap. ZeRO-3 also all-gathers each
-    unit's parameters for the forward and again for the backward (simulator.cost.zero3)."""
+    unit's parameters for the forward and again for the backward (simulator.cost.zero3). Both
+    hide behind the passes' spans, their in-pass collectives included (StageCost.forward_span)."""
     plan, gpu = job.plan, job.cluster.gpu
     if plan.zero < 2 or plan.d == 1:
         return 0.0, 0.0
     e = dtype_bytes(gpu)
     sigma = gpu.comm_overlap_slowdown
-    bwd = cost.backward + cost.recompute
+    bwd = cost.backward_span
     links = zero3.shard_links(job.cluster, plan) if plan.hsdp else zero3.ShardLinks(link, plan.d, None, 1)
     if plan.zero == 2:
         scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(job.runtime, e), links)
         return scatter, overlap_cost(bwd, scatter, sigma) if job.runtime.dp_overlap else scatter
     z3 = zero3.zero3_pass(cost, links, e, stage_gathered_bytes(cost, plan, e), job.runtime, gpu)
-    return z3.traffic, z3.exposed(cost.forward, bwd, sigma)
+    return z3.traffic, z3.exposed(cost.forward_span, bwd, sigma)
 
 
 def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> float:

@@ -189,10 +189,24 @@ class StageCost(StageShape):
     ep_comm: float = 0.0  # forward + backward + full recompute token all-to-alls (expert parallelism)
     layer_params: float = 0.0  # the parameters of its transformer layers on one rank (fp8 parameters' gathers)
     turn: bool = False  # ZB-V's last rank: its two chunks meet there, two pipeline sends fewer per microbatch
+    forward_comm: float = 0.0  # the forward pass's share of tp_comm, cp_comm and ep_comm
 
     @property
     def total(self) -> float:
         return self.forward + self.backward + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
+
+    @property
+    def forward_span(self) -> float:
+        """The forward pass on the compute stream: its compute and the collectives inside it (TP,
+        the cp ring, the ep all-to-alls). Data-parallel and ZeRO traffic runs beside all of it, at
+        the contention price of simulator.cost.overlap (the DES's pass pieces hold the same)."""
+        return self.forward + self.forward_comm
+
+    @property
+    def backward_span(self) -> float:
+        """The backward and recompute passes on the compute stream, collectives included: what
+        gradient reductions and ZeRO-3 gathers hide behind (:attr:`forward_span`)."""
+        return self.total - self.forward_span
 
 
 def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
@@ -283,11 +297,14 @@ def _make_stages(
         tp = (tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * bt.tp_all_reduce
         # a recomputed layer (full) or attention core (selective) runs its forward ring again
         cp = n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward
+        a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
+        in_forward = n * (tp_forward(model) * bt.tp_all_reduce + bt.cp_forward + a2a)
         if first:
             fwd += bt.embedding.forward
             bwd += bt.embedding.backward
             bwd_w += bt.embedding.backward_weight
             tp += TP_EMBEDDING * bt.tp_all_reduce
+            in_forward += TP_EMBEDDING * bt.tp_all_reduce
         if last:
             fwd += bt.head.forward
             bwd += bt.head.backward
@@ -295,7 +312,6 @@ def _make_stages(
             tp += TP_HEAD * bt.tp_all_reduce
         vocab = padded_vocab_size(model, plan.t)
         psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, vocab)
-        a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
         made[sig] = StageCost(
             layers=n,
             full_layers=full,
@@ -314,6 +330,7 @@ def _make_stages(
             sharded_extra=n * sharded_extra,  # the embedding and head hold no experts
             layer_params=n * layer_params,
             turn=turn,
+            forward_comm=in_forward,
         )
         out.append(made[sig])
         groups[sig] = [dev, made[sig], 1]
