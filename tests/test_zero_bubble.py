@@ -72,16 +72,18 @@ def test_analytic_and_des_agree_and_zbh1_beats_1f1b():
     assert zero_bubble.peak_memory > one_f_one_b.peak_memory  # later stages keep the deferred W's inputs
 
 
-def test_bad_input_and_exports():
-    with pytest.raises(PlanError, match="schedule=zbh1 \\(zero bubble\\) needs p >= 2"):
-        parse_plan("t=8,schedule=zbh1", GPT, 128, 128)
-    with pytest.raises(PlanError, match="schedule=zbh1 with zero=3 is not modelled"):
-        parse_plan("t=8,p=4,zero=3,schedule=zbh1", GPT, 128, 128)
-    plan, _ = parse_plan("t=8,p=16,mb=1,zero=1,sp=1,schedule=zbh1", GPT, 128, 128)
+@pytest.mark.parametrize("schedule", ["zbh1", "zbv"])
+def test_bad_input_and_exports(schedule):
+    with pytest.raises(PlanError, match=f"schedule={schedule} \\(zero bubble\\) needs p >= 2"):
+        parse_plan(f"t=8,schedule={schedule}", GPT, 128, 128)
+    with pytest.raises(PlanError, match=f"schedule={schedule} with zero=3 is not modelled"):
+        parse_plan(f"t=8,p=4,zero=3,schedule={schedule}", GPT, 128, 128)
+    plan, _ = parse_plan(f"t=8,p=16,mb=1,zero=1,sp=1,schedule={schedule}", GPT, 128, 128)
     job = Job(GPT, A100, plan, 128)
     for export in (export_megatron(job, TrainSettings()), export_deepspeed(job, TrainSettings())):
-        assert export.written is not None and export.written.schedule == "1f1b"
-        assert any(c.key == "schedule" and c.planned == "zbh1" for c in export.changes)
+        assert export.written is not None and (export.written.schedule, export.written.v) == ("1f1b", 1)
+        assert any(c.key == "schedule" and c.planned == schedule for c in export.changes)
+        assert export.written.chunk_layers(96) == (6,) * 16  # ZB-V: each rank's two chunks as one stage
 
 
 # ---------------------------------------------------------------------------------------- ZB-V
@@ -137,17 +139,8 @@ def test_zbv_analytic_and_des_agree_and_memory():
     analytic_and_des(llama, load_cluster("dgx-a100-80gb", 2), "t=2,p=4,mb=1,zero=1,schedule=zbv", 64, 0.03, 0.01)
 
 
-def test_zbv_bad_input_and_exports():
+def test_zbv_needs_two_chunks_per_rank():
     with pytest.raises(PlanError, match="schedule=zbv runs two chunks per rank in a V: it needs v=2, got v=3"):
         parse_plan("t=8,p=4,v=3,schedule=zbv", GPT, 128, 128)
-    with pytest.raises(PlanError, match="schedule=zbv \\(zero bubble\\) needs p >= 2"):
-        parse_plan("t=8,schedule=zbv", GPT, 128, 128)
-    with pytest.raises(PlanError, match="schedule=zbv with zero=2 is not modelled"):
-        parse_plan("t=8,p=4,zero=2,schedule=zbv", GPT, 128, 128)
     with pytest.raises(PlanError, match="v=2 chunks per rank need p\\*v = 14 to divide num_layers=96"):
         parse_plan("t=8,p=7,schedule=zbv", GPT, 112, 112)
-    plan, _ = parse_plan("t=8,p=16,mb=1,zero=1,sp=1,schedule=zbv", GPT, 128, 128)
-    job = Job(GPT, A100, plan, 128)
-    for export in (export_megatron(job, TrainSettings()), export_deepspeed(job, TrainSettings())):
-        assert export.written is not None and (export.written.schedule, export.written.v) == ("1f1b", 1)
-        assert export.written.chunk_layers(96) == (6,) * 16  # each rank's two chunks as one stage
