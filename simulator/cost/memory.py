@@ -222,12 +222,11 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
 @functools.lru_cache(maxsize=2048)
 def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> float:
     """The zero-bubble schedules: the microbatches whose weight-gradient pass (W) a stage still
-    owes when its in-flight forwards peak, replayed from its pass order (simulator.cost.schedules),
-    in units of the stage's layers (a ZB-V chunk is half of them): each keeps the linears' inputs
-    (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s defers W by s microbatches, so it
-    holds min(p - s, m) microbatches' activations and up to s of them; ZB-V runs each W right after
-    its B until the cool-down, which runs no forward: none are pending when the forwards peak
-    (tests/test_zero_bubble.py replays it); 0 for the other schedules."""
+    owes when its in-flight forwards peak, replayed from its pass order (simulator.cost.schedules):
+    each keeps the linears' inputs (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s
+    defers W by s microbatches, so it holds min(p - s, m) microbatches' activations and up to s of
+    them. ZB-V runs each W right after its B until the cool-down, which runs no forward, so none is
+    owed when a forward runs (tests/test_zero_bubble.py replays it): 0, as for the other schedules."""
     if schedule != "zbh1":
         return 0.0
     from simulator.cost.schedules import device_order
