@@ -12,7 +12,7 @@ from autoplan.emit.megatron import export_megatron
 from autoplan.runtime.config import TrainSettings
 from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
-from simulator.analytic.pipeline import pipeline_bubble
+from simulator.analytic.pipeline import pipeline_bubble, weight_fill
 from simulator.cost.memory import weight_grad_input_bytes, weight_grads_pending
 from simulator.cost.schedules import device_order
 from simulator.job import Job
@@ -59,10 +59,58 @@ def test_weight_gradient_inputs_by_hand():
 
 def test_bubble_by_hand():
     """Four equal stages, c = F + B + W = 3 + 4 + 2 per microbatch: 1F1B idles (p - 1) c = 27,
-    ZB-H1 (p - 1)(F + B - W) = 15 (Qi et al. 2024); never below 0."""
+    ZB-H1 (p - 1)(B + max(0, F - W)) = 3 * 5 = 15 (= Qi et al. 2024's (p - 1)(F + B - W) when
+    W <= F); with W = 4 > F = 1 (B = 4): (p - 1) B = 12; never below 0."""
     assert pipeline_bubble(9.0, 36.0, "1f1b", 1) == 27.0
-    assert pipeline_bubble(9.0, 36.0, "zbh1", 1, 2.0, 8.0) == 15.0
-    assert pipeline_bubble(9.0, 36.0, "zbh1", 1, 5.0, 20.0) == 0.0
+    assert (
+        pipeline_bubble(9.0, 36.0, "zbh1", 1, weight_fill("zbh1", 2.0, 3.0), 4 * weight_fill("zbh1", 2.0, 3.0)) == 15.0
+    )
+    assert (
+        pipeline_bubble(9.0, 36.0, "zbh1", 1, weight_fill("zbh1", 4.0, 1.0), 4 * weight_fill("zbh1", 4.0, 1.0)) == 12.0
+    )
+    assert pipeline_bubble(9.0, 36.0, "zbh1", 1, 9.0, 36.0) == 0.0
+
+
+def _replayed_bubble(schedule: str, p: int, m: int, f: float, b: float, w: float) -> float:
+    """Makespan minus m (F + B + W) of equal stages running torch's order (device_order) with
+    free communication: each pass starts when its rank is free and its input is ready (forward
+    of chunk j after j - 1's, input gradient after j + 1's or the chunk's own forward, W after
+    its B); chunks of a ZB-V rank take half the stage's time."""
+    from simulator.cost.schedules import global_chunk
+
+    v = 2 if schedule == "zbv" else 1
+    orders = [device_order(schedule, p, m, v, s) for s in range(p)]
+    done: dict[tuple[str, int, int], float] = {}
+    clock, nxt = [0.0] * p, [0] * p
+    length = {"F": f / v, "B": b / v, "W": w / v}
+    while any(nxt[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            while nxt[s] < len(orders[s]):
+                op = orders[s][nxt[s]]
+                j = global_chunk(schedule, op.chunk, s, p)
+                dep = {"F": ("F", op.mb, j - 1) if j else None, "W": ("B", op.mb, j)}.get(
+                    op.kind, ("B", op.mb, j + 1) if j < p * v - 1 else ("F", op.mb, j)
+                )
+                if dep is not None and dep not in done:
+                    break
+                clock[s] = max(clock[s], done[dep] if dep else 0.0) + length[op.kind]
+                done[(op.kind, op.mb, j)] = clock[s]
+                nxt[s] += 1
+    return max(clock) - m * (f + b + w)
+
+
+@pytest.mark.parametrize("f,b,w", [(1, 1, 1), (7.1, 10.1, 9.4), (3, 4, 2), (1, 2, 1), (2, 1, 1), (1, 1, 2)])
+def test_zero_bubble_rule_is_torchs_order_replayed(f, b, w):
+    """weight_fill's rules are what torch's orders give when replayed: ZB-H1 (p - 1)(B + max(0, F - W)),
+    ZB-V (p - 1) B / 2 while F and W are at most B (the regime of transformer layers: the DES's
+    GPT-3 layers give F : B : W = 7.1 : 10.1 : 9.4)."""
+    for p in (2, 4, 8):
+        c = f + b + w
+        rule = pipeline_bubble(c, p * c, "zbh1", 1, weight_fill("zbh1", w, f), p * weight_fill("zbh1", w, f))
+        assert _replayed_bubble("zbh1", p, 4 * p, f, b, w) == pytest.approx(rule)
+        if f <= b and w <= b:
+            zbv = pipeline_bubble(c, p * c, "zbv", 2, weight_fill("zbv", w, f), p * weight_fill("zbv", w, f))
+            assert _replayed_bubble("zbv", p, 4 * p, f, b, w) == pytest.approx(zbv)
 
 
 def test_analytic_and_des_agree_and_zbh1_beats_1f1b():
@@ -102,9 +150,10 @@ def test_zbv_owes_no_weight_gradient_when_a_forward_runs(p, m):
 
 
 def test_zbv_bubble_by_hand():
-    """ZB-V idles half of ZB-H1's (p - 1)(F + B - W): its chunks are half a rank's layers."""
-    assert pipeline_bubble(9.0, 36.0, "zbv", 2, 2.0, 8.0) == 7.5
-    assert pipeline_bubble(9.0, 36.0, "zbv", 2, 5.0, 20.0) == 0.0
+    """ZB-V idles (p - 1) B / 2 = 3 * 4 / 2 = 6: its V fills the forwards too, its chunks are half a
+    rank's layers."""
+    assert pipeline_bubble(9.0, 36.0, "zbv", 2, weight_fill("zbv", 2.0, 3.0), 4 * weight_fill("zbv", 2.0, 3.0)) == 6.0
+    assert pipeline_bubble(9.0, 36.0, "zbv", 2, 9.0, 36.0) == 0.0
 
 
 def test_zbv_des_bubble_is_half_of_zbh1s():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from simulator.analytic.data_parallel import dp_link, dp_times, last_bucket_reduce_time, per_microbatch_dp
 from simulator.analytic.offload import offload_time, offloaded_param_fetch
-from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble, tied_embedding_time
+from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble, tied_embedding_time, weight_fill
 from simulator.cost.cache import IdentityCache
 from simulator.cost.collectives import GroupLink
 from simulator.cost.ops import dtype_bytes
@@ -94,8 +94,9 @@ def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float)
     crit = max(range(len(per_mb)), key=per_mb.__getitem__)
     total = sum(x * g[2] for x, g in zip(per_mb, groups))
     saved = groups[crit][1].recompute if plan.schedule == "gpipe" and m > 1 else 0.0
-    total_w = sum(g[1].backward_weight * g[2] for g in groups)
-    bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v, groups[crit][1].backward_weight, total_w)
+    fills = [weight_fill(plan.schedule, g[1].backward_weight, g[1].forward_span) for g in groups]
+    total_fill = sum(f * g[2] for f, g in zip(fills, groups))
+    bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v, fills[crit], total_fill)
     return PipelinePhase(m, per_mb, z3, sends, crit, saved, bubble)
 
 

@@ -338,9 +338,10 @@ def estimate_batch(
     total = (np.where(valid, per_mb, 0.0) * S["count"]).sum(axis=1)
     saved = np.where((P.schedule == "gpipe") & (P.m > 1), S["recompute"][rows, crit], 0.0)
     interleaved = (P.schedule == "interleaved") & (P.v > 1)
-    w = S["backward_weight"]
-    total_w = (np.where(valid, w, 0.0) * S["count"]).sum(axis=1)
-    zb = np.maximum(0.0, (total - worst) - 2.0 * (total_w - w[rows, crit]))
+    w = S["backward_weight"]  # pipeline.weight_fill: w + f (ZB-V) or w + min(w, f)
+    fill = w + np.where(col(P.schedule == "zbv"), S["forward_span"], np.minimum(w, S["forward_span"]))
+    total_fill = (np.where(valid, fill, 0.0) * S["count"]).sum(axis=1)
+    zb = np.maximum(0.0, (total - worst) - (total_fill - fill[rows, crit]))
     # pipeline.pipeline_bubble
     zero_bubble = np.where(P.schedule == "zbh1", zb, np.where(P.schedule == "zbv", zb / 2, total - worst))
     bubble = np.where(interleaved, (total - worst) / P.v, zero_bubble)

@@ -2,8 +2,9 @@
 
     GPipe / 1F1B:  T_pipe = (m - 1) * max_i c_i + sum_i c_i
     interleaved:   T_pipe = m * max_i c_i + (sum_i c_i - max_i c_i) / v
-    ZB-H1:         T_pipe = m * max_i c_i + max(0, sum_{i != crit} (c_i - 2 w_i)), w_i the W part
-    ZB-V:          T_pipe = m * max_i c_i + max(0, sum_{i != crit} (c_i - 2 w_i)) / 2
+    ZB-H1:         T_pipe = m * max_i c_i + sum_{i != crit} (c_i - w_i - min(w_i, f_i)), w_i the W part,
+                   f_i the forward: (p - 1)(B + max(0, F - W)) for equal stages
+    ZB-V:          T_pipe = m * max_i c_i + sum_{i != crit} (c_i - w_i - f_i) / 2: (p - 1) B / 2
 which for equal stages gives a bubble of (p - 1)/m (resp. (p - 1)/(v m)) of the ideal m * c
 (Narayanan et al. 2021, section 2.2). What a boundary send moves is
 simulator.cost.step.pipeline_send's; the link is the one between two stages.
@@ -67,19 +68,30 @@ def _p2p_time(job: Job) -> float:
     return collectives.p2p_time(size, bw, lat) + extra
 
 
+def weight_fill(schedule: str, backward_weight: float, forward: float) -> float:
+    """What a device's passes take out of the zero-bubble schedules' bubble per microbatch. The
+    critical device idles while the first microbatch's input gradients come back through the
+    others: their B's, which no W can fill (its own first W follows its first B). ZB-H1's W's fill
+    the rest up to a forward's worth, w + min(w, f): torch's order replayed gives
+    (p - 1)(B + max(0, F - W)) for equal stages (Qi et al. 2024's (p - 1)(F + B - W) is the case
+    W <= F). ZB-V's V fills all of it, w + f: (p - 1) B / 2 once halved (its chunks are half a
+    device), replayed exactly while F and W are at most B, the regime of transformer layers
+    (tests/test_zero_bubble.py replays both orders)."""
+    return backward_weight + (forward if schedule == "zbv" else min(backward_weight, forward))
+
+
 def pipeline_bubble(
-    worst: float, total: float, schedule: str, v: int, worst_w: float = 0.0, total_w: float = 0.0
+    worst: float, total: float, schedule: str, v: int, worst_fill: float = 0.0, total_fill: float = 0.0
 ) -> float:
     """T_pipe - m * worst: the critical device's idle time, (sum_i c_i - max_i c_i), divided
-    by v when interleaved; never negative (the sum includes the maximum). ZB-H1 fills it with the
-    deferred weight-gradient passes: each other device's c_i - 2 w_i, (p - 1)(F + B - W) for equal
-    stages (Qi et al. 2024, section 3; ``worst_w``/``total_w``: the W parts of the critical
-    device and of all of them), at least 0; ZB-V half of that, its chunks being half a device's
-    layers (ibid., section 6: zero when F = B = W; the DES replays torch's order, test_zero_bubble)."""
+    by v when interleaved; never negative (the sum includes the maximum). The zero-bubble
+    schedules fill it: :func:`weight_fill` of each other device (``worst_fill`` / ``total_fill``:
+    of the critical device and of all of them, counted per device), at least 0; ZB-V's is halved,
+    its chunks being half a device's layers (Qi et al. 2024, section 6)."""
     if schedule == "interleaved" and v > 1:
         return (total - worst) / v
     if schedule in ("zbh1", "zbv"):
-        zero_bubble = max(0.0, (total - worst) - 2.0 * (total_w - worst_w))
+        zero_bubble = max(0.0, (total - worst) - (total_fill - worst_fill))
         return zero_bubble / 2 if schedule == "zbv" else zero_bubble
     return total - worst
 
