@@ -192,8 +192,11 @@ def _partition_note(plan: dict[str, Any]) -> str:
 
 
 def _layers_part(plan_string: str) -> str:
-    """The layers=/recompute= part of a plan string, runs compressed: 1/1/1/41 -> 1x3/41."""
+    """The layers=/recompute= part of a plan string, runs compressed: 1/1/1/41 -> 1x3/41; without
+    either (the refinement only lightened the recomputation of every layer), its ckpt= part."""
     parts = [x for x in plan_string.split(",") if x.startswith(("layers=", "recompute="))]
+    if not parts:
+        return next(x for x in plan_string.split(",") if x.startswith("ckpt="))
     return ",".join(k + "=" + _runs(v.split("/")) for k, _, v in (x.partition("=") for x in parts))
 
 

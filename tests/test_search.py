@@ -195,6 +195,23 @@ def test_finalists_that_refine_to_one_plan_are_simulated_and_listed_once():
     assert found.partition_gains  # the duplicates' CP-SAT gains are still reported
 
 
+def test_zero_bubble_finalists_refine_to_their_lighter_twins():
+    """A recomputing zero-bubble finalist (not partitioned: CP-SAT prices 1F1B and interleaving)
+    refines to the lightest recomputation that fits, so its ckpt=none twin is simulated once."""
+    from autoplan.finalists import _lighter_recompute
+    from simulator.plan import Plan
+    from simulator.specs import load_model
+
+    plan = Plan(p=2, v=2, schedule="zbv", ckpt="full")
+    assert [q.ckpt for q in _lighter_recompute(plan)] == ["selective", "none"]
+    assert _lighter_recompute(plan.replace(ckpt="none")) == []
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", nodes=16)
+    found = search(model, cluster, 256, SearchOptions(fix="t=8,p=8,schedule=zbv", top=8, fidelity="analytic"))
+    assert found.partition_gains and all("ckpt=none" in g["optimized"] for g in found.partition_gains)
+    labels = [r.job.plan.replace(ckpt="none").to_string() for r in found.top]
+    assert len(set(labels)) == len(labels)  # no finalist is another's heavier twin
+
+
 def test_finalists_drop_des_records_and_pictures_simulate_again(tmp_path):
     """The planner's workers do not send DES records (megabytes each) back unless asked;
     a plot or trace of such a result simulates the plan again, deterministically."""
