@@ -26,6 +26,7 @@ from simulator.plan import (
     CKPT_MODES,
     OFFLOADS,
     PRECISIONS,
+    ZERO_BUBBLE_SCHEDULES,
     ZERO_STAGES,
     OffloadName,
     Plan,
@@ -220,7 +221,7 @@ def enumerate_plans(
         for pr in precs
         if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr, cp=s.cp))
         for o in opts
-        if s.schedule not in ("zbh1", "zbv") or _zero_bubble_ok(o[0])
+        if s.schedule not in ZERO_BUBBLE_SCHEDULES or _zero_bubble_ok(o[0])
     ]
     fp8ag = "fp8ag" in fix
     return [

@@ -193,3 +193,9 @@ def test_zbv_needs_two_chunks_per_rank():
         parse_plan("t=8,p=4,v=3,schedule=zbv", GPT, 128, 128)
     with pytest.raises(PlanError, match="v=2 chunks per rank need p\\*v = 14 to divide num_layers=96"):
         parse_plan("t=8,p=7,schedule=zbv", GPT, 112, 112)
+    # an explicit split in a V: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2
+    from simulator.cost.stage import device_layers
+    from simulator.plan import Plan
+
+    plan = Plan(p=2, v=2, schedule="zbv", layers=(10, 20, 30, 36), recompute=((10, 0), (0, 0), (0, 30), (0, 0)))
+    assert device_layers(plan, 96) == ([46, 50], [10, 0], [0, 30])

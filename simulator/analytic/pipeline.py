@@ -20,7 +20,7 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import block_times
 from simulator.cost.step import pipeline_send, tied_embedding_bytes
 from simulator.job import Job
-from simulator.plan import Plan
+from simulator.plan import ZERO_BUBBLE_SCHEDULES, Plan
 from simulator.specs import ModelSpec
 
 _P2P = IdentityCache(4096)
@@ -90,7 +90,7 @@ def pipeline_bubble(
     its chunks being half a device's layers (Qi et al. 2024, section 6)."""
     if schedule == "interleaved" and v > 1:
         return (total - worst) / v
-    if schedule in ("zbh1", "zbv"):
+    if schedule in ZERO_BUBBLE_SCHEDULES:
         zero_bubble = max(0.0, (total - worst) - (total_fill - worst_fill))
         return zero_bubble / 2 if schedule == "zbv" else zero_bubble
     return total - worst

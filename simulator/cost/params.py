@@ -93,13 +93,7 @@ def head_params_per_rank(model: ModelSpec, t: int, p: int, vocab: int | None = N
 
 
 def stage_params_per_rank(
-    model: ModelSpec,
-    t: int,
-    p: int,
-    layers: int,
-    first: bool,
-    last: bool,
-    vocab: int | None = None,
+    model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool, vocab: int | None = None
 ) -> float:
     """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers
     (``vocab``: see :func:`embedding_params_per_rank`)."""

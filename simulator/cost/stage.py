@@ -217,22 +217,19 @@ def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
 
 def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], list[int]]:
     """Per pipeline device (its chunks: :func:`device_chunks`), its layers and its fully and
-    selectively recomputed layers. The looped uniform split in closed form: with
+    selectively recomputed layers. The uniform split in closed form: with
     base, extra = divmod(L, p*v), chunk c holds base + [c < extra] layers, so device dev holds
-    v*base + #{k < v : dev + k*p < extra}."""
+    v*base + #{k < v : dev + k*p < extra} (with v > 1, p*v divides L: extra = 0, whatever the
+    chunks' placement)."""
     p, v = plan.p, plan.v
-    if plan.schedule == "zbv":
-        sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
-        chunks = device_chunks(plan, num_layers)
-        per_device = lambda per_chunk: [sum(per_chunk[j] for j in cs) for cs in chunks]
-        return per_device(list(sizes)), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
     if plan.layers is None and plan.recompute is None:
         base, extra = divmod(num_layers, p * v)
         ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
         zeros = [0] * p
         return ns, ns if plan.ckpt == "full" else zeros, ns if plan.ckpt == "selective" else zeros
     sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
-    per_device = lambda per_chunk: [sum(per_chunk[dev::p]) for dev in range(p)]
+    chunks = device_chunks(plan, num_layers)
+    per_device = lambda per_chunk: [sum(per_chunk[j] for j in cs) for cs in chunks]
     return per_device(sizes), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
 
 

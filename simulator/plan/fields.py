@@ -48,6 +48,8 @@ OffloadName = Literal["none", "cpu", "nvme"]
 PrecisionName = Literal["bf16", "fp8"]
 ZeroStage = Literal[0, 1, 2, 3]
 
+#: the schedules whose backward runs as an input-gradient pass and a later weight-gradient pass
+ZERO_BUBBLE_SCHEDULES = frozenset((Schedule.ZB_H1, Schedule.ZB_V))
 CKPT_MODES: tuple[RecomputeName, ...] = get_args(RecomputeName)  # the enums' values, in order (tested)
 SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 OFFLOADS: tuple[OffloadName, ...] = get_args(OffloadName)
@@ -120,7 +122,7 @@ class Plan:
     def split_backward(self) -> bool:
         """Whether the backward runs as an input-gradient pass and a later weight-gradient pass
         (the zero-bubble schedules)."""
-        return self.schedule in (Schedule.ZB_H1, Schedule.ZB_V)
+        return self.schedule in ZERO_BUBBLE_SCHEDULES
 
     @property
     def model_parallel(self) -> int:
