@@ -1,23 +1,32 @@
 """Step 2 of the search: the analytic estimate of every candidate plan, in the worker pool.
 
-Plans are scored in chunks by :func:`simulator.analytic.batch.estimate_batch` (the analytic
-model over arrays; :func:`simulator.analytic.estimate` is its scalar reference). Chunks are
-contiguous runs of the enumeration, which lists a layout's memory variants together, so a
-worker computes each layout's stage costs once.
+The parent lists the plans' shapes (their parallel layouts: :func:`autoplan.space.shapes`);
+each worker expands a contiguous run of them into plans (:func:`autoplan.space.plans_of`),
+scores them with :func:`simulator.analytic.batch.estimate_batch` (the analytic model over
+arrays; :func:`simulator.analytic.estimate` is its scalar reference) and sends back only what
+the search keeps of them (:class:`Scores`): the counts, the first plans by the objective, the
+time-vs-memory Pareto front and the plan needing least memory. Merged in the enumeration's
+order, these are exactly what ranking every plan at once gives (stable sorts: a plan among
+the first k of all is among the first k of its run; one on the front of all is on the front
+of its run), without building, sending or sorting a record per plan.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from autoplan.space import Shape, plans_of
 from autoplan.workers import SHARED, Pool, progress
 from simulator.analytic.batch import estimate_batch
 from simulator.plan import Plan
 
-#: plans per task sent to a worker
-CHUNK = 8192
+#: runs of shapes per worker process: enough to balance the workers, few enough that each run's
+#: plans share their per-layout work
+RUNS_PER_JOB = 4
 
 
 @dataclass
@@ -31,39 +40,121 @@ class Scored:
     fits: bool
 
 
-def _score_chunk(args: tuple[int, int, int]) -> list[tuple[float, float, bool]]:
-    """(step time, peak memory, fits) of plans ``start:stop`` of those on ``nodes`` nodes
-    (:data:`SHARED` ``["plans"][nodes]``, inherited by the forked workers)."""
-    nodes, start, stop = args
-    plans = SHARED["plans"][nodes][start:stop]
-    r = estimate_batch(SHARED["model"], SHARED["clusters"][nodes], plans, SHARED["B"], SHARED["opts"].runtime)
-    return list(zip(r.step_time.tolist(), r.peak_memory.tolist(), r.fits.tolist()))
+def objective_value(step_time: float, nodes: int, gpus_per_node: int, objective: str) -> float:
+    """What the search minimizes: the step time, or with ``objective`` "cost" the GPU-seconds per
+    step (step time x GPUs)."""
+    return step_time * nodes * gpus_per_node if objective == "cost" else step_time
+
+
+@dataclass
+class Scores:
+    """What the search keeps of the scores of a run of plans (module docstring).
+
+    ``leaders``: the fitting plans first by the objective, in enumeration order among equals,
+    at most ``keep``; ``front``: the fitting plans no other beats in both step time and peak
+    memory (:func:`pareto_front`); ``smallest``: the plan with the least peak memory (what
+    the no-fit message quotes); ``offload``: whether any plan offloads."""
+
+    total: int
+    feasible: int
+    leaders: list[Scored]
+    front: list[Scored]
+    smallest: Scored | None
+    offload: bool
+
+    @staticmethod
+    def merge(parts: Sequence[Scores], keep: int, objective: str, gpus_per_node: int) -> Scores:
+        """The scores of the runs together, ``parts`` in enumeration order."""
+        leaders = [s for part in parts for s in part.leaders]
+        leaders.sort(key=lambda s: objective_value(s.step_time, s.nodes, gpus_per_node, objective))
+        smallest = [part.smallest for part in parts if part.smallest is not None]
+        return Scores(
+            total=sum(part.total for part in parts),
+            feasible=sum(part.feasible for part in parts),
+            leaders=leaders[:keep],
+            front=pareto_front([s for part in parts for s in part.front]),
+            smallest=min(smallest, key=lambda s: s.peak_memory) if smallest else None,
+            offload=any(part.offload for part in parts),
+        )
+
+
+def pareto_front(scored: list[Scored]) -> list[Scored]:
+    """The plans no other plan beats in both step time and peak memory, fastest first (sorted by
+    (step time, peak memory), a plan kept when it needs less memory than every one before it)."""
+    front: list[Scored] = []
+    least = float("inf")
+    for s in sorted(scored, key=lambda s: (s.step_time, s.peak_memory)):
+        if s.peak_memory < least:
+            front.append(s)
+            least = s.peak_memory
+    return front
+
+
+def score_run(plans: list[Plan], nodes: int, keep: int, objective: str) -> Scores:
+    """:class:`Scores` of ``plans`` on ``nodes`` nodes (the model, clusters, batch and options
+    from :data:`SHARED`)."""
+    cluster = SHARED["clusters"][nodes]
+    r = estimate_batch(SHARED["model"], cluster, plans, SHARED["B"], SHARED["opts"].runtime)
+    step, peak, fits = r.step_time, r.peak_memory, r.fits
+
+    def scored(i: int) -> Scored:
+        return Scored(plans[i], nodes, float(step[i]), float(peak[i]), bool(fits[i]))
+
+    ok = np.flatnonzero(fits)
+    value = step[ok] * nodes * cluster.gpus_per_node if objective == "cost" else step[ok]  # objective_value
+    leaders = ok[np.argsort(value, kind="stable")[:keep]]
+    by_time = ok[np.lexsort((peak[ok], step[ok]))]  # pareto_front's order; lexsort is stable
+    least = np.minimum.accumulate(peak[by_time])
+    on_front = by_time[np.concatenate(([True], least[1:] < least[:-1]))] if len(by_time) else by_time
+    return Scores(
+        total=len(plans),
+        feasible=len(ok),
+        leaders=[scored(i) for i in leaders.tolist()],
+        front=[scored(i) for i in on_front.tolist()],
+        smallest=scored(int(np.argmin(peak))) if len(plans) else None,
+        offload=any(p.offload != "none" for p in plans),
+    )
+
+
+def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:
+    """Scores of the plans of shapes ``start:stop`` of those on ``nodes`` nodes
+    (:data:`SHARED` ``["shapes"][nodes]``, inherited by the forked workers)."""
+    nodes, start, stop, keep, objective = args
+    cluster = SHARED["clusters"][nodes]
+    layouts = SHARED["shapes"][nodes][start:stop]
+    plans = plans_of(SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"])
+    return score_run(plans, nodes, keep, objective)
 
 
 def score_all(
-    todo: list[tuple[int, Plan]], jobs: int, show_progress: bool, meanwhile: Callable[[], None] | None = None
-) -> list[Scored]:
-    """The analytic score of each (node count, plan) in ``todo``, in order; :data:`SHARED` holds
-    the model, clusters, batch and options. Worker processes pay off from two chunks of plans.
+    shapes_by_nodes: dict[int, list[Shape]],
+    keep: int,
+    objective: str,
+    jobs: int,
+    show_progress: bool,
+    meanwhile: Callable[[], None] | None = None,
+) -> Scores:
+    """The :class:`Scores` of every plan of the shapes on each node count (in the dictionary's
+    order); :data:`SHARED` holds the model, clusters, batch, pins, precisions and options.
     ``meanwhile``: work for the otherwise idle parent process while the workers score (run in a
     thread started after the workers are forked and joined before returning, so no later fork
     copies it half done)."""
-    by_nodes: dict[int, list[Plan]] = {}
-    for n, p in todo:
-        by_nodes.setdefault(n, []).append(p)
-    SHARED["plans"] = by_nodes
-    tasks = [(n, i, min(i + CHUNK, len(ps))) for n, ps in sorted(by_nodes.items()) for i in range(0, len(ps), CHUNK)]
-    bar = progress(len(todo), show_progress, "estimating plans")
-    results: dict[tuple[int, int, int], list[tuple[float, float, bool]]] = {}
+    SHARED["shapes"] = shapes_by_nodes
+    tasks = []
+    for n, layouts in shapes_by_nodes.items():
+        size = max(1, -(-len(layouts) // (RUNS_PER_JOB * jobs))) if jobs > 1 else max(1, len(layouts))
+        tasks += [(n, i, min(i + size, len(layouts)), keep, objective) for i in range(0, len(layouts), size)]
+    bar = progress(sum(map(len, shapes_by_nodes.values())), show_progress, "estimating plans", "layout", least=1000)
+    parts: list[Scores] = []
     with Pool(jobs if len(tasks) > 1 else 1) as pool:
         side = threading.Thread(target=meanwhile, daemon=True) if meanwhile and pool.pool else None
         if side:
             side.start()
-        for task, res in zip(tasks, pool.imap(_score_chunk, tasks)):
-            results[task] = res
+        for task, part in zip(tasks, pool.imap(_score_shapes, tasks)):
+            parts.append(part)
             bar.update(task[2] - task[1])
         if side:
             side.join()
     bar.close()
-    scores = {n: iter([s for task in tasks if task[0] == n for s in results[task]]) for n in by_nodes}
-    return [Scored(p, n, *next(scores[n])) for n, p in todo]
+    gpn = next(iter(SHARED["clusters"].values())).gpus_per_node
+    return Scores.merge(parts, keep, objective, gpn)

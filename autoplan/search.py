@@ -22,7 +22,7 @@ from typing import Any
 
 from autoplan import space
 from autoplan.finalists import load_solver, refine_and_simulate_all
-from autoplan.scoring import Scored, score_all
+from autoplan.scoring import Scored, Scores, objective_value, score_all
 from autoplan.workers import SHARED
 from hwprofiles.errors import FitError, PlanError
 from hwprofiles.schema import ClusterSpec
@@ -107,7 +107,7 @@ def _node_counts(cluster: ClusterSpec, objective: str) -> list[int]:
 def _objective(s: Scored | SimResult, objective: str, gpus_per_node: int) -> float:
     if isinstance(s, SimResult):
         return cost_per_mtok(s) if objective == "cost" else s.step_time
-    return s.step_time * s.nodes * gpus_per_node if objective == "cost" else s.step_time
+    return objective_value(s.step_time, s.nodes, gpus_per_node, objective)
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: SearchOptions) -> SearchResult:
@@ -119,35 +119,32 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         for n in _node_counts(cluster, opts.objective)
     }
     space.check_cluster_size(model, cluster.num_gpus, global_batch)
-    todo = [
-        (n, p)
-        for n, c in clusters.items()
-        for p in space.enumerate_plans(
-            model, c.num_gpus, global_batch, fix, c.gpus_per_node, space.precisions(c.gpu, fix)
-        )
-    ]
-    if not todo:
+    layouts = {n: list(space.shapes(model, c.num_gpus, global_batch, fix)) for n, c in clusters.items()}
+    if not any(layouts.values()):
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
     check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
 
-    SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts)
-    scored = score_all(todo, opts.jobs, opts.progress, load_solver if opts.partition else None)
-    feasible = [s for s in scored if s.fits]
+    precs = space.precisions(cluster.gpu, fix)
+    SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs)
+    keep = max(opts.top, opts.max_finalists)
+    scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, load_solver if opts.partition else None)
+    if not scores.total:
+        raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
     log.debug(
         "search: %d candidate plans on %s nodes, %d fit in memory",
-        len(todo),
+        scores.total,
         "/".join(map(str, clusters)),
-        len(feasible),
+        scores.feasible,
     )
-    if not feasible:
-        raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scored, fix))
-    feasible.sort(key=lambda s: _objective(s, opts.objective, gpn))
-    best_val = _objective(feasible[0], opts.objective, gpn)
+    if not scores.feasible:
+        raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scores, fix))
+    leaders = scores.leaders  # the feasible plans first by the objective
+    best_val = _objective(leaders[0], opts.objective, gpn)
     finalists = [
         s
-        for i, s in enumerate(feasible)
+        for i, s in enumerate(leaders)
         if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)
-    ][: max(opts.top, opts.max_finalists)]
+    ]
 
     log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
     gains, simulated = refine_and_simulate_all(finalists, global_batch, opts.jobs, opts.progress)
@@ -156,9 +153,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     return SearchResult(
         best_result=fitting[0],
         top=fitting[: opts.top],
-        pareto=_pareto(feasible, gpn),
-        candidates_total=len(todo),
-        candidates_feasible=len(feasible),
+        pareto=_pareto(scores.front, gpn),
+        candidates_total=scores.total,
+        candidates_feasible=scores.feasible,
         candidates_simulated=len(simulated),
         search_time_s=time.perf_counter() - t0,
         objective=opts.objective,
@@ -166,14 +163,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     )
 
 
-def _pareto(feasible: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, Any]]:
-    """Plans no other plan beats in both step time and peak memory (fastest first)."""
-    front: list[Scored] = []
-    best_mem = math.inf
-    for s in sorted(feasible, key=lambda s: (s.step_time, s.peak_memory)):
-        if s.peak_memory < best_mem:
-            front.append(s)
-            best_mem = s.peak_memory
+def _pareto(front: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, Any]]:
+    """The plans no other plan beats in both step time and peak memory (``front``: scoring.pareto_front,
+    fastest first), at most ``limit`` of them."""
     if len(front) > limit:  # keep the ends and an even spread between
         idx = sorted({round(i * (len(front) - 1) / (limit - 1)) for i in range(limit)})
         front = [front[i] for i in idx]
@@ -188,9 +180,10 @@ def _pareto(feasible: list[Scored], gpn: int, limit: int = 12) -> list[dict[str,
     ]
 
 
-def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scored: list[Scored], fix: dict[str, Any]) -> str:
+def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scores: Scores, fix: dict[str, Any]) -> str:
     """What the smallest plan needed, the capacity, and what would make it fit."""
-    smallest = min(scored, key=lambda s: s.peak_memory)
+    smallest = scores.smallest
+    assert smallest is not None  # scores of at least one plan
     cap = cluster.gpu.usable_memory_bytes
     need = smallest.peak_memory
     hints = []
@@ -199,7 +192,7 @@ def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scored: list
         hints.append(f"about {math.ceil(cluster.nodes * ratio)}+ nodes (--nodes)")
     if fix.get("offload", "none") == "none" and "offload" in fix:
         hints.append("allowing offload (drop offload= from --fix)")
-    elif not any(s.plan.offload != "none" for s in scored):
+    elif not scores.offload:
         hints.append("offload=cpu/nvme")
     if "ckpt" in fix and fix["ckpt"] != "full":
         hints.append("ckpt=full")

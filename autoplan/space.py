@@ -16,7 +16,7 @@ activation memory once GEMMs are saturated.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,10 +214,22 @@ def enumerate_plans(
     """Every valid plan (uniform layer split) under the pins, in each of ``precs`` its shape
     allows (fp8 GEMM dimensions, simulator.plan.fp8_shape_errors); with ``gpus_per_node``, each
     ZeRO-2/3 plan also with hybrid sharding inside a node (:func:`hsdp_options`)."""
+    return plans_of(model, list(shapes(model, gpus, global_batch, fix)), fix, gpus_per_node, precs)
+
+
+def plans_of(
+    model: ModelSpec,
+    layouts: Sequence[Shape],
+    fix: Mapping[str, Any],
+    gpus_per_node: int = 0,
+    precs: tuple[PrecisionName, ...] = ("bf16",),
+) -> list[Plan]:
+    """The plans of :func:`enumerate_plans` whose shapes are ``layouts``, in their order (the
+    search's workers each expand a run of the shapes)."""
     opts = memory_options(fix)
     plans = [
         plan_of(s, *o, pr)
-        for s in shapes(model, gpus, global_batch, fix)
+        for s in layouts
         for pr in precs
         if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr, cp=s.cp))
         for o in opts

@@ -43,11 +43,11 @@ class _NoBar:
     def close(self) -> None: ...
 
 
-def progress(total: int, enabled: bool, phase: str, least: int = 20000) -> Any:
-    """A tqdm bar on stderr naming the search's ``phase`` when there are ``least`` items or
-    more, else a silent one."""
+def progress(total: int, enabled: bool, phase: str, unit: str = "plan", least: int = 20000) -> Any:
+    """A tqdm bar on stderr naming the search's ``phase`` and counting ``unit`` when there are
+    ``least`` items or more, else a silent one."""
     if not enabled or total < least:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=phase, unit="plan", file=sys.stderr, leave=False, mininterval=0.3)
+    return tqdm(total=total, desc=phase, unit=unit, file=sys.stderr, leave=False, mininterval=0.3)

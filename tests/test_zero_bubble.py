@@ -13,7 +13,7 @@ from autoplan.runtime.config import TrainSettings
 from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
 from simulator.analytic.pipeline import pipeline_bubble, weight_fill
-from simulator.cost.memory import weight_grad_input_bytes, weight_grads_pending
+from simulator.cost.memory import chunk_occupancy, weight_grad_input_bytes, weight_grads_pending
 from simulator.cost.schedules import device_order
 from simulator.job import Job
 from simulator.plan import parse_plan
@@ -48,6 +48,31 @@ def test_pending_weight_gradients_by_hand():
     assert [weight_grads_pending("zbh1", s, 4, 8) for s in range(4)] == [0, 1, 2, 3]
     assert [weight_grads_pending("zbh1", s, 4, 2) for s in range(4)] == [0, 0, 0, 1]
     assert weight_grads_pending("1f1b", 3, 4, 8) == 0
+
+
+def _replayed_pending(p: int, m: int, s: int) -> int:
+    """The W's stage s owes at its peak of in-flight forwards (the most owed among the forwards
+    that reach that peak), counted along its ZB-H1 pass order."""
+    inflight = owed = 0
+    peak = (0, 0)
+    for op in device_order("zbh1", p, m, 1, s):
+        if op.kind == "F":
+            inflight += 1
+            peak = max(peak, (inflight, owed))
+        elif op.kind == "B":
+            inflight, owed = inflight - 1, owed + 1
+        else:
+            owed -= 1
+    return peak[1]
+
+
+def test_pending_weight_gradients_closed_form_equals_the_replay():
+    """memory.weight_grads_pending's closed form, max(0, s - max(0, p - m)), against the pass order."""
+    for p in range(2, 17):
+        for m in range(1, 41):
+            assert [weight_grads_pending("zbh1", s, p, m) for s in range(p)] == [
+                _replayed_pending(p, m, s) for s in range(p)
+            ], (p, m)
 
 
 def test_weight_gradient_inputs_by_hand():
@@ -147,6 +172,23 @@ def test_zbv_owes_no_weight_gradient_when_a_forward_runs(p, m):
             owed += {"F": 0, "B": 1, "W": -1}[op.kind]
             assert op.kind != "F" or owed == 0
         assert weight_grads_pending("zbv", s, p, m) == 0
+
+
+def test_zbv_occupancy_stops_growing_at_2p():
+    """memory.chunk_occupancy replays ZB-V's 2p microbatches for any longer run: the same as the
+    whole run's replay (its pass order counted here) for m up to 6p."""
+    for p in (2, 3, 4, 5, 8):
+        for m in range(2 * p, 6 * p + 1):
+            for s in range(p):
+                counts, seen = [0, 0], set()
+                for op in device_order("zbv", p, m, 2, s):
+                    if op.kind != "W":
+                        counts[op.chunk] += 1 if op.kind == "F" else -1
+                    if op.kind == "F":
+                        seen.add(tuple(counts))
+                kept = chunk_occupancy("zbv", s, p, m, 2)
+                assert set(kept) <= seen, (p, m, s)
+                assert all(any(k[0] >= a and k[1] >= b for k in kept) for a, b in seen), (p, m, s)
 
 
 def test_zbv_bubble_by_hand():

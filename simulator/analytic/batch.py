@@ -21,8 +21,9 @@ its speed from splitting each formula by what it depends on:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -31,14 +32,27 @@ from hwprofiles.algorithms import Collective, latency_steps
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.data_parallel import dp_link
 from simulator.analytic.pipeline import p2p_exposed, tied_embedding_time
-from simulator.cost import memory, params
+from simulator.cost import experts, memory, params
 from simulator.cost.collectives import GroupLink
 from simulator.cost.memory import DP_BUCKET_BYTES, ZERO3_LAYERS_HELD
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.precision import fp8_layer_bytes
+from simulator.cost.precision import fp8_layer_bytes, linear_input_bytes
 from simulator.cost.rank_view import rank_model, rank_plan
-from simulator.cost.stage import compute_slowdown, device_slowdown, host_async, stage_groups
-from simulator.cost.stage_memory import activation_peak, flight_buffers, weight_copies_held
+from simulator.cost.stage import (
+    TP_EMBEDDING,
+    TP_HEAD,
+    block_times,
+    compute_slowdown,
+    device_kinds,
+    device_slowdown,
+    host_async,
+    kind_groups,
+    stage_groups,
+    tp_forward,
+    tp_per_full_recompute,
+    tp_per_layer,
+)
+from simulator.cost.stage_memory import activation_peak, layer_activations, weight_copies_held
 from simulator.cost.step import (
     ADAM_HBM_BYTES_PER_PARAM,
     CPU_ADAM_STATE_BYTES,
@@ -48,7 +62,7 @@ from simulator.cost.step import (
     param_gather_bytes,
     step_sync_time,
 )
-from simulator.cost.workload import layer_param_tensors
+from simulator.cost.workload import layer_param_tensors, padded_vocab_size
 from simulator.cost.zero3 import reduce_bytes, shard_links
 from simulator.job import OVERLAPPED, Job, Runtime
 from simulator.plan import Plan
@@ -57,25 +71,6 @@ from simulator.specs import ModelSpec
 __all__ = ["BatchEstimate", "estimate_batch"]
 
 AR, AG, RS = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
-_STAGE_FIELDS = (
-    "dev",
-    "count",
-    "forward",
-    "backward",
-    "recompute",
-    "total",
-    "weight_cast",
-    "backward_weight",
-    "params",
-    "sharded_params",
-    "layers",
-    "full",
-    "first",
-    "last",
-    "layer_params",
-    "turn",
-    "forward_span",
-)
 
 
 @dataclass(frozen=True)
@@ -88,62 +83,229 @@ class BatchEstimate:
     fits: np.ndarray
 
 
-def _per_key(keys: Sequence[Hashable], value: Callable[[int], Any]) -> tuple[list, np.ndarray]:
-    """(``value(i)`` of each distinct key, i the first plan with that key; the index of each
-    plan's key in that list)."""
-    index: dict[Hashable, int] = {}
-    inverse = np.array([index.setdefault(key, len(index)) for key in keys], dtype=np.int64)
-    _, first = np.unique(inverse, return_index=True)
-    return [value(int(i)) for i in first], inverse
+_INT_FIELDS = ("t", "p", "d", "mb", "sp", "v", "zero", "hsdp", "fp8ag", "cp", "ep")
+_OTHER_FIELDS = ("ckpt", "schedule", "offload", "prec", "layers", "recompute")
 
 
 class _Plans:
-    """The plans' fields as arrays (one row per plan)."""
+    """The plans' fields as arrays (one row per plan), read from the plans in one pass, and the
+    grouping of the plans by any subset of them (:meth:`per_key`)."""
 
     def __init__(self, plans: Sequence[Plan], global_batch: int):
-        cols = np.array(
-            [(q.t, q.p, q.d, q.mb, q.sp, q.v, q.zero, q.hsdp, q.fp8ag) for q in plans], dtype=np.int64
-        ).reshape(-1, 9)
-        self.t, self.p, self.d, self.mb, self.sp, self.v, self.zero, self.hsdp, self.fp8ag = cols.T
-        self.offload = np.array([q.offload for q in plans])
-        self.schedule = np.array([q.schedule for q in plans])
+        self.plans = plans
+        n = len(plans)
+        self.col = {name: np.fromiter(map(attrgetter(name), plans), np.int64, n) for name in _INT_FIELDS}
+        self._codes: dict[str, tuple[np.ndarray, int]] = {}  # field -> (each plan's code, distinct codes)
+        self._values: dict[str, dict[Any, int]] = {}  # field -> the code of each value
+        for name in _OTHER_FIELDS:
+            column = list(map(attrgetter(name), plans))
+            code = self._values[name] = {value: j for j, value in enumerate(dict.fromkeys(column))}
+            self._codes[name] = (np.fromiter(map(code.__getitem__, column), np.int64, n), len(code))
+        c = self.col
+        self.t, self.p, self.d, self.mb, self.sp, self.v = c["t"], c["p"], c["d"], c["mb"], c["sp"], c["v"]
+        self.zero, self.hsdp, self.fp8ag = c["zero"], c["hsdp"], c["fp8ag"]
         self.m = global_batch // (self.d * self.mb)  # simulator.plan.num_microbatches
         self.shard = np.where(self.hsdp > 0, self.hsdp, self.d)  # Plan.shard_group
         self.replicas = np.maximum(1, self.d // self.shard)  # Plan.replicas
+        self.col["m"] = self.m
+        self.col["zbv"] = self.is_("schedule", "zbv").astype(np.int64)
+
+    def is_(self, name: str, value: Any) -> np.ndarray:
+        """Which plans have ``value`` in the (non-integer) field ``name``."""
+        code = self._values[name].get(value)
+        return self._codes[name][0] == code if code is not None else np.zeros(len(self.plans), dtype=bool)
+
+    def _code(self, name: str) -> tuple[np.ndarray, int]:
+        if name not in self._codes:
+            values, inverse = np.unique(self.col[name], return_inverse=True)
+            self._codes[name] = (inverse.reshape(-1), len(values))
+        return self._codes[name]
+
+    def per_key(self, names: Sequence[str], value: Callable[[Plan, int], Any]) -> tuple[list, np.ndarray]:
+        """(``value(plan, i)`` of each distinct combination of the fields ``names``, for i the
+        first plan that has it; the index of each plan's combination in that list)."""
+        key = np.zeros(len(self.plans), dtype=np.int64)
+        for name in names:  # mixed radix: each field's code a digit (fewer than 2**63 combinations)
+            code, n = self._code(name)
+            key = key * n + code
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return [value(self.plans[i], int(i)) for i in first.tolist()], inverse.reshape(-1)
+
+    def per_plan(self, names: Sequence[str], value: Callable[[Plan, int], float]) -> np.ndarray:
+        """:meth:`per_key`'s values put back in the plans' order (a float per plan)."""
+        values, inverse = self.per_key(names, value)
+        return np.array(values, dtype=float)[inverse]
 
 
-def _stages(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+#: what a plan's pipeline devices' kinds depend on (simulator.cost.stage.device_kinds)
+_SPLIT_KEY = ("p", "v", "ckpt", "layers", "recompute", "schedule")
+#: what the layer-level times depend on (simulator.cost.stage.block_times)
+_BLOCK_KEY = ("t", "sp", "mb", "prec")
+_BLOCK_FIELDS = attrgetter(
+    "layer.forward",
+    "layer.backward",
+    "layer.backward_weight",
+    "layer.attention_core",
+    "embedding.forward",
+    "embedding.backward",
+    "embedding.backward_weight",
+    "head.forward",
+    "head.backward",
+    "head.backward_weight",
+    "tp_all_reduce",
+    "cp_forward",
+    "cp_backward",
+    "fp8_weight_cast",
+    "ep_all_to_all",
+)
+
+
+def _stages(model: ModelSpec, cluster: ClusterSpec, P: _Plans) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Each plan's distinct stages (simulator.cost.stage.stage_groups) as (plans x G) arrays,
-    G the most any plan has, and the mask of the real ones."""
-    keys = [(q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.prec, q.schedule == "zbv") for q in plans]
-    groups, inv = _per_key(keys, lambda i: stage_groups(model, cluster, plans[i]))
-    width = max(len(g) for g in groups)
-    table = np.zeros((len(groups), width, len(_STAGE_FIELDS)))
+    G the most any plan has, and the mask of the real ones: the devices' kinds of each split
+    (stage.device_kinds, stage.kind_groups) and the layer-level times of each (t, sp, mb,
+    prec) (stage.block_times), combined as stage._make_stages's ``cost`` does."""
+    L = model.num_layers
+    groups, split_of = P.per_key(_SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)))
+    width = max(map(len, groups))
+    key, slot = np.array([(k, j) for k, gs in enumerate(groups) for j in range(len(gs))]).T
+    table = np.zeros((8, len(groups), width))  # dev, count, and the kind's six fields
+    table[:, key, slot] = np.array([(dev, count, *kind) for gs in groups for dev, kind, count in gs], dtype=float).T
     valid = np.zeros((len(groups), width), dtype=bool)
-    for k, gs in enumerate(groups):
-        for j, (dev, c, count) in enumerate(gs):
-            table[k, j] = (
-                dev,
-                count,
-                c.forward,
-                c.backward,
-                c.recompute,
-                c.total,
-                c.weight_cast,
-                c.backward_weight,
-                c.params,
-                c.sharded_params,
-                c.layers,
-                c.full_layers,
-                c.first,
-                c.last,
-                c.layer_params,
-                c.turn,
-                c.forward_span,
+    valid[key, slot] = True
+    dev, count, n, full, sel, first, last, turn = table[:, split_of]
+    blocks, block_of = P.per_key(
+        _BLOCK_KEY, lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec))
+    )
+    lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep = np.array(blocks, dtype=float)[block_of].T[
+        :, :, None
+    ]
+    per_t = P.per_key(("t",), lambda q, i: (*_per_layer_params(model, q.t), _emb_params(model, q.t)))
+    layer_p, sharded_extra, emb_p = (a[:, None] for a in np.array(per_t[0], dtype=float)[per_t[1]].T)
+    head_p = P.per_plan(("t", "p"), lambda q, i: params.head_params_per_rank(model, q.t, q.p, _vocab(model, q.t)))
+    # stage._make_stages's cost(), element-wise
+    a2a = experts.ALL_TO_ALLS_PER_PASS * ep
+    fwd = n * lf + first * ef + last * hf
+    bwd = n * lb + first * eb + last * hb
+    bwd_w = n * lbw + first * ebw + last * hbw
+    recompute = full * lf + sel * lac
+    tp = (tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * ar + (
+        first * TP_EMBEDDING + last * TP_HEAD
+    ) * ar
+    cp = n * (cpf + cpb) + (full + sel) * cpf
+    ep_comm = (2 * n + full) * a2a
+    in_forward = n * (tp_forward(model) * ar + cpf + a2a) + first * TP_EMBEDDING * ar
+    stage_params = n * layer_p + first * emb_p + last * head_p[:, None]  # params.stage_params_per_rank
+    return {
+        "dev": dev,
+        "count": count,
+        "forward": fwd,
+        "backward": bwd,
+        "recompute": recompute,
+        "total": fwd + bwd + recompute + tp + cp + ep_comm,  # StageCost.total
+        "weight_cast": (n + full) * cast,
+        "backward_weight": bwd_w,
+        "params": stage_params,
+        "sharded_params": stage_params + n * sharded_extra,  # StageShape.sharded_params
+        "layers": n,
+        "full_layers": full,
+        "selective_layers": sel,
+        "first": first,
+        "last": last,
+        "layer_params": n * layer_p,
+        "turn": turn,
+        "forward_span": fwd + in_forward,  # StageCost.forward_span
+    }, valid[split_of]
+
+
+def _per_layer_params(model: ModelSpec, t: int) -> tuple[float, float]:
+    return params.layer_params_per_rank(model, t), params.layer_sharded_extra(model, t)
+
+
+def _emb_params(model: ModelSpec, t: int) -> float:
+    return params.embedding_params_per_rank(model, t, _vocab(model, t))
+
+
+def _vocab(model: ModelSpec, t: int) -> int:
+    return padded_vocab_size(model, t)
+
+
+def _schedule_counts(P: _Plans, S: dict[str, np.ndarray], valid: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per plan and stage, what its pipeline schedule fixes (simulator.cost.memory): the
+    microbatches in flight (in_flight_microbatches), the weight gradients owed at that peak
+    (weight_grads_pending), and the embedding's and the head's chunk's in flight
+    (end_chunk_in_flight), per split and m."""
+    width, groups = valid.shape[1], valid.sum(axis=1)
+
+    def counts(q: Plan, i: int) -> list[tuple[float, float, float, float]]:
+        m, out = int(P.m[i]), []
+        for dev in S["dev"][i, : int(groups[i])].astype(int).tolist():
+            out.append(
+                (
+                    memory.in_flight_microbatches(q.schedule, dev, q.p, m, q.v),
+                    memory.weight_grads_pending(q.schedule, dev, q.p, m),
+                    memory.end_chunk_in_flight(q.schedule, dev, q.p, m, q.v, 0),
+                    memory.end_chunk_in_flight(q.schedule, dev, q.p, m, q.v, q.v - 1),
+                )
             )
-            valid[k, j] = True
-    rows = table[inv]
-    return {name: rows[:, :, f] for f, name in enumerate(_STAGE_FIELDS)}, valid[inv]
+        return out + [(0.0, 0.0, 0.0, 0.0)] * (width - len(out))
+
+    per, inv = P.per_key((*_SPLIT_KEY, "m"), counts)
+    return tuple(np.array(per, dtype=float)[inv].transpose(2, 0, 1))
+
+
+def _activations(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    P: _Plans,
+    S: dict[str, np.ndarray],
+    valid: np.ndarray,
+    counts: tuple[np.ndarray, ...],
+) -> np.ndarray:
+    """simulator.cost.stage_memory.activation_peak of each plan's stages. Equal chunks (the
+    search's plans): its closed form over arrays; chunks that differ (v > 1 with an explicit
+    split): the scalar rule, plan by plan."""
+    e = dtype_bytes(cluster.gpu)
+    s, h = model.seq_length, model.hidden_size
+
+    def per_layer(q: Plan, i: int) -> tuple[float, ...]:
+        sp = bool(q.sp)
+        li = linear_input_bytes(q.prec, e)
+        return (
+            *layer_activations(model, q.mb, q.t, sp, e, q.prec),
+            memory.weight_grad_input_bytes(model, q.mb, q.t, sp, li),  # stage_memory.pending_weight_inputs
+            memory.embedding_activation_bytes(q.mb, s, h, q.t, sp),
+        )
+
+    per, inv = P.per_key(("t", "sp", "mb", "prec"), per_layer)
+    pf, ps, pn, w_in, emb = (a[:, None] for a in np.array(per, dtype=float)[inv].T)
+    inflight, pending, emb_inflight, _ = counts
+    n, full, sel = S["layers"], S["full_layers"], S["selective_layers"]
+    act = inflight * (full * pf + sel * ps + (n - full - sel) * pn) + np.where(full > 0, pn, 0.0)
+    gpipe = (P.is_("schedule", "gpipe") & (P.m > 1))[:, None]
+    act = act + np.where(gpipe, full * (pn - pf) + sel * (pn - ps), 0.0)
+    act = act + pending * w_in * n + S["first"] * emb_inflight * emb
+    uneven = (P.v > 1) & ~(P.is_("layers", None) & P.is_("recompute", None))
+    for i in np.flatnonzero(uneven).tolist():
+        q, m = P.plans[i], int(P.m[i])
+        for j, (dev, c, _) in enumerate(stage_groups(model, cluster, q)):
+            act[i, j] = activation_peak(model, cluster, q, m, dev, c)
+    return np.where(valid, act, 0.0)
+
+
+def _flight_buffers(
+    model: ModelSpec, P: _Plans, S: dict[str, np.ndarray], e: int, loss: memory.CrossEntropy, head_inflight: np.ndarray
+) -> np.ndarray:
+    """simulator.cost.stage_memory.flight_buffers of each plan's stages: the last stage's logits
+    per in-flight microbatch of its head's chunk, and the pipeline send/receive buffers."""
+    kept, backward = memory.logits_bytes_per_element(loss, e)
+    logits = P.per_plan(
+        ("t", "mb"), lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t))
+    )
+    pipe = P.per_plan(
+        ("mb", "p"), lambda q, i: memory.pipeline_buffer_bytes(q.mb, model.seq_length, model.hidden_size, e, q.p)
+    )
+    return S["last"] * logits[:, None] * (head_inflight * kept + backward) + pipe[:, None]
 
 
 class _Links:
@@ -153,9 +315,8 @@ class _Links:
     ranks: ZeRO-3 gathers and scatters, ZeRO-1/2's parameter all-gather), ``replica``: the
     replicate group of hybrid sharding."""
 
-    def __init__(self, cluster: ClusterSpec, plans: Sequence[Plan]):
-        keys = [(q.t, q.d, q.hsdp) for q in plans]
-        per, inv = _per_key(keys, lambda i: self._figures(cluster, plans[i]))
+    def __init__(self, cluster: ClusterSpec, P: _Plans):
+        per, inv = P.per_key(("t", "d", "hsdp"), lambda q, i: self._figures(cluster, q))
         self._table = np.array(per)[inv]  # plans x (role, op) x (1/bw, latency seconds)
         self._index = {key: j for j, key in enumerate(self._roles())}
 
@@ -197,11 +358,6 @@ def _overlap_cost(compute: np.ndarray, comm: np.ndarray, sigma: float) -> np.nda
     return np.where(comm <= 0, 0.0, np.maximum(compute + sigma * np.minimum(comm, compute), comm) - compute)
 
 
-def _per_plan(keys: Sequence[Hashable], value: Callable[[int], float]) -> np.ndarray:
-    values, inv = _per_key(keys, value)
-    return np.array(values, dtype=float)[inv]
-
-
 def _by_view(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -233,14 +389,14 @@ def estimate_batch(
     if views != {(1, 1)}:
         return _by_view(model, cluster, plans, global_batch, runtime, sorted(views))
     P = _Plans(plans, global_batch)
-    S, valid = _stages(model, cluster, plans)
-    links = _Links(cluster, plans)
+    S, valid = _stages(model, cluster, P)
+    links = _Links(cluster, P)
     gpu, node = cluster.gpu, cluster.node
     e = dtype_bytes(gpu)
     sigma = gpu.comm_overlap_slowdown
     col = lambda a: a[:, None]  # a per-plan column beside the stages
-    job_of = lambda i: Job(model, cluster, plans[i], global_batch, runtime)
-    offload, zero, d = P.offload != "none", P.zero, P.d
+    job_of = lambda q: Job(model, cluster, q, global_batch, runtime)
+    offload, zero, d = ~P.is_("offload", "none"), P.zero, P.d
 
     # ---- memory (simulator.cost.stage_memory.stage_memory; states: memory.model_state_bytes)
     by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
@@ -251,36 +407,19 @@ def estimate_batch(
     )
     grads_b = np.where(col(offload), 0.0, np.where(col(zero >= 2), psi_s * gb / shard, psi * gb))
     opt_b = np.where(col(offload), 0.0, np.where(col(zero >= 1), psi_s * k / shard, psi * k))
-    loss = runtime.cross_entropy
-    width = valid.shape[1]
-    sched_keys = [
-        (q.t, q.sp, q.mb, q.p, q.v, q.ckpt, q.layers, q.recompute, q.prec, q.schedule, m)
-        for q, m in zip(plans, P.m.tolist())
-    ]
-
-    def schedule_memory(i: int) -> list[float]:
-        q, m = plans[i], int(P.m[i])
-        out = []
-        for dev, c, _ in stage_groups(model, cluster, q):
-            out.append(
-                activation_peak(model, cluster, q, m, dev, c) + flight_buffers(model, cluster, q, m, dev, c.last, loss)
-            )
-        return out + [0.0] * (width - len(out))
-
-    fixed_mem, inv = _per_key(sched_keys, schedule_memory)
-    by_schedule = np.array(fixed_mem)[inv]
+    counts = _schedule_counts(P, S, valid)
+    by_schedule = _activations(model, cluster, P, S, valid, counts) + _flight_buffers(
+        model, P, S, e, runtime.cross_entropy, counts[3]
+    )
     # stage_memory.sharding_buffers
     bucket = np.where(col((d > 1) | offload), np.minimum(psi * memory.GRAD_BYTES, 2 * DP_BUCKET_BYTES), 0.0)
-    ws = _per_plan(
-        [q.t for q in plans], lambda i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plans[i].t))
-    )
+    ws = P.per_plan(("t",), lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t)))
     working = np.where(col(zero == 3), col(ws), 0.0)
     copies = weight_copies_held(runtime.weight_copy_bytes, 1.0) * psi  # bytes per parameter x the stages' parameters
     # stage_memory.fp8_weight_copies: precision.fp8_layer_bytes x precision.fp8_layers_held
     # + the layers x precision.fp8_shard_bytes
-    fp8_per_layer = _per_plan(
-        [(q.t, q.prec, q.fp8ag) for q in plans],
-        lambda i: fp8_layer_bytes(plans[i], params.layer_params_per_rank(model, plans[i].t), e),
+    fp8_per_layer = P.per_plan(
+        ("t", "prec", "fp8ag"), lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e)
     )
     fp8_layers = np.where(col(zero == 3), np.minimum(S["layers"], ZERO3_LAYERS_HELD), S["layers"])
     fp8_shards = np.where(col((P.fp8ag == 1) & (zero == 3)), (1 - e) * S["layer_params"] / shard, 0.0)
@@ -289,7 +428,7 @@ def estimate_batch(
     peak = stage_total.max(axis=1)
 
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
-    p2p = _per_plan([(q.t, q.sp, q.mb, q.p, q.d) for q in plans], lambda i: p2p_exposed(job_of(i)))
+    p2p = P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q)))
     sends = np.where(col(P.p == 1), 0.0, 2 * col(P.v) - S["first"] - S["last"] - 2 * S["turn"])  # pipeline.p2p_sends
     bwd = S["total"] - S["forward_span"]  # StageCost.backward_span
     rb = reduce_bytes(runtime, e)
@@ -309,7 +448,9 @@ def estimate_batch(
     gather = units * links.time("shard", AG, gathered / units, P.shard)
     scatter3 = units * sharded_reduce(psi * rb / units)
     regather = (
-        gather * (S["full"] / np.maximum(S["layers"], 1)) if runtime.zero3 == "deepspeed" else np.zeros_like(gather)
+        gather * (S["full_layers"] / np.maximum(S["layers"], 1))
+        if runtime.zero3 == "deepspeed"
+        else np.zeros_like(gather)
     )
     copy_out = (
         2 * gathered / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) if runtime.zero3 == "fsdp2" else 0.0
@@ -324,7 +465,7 @@ def estimate_batch(
     fetch = shard_bytes / node.pcie.bytes_per_s
     if node.nvme is not None:
         nvme_fetch = shard_bytes * node.gpus_per_node / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9)
-        fetch = np.where(col(P.offload == "nvme"), np.maximum(fetch, nvme_fetch), fetch)
+        fetch = np.where(col(P.is_("offload", "nvme")), np.maximum(fetch, nvme_fetch), fetch)
     fetch_exp = np.maximum(0.0, fetch - S["forward"]) + np.maximum(0.0, fetch - S["backward"] - S["recompute"])
     z_exp = z_exp + np.where(col(offload & (zero == 3)), fetch_exp, 0.0)
 
@@ -336,14 +477,14 @@ def estimate_batch(
     rows = np.arange(len(plans))
     worst = per_mb[rows, crit]
     total = (np.where(valid, per_mb, 0.0) * S["count"]).sum(axis=1)
-    saved = np.where((P.schedule == "gpipe") & (P.m > 1), S["recompute"][rows, crit], 0.0)
-    interleaved = (P.schedule == "interleaved") & (P.v > 1)
+    saved = np.where((P.is_("schedule", "gpipe")) & (P.m > 1), S["recompute"][rows, crit], 0.0)
+    interleaved = (P.is_("schedule", "interleaved")) & (P.v > 1)
     w = S["backward_weight"]  # pipeline.weight_fill: w + f (ZB-V) or w + min(w, f)
-    fill = w + np.where(col(P.schedule == "zbv"), S["forward_span"], np.minimum(w, S["forward_span"]))
+    fill = w + np.where(col(P.is_("schedule", "zbv")), S["forward_span"], np.minimum(w, S["forward_span"]))
     total_fill = (np.where(valid, fill, 0.0) * S["count"]).sum(axis=1)
     zb = np.maximum(0.0, (total - worst) - (total_fill - fill[rows, crit]))
     # pipeline.pipeline_bubble
-    zero_bubble = np.where(P.schedule == "zbh1", zb, np.where(P.schedule == "zbv", zb / 2, total - worst))
+    zero_bubble = np.where(P.is_("schedule", "zbh1"), zb, np.where(P.is_("schedule", "zbv"), zb / 2, total - worst))
     bubble = np.where(interleaved, (total - worst) / P.v, zero_bubble)
     pipe = P.m * worst - saved + bubble
 
@@ -372,14 +513,14 @@ def estimate_batch(
     layers_max = np.where(valid, S["layers"], 0).max(axis=1)
     opt = np.where(offload, 0.0, _optimizer_time(model, cluster, P, psi_local, layers_max))
     off = np.where(offload, _offload_time(cluster, P, psi_local), 0.0)
-    tied = _per_plan([(q.t, q.p, q.d) for q in plans], lambda i: tied_embedding_time(job_of(i)))
-    sync = _per_plan([(q.t, q.p, q.d) for q in plans], lambda i: step_sync_time(job_of(i)))
+    tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)))
+    sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)))
     step = pipe + (dp_exposed + tied + sync) + gather_after + opt + off
 
     # ---- fit (SimResult.fits; step.host_state_bytes, step.host_fits)
     cap = gpu.usable_memory_bytes
     host = node.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + np.where(zero == 3, 2, 0))
-    host_ok = ~offload | (P.offload == "nvme") | (host <= node.host_memory_GiB * 2**30)
+    host_ok = ~offload | (P.is_("offload", "nvme")) | (host <= node.host_memory_GiB * 2**30)
     gpu_ok = peak <= cap
     return BatchEstimate(np.where(gpu_ok, step, np.inf), peak, gpu_ok & host_ok)
 
@@ -416,7 +557,7 @@ def _offload_time(cluster: ClusterSpec, P: _Plans, psi_local: np.ndarray) -> np.
     nvme = np.zeros_like(psi_local)
     if node.nvme is not None:
         nvme = np.where(
-            P.offload == "nvme",
+            P.is_("offload", "nvme"),
             2
             * node.gpus_per_node
             * psi_local

@@ -196,7 +196,12 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     vectors no other one dominates are kept; the activation peak is the largest of
     sum_k count_k * held_k over them. With v = 1 this is the single count of
     :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last
-    chunk, and which chunk peaks matters when chunks differ (uneven recomputation)."""
+    chunk, and which chunk peaks matters when chunks differ (uneven recomputation). ZB-V's
+    counts stop changing once m reaches 2p (its warm-up runs at most 2p - 1 forwards of chunk
+    0; later microbatches repeat the steady state: tests/test_zero_bubble.py checks m up to
+    6p), so longer runs replay 2p microbatches."""
+    if schedule == "zbv" and m > 2 * p:
+        return chunk_occupancy(schedule, stage, p, 2 * p, v)
     import numpy as np  # here, not at import: the command line's start-up does not need it
 
     from simulator.cost.schedules import device_order
@@ -219,29 +224,19 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     return tuple(tuple(int(x) for x in row) for row in kept[:n])
 
 
-@functools.lru_cache(maxsize=2048)
 def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> float:
     """The zero-bubble schedules: the microbatches whose weight-gradient pass (W) a stage still
-    owes when its in-flight forwards peak, replayed from its pass order (simulator.cost.schedules):
-    each keeps the linears' inputs (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s
-    defers W by s microbatches, so it holds min(p - s, m) microbatches' activations and up to s of
-    them. ZB-V runs each W right after its B until the cool-down, which runs no forward, so none is
-    owed when a forward runs (tests/test_zero_bubble.py replays it): 0, as for the other schedules."""
+    owes when its in-flight forwards peak; each keeps the linears' inputs
+    (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s
+    (simulator.cost.schedules.zero_bubble_h1) holds min(p - s, m) microbatches' activations and
+    defers each W by s microbatches; at its last forward it has run m - min(p - s - 1, m) - 1
+    B's and s fewer W's, so it owes max(0, s - max(0, p - m)). ZB-V runs each W right after its
+    B until the cool-down, which runs no forward, so none is owed when a forward runs: 0, as for
+    the other schedules. Both are checked against a replay of the pass orders for p <= 16,
+    m <= 40 (tests/test_zero_bubble.py)."""
     if schedule != "zbh1":
         return 0.0
-    from simulator.cost.schedules import device_order
-
-    inflight = pending = 0
-    peak = (0, 0)
-    for op in device_order(schedule, p, m, 1, stage):
-        if op.kind == "F":
-            inflight += 1
-            peak = max(peak, (inflight, pending))
-        elif op.kind == "B":
-            inflight, pending = inflight - 1, pending + 1
-        else:
-            pending -= 1
-    return float(peak[1])
+    return float(max(0, stage - max(0, p - m)))
 
 
 def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_input: int) -> float:

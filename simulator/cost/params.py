@@ -11,7 +11,10 @@ and an h*E router: Mixtral 8x7B (h 4096, 32 layers, f 14336, 8 KV heads, V 32000
 
 from __future__ import annotations
 
+from simulator.cost.cache import IdentityCache
 from simulator.specs import ModelSpec
+
+_PER_RANK = IdentityCache(1024)
 
 
 def _has_bias(model: ModelSpec) -> bool:
@@ -55,7 +58,12 @@ def megatron_params_formula(model: ModelSpec) -> float:
 def layer_params_per_rank(model: ModelSpec, t: int, experts: int | None = None) -> float:
     """One layer's parameters on one TP rank: the split weights and biases / t, the
     row-parallel biases and norms replicated (Shoeybi et al. 2019); of a mixture of experts the
-    rank's ``experts`` (default: the E/ep it holds, ModelSpec.local_experts) and the router."""
+    rank's ``experts`` (default: the E/ep it holds, ModelSpec.local_experts) and the router.
+    Cached: the search asks for the same few tens of thousands of times."""
+    return _PER_RANK.get_or_make((model,), (t, experts), lambda: _layer_params_per_rank(model, t, experts))
+
+
+def _layer_params_per_rank(model: ModelSpec, t: int, experts: int | None) -> float:
     h, f, kv = model.hidden_size, model.ffn, model.kv_size
     E = model.local_experts if experts is None else experts
     mlp = 3 if model.activation == "swiglu" else 2

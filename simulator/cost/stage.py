@@ -8,7 +8,10 @@ for the same ones thousands of times.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from itertools import repeat
+from typing import NamedTuple
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, context, experts, layout, params
@@ -224,7 +227,10 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
     p, v = plan.p, plan.v
     if plan.layers is None and plan.recompute is None:
         base, extra = divmod(num_layers, p * v)
-        ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
+        if extra == 0 or v == 1:  # the first `extra` devices one layer more
+            ns = [v * base + 1] * extra + [v * base] * (p - extra)
+        else:
+            ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
         zeros = [0] * p
         return ns, ns if plan.ckpt == "full" else zeros, ns if plan.ckpt == "selective" else zeros
     sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
@@ -268,34 +274,58 @@ def _stages(
     return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan))
 
 
+class DeviceKind(NamedTuple):
+    """What a pipeline device's per-microbatch cost depends on besides the plan's layer-level
+    times: its layers and recomputed layers, and whether it holds the embedding, the head and
+    ZB-V's turn (chunks p-1 and p on one rank). Devices of one kind share one StageCost."""
+
+    layers: int
+    full: int
+    selective: int
+    first: bool
+    last: bool
+    turn: bool
+
+
+def device_kinds(plan: Plan, num_layers: int) -> list[DeviceKind]:
+    """Each pipeline device's kind (:class:`DeviceKind`), in device order."""
+    ns, fulls, sels = device_layers(plan, num_layers)
+    p = plan.p
+    last_rank = chunk_rank(plan.schedule, p * plan.v - 1, p)
+    turn_rank = p - 1 if plan.schedule == "zbv" else -1
+    plain = list(map(DeviceKind, ns, fulls, sels, repeat(False, p), repeat(False, p), repeat(False, p)))
+    for dev in {0, last_rank, turn_rank} - {-1}:
+        plain[dev] = plain[dev]._replace(first=dev == 0, last=dev == last_rank, turn=dev == turn_rank)
+    return plain
+
+
+def kind_groups(kinds: list[DeviceKind]) -> list[tuple[int, DeviceKind, int]]:
+    """(first device, kind, number of devices) of each distinct kind, by first device (a
+    C-level scan per kind: few kinds, up to hundreds of devices)."""
+    counts = Counter(kinds)
+    return [(kinds.index(k), k, counts[k]) for k in dict.fromkeys(kinds)]
+
+
 def _make_stages(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
-    ns, fulls, sels = device_layers(plan, model.num_layers)
     p = plan.p
-    last_rank = chunk_rank(plan.schedule, p * plan.v - 1, p)
     layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
-    out: list[StageCost] = []
-    made: dict[tuple, StageCost] = {}
-    groups: dict[tuple, list] = {}
-    for dev, (n, full, sel) in enumerate(zip(ns, fulls, sels)):
-        first, last = dev == 0, dev == last_rank
-        turn = plan.schedule == "zbv" and dev == p - 1  # ZB-V's turn: chunks p-1 and p on one rank
-        sig = (n, full, sel, first, last, turn)
-        if sig in made:
-            out.append(made[sig])
-            groups[sig][2] += 1
-            continue
+    vocab = padded_vocab_size(model, plan.t)
+    tp_f, tp_l, tp_r = tp_forward(model), tp_per_layer(model), tp_per_full_recompute(model)
+    a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
+
+    def cost(kind: DeviceKind) -> StageCost:  # simulator.analytic.batch._stages mirrors it over arrays
+        n, full, sel, first, last, turn = kind
         fwd = n * bt.layer.forward
         bwd = n * bt.layer.backward
         bwd_w = n * bt.layer.backward_weight
         recompute = full * bt.layer.forward + sel * bt.layer.attention_core
-        tp = (tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * bt.tp_all_reduce
+        tp = (tp_l * n + tp_r * full) * bt.tp_all_reduce
         # a recomputed layer (full) or attention core (selective) runs its forward ring again
         cp = n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward
-        a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
-        in_forward = n * (tp_forward(model) * bt.tp_all_reduce + bt.cp_forward + a2a)
+        in_forward = n * (tp_f * bt.tp_all_reduce + bt.cp_forward + a2a)
         if first:
             fwd += bt.embedding.forward
             bwd += bt.embedding.backward
@@ -307,13 +337,11 @@ def _make_stages(
             bwd += bt.head.backward
             bwd_w += bt.head.backward_weight
             tp += TP_HEAD * bt.tp_all_reduce
-        vocab = padded_vocab_size(model, plan.t)
-        psi = params.stage_params_per_rank(model, plan.t, plan.p, n, first, last, vocab)
-        made[sig] = StageCost(
+        return StageCost(
             layers=n,
             full_layers=full,
             selective_layers=sel,
-            params=psi,
+            params=params.stage_params_per_rank(model, plan.t, p, n, first, last, vocab),
             first=first,
             last=last,
             forward=fwd,
@@ -329,7 +357,8 @@ def _make_stages(
             turn=turn,
             forward_comm=in_forward,
         )
-        out.append(made[sig])
-        groups[sig] = [dev, made[sig], 1]
-    uniq = [tuple(g) for g in groups.values()]
-    return out, uniq
+
+    kinds = device_kinds(plan, model.num_layers)
+    groups = kind_groups(kinds)
+    made = {kind: cost(kind) for _, kind, _ in groups}
+    return [made[k] for k in kinds], [(dev, made[kind], count) for dev, kind, count in groups]
