@@ -40,10 +40,20 @@ def refine_and_simulate_all(
     return [g for _, _, g in refined if g], [by_index[i] for i in keep]
 
 
-def load_solver() -> None:
-    """Import CP-SAT (about 0.4 s): done by the search's parent process while its workers score
-    the plans, so the finalists' workers, forked later, start with it loaded."""
-    from ortools.sat.python import cp_model  # noqa: F401
+def prepare() -> None:
+    """What every finalist's worker would otherwise do first, done once by the search's parent
+    process while its workers score the plans, so the finalists' workers, forked later, start
+    with it: import CP-SAT (about 0.4 s) when the search partitions, and build the DES topology
+    of each cluster the finalists may run on (0.1-0.2 s for thousands of GPUs;
+    simulator.des.simulate.topology_for keeps the last four)."""
+    opts = SHARED["opts"]
+    if opts.partition:
+        from ortools.sat.python import cp_model  # noqa: F401
+    if opts.fidelity == "des":
+        from simulator.des.simulate import topology_for
+
+        for cluster in list(SHARED["clusters"].values())[:4]:
+            topology_for(cluster)
 
 
 def _mapped(pool: Pool, fn: Callable[[Any], Any], items: list[Any], show_progress: bool, phase: str) -> list[Any]:

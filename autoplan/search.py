@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan import space
-from autoplan.finalists import load_solver, refine_and_simulate_all
+from autoplan.finalists import prepare, refine_and_simulate_all
 from autoplan.scoring import Scored, Scores, objective_value, score_all
 from autoplan.workers import SHARED
 from hwprofiles.errors import FitError, PlanError
@@ -127,7 +127,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     precs = space.precisions(cluster.gpu, fix)
     SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs)
     keep = max(opts.top, opts.max_finalists)
-    scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, load_solver if opts.partition else None)
+    scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, prepare)
     if not scores.total:
         raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
     log.debug(

@@ -49,7 +49,6 @@ from simulator.specs import ModelSpec
 
 _ACTIVATIONS = IdentityCache(4096)
 _ACT_PEAK = IdentityCache(16384)
-_LAYER_PARAMS = IdentityCache(1024)
 
 
 @dataclass(frozen=True)
@@ -105,11 +104,7 @@ def layer_activations(
 def fp8_weight_copies(model: ModelSpec, plan: Plan, layers: int, e: int) -> float:
     """What prec=fp8 adds to the memory of a rank holding ``layers`` layers: the fp8 weight
     copies, or with fp8 parameters their difference (simulator.cost.precision.fp8_weight_bytes)."""
-    return fp8_weight_bytes(plan, layers, _layer_params(model, plan.t), e)
-
-
-def _layer_params(model: ModelSpec, t: int) -> float:
-    return _LAYER_PARAMS.get_or_make((model,), t, lambda: params.layer_params_per_rank(model, t))
+    return fp8_weight_bytes(plan, layers, params.layer_params_per_rank(model, plan.t), e)
 
 
 def stage_buffers(
@@ -147,7 +142,7 @@ def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
     if plan.d > 1 or plan.offload != "none":
         out += memory.gradient_bucket_bytes(float("inf") if psi is None else psi)
     if plan.zero == 3:
-        out += memory.zero3_working_set_bytes(_layer_params(model, plan.t))
+        out += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
     return out
 
 
@@ -268,7 +263,7 @@ class DeviceMemoryModel:
         e = dtype_bytes(cluster.gpu)
         pb, gb, k = memory.state_bytes_per_param(e)
         a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e, plan.prec)
-        psi_layer = _layer_params(model, plan.t)
+        psi_layer = params.layer_params_per_rank(model, plan.t)
         layer_states = memory.model_state_bytes(
             psi_layer,
             plan.shard_group,

@@ -90,9 +90,6 @@ class Engine:
         self.dur.append(duration)
         self.kind.append(kind)
         self.info.append(info)
-        self.start.append(-1.0)
-        self.end.append(-1.0)
-        self.cause.append(-1)
         n = 0
         for d in deps:
             if d >= 0:
@@ -197,6 +194,8 @@ class Engine:
 
     def run(self) -> float:
         """Run to completion; returns the time the last task ended."""
+        n = len(self.stream)  # the tasks' records of a run, made at once (tasks are added before it)
+        self.start, self.end, self.cause = [-1.0] * n, [-1.0] * n, [-1] * n
         for s in range(len(self.stream_name)):
             self._try_start(s, -1)
         heap = self._heap

@@ -13,6 +13,7 @@ Rates are recomputed whenever a flow starts or ends (lazily, once per simulated 
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 
 class Flow:
@@ -94,6 +95,8 @@ class Network:
                 self._record(now, {})
                 self.load = {}
             return math.inf
+        if len(set(chain.from_iterable(f.links for f in flows))) == sum(len(f.links) for f in flows):
+            return self._allocate_disjoint(now, flows)
         residual = max_min_fill(flows, cap)
         for f in flows:
             if f.rate < 0.0:  # a flow on no link: unconstrained
@@ -120,6 +123,26 @@ class Network:
             self._record(now, new_load)
             self.load = new_load
         return now + f.rem / rate
+
+    def _allocate_disjoint(self, now: float, flows: list[Flow]) -> float:
+        """Flows that share no link each run at their tightest link's capacity / weight: what
+        progressive filling gives them (every link's first and only freeze is its one flow's)."""
+        cap = self.cap
+        nxt = math.inf
+        new_load: dict[int, float] = {}
+        for f in flows:
+            if not f.links:  # a flow on no link: unconstrained
+                f.rate = math.inf
+                continue
+            f.rate = rate = min([cap[lid] / w for lid, w in zip(f.links, f.weights)])
+            if self.record:
+                new_load.update((lid, rate * w) for lid, w in zip(f.links, f.weights))
+            if f.rem / rate < nxt:
+                nxt = f.rem / rate
+        if self.record:
+            self._record(now, new_load)
+            self.load = new_load
+        return now + max(nxt, 0.0)
 
     def _record(self, now: float, new_load: dict[int, float]) -> None:
         old = self.load

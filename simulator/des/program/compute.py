@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from simulator.cost.schedules import PipeOp
 from simulator.cost.zero3 import copy_out_time, regather_fraction
 from simulator.des.program import data_parallel
-from simulator.des.program.state import Device, Program, Split, TaskInfo
+from simulator.des.program.state import Device, Program, Split, pass_info
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _add_pass(
             params = pc.first_params if mode.zero3 else pc.params
             extra += sigma * min(pc.dur, data_parallel.beside(prog, params, pc.first_gathered, op.kind == "B"))
         segs = (*pc.segs, ("dp", extra)) if extra > 0 else pc.segs
-        tid = prog.eng.task(cs, pc.dur + extra, op.kind, (), TaskInfo(dev.idx, op.mb, j, segments=segs))
+        tid = prog.eng.task(cs, pc.dur + extra, op.kind, (), pass_info((dev.idx, op.mb, j, "", segs)))
         prog.piece_index[tid] = (dev.idx, len(pieces))
         pieces.append(tid)
         if gather >= 0:

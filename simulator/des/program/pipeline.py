@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from simulator.cost.schedules import chunk_rank
 from simulator.cost.step import pipeline_send
-from simulator.des.program.state import Device, Program, Send
+from simulator.des.program.state import Device, PreparedTransfer, Program, Send
 
 
 def boundary_send(prog: Program, s0: int, s1: int) -> tuple[float, float]:
@@ -44,25 +44,42 @@ def _boundary(prog: Program, s0: int, s1: int, fwd: bool) -> Send:
 def add_sends(prog: Program, dev: Device) -> None:
     """Every pipeline send of ``dev``, gating the receiver's pass (and the sender's next)."""
     order = prog.orders[dev.idx]
+    routes: dict[tuple[str, int], tuple[int, int, int, PreparedTransfer | None] | None] = {}
+    di, first, last = dev.idx, prog.first, prog.last
+    blocking = prog.opt.blocking_p2p
     for k, op in enumerate(order):
         if op.kind == "W":  # ZB-H1's weight gradients stay on the rank
             continue
-        j = prog.chunk_of(dev, op.chunk)
-        nxt = j + 1 if op.kind == "F" else j - 1
-        if nxt < 0 or nxt >= prog.chunks:
+        key = (op.kind, op.chunk)
+        if key not in routes:  # made at its first use: the streams are created in the order the sends run
+            routes[key] = _route(prog, dev, op.kind, op.chunk)
+        route = routes[key]
+        if route is None:  # the model's first or last chunk
             continue
-        s1 = chunk_rank(prog.plan.schedule, nxt, prog.p)
-        if s1 == dev.pp:  # ZB-V's turn: the next chunk is this rank's other one, no send
-            prog.eng.add_dep(prog.first[(dev.idx, op.kind, op.mb, nxt)], prog.last[(dev.idx, op.kind, op.mb, j)])
+        j, nxt, rcv, send = route
+        if send is None:  # ZB-V's turn: the next chunk is this rank's other one, no send
+            prog.eng.add_dep(first[(di, op.kind, op.mb, nxt)], last[(di, op.kind, op.mb, j)])
             continue
-        fwd = op.kind == "F"
-        send = _boundary(prog, dev.pp, s1, fwd)
-        x = prog.transfer(dev, send, (prog.last[(dev.idx, op.kind, op.mb, j)],), op.mb, j)
-        rcv = prog.dev_at[(s1, dev.dp, dev.tp)]
-        prog.gate(prog.first[(rcv.idx, op.kind, op.mb, nxt)], x)
-        if prog.opt.blocking_p2p and k + 1 < len(order):
+        x = prog.start_transfer(send, (last[(di, op.kind, op.mb, j)],), op.mb, j)
+        prog.gate(first[(rcv, op.kind, op.mb, nxt)], x)
+        if blocking and k + 1 < len(order):
             after = order[k + 1]
-            prog.gate(prog.first[(dev.idx, after.kind, after.mb, prog.chunk_of(dev, after.chunk))], x)
+            prog.gate(first[(di, after.kind, after.mb, prog.chunk_of(dev, after.chunk))], x)
+
+
+def _route(prog: Program, dev: Device, kind: str, local: int) -> tuple[int, int, int, PreparedTransfer | None] | None:
+    """Where ``dev``'s ``kind`` pass of its ``local`` chunk sends (the same for every
+    microbatch): (its chunk, the next chunk, the receiving device, the prepared send, None when
+    the next chunk is on this rank), or None when no chunk follows."""
+    j = prog.chunk_of(dev, local)
+    nxt = j + 1 if kind == "F" else j - 1
+    if nxt < 0 or nxt >= prog.chunks:
+        return None
+    s1 = chunk_rank(prog.plan.schedule, nxt, prog.p)
+    if s1 == dev.pp:
+        return j, nxt, dev.idx, None
+    rcv = prog.dev_at[(s1, dev.dp, dev.tp)]
+    return j, nxt, rcv.idx, prog.prepare_transfer(dev, _boundary(prog, dev.pp, s1, kind == "F"))
 
 
 def sync_tensor_groups(prog: Program) -> None:

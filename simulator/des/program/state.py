@@ -18,7 +18,7 @@ from simulator.cost.layout import rank_of
 from simulator.cost.memory import DP_BUCKET_BYTES
 from simulator.cost.schedules import PipeOp, global_chunk
 from simulator.cost.zero3 import ShardLinks, shard_links
-from simulator.des.engine import Engine
+from simulator.des.engine import Engine, Phase
 from simulator.des.memtimeline import MemoryTimeline
 from simulator.des.passes import Costs, Item, Piece, Segments, bucket_groups, layer_modes, make_piece, pass_items
 from simulator.des.topology import Topology
@@ -58,6 +58,11 @@ class TaskInfo(NamedTuple):
     segments: Segments = ()  # compute tasks: (segment kind, seconds) in execution order
 
 
+#: TaskInfo from its five fields at C speed (NamedTuple's keyword-taking constructor is a Python
+#: function; the builders make one per task, tens of thousands per iteration)
+pass_info = functools.partial(tuple.__new__, TaskInfo)
+
+
 @dataclass(frozen=True)
 class Send:
     """One transfer a device makes: a copy of the transfer class ``key`` (built by ``make``)
@@ -71,6 +76,18 @@ class Send:
     kind: str
     label: str
     counter: str | None = None
+
+
+class PreparedTransfer(NamedTuple):
+    """A device's copy of a transfer class at one size, ready to start (Program.prepare_transfer)."""
+
+    device: int
+    stream: int
+    phases: list[Phase]
+    kind: str
+    label: str
+    counter: str | None
+    sent: float  # bytes the counted rank sends in it
 
 
 @dataclass
@@ -239,14 +256,23 @@ class Program:
         self, dev: Device, send: Send, deps: tuple[int, ...] | list[int], mb: int = -1, chunk: int = -1
     ) -> int:
         """An engine transfer of ``dev``'s copy of ``send``'s class on its lane's stream."""
+        return self.start_transfer(self.prepare_transfer(dev, send), deps, mb, chunk)
+
+    def prepare_transfer(self, dev: Device, send: Send) -> PreparedTransfer:
+        """What every transfer of ``dev``'s copy of ``send`` shares (a pipeline boundary sends one
+        per microbatch)."""
         count_gpu = dev.gpu if (send.counter is not None and dev.idx == 0) else -1
         copy = copy_index(self.full, dev.dp, dev.tp, self.t, send.per, self.plan.shard_group)
         phases, sent = self.xfer.phases(send.key, send.make, copy, dev.gpu, send.size, count_gpu)
-        if send.counter is not None:
-            self.counters[send.counter] += sent
-        return self.eng.transfer(
-            self.stream(dev, send.lane), phases, send.kind, deps, TaskInfo(dev.idx, mb, chunk, send.label)
-        )
+        return PreparedTransfer(dev.idx, self.stream(dev, send.lane), phases, send.kind, send.label, send.counter, sent)
+
+    def start_transfer(
+        self, x: PreparedTransfer, deps: tuple[int, ...] | list[int], mb: int = -1, chunk: int = -1
+    ) -> int:
+        """An engine transfer of a prepared send (counted under its counter)."""
+        if x.counter is not None:
+            self.counters[x.counter] += x.sent
+        return self.eng.transfer(x.stream, x.phases, x.kind, deps, pass_info((x.device, mb, chunk, x.label, ())))
 
     def group_task(
         self, dev: Device, key: tuple, dep: int, make: Callable[[], int], member: tuple[int, int] | None = None
