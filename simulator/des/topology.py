@@ -38,8 +38,10 @@ equivalent NICs/spines) and cached per (source, destination).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 
@@ -68,7 +70,7 @@ class Topology:
         self.nodes = cluster.nodes
         self.gpus_per_node = node.gpus_per_node
         self.nics_per_node = node.nics_per_node
-        self.graph: nx.DiGraph = nx.DiGraph()
+        self._nodes: list[tuple[str, dict[str, Any]]] = []  # the graph's nodes and edges (:attr:`graph`)
         self.links: list[LinkInfo] = []
         self.cap: list[float] = []
         self.lat: list[float] = []
@@ -99,11 +101,22 @@ class Topology:
         self._edges: list[tuple[str, str, dict[str, int]]] = []
         self._build_nodes()
         self._build_fabric()
-        self.graph.add_edges_from(self._edges)
-        del self._edges
         assert len(self._nvl_up) == self.nodes and all(len(x) == G for x in self._gpu_sw)
 
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """The cluster as a networkx graph of directed links (named nodes with their kinds; each
+        edge's ``link`` id), built on first use: the simulation routes by the lookup tables, the
+        graph checks them (:meth:`nx_route`)."""
+        g = nx.DiGraph()
+        g.add_nodes_from(self._nodes)
+        g.add_edges_from(self._edges)
+        return g
+
     # ------------------------------------------------------------------ construction
+
+    def _add_node(self, name: str, **attrs: Any) -> None:
+        self._nodes.append((name, attrs))
 
     def _link(self, u: str, v: str, kind: str, node: int, cap: float, lat: float, lid: int | None = None) -> int:
         if lid is None:
@@ -123,9 +136,9 @@ class Topology:
         for k in range(self.nodes):
             pre = f"n{k}/"
             host = pre + "host"
-            self.graph.add_node(host, kind="host", node=k)
+            self._add_node(host, kind="host", node=k)
             for g in range(G):
-                self.graph.add_node(pre + f"gpu{g}", kind="gpu", node=k, local=g)
+                self._add_node(pre + f"gpu{g}", kind="gpu", node=k, local=g)
             ups, downs, mesh = [], [], {}
             if self.intra_kind == "nvlink" and G > 1:
                 for a in range(G):
@@ -136,7 +149,7 @@ class Topology:
                             )
             else:
                 sw = pre + {"pcie": "p2p", "loopback": "loopback"}.get(self.intra_kind, "nvswitch")
-                self.graph.add_node(sw, kind="nvswitch", node=k)
+                self._add_node(sw, kind="nvswitch", node=k)
                 for g in range(G):
                     ups.append(self._link(pre + f"gpu{g}", sw, self.intra_kind, k, intra.bytes_per_s, intra.latency_s))
                     downs.append(self._link(sw, pre + f"gpu{g}", self.intra_kind, k, intra.bytes_per_s, 0.0))
@@ -145,7 +158,7 @@ class Topology:
             self._mesh.append(mesh)
             gsw, swg, swh, hsw = [], [], [], []
             for i in range(nsw):
-                self.graph.add_node(pre + f"pcie{i}", kind="pcie-switch", node=k)
+                self._add_node(pre + f"pcie{i}", kind="pcie-switch", node=k)
                 swh.append(self._link(pre + f"pcie{i}", host, "pcie", k, pcie.bytes_per_s, pcie.latency_s))
                 hsw.append(self._link(host, pre + f"pcie{i}", "pcie", k, pcie.bytes_per_s, pcie.latency_s))
             for g in range(G):
@@ -168,7 +181,7 @@ class Topology:
             for i in range(self.nics_per_node):
                 s = self._switch_of_nic(i)
                 nic = pre + f"nic{i}"
-                self.graph.add_node(nic, kind="nic", node=k)
+                self._add_node(nic, kind="nic", node=k)
                 swn.append(self._link(pre + f"pcie{s}", nic, "pcie", k, pcie.bytes_per_s, 0.0))
                 nsw_.append(self._link(nic, pre + f"pcie{s}", "pcie", k, pcie.bytes_per_s, 0.0))
             self._sw_nic.append(swn)
@@ -206,7 +219,7 @@ class Topology:
             n_leaves = -(-self.nodes * n_nics // down)
         leaf_names = [("switch" if topo == "single-switch" else f"leaf{j}") for j in range(n_leaves)]
         for nm in leaf_names:
-            self.graph.add_node(nm, kind="switch")
+            self._add_node(nm, kind="switch")
         self._nic_leaf = leaf_of
         for k in range(self.nodes):
             ups, downs = [], []
@@ -217,7 +230,7 @@ class Topology:
             self._nic_up.append(ups)
             self._nic_down.append(downs)
         if n_leaves > 1:
-            self.graph.add_node("spine", kind="switch")
+            self._add_node("spine", kind="switch")
             cap = up * nic.bytes_per_s
             for _j, nm in enumerate(leaf_names):
                 self._leaf_up.append(self._link(nm, "spine", "uplink", -1, cap, self.switch_latency))
