@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from simulator.cost.schedules import PipeOp
 from simulator.cost.zero3 import copy_out_time, regather_fraction
+from simulator.des.passes import Piece
 from simulator.des.program import data_parallel
 from simulator.des.program.state import Device, Program, Split, pass_info
 
@@ -49,14 +50,30 @@ def add_passes(prog: Program, dev: Device) -> None:
     mode = ReductionMode.of(prog)
     pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
     prog.pieces_of[dev.idx] = pieces
+    chunk = [prog.chunk_of(dev, c) for c in range(prog.v)]  # each local chunk's model-order index
+    cs = prog.stream(dev, "compute")
+    whole: dict[tuple[str, int, bool], Piece] = {}  # the one piece of each pass run whole
+    di, task, add_mem = dev.idx, prog.eng.task, prog.mem.add_many
+    first, last, piece_index = prog.first, prog.last, prog.piece_index
     nred = 0
     for k, op in enumerate(order):
-        j = prog.chunk_of(dev, op.chunk)
+        kind, mb, local = op
+        j = chunk[local]
         norec = prog.norec(op)
         _count(prog, dev, op, j, norec)
-        bucketed = mode.overlap and op.kind == grads and (mode.per_mb or last_b[op.chunk] == k)
-        split: Split = "layers" if mode.zero3 else "buckets" if bucketed else "whole"
-        nred = _add_pass(prog, dev, op, j, norec, split, mode, bucketed, pieces, nred)
+        bucketed = mode.overlap and kind == grads and (mode.per_mb or last_b[local] == k)
+        if not (mode.zero3 or bucketed):  # one task, nothing beside it: _add_pass's loop, inlined (most passes)
+            pc = whole.get((kind, j, norec))
+            if pc is None:
+                pc = whole[(kind, j, norec)] = prog.pieces(kind, j, norec, "whole")[0]
+            tid = task(cs, pc.dur, kind, (), pass_info((di, mb, j, "", pc.segs)))
+            piece_index[tid] = (di, len(pieces))
+            pieces.append(tid)
+            add_mem(tid, di, pc.start_mem, pc.end_mem)
+            first[(di, kind, mb, j)] = last[(di, kind, mb, j)] = tid
+        else:
+            split: Split = "layers" if mode.zero3 else "buckets"
+            nred = _add_pass(prog, dev, op, j, norec, split, mode, bucketed, pieces, nred)
         if mode.per_mb and not mode.overlap and op.kind == grads:
             data_parallel.reduce_gradients(prog, dev, prog.chunk_params(j), pieces[-1], nred)
             nred += 1

@@ -46,25 +46,27 @@ def add_sends(prog: Program, dev: Device) -> None:
     order = prog.orders[dev.idx]
     routes: dict[tuple[str, int], tuple[int, int, int, PreparedTransfer | None] | None] = {}
     di, first, last = dev.idx, prog.first, prog.last
+    chunk = [prog.chunk_of(dev, c) for c in range(prog.v)]  # each local chunk's model-order index
+    gate, start, add_dep = prog.gate, prog.start_transfer, prog.eng.add_dep
     blocking = prog.opt.blocking_p2p
-    for k, op in enumerate(order):
-        if op.kind == "W":  # ZB-H1's weight gradients stay on the rank
+    for k, (kind, mb, local) in enumerate(order):
+        if kind == "W":  # ZB-H1's weight gradients stay on the rank
             continue
-        key = (op.kind, op.chunk)
+        key = (kind, local)
         if key not in routes:  # made at its first use: the streams are created in the order the sends run
-            routes[key] = _route(prog, dev, op.kind, op.chunk)
+            routes[key] = _route(prog, dev, kind, local)
         route = routes[key]
         if route is None:  # the model's first or last chunk
             continue
         j, nxt, rcv, send = route
         if send is None:  # ZB-V's turn: the next chunk is this rank's other one, no send
-            prog.eng.add_dep(first[(di, op.kind, op.mb, nxt)], last[(di, op.kind, op.mb, j)])
+            add_dep(first[(di, kind, mb, nxt)], last[(di, kind, mb, j)])
             continue
-        x = prog.start_transfer(send, (last[(di, op.kind, op.mb, j)],), op.mb, j)
-        prog.gate(first[(rcv, op.kind, op.mb, nxt)], x)
+        x = start(send, (last[(di, kind, mb, j)],), mb, j)
+        gate(first[(rcv, kind, mb, nxt)], x)
         if blocking and k + 1 < len(order):
             after = order[k + 1]
-            prog.gate(first[(di, after.kind, after.mb, prog.chunk_of(dev, after.chunk))], x)
+            gate(first[(di, after.kind, after.mb, chunk[after.chunk])], x)
 
 
 def _route(prog: Program, dev: Device, kind: str, local: int) -> tuple[int, int, int, PreparedTransfer | None] | None:
