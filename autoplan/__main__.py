@@ -1,3 +1,3 @@
-from autoplan.cli import main
+from autoplan.cli import run
 
-raise SystemExit(main())
+run()

@@ -9,7 +9,8 @@
    and of gpt-1t on 3,072 GPUs (the plan `autoplan plan` picks for it), warm, best of --repeat;
 3. `autoplan plan` wall time and peak memory (the largest RSS of the main process and of any
    worker) for the main job (gpt3-175b, 128 dgx-a100-80gb nodes, B = 1536) and the 1T job
-   (gpt-1t, 384 nodes, B = 3072), through the real command line, best of --repeat.
+   (gpt-1t, 384 nodes, B = 3072), as ``python -m autoplan`` runs it (interpreter start to exit),
+   best of --repeat.
 
 With ``--against REV`` the same figures are measured for the code at git revision REV (checked
 out into a temporary worktree; each measurement runs in a subprocess with that tree first on
@@ -75,13 +76,17 @@ print(json.dumps({"wall_s": best, "step_s": r.step_time, "events": r.extra["even
 """
 
 PLAN = """
-import json, resource, sys
-from autoplan.cli import main
-code = main(["-q", "plan", *sys.argv[1:], "--json"])
-if code:
-    raise SystemExit(code)
-rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"rss_kib": rss}), file=sys.stderr)
+import atexit, json, resource, runpy, sys
+
+
+def peak_memory():
+    rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    print(json.dumps({"rss_kib": rss}), file=sys.stderr)
+
+
+atexit.register(peak_memory)
+sys.argv = ["autoplan", "-q", "plan", *sys.argv[1:], "--json"]
+runpy.run_module("autoplan", run_name="__main__")  # `python -m autoplan`, as that revision runs it, exit included
 """
 
 JOBS = {
