@@ -6,17 +6,20 @@ returns the same step time, peak memory and fit for every plan of a list, agreei
 its speed from splitting each formula by what it depends on:
 
 * terms that depend on few plan fields are computed once per distinct key by the scalar
-  function that owns the rule, and broadcast to the plans that share the key: the stage costs
-  (simulator.cost.stage.stage_groups, key t, sp, mb, p, v, ckpt, layer split), the
-  activation peak and the schedule's buffers (simulator.cost.stage_memory, plus m and the
-  stage), the pipeline send and tied-embedding times (simulator.analytic.pipeline), the
-  step-end scalar all-reduces (simulator.cost.step.step_sync_time) and each group's link and
-  per-collective bandwidth and latency steps (simulator.cost.collectives, simulator.cost.zero3);
-* what varies with every plan -- ZeRO stage, offload, hybrid sharding, d, message sizes --
-  is combined over arrays (plans x distinct stages), with the formulas of
-  simulator.analytic.data_parallel, simulator.cost.zero3, simulator.cost.memory,
+  function that owns the rule, and broadcast to the plans that share the key: the kinds of a
+  layout's pipeline devices (simulator.cost.stage.device_kinds, key p, v, schedule, ckpt, layer
+  split), the layer-level times (simulator.cost.stage.block_times, key t, sp, mb, prec), the
+  schedule's in-flight counts (simulator.cost.memory, plus m), the pipeline send and
+  tied-embedding times (simulator.analytic.pipeline), the step-end scalar all-reduces
+  (simulator.cost.step.step_sync_time) and each group's link and per-collective bandwidth and
+  latency steps (simulator.cost.collectives, simulator.cost.zero3);
+* the rest is combined over arrays (plans x distinct stages): the stage costs, activation
+  peaks and buffers from those terms (simulator.cost.stage, simulator.cost.stage_memory), and
+  what varies with every plan -- ZeRO stage, offload, hybrid sharding, d, message sizes -- with
+  the formulas of simulator.analytic.data_parallel, simulator.cost.zero3, simulator.cost.memory,
   simulator.analytic.offload and simulator.cost.step written element-wise; each line below
-  names the scalar function it mirrors.
+  names the scalar function it mirrors. (Plans whose chunks differ, v > 1 with an explicit
+  split, take their activation peaks from the scalar rule.)
 """
 
 from __future__ import annotations
@@ -102,10 +105,9 @@ class _Plans:
             code = self._values[name] = {value: j for j, value in enumerate(dict.fromkeys(column))}
             self._codes[name] = (np.fromiter(map(code.__getitem__, column), np.int64, n), len(code))
         c = self.col
-        self.t, self.p, self.d, self.mb, self.sp, self.v = c["t"], c["p"], c["d"], c["mb"], c["sp"], c["v"]
-        self.zero, self.hsdp, self.fp8ag = c["zero"], c["hsdp"], c["fp8ag"]
-        self.m = global_batch // (self.d * self.mb)  # simulator.plan.num_microbatches
-        self.shard = np.where(self.hsdp > 0, self.hsdp, self.d)  # Plan.shard_group
+        self.t, self.p, self.d, self.v, self.zero, self.fp8ag = c["t"], c["p"], c["d"], c["v"], c["zero"], c["fp8ag"]
+        self.m = global_batch // (self.d * c["mb"])  # simulator.plan.num_microbatches
+        self.shard = np.where(c["hsdp"] > 0, c["hsdp"], self.d)  # Plan.shard_group
         self.replicas = np.maximum(1, self.d // self.shard)  # Plan.replicas
         self.col["m"] = self.m
         self.col["zbv"] = self.is_("schedule", "zbv").astype(np.int64)
@@ -177,21 +179,21 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, P: _Plans) -> tuple[dict[str
     blocks, block_of = P.per_key(
         _BLOCK_KEY, lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec))
     )
-    lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep = np.array(blocks, dtype=float)[block_of].T[
-        :, :, None
-    ]
-    per_t = P.per_key(("t",), lambda q, i: (*_per_layer_params(model, q.t), _emb_params(model, q.t)))
-    layer_p, sharded_extra, emb_p = (a[:, None] for a in np.array(per_t[0], dtype=float)[per_t[1]].T)
-    head_p = P.per_plan(("t", "p"), lambda q, i: params.head_params_per_rank(model, q.t, q.p, _vocab(model, q.t)))
+    times = np.array(blocks, dtype=float)[block_of].T[:, :, None]  # field x plan x 1
+    lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep = times
+    per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t))
+    layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float)[t_of].T[:, :, None]
+    head_p = P.per_plan(
+        ("t", "p"), lambda q, i: params.head_params_per_rank(model, q.t, q.p, padded_vocab_size(model, q.t))
+    )
     # stage._make_stages's cost(), element-wise
     a2a = experts.ALL_TO_ALLS_PER_PASS * ep
     fwd = n * lf + first * ef + last * hf
     bwd = n * lb + first * eb + last * hb
     bwd_w = n * lbw + first * ebw + last * hbw
     recompute = full * lf + sel * lac
-    tp = (tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * ar + (
-        first * TP_EMBEDDING + last * TP_HEAD
-    ) * ar
+    tp = (tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * ar
+    tp = tp + (first * TP_EMBEDDING + last * TP_HEAD) * ar
     cp = n * (cpf + cpb) + (full + sel) * cpf
     ep_comm = (2 * n + full) * a2a
     in_forward = n * (tp_forward(model) * ar + cpf + a2a) + first * TP_EMBEDDING * ar
@@ -218,16 +220,15 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, P: _Plans) -> tuple[dict[str
     }, valid[split_of]
 
 
-def _per_layer_params(model: ModelSpec, t: int) -> tuple[float, float]:
-    return params.layer_params_per_rank(model, t), params.layer_sharded_extra(model, t)
-
-
-def _emb_params(model: ModelSpec, t: int) -> float:
-    return params.embedding_params_per_rank(model, t, _vocab(model, t))
-
-
-def _vocab(model: ModelSpec, t: int) -> int:
-    return padded_vocab_size(model, t)
+def _rank_params(model: ModelSpec, t: int) -> tuple[float, float, float]:
+    """A layer's parameters on one TP rank, the experts' states it shards beyond them, the
+    embedding's (simulator.cost.params, with Megatron's padded vocabulary)."""
+    vocab = padded_vocab_size(model, t)
+    return (
+        params.layer_params_per_rank(model, t),
+        params.layer_sharded_extra(model, t),
+        params.embedding_params_per_rank(model, t, vocab),
+    )
 
 
 def _schedule_counts(P: _Plans, S: dict[str, np.ndarray], valid: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -477,8 +478,8 @@ def estimate_batch(
     rows = np.arange(len(plans))
     worst = per_mb[rows, crit]
     total = (np.where(valid, per_mb, 0.0) * S["count"]).sum(axis=1)
-    saved = np.where((P.is_("schedule", "gpipe")) & (P.m > 1), S["recompute"][rows, crit], 0.0)
-    interleaved = (P.is_("schedule", "interleaved")) & (P.v > 1)
+    saved = np.where(P.is_("schedule", "gpipe") & (P.m > 1), S["recompute"][rows, crit], 0.0)
+    interleaved = P.is_("schedule", "interleaved") & (P.v > 1)
     w = S["backward_weight"]  # pipeline.weight_fill: w + f (ZB-V) or w + min(w, f)
     fill = w + np.where(col(P.is_("schedule", "zbv")), S["forward_span"], np.minimum(w, S["forward_span"]))
     total_fill = (np.where(valid, fill, 0.0) * S["count"]).sum(axis=1)
@@ -520,7 +521,7 @@ def estimate_batch(
     # ---- fit (SimResult.fits; step.host_state_bytes, step.host_fits)
     cap = gpu.usable_memory_bytes
     host = node.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + np.where(zero == 3, 2, 0))
-    host_ok = ~offload | (P.is_("offload", "nvme")) | (host <= node.host_memory_GiB * 2**30)
+    host_ok = ~offload | P.is_("offload", "nvme") | (host <= node.host_memory_GiB * 2**30)
     gpu_ok = peak <= cap
     return BatchEstimate(np.where(gpu_ok, step, np.inf), peak, gpu_ok & host_ok)
 

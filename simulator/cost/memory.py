@@ -229,8 +229,9 @@ def weight_grads_pending(schedule: str, stage: int, p: int, m: int) -> float:
     owes when its in-flight forwards peak; each keeps the linears' inputs
     (:func:`weight_grad_input_bytes`) until its W. ZB-H1's stage s
     (simulator.cost.schedules.zero_bubble_h1) holds min(p - s, m) microbatches' activations and
-    defers each W by s microbatches; at its last forward it has run m - min(p - s - 1, m) - 1
-    B's and s fewer W's, so it owes max(0, s - max(0, p - m)). ZB-V runs each W right after its
+    defers each W by s microbatches: at the forward of its i-th steady step it has run i B's
+    and max(0, i - s) W's, so it owes min(i, s), most at its last forward, i = m - min(p - s - 1,
+    m) - 1 (none when m < p - s): max(0, s - max(0, p - m)). ZB-V runs each W right after its
     B until the cool-down, which runs no forward, so none is owed when a forward runs: 0, as for
     the other schedules. Both are checked against a replay of the pass orders for p <= 16,
     m <= 40 (tests/test_zero_bubble.py)."""
