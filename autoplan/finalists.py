@@ -13,6 +13,7 @@ from autoplan.scoring import Scored
 from autoplan.workers import SHARED, Pool, progress
 from simulator import simulate
 from simulator.analytic import estimate
+from simulator.gc_pause import paused_gc
 from simulator.job import Job
 from simulator.plan import Plan, num_microbatches
 from simulator.result import SimResult
@@ -47,13 +48,14 @@ def prepare() -> None:
     of each cluster the finalists may run on (0.1-0.2 s for thousands of GPUs;
     simulator.des.simulate.topology_for keeps the last four)."""
     opts = SHARED["opts"]
-    if opts.partition:
-        from ortools.sat.python import cp_model  # noqa: F401
-    if opts.fidelity == "des":
-        from simulator.des.simulate import topology_for
+    with paused_gc():  # a topology is tens of thousands of link records
+        if opts.partition:
+            from ortools.sat.python import cp_model  # noqa: F401
+        if opts.fidelity == "des":
+            from simulator.des.simulate import topology_for
 
-        for cluster in list(SHARED["clusters"].values())[:4]:
-            topology_for(cluster)
+            for cluster in list(SHARED["clusters"].values())[:4]:
+                topology_for(cluster)
 
 
 def _mapped(pool: Pool, fn: Callable[[Any], Any], items: list[Any], show_progress: bool, phase: str) -> list[Any]:

@@ -22,6 +22,7 @@ import numpy as np
 from autoplan.space import Shape, plans_of
 from autoplan.workers import SHARED, Pool, progress
 from simulator.analytic.batch import estimate_batch
+from simulator.gc_pause import paused_gc
 from simulator.plan import Plan
 
 #: runs of shapes per worker process: enough to balance the workers, few enough that each run's
@@ -122,8 +123,9 @@ def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:
     nodes, start, stop, keep, objective = args
     cluster = SHARED["clusters"][nodes]
     layouts = SHARED["shapes"][nodes][start:stop]
-    plans = plans_of(SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"])
-    return score_run(plans, nodes, keep, objective)
+    with paused_gc():  # plans by the ten thousand, no cycles among them
+        plans = plans_of(SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"])
+        return score_run(plans, nodes, keep, objective)
 
 
 def score_all(

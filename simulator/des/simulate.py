@@ -38,6 +38,7 @@ from simulator.des.memtimeline import RankMemory
 from simulator.des.network import Network
 from simulator.des.program import DesOptions, Device, Program, build_program
 from simulator.des.topology import Topology
+from simulator.gc_pause import paused_gc
 from simulator.job import Job
 from simulator.result import SimResult
 
@@ -94,9 +95,10 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
     topo = topology_for(job.cluster)
     net = Network(topo.cap, record=opts.record_links or trace)
     eng = Engine(net)
-    prog = build_program(job, topo, eng, full, opts)
-    step = eng.run()
-    memory = prog.mem.replay(eng.start, eng.end)
+    with paused_gc():  # task records by the ten thousand, no cycles among them
+        prog = build_program(job, topo, eng, full, opts)
+        step = eng.run()
+        memory = prog.mem.replay(eng.start, eng.end)
 
     # the rank that finishes last, and its last task
     final_task = max(range(eng.num_tasks), key=lambda t: (eng.end[t], -t))
