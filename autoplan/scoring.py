@@ -138,18 +138,17 @@ def score_all(
 ) -> Scores:
     """The :class:`Scores` of every plan of the shapes on each node count (in the dictionary's
     order); :data:`SHARED` holds the model, clusters, batch, pins, precisions and options.
-    ``meanwhile``: work for the parent process while ``jobs`` - 1 workers score (with one job,
-    one forked worker scores); it runs in a thread started after the workers are forked and
-    joined before returning, so no later fork copies it half done."""
+    ``meanwhile``: work for the otherwise idle parent process while the workers score (run in a
+    thread started after the workers are forked and joined before returning, so no later fork
+    copies it half done)."""
     SHARED["shapes"] = shapes_by_nodes
-    workers = max(1, jobs - 1) if meanwhile is not None else jobs  # the parent's `meanwhile` keeps a core busy
     tasks = []
     for n, layouts in shapes_by_nodes.items():
-        size = max(1, -(-len(layouts) // (RUNS_PER_JOB * workers))) if jobs > 1 else max(1, len(layouts))
+        size = max(1, -(-len(layouts) // (RUNS_PER_JOB * jobs))) if jobs > 1 else max(1, len(layouts))
         tasks += [(n, i, min(i + size, len(layouts)), keep, objective) for i in range(0, len(layouts), size)]
     bar = progress(sum(map(len, shapes_by_nodes.values())), show_progress, "estimating plans", "layout", least=1000)
     parts: list[Scores] = []
-    with Pool(workers if len(tasks) > 1 else 1, fork_one=meanwhile is not None and jobs > 1) as pool:
+    with Pool(jobs if len(tasks) > 1 else 1) as pool:
         side = threading.Thread(target=meanwhile, daemon=True) if meanwhile and pool.pool else None
         if side:
             side.start()

@@ -21,13 +21,11 @@ def can_fork() -> bool:
 
 
 class Pool:
-    """A fork pool of ``jobs`` workers sharing :data:`SHARED`, or a plain in-process map for one
-    job (``fork_one``: a forked worker even then, leaving the parent free for other work)."""
+    """A fork pool of ``jobs`` workers sharing :data:`SHARED`, or a plain in-process map for one job."""
 
-    def __init__(self, jobs: int, fork_one: bool = False):
+    def __init__(self, jobs: int):
         self.jobs = jobs
-        forks = (jobs > 1 or fork_one) and can_fork()
-        self.pool = mp.get_context("fork").Pool(jobs) if forks else None
+        self.pool = mp.get_context("fork").Pool(jobs) if jobs > 1 and can_fork() else None
 
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
         return self.pool.imap(fn, items, chunksize=1) if self.pool else (fn(x) for x in items)

@@ -226,3 +226,14 @@ def test_buffers():
     assert memory.zero3_working_set_bytes(1e6) == 4e6
     assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients
     assert memory.gradient_bucket_bytes(1e9) == 50e6  # two 25 MB buckets
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_interleaved_occupancy_stops_growing_at_2p(p, v):
+    """memory.chunk_occupancy replays the interleaved schedule's first 2p microbatches for any
+    longer run (m a multiple of p): the same as replaying the whole run, for m up to 6p."""
+    for m in range(2 * p, 6 * p + 1, p):
+        for s in range(p):
+            got = memory.chunk_occupancy("interleaved", s, p, m, v)
+            assert got == memory.replayed_occupancy("interleaved", s, p, m, v), (m, s)

@@ -190,18 +190,32 @@ def end_chunk_in_flight(schedule: str, stage: int, p: int, m: int, v: int, local
 
 @functools.lru_cache(maxsize=2048)
 def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
-    """The per-chunk in-flight microbatch counts a device can reach (local chunk order),
-    replayed from its pass order (:func:`simulator.cost.schedules.device_order`): after every
-    forward, the vector of forwards not yet matched by their backward, per chunk. Only the
-    vectors no other one dominates are kept; the activation peak is the largest of
+    """The per-chunk in-flight microbatch counts a device can reach (local chunk order): after
+    every forward, the vector of forwards not yet matched by their backward, per chunk. Only
+    the vectors no other one dominates are kept; the activation peak is the largest of
     sum_k count_k * held_k over them. With v = 1 this is the single count of
-    :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last
-    chunk, and which chunk peaks matters when chunks differ (uneven recomputation). ZB-V's
-    counts stop changing once m reaches 2p (its warm-up runs at most 2p - 1 forwards of chunk
-    0; later microbatches repeat the steady state: tests/test_zero_bubble.py checks m up to
-    6p), so longer runs replay 2p microbatches."""
-    if schedule == "zbv" and m > 2 * p:
-        return chunk_occupancy(schedule, stage, p, 2 * p, v)
+    :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last chunk,
+    and which chunk peaks matters when chunks differ (uneven recomputation). Replayed
+    (:func:`replayed_occupancy`) over :func:`occupancy_horizon` microbatches: the counts of a
+    longer run are the same."""
+    return replayed_occupancy(schedule, stage, p, min(m, occupancy_horizon(schedule, p, m)), v)
+
+
+def occupancy_horizon(schedule: str, p: int, m: int) -> int:
+    """How many microbatches :func:`chunk_occupancy` needs to replay: ZB-V's and the interleaved
+    schedule's (with m a multiple of p, as Megatron-LM requires) counts stop changing once m
+    reaches 2p -- their warm-ups run at most 2p - 1 forwards of chunk 0 (ZB-V) and
+    (p - s - 1) * 2 + (v - 1) * p chunk-forwards (interleaved), and later microbatches repeat
+    the steady state (tests/test_zero_bubble.py and tests/test_memory.py replay m up to 6p);
+    other schedules, all m."""
+    if schedule == "zbv" or (schedule == "interleaved" and m % p == 0):
+        return 2 * p
+    return m
+
+
+def replayed_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
+    """:func:`chunk_occupancy` by replaying the device's whole pass order
+    (:func:`simulator.cost.schedules.device_order`)."""
     import numpy as np  # here, not at import: the command line's start-up does not need it
 
     from simulator.cost.schedules import device_order
