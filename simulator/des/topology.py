@@ -41,11 +41,12 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from hwprofiles.schema import ClusterSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 GPUS_PER_PCIE_SWITCH = 2  # DGX-1/DGX-2/DGX A100/DGX H100 baseboards: 2 GPUs per PCIe switch
 
@@ -107,7 +108,9 @@ class Topology:
     def graph(self) -> nx.DiGraph:
         """The cluster as a networkx graph of directed links (named nodes with their kinds; each
         edge's ``link`` id), built on first use: the simulation routes by the lookup tables, the
-        graph checks them (:meth:`nx_route`)."""
+        graph checks them (:meth:`nx_route`); networkx is imported then too."""
+        import networkx as nx
+
         g = nx.DiGraph()
         g.add_nodes_from(self._nodes)
         g.add_edges_from(self._edges)
@@ -331,6 +334,8 @@ class Topology:
 
         def keep(n: str) -> bool:
             return n in (src, dst) or kinds[n].get("kind") != "gpu"
+
+        import networkx as nx
 
         path = nx.shortest_path(nx.subgraph_view(self.graph, filter_node=keep), src, dst)
         return tuple(self.graph.edges[u, v]["link"] for u, v in itertools.pairwise(path))
