@@ -44,9 +44,10 @@ def refine_and_simulate_all(
 def prepare() -> None:
     """What every finalist's worker would otherwise do first, done once by the search's parent
     process while its workers score the plans, so the finalists' workers, forked later, start
-    with it: import CP-SAT (about 0.4 s) when the search partitions, and build the DES topology
-    of each cluster the finalists may run on (0.1-0.2 s for thousands of GPUs;
-    simulator.des.simulate.topology_for keeps the last four)."""
+    with it: import CP-SAT (about 0.3 s, most of it pandas, which OR-tools imports) when the
+    search partitions, and build the DES topology of each cluster the finalists may run on
+    (tens of milliseconds for thousands of GPUs; simulator.des.simulate.topology_for keeps the
+    last four)."""
     opts = SHARED["opts"]
     with paused_gc():  # a topology is tens of thousands of link records
         if opts.partition:
