@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Literal
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.rank_view import rank_model, rank_plan, user_plan
-from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, device_chunks, tp_per_full_recompute, tp_per_layer
+from simulator.cost.schedules import rank_chunks
+from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, tp_per_full_recompute, tp_per_layer
 from simulator.cost.stage_memory import DeviceMemoryModel
 from simulator.plan import Plan, RecomputeName
 from simulator.specs import ModelSpec
@@ -137,7 +138,7 @@ def _add_devices(
     L, chunks = model.num_layers, plan.p * plan.v
     lt = LayerTimes.of(model, cluster, plan)
     cap = cluster.gpu.usable_memory_bytes
-    dev_chunks = device_chunks(plan, L)
+    dev_chunks = rank_chunks(plan.schedule, plan.p, plan.v)
     for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
         for i, a in enumerate(ids):
             for b in ids[i + 1 :]:

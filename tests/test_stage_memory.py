@@ -6,7 +6,8 @@ import pytest
 
 from hwprofiles.load import load_cluster
 from simulator import Job, load_model, simulate
-from simulator.cost.stage import device_chunks, device_layers, stage_groups
+from simulator.cost.schedules import rank_chunks
+from simulator.cost.stage import device_layers, stage_groups
 from simulator.cost.stage_memory import DeviceMemoryModel, stage_memory
 from simulator.plan import Plan
 
@@ -72,7 +73,7 @@ def test_linear_form_is_the_stage_memory(model_name, nodes, batch, plan):
     job = Job.make(model, cluster, plan, batch)
     sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
     costs = {i: c for i, c, _ in stage_groups(model, cluster, plan)}
-    chunks = device_chunks(plan, model.num_layers)
+    chunks = rank_chunks(plan.schedule, plan.p, plan.v)
     for dev, cost in costs.items():
         ids = chunks[dev]
         lin = DeviceMemoryModel.of(model, cluster, plan, job.m, dev, cost.first, cost.last)
@@ -107,7 +108,7 @@ def test_device_layers_closed_form_sums_the_chunks(layers, p, v, ckpt):
     p=3, v=2: chunks 2/1/1/1/1/1, devices 0, 1, 2 hold chunks 0+3, 1+4, 2+5: 3, 2, 2)."""
     plan = Plan(p=p, v=v, ckpt=ckpt, schedule="interleaved" if v > 1 else "1f1b")
     sizes, rec = plan.chunk_layers(layers), plan.chunk_recompute(layers)
-    chunks = device_chunks(plan, layers)
+    chunks = rank_chunks(plan.schedule, plan.p, plan.v)
     want = tuple([sum(x[c] for c in cs) for cs in chunks] for x in (sizes, [f for f, _ in rec], [s for _, s in rec]))
     assert device_layers(plan, layers) == want
     if (layers, p, v) == (7, 3, 2):

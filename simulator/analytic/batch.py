@@ -110,7 +110,6 @@ class _Plans:
         self.shard = np.where(c["hsdp"] > 0, c["hsdp"], self.d)  # Plan.shard_group
         self.replicas = np.maximum(1, self.d // self.shard)  # Plan.replicas
         self.col["m"] = self.m
-        self.col["zbv"] = self.is_("schedule", "zbv").astype(np.int64)
 
     def is_(self, name: str, value: Any) -> np.ndarray:
         """Which plans have ``value`` in the (non-integer) field ``name``."""

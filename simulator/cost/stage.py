@@ -212,14 +212,8 @@ class StageCost(StageShape):
         return self.total - self.forward_span
 
 
-def device_chunks(plan: Plan, num_layers: int) -> list[list[int]]:
-    """Chunk indices (model order) on each pipeline device: dev, dev + p, ... (looped), or under
-    ZB-V dev and 2p-1-dev (simulator.cost.schedules.rank_chunks)."""
-    return rank_chunks(plan.schedule, plan.p, plan.v)
-
-
 def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], list[int]]:
-    """Per pipeline device (its chunks: :func:`device_chunks`), its layers and its fully and
+    """Per pipeline device (its chunks: simulator.cost.schedules.rank_chunks), its layers and its fully and
     selectively recomputed layers. The uniform split in closed form: with
     base, extra = divmod(L, p*v), chunk c holds base + [c < extra] layers, so device dev holds
     v*base + #{k < v : dev + k*p < extra} (with v > 1, p*v divides L: extra = 0, whatever the
@@ -234,7 +228,7 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
         zeros = [0] * p
         return ns, ns if plan.ckpt == "full" else zeros, ns if plan.ckpt == "selective" else zeros
     sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)
-    chunks = device_chunks(plan, num_layers)
+    chunks = rank_chunks(plan.schedule, p, v)
     per_device = lambda per_chunk: [sum(per_chunk[j] for j in cs) for cs in chunks]
     return per_device(sizes), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
 
