@@ -26,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from autoplan.cpsat import load_cp_model
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.rank_view import rank_model, rank_plan, user_plan
@@ -88,12 +89,12 @@ def optimize_partition(
             rank_model(model, plan.cp, plan.ep), cluster, rank_plan(plan), m, choose_recompute, time_limit_s
         )
         return None if found is None else dataclasses.replace(found, plan=user_plan(found.plan, plan))
-    from ortools.sat.python import cp_model
+    sat = load_cp_model()
 
     L, chunks = model.num_layers, plan.p * plan.v
     if chunks > L:
         return None
-    mdl = cp_model.CpModel()
+    mdl = sat.CpModel()
     n = [mdl.new_int_var(1, L, f"n{c}") for c in range(chunks)]
     mdl.add(sum(n) == L)
     f: list[cp_model.IntVar | int]
@@ -109,7 +110,7 @@ def optimize_partition(
     _add_devices(mdl, model, cluster, plan, m, n, f, s)
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
 
-    solver = cp_model.CpSolver()
+    solver = sat.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
     solver.parameters.relative_gap_limit = 1e-3  # 0.1% of the pipeline time is noise next to the model's error
@@ -119,7 +120,7 @@ def optimize_partition(
     # no hint took 0.004-0.57 s and three times ran out of the time limit (the optima agree).
     solver.parameters.cp_model_presolve = False
     status = solver.solve(mdl)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status not in (sat.OPTIMAL, sat.FEASIBLE):
         return None
     layers = tuple(int(solver.value(x)) for x in n)
     rec = tuple((int(solver.value(f[c])), int(solver.value(s[c]))) for c in range(chunks)) if choose_recompute else None
@@ -127,7 +128,7 @@ def optimize_partition(
     return PartitionResult(
         _solved_plan(plan, L, layers, rec),
         solver.objective_value / US / div,
-        "OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE",
+        "OPTIMAL" if status == sat.OPTIMAL else "FEASIBLE",
     )
 
 

@@ -1,8 +1,8 @@
 """Step 2 of the search: the analytic estimate of every candidate plan, in the worker pool.
 
 The parent lists the plans' shapes (their parallel layouts: :func:`autoplan.space.shapes`);
-each worker expands a contiguous run of them into plans (:func:`autoplan.space.plans_of`),
-scores them with :func:`simulator.analytic.batch.estimate_batch` (the analytic model over
+each worker expands a contiguous run of them into plans (:func:`autoplan.space.plan_table`:
+columns, no Plan object per plan), scores them with :func:`simulator.analytic.batch.estimate_batch` (the analytic model over
 arrays; :func:`simulator.analytic.estimate` is its scalar reference) and sends back only what
 the search keeps of them (:class:`Scores`): the counts, the first plans by the objective, the
 time-vs-memory Pareto front and the plan needing least memory. Merged in the enumeration's
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.space import Shape, plans_of
+from autoplan.space import Shape, plan_table
 from autoplan.workers import SHARED, Pool, progress
 from simulator.analytic.batch import estimate_batch
 from simulator.gc_pause import paused_gc
 from simulator.plan import Plan
+from simulator.plan.table import PlanTable
 
 #: runs of shapes per worker process: enough to balance the workers, few enough that each run's
 #: plans share their per-layout work
@@ -91,7 +92,7 @@ def pareto_front(scored: list[Scored]) -> list[Scored]:
     return front
 
 
-def score_run(plans: list[Plan], nodes: int, keep: int, objective: str) -> Scores:
+def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores:
     """:class:`Scores` of ``plans`` on ``nodes`` nodes (the model, clusters, batch and options
     from :data:`SHARED`)."""
     cluster = SHARED["clusters"][nodes]
@@ -113,7 +114,7 @@ def score_run(plans: list[Plan], nodes: int, keep: int, objective: str) -> Score
         leaders=[scored(i) for i in leaders.tolist()],
         front=[scored(i) for i in on_front.tolist()],
         smallest=scored(int(np.argmin(peak))) if len(plans) else None,
-        offload=any(p.offload != "none" for p in plans),
+        offload=any(o != "none" for o in plans.values("offload")),
     )
 
 
@@ -123,8 +124,8 @@ def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:
     nodes, start, stop, keep, objective = args
     cluster = SHARED["clusters"][nodes]
     layouts = SHARED["shapes"][nodes][start:stop]
-    with paused_gc():  # plans by the ten thousand, no cycles among them
-        plans = plans_of(SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"])
+    with paused_gc():  # arrays of plans by the ten thousand, no cycles among them
+        plans = plan_table(SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"])
         return score_run(plans, nodes, keep, objective)
 
 

@@ -15,10 +15,14 @@ activation memory once GEMMs are saturated.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
+
+import numpy as np
 
 from hwprofiles.errors import PlanError
 from hwprofiles.schema import GpuProfile
@@ -43,6 +47,7 @@ from simulator.plan import (
     resolve_plan,
     zero_bubble_errors,
 )
+from simulator.plan.table import Factor, PlanTable
 from simulator.specs import ModelSpec
 
 MAX_MB = 16
@@ -224,24 +229,74 @@ def plans_of(
     gpus_per_node: int = 0,
     precs: tuple[PrecisionName, ...] = ("bf16",),
 ) -> list[Plan]:
-    """The plans of :func:`enumerate_plans` whose shapes are ``layouts``, in their order (the
-    search's workers each expand a run of the shapes)."""
-    opts = memory_options(fix)
-    plans = [
-        plan_of(s, *o, pr)
-        for s in layouts
-        for pr in precs
-        if pr == "bf16" or not fp8_shape_errors(model, Plan(t=s.t, mb=s.mb, prec=pr, cp=s.cp))
-        for o in opts
-        if s.schedule not in ZERO_BUBBLE_SCHEDULES or _zero_bubble_ok(o[0])
-    ]
+    """The plans of :func:`enumerate_plans` whose shapes are ``layouts``, in their order."""
+    return list(plan_table(model, layouts, fix, gpus_per_node, precs))
+
+
+#: what of a shape its :func:`layout_options` depend on (with whether its schedule is a zero-bubble
+#: one, which limits the ZeRO stage): t, mb, cp (the fp8 GEMM shapes), d*cp and ep (the ranks
+#: hybrid sharding divides) and t (the shard group that fills a node)
+_OPTION_KEY = attrgetter("t", "mb", "cp", "d", "ep")
+#: the option factor's fields, as :func:`layout_options` lists them
+OPTION_FIELDS = ("prec", "zero", "ckpt", "offload", "hsdp", "fp8ag")
+SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(Shape))
+_SHAPE_ROW = attrgetter(*SHAPE_FIELDS)
+
+
+def plan_table(
+    model: ModelSpec,
+    layouts: Sequence[Shape],
+    fix: Mapping[str, Any],
+    gpus_per_node: int = 0,
+    precs: tuple[PrecisionName, ...] = ("bf16",),
+) -> PlanTable:
+    """:func:`plans_of` as a :class:`PlanTable` (what the search's workers score): each shape
+    with each of its :func:`layout_options`, listed once per distinct :data:`_OPTION_KEY`."""
+    memory = memory_options(fix)
+    option_rows: dict[tuple[Any, ...], int] = {}
+    of_key: dict[tuple[Any, ...], list[int]] = {}
+    counts, option_index = [], []
+    for s in layouts:
+        key = (*_OPTION_KEY(s), s.schedule in ZERO_BUBBLE_SCHEDULES)
+        ids = of_key.get(key)
+        if ids is None:
+            found = layout_options(model, s, memory, fix, gpus_per_node, precs)
+            ids = of_key[key] = [option_rows.setdefault(o, len(option_rows)) for o in found]
+        counts.append(len(ids))
+        option_index += ids
+    shape_index = np.repeat(np.arange(len(layouts)), counts)
+    return PlanTable(
+        [
+            Factor(SHAPE_FIELDS, list(map(_SHAPE_ROW, layouts)), shape_index),
+            Factor(OPTION_FIELDS, list(option_rows), np.array(option_index, dtype=np.int64)),
+        ]
+    )
+
+
+def layout_options(
+    model: ModelSpec,
+    shape: Shape,
+    memory: list[tuple[ZeroStage, RecomputeName, OffloadName]],
+    fix: Mapping[str, Any],
+    gpus_per_node: int,
+    precs: tuple[PrecisionName, ...],
+) -> list[tuple[Any, ...]]:
+    """The (prec, zero, ckpt, offload, hsdp, fp8ag) options of the plans of ``shape``, in
+    enumeration order: each precision its shape allows (simulator.plan.fp8_shape_errors), each
+    of the ``memory`` options (:func:`memory_options`) its schedule runs with, then hybrid
+    sharding (:func:`hsdp_options`) and fp8 parameters (:func:`fp8_param_options`)."""
     fp8ag = "fp8ag" in fix
-    return [
-        r
-        for plan in plans
-        for q in hsdp_options(plan, gpus_per_node, fix)
-        for r in (fp8_param_options(q, fix) if fp8ag or q.prec == "fp8" else (q,))
-    ]
+    out = []
+    for pr in precs:
+        if pr != "bf16" and fp8_shape_errors(model, Plan(t=shape.t, mb=shape.mb, prec=pr, cp=shape.cp)):
+            continue
+        for zero, ckpt, off in memory:
+            if shape.schedule in ZERO_BUBBLE_SCHEDULES and not _zero_bubble_ok(zero):
+                continue
+            for q in hsdp_options(plan_of(shape, zero, ckpt, off, pr), gpus_per_node, fix):
+                for r in fp8_param_options(q, fix) if fp8ag or q.prec == "fp8" else (q,):
+                    out.append((r.prec, r.zero, r.ckpt, r.offload, r.hsdp, r.fp8ag))
+    return out
 
 
 def fp8_param_options(plan: Plan, fix: Mapping[str, Any]) -> list[Plan]:

@@ -24,9 +24,13 @@ def can_fork() -> bool:
 class Pool:
     """A fork pool of ``jobs`` workers sharing :data:`SHARED`, or a plain in-process map for one
     job. The workers fork with the parent's objects frozen out of the garbage collector
-    (``gc.freeze``, what the gc documentation advises before fork without exec): their
-    collections then skip the hundreds of thousands of objects the libraries made (OR-tools,
-    pandas, pydantic), which each older-generation collection would walk again."""
+    (``gc.freeze``, what the gc documentation advises before fork without exec), and run with
+    the cyclic collector off (``gc.disable`` as the pool's initializer): a worker lives for one
+    phase of one search, and expanding and scoring plans and the DES make no reference cycles
+    (tests/test_workers.py), so its collections would only walk the tens of thousands of live
+    plan and task records again and again (a tenth of a 1T finalist's DES). Reference counting
+    still frees all of it; what stays until the worker exits is OR-tools' ``CpModel``, which
+    holds itself in a cycle (about 30 kB per finalist partitioned)."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
@@ -34,7 +38,7 @@ class Pool:
         if jobs > 1 and can_fork():
             gc.freeze()
             try:
-                self.pool = mp.get_context("fork").Pool(jobs)
+                self.pool = mp.get_context("fork").Pool(jobs, initializer=gc.disable)
             finally:
                 gc.unfreeze()
 

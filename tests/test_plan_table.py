@@ -1,0 +1,93 @@
+"""simulator.plan.table.PlanTable, and the search's candidates as one (autoplan.space.plan_table)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoplan import space
+from hwprofiles.load import load_cluster
+from simulator.analytic.batch import estimate_batch
+from simulator.plan import Plan
+from simulator.plan.table import Factor, PlanTable
+from simulator.specs import load_model
+
+
+def _table() -> PlanTable:
+    shapes = Factor(("t", "p", "schedule"), [(2, 4, "1f1b"), (4, 2, "zbh1")], np.array([0, 0, 1, 1, 1]))
+    options = Factor(("zero", "ckpt"), [(1, "none"), (0, "full")], np.array([0, 1, 0, 1, 1]))
+    return PlanTable([shapes, options])
+
+
+def test_a_row_is_the_plan_of_its_factors_rows() -> None:
+    table = _table()
+    assert len(table) == 5
+    assert table[1] == Plan(t=2, p=4, schedule="1f1b", zero=0, ckpt="full")
+    assert table[-1] == Plan(t=4, p=2, schedule="zbh1", zero=0, ckpt="full")
+    assert table[2:4] == [Plan(t=4, p=2, schedule="zbh1", zero=1), Plan(t=4, p=2, schedule="zbh1", ckpt="full")]
+    assert list(table) == [table[i] for i in range(5)] and table[0] == Plan(t=2, p=4, zero=1)
+    with pytest.raises(IndexError):
+        table[5]
+
+
+def test_columns_and_values() -> None:
+    table = _table()
+    values, index = table.column("p")
+    assert [values[j] for j in index] == [4, 4, 2, 2, 2]
+    values, index = table.column("ckpt")
+    assert [values[j] for j in index] == ["none", "full", "none", "full", "full"]
+    assert table.column("d") == ([1], pytest.approx(np.zeros(5)))  # no factor names d: the Plan default
+    assert sorted(table.values("schedule")) == ["1f1b", "zbh1"]
+    unused = PlanTable([Factor(("t",), [(1,), (2,), (8,)], np.array([2, 0]))])
+    assert sorted(unused.values("t")) == [1, 8]  # a row no plan has is not a value
+
+
+def test_malformed_tables_are_refused() -> None:
+    with pytest.raises(ValueError, match="not plan fields"):
+        Factor(("t", "nodes"), [(1, 2)], np.array([0]))
+    with pytest.raises(ValueError, match="two factors"):
+        PlanTable([Factor(("t",), [(1,)], np.array([0])), Factor(("t",), [(2,)], np.array([0]))])
+    with pytest.raises(ValueError, match="different lengths"):
+        PlanTable([Factor(("t",), [(1,)], np.array([0])), Factor(("p",), [(2,)], np.array([0, 0]))])
+
+
+SPACES = [  # model, node profile, nodes, global batch, pins
+    ("gpt3-175b", "dgx-a100-80gb", 16, 512, {}),
+    ("llama3-8b", "dgx-h100", 4, 256, {}),  # fp8 too, with and without fp8 parameters
+    ("mixtral-8x7b", "dgx-h100", 4, 256, {}),  # expert parallelism
+    ("llama3-8b", "dgx-h100", 4, 64, {"cp": 2, "fp8ag": 0}),  # context parallelism, fp8ag pinned
+    ("llama2-7b", "dgx-a100-80gb", 2, 256, {"hsdp": 0, "zero": 3}),
+]
+
+
+@pytest.mark.parametrize("case", SPACES, ids=lambda c: f"{c[0]}-{c[2]}-{c[4]}")
+def test_the_table_lists_every_shape_with_each_of_its_options(case) -> None:
+    """The options are listed once per distinct option key of a shape (space._OPTION_KEY): the
+    table equals each shape expanded on its own, in order."""
+    name, node, nodes, B, fix = case
+    model, cluster = load_model(name), load_cluster(node, nodes)
+    layouts = list(space.shapes(model, cluster.num_gpus, B, fix))
+    precs = space.precisions(cluster.gpu, fix)
+    memory = space.memory_options(fix)
+    expected = [
+        space.plan_of(s, zero, ckpt, off, prec).replace(hsdp=hsdp, fp8ag=fp8ag)
+        for s in layouts
+        for prec, zero, ckpt, off, hsdp, fp8ag in space.layout_options(
+            model, s, memory, fix, cluster.gpus_per_node, precs
+        )
+    ]
+    table = space.plan_table(model, layouts, fix, cluster.gpus_per_node, precs)
+    assert len(expected) > 1000
+    assert list(table) == expected
+    assert space.plans_of(model, layouts, fix, cluster.gpus_per_node, precs) == expected
+
+
+@pytest.mark.parametrize("case", SPACES[:3], ids=lambda c: f"{c[0]}-{c[2]}")
+def test_the_batch_estimate_reads_a_table_as_its_plans(case) -> None:
+    name, node, nodes, B, fix = case
+    model, cluster = load_model(name), load_cluster(node, nodes)
+    layouts = list(space.shapes(model, cluster.num_gpus, B, fix))
+    table = space.plan_table(model, layouts, fix, cluster.gpus_per_node, space.precisions(cluster.gpu, fix))
+    from_table, from_plans = estimate_batch(model, cluster, table, B), estimate_batch(model, cluster, list(table), B)
+    for field in ("step_time", "peak_memory", "fits"):
+        assert np.array_equal(getattr(from_table, field), getattr(from_plans, field)), field
