@@ -4,7 +4,9 @@
 
 1. the analytic model's plans per second over the whole plan space of gpt-1t on 3,072 GPUs and
    gpt3-175b on 1,024 (one process, caches cold, as one search worker starts; the array path
-   simulator.analytic.batch where the code has it, and the scalar reference beside it);
+   simulator.analytic.batch where the code has it, given the plans as the search's workers
+   score them (a plan table, autoplan.space.plan_table, where the code has one), and the scalar
+   reference beside it);
 2. one DES iteration of gpt3-175b on 1,024 GPUs (t=8,p=16,ckpt=full, as benchmarks/bench_des.py)
    and of gpt-1t on 3,072 GPUs (the plan `autoplan plan` picks for it), warm, best of --repeat;
 3. `autoplan plan` wall time and peak memory (the largest RSS of the main process and of any
@@ -46,9 +48,16 @@ try:
 except TypeError:  # before hybrid sharding
     plans = enumerate_plans(model, cluster.num_gpus, B, {})
 from simulator.analytic.batch import estimate_batch  # imported (with numpy) before the clock starts, as in a worker
+try:  # the plans as the search's workers score them: a plan table, where the code has one
+    from autoplan.space import plan_table, shapes
+    layouts = list(shapes(model, cluster.num_gpus, B, {}))
+    scored = plan_table(model, layouts, {}, cluster.gpus_per_node)
+    assert list(scored) == plans
+except ImportError:
+    scored = plans
 t0 = time.process_time()
 if path == "batch":
-    estimate_batch(model, cluster, plans, B)
+    estimate_batch(model, cluster, scored, B)
 else:
     for plan in plans:
         estimate(Job(model, cluster, plan, B))
