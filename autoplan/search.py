@@ -199,5 +199,5 @@ def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scores: Scor
     hints.append("a smaller --global-batch or --seq-len (less activation memory)")
     return (
         f"no plan fits: the smallest needs {need / GiB:.1f} GiB per GPU ({smallest.plan.to_string()}) "
-        f"but a {cluster.gpu.name} has {cap / GiB:.1f} GiB usable; try " + ", or ".join(hints)
+        f"but each {cluster.gpu.name} has {cap / GiB:.1f} GiB usable; try " + ", or ".join(hints)
     )

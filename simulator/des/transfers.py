@@ -20,7 +20,10 @@ by that difference, which staggers their use of the shared links rather than add
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from hwprofiles.algorithms import Collective
 from simulator.cost.layout import rank_of
@@ -33,44 +36,81 @@ RoutedPhase = tuple[tuple[tuple[int, tuple[int, ...], float], ...], float, float
 Weighted = list[tuple[tuple[FlowSpec, ...], float, tuple[tuple[int, float], ...]]]
 
 
+@dataclass(frozen=True)
+class TransferClass:
+    """A class of transfers: ``key`` names it whole (its maker and the maker's arguments), so
+    that, with the topology and the layout's (t, d), it fixes what ``make`` builds (each copy's
+    routed phases at unit size)."""
+
+    key: tuple
+    make: Callable[[], list[list[RoutedPhase]]] = field(compare=False)
+
+
+@dataclass
+class _Built:
+    """The classes built for one layout (t, d) on one topology, and their symmetric weights."""
+
+    classes: dict[tuple, list[list[RoutedPhase]]] = field(default_factory=dict)
+    weighted: dict[tuple, Weighted] = field(default_factory=dict)
+
+
+#: built classes by topology, then by layout (t, d), the last LAYOUTS_KEPT layouts of each: the
+#: planner simulates several finalists of one layout in a worker (a 1T job: five of six), which
+#: then share the routing and weighing of their pipeline boundaries and data-parallel groups
+_BUILT: weakref.WeakKeyDictionary[Topology, OrderedDict[tuple[int, int], _Built]] = weakref.WeakKeyDictionary()
+LAYOUTS_KEPT = 8
+
+
+def _built(topo: Topology, t: int, d: int) -> _Built:
+    """The classes built so far for layout (t, d) on ``topo`` (kept across simulations)."""
+    layouts = _BUILT.setdefault(topo, OrderedDict())
+    got = layouts.get((t, d))
+    if got is None:
+        got = layouts[(t, d)] = _Built()
+        while len(layouts) > LAYOUTS_KEPT:
+            layouts.popitem(last=False)
+    else:
+        layouts.move_to_end((t, d))
+    return got
+
+
 class Transfers:
-    """Builds, caches and instantiates transfer classes for one plan on one topology."""
+    """Builds, caches and instantiates transfer classes for one plan on one topology. A class's
+    routed copies and symmetric weights depend only on its key, the topology and (t, d), and are
+    kept for later simulations of the same layout (:data:`_BUILT`); its engine phases at a size
+    are kept for this plan's."""
 
     def __init__(self, topo: Topology, p: int, t: int, d: int, full: bool, free: bool):
         self.topo = topo
         self.p, self.t, self.d = p, t, d
         self.full = full
         self.free = free
-        self._classes: dict[tuple, list[list[RoutedPhase]]] = {}
-        self._weighted: dict[tuple, Weighted] = {}
+        built = _built(topo, t, d)
+        self._classes = built.classes
+        self._weighted = built.weighted
         self._cache: dict[tuple, tuple[list[Phase], float]] = {}
 
     def gpu(self, pp: int, dp: int, tp: int) -> int:
         return rank_of(pp, dp, tp, self.t, self.d)
 
     def phases(
-        self,
-        key: tuple,
-        make: Callable[[], list[list[RoutedPhase]]],
-        copy: int,
-        rep_gpu: int,
-        size: float,
-        count_gpu: int = -1,
+        self, cls: TransferClass, copy: int, rep_gpu: int, size: float, count_gpu: int = -1
     ) -> tuple[list[Phase], float]:
-        """(engine phases of copy ``copy`` of class ``key`` for ``size`` bytes, bytes that
+        """(engine phases of copy ``copy`` of class ``cls`` for ``size`` bytes, bytes that
         ``count_gpu`` sends in them). ``rep_gpu``: the simulated GPU (symmetric mode)."""
         if self.free or size <= 0.0:
             return [], 0.0
+        key = cls.key
         ckey = (key, copy, size, count_gpu, rep_gpu)
         got = self._cache.get(ckey)
         if got is not None:
             return got
         if self.full:
-            weighted = self._unweighted(self._class(key, make)[copy])
+            weighted = self._unweighted(self._class(cls)[copy])
         else:
             cached = self._weighted.get((key, rep_gpu))
             if cached is None:
-                cached = self._weigh(self._class(key, make), rep_gpu)
+                cached = self._weigh(self._class(cls), rep_gpu)
                 self._weighted[(key, rep_gpu)] = cached
             weighted = cached
         sent = (
@@ -83,11 +123,10 @@ class Transfers:
         self._cache[ckey] = (out, sent)
         return out, sent
 
-    def _class(self, key: tuple, make: Callable[[], list[list[RoutedPhase]]]) -> list[list[RoutedPhase]]:
-        got = self._classes.get(key)
+    def _class(self, cls: TransferClass) -> list[list[RoutedPhase]]:
+        got = self._classes.get(cls.key)
         if got is None:
-            got = make()
-            self._classes[key] = got
+            got = self._classes[cls.key] = cls.make()
         return got
 
     def _latency(self, flows: tuple, steps: float, extra: float) -> float:
@@ -138,7 +177,7 @@ class Transfers:
 
     # ------------------------------------------------------------------ class makers
 
-    def dp_class(self, stage: int, op: Collective) -> Callable[[], list[list[RoutedPhase]]]:
+    def dp_class(self, stage: int, op: Collective) -> TransferClass:
         """``op`` over the data-parallel group of each tensor rank of ``stage`` (copy = tp)."""
 
         def make() -> list[list[RoutedPhase]]:
@@ -147,9 +186,9 @@ class Transfers:
                 for tp in range(self.t)
             ]
 
-        return make
+        return TransferClass(("dp", stage, op), make)
 
-    def shard_class(self, stage: int, op: Collective, n: int) -> Callable[[], list[list[RoutedPhase]]]:
+    def shard_class(self, stage: int, op: Collective, n: int) -> TransferClass:
         """``op`` over each shard group of hybrid sharding: n consecutive data-parallel ranks of
         each tensor rank of ``stage`` (copy = replica * t + tp)."""
 
@@ -160,9 +199,9 @@ class Transfers:
                 for tp in range(self.t)
             ]
 
-        return make
+        return TransferClass(("shard", stage, op, n), make)
 
-    def replica_class(self, stage: int, n: int) -> Callable[[], list[list[RoutedPhase]]]:
+    def replica_class(self, stage: int, n: int) -> TransferClass:
         """All-reduce over each replicate group of hybrid sharding: the data-parallel ranks
         n apart, one per shard group (copy = shard index * t + tp)."""
 
@@ -180,9 +219,9 @@ class Transfers:
                 for tp in range(self.t)
             ]
 
-        return make
+        return TransferClass(("replica", stage, n), make)
 
-    def p2p_class(self, s0: int, s1: int, extra: float) -> Callable[[], list[list[RoutedPhase]]]:
+    def p2p_class(self, s0: int, s1: int, extra: float) -> TransferClass:
         """Every (dp, tp) rank of stage s0 sends to its peer of stage s1 (copy = dp*t + tp);
         ``extra``: the receivers' all-gather after a scattered send."""
 
@@ -198,9 +237,9 @@ class Transfers:
                 for tp in range(self.t)
             ]
 
-        return make
+        return TransferClass(("p2p", s0, s1, extra), make)
 
-    def pair_all_reduce_class(self, s0: int, s1: int) -> Callable[[], list[list[RoutedPhase]]]:
+    def pair_all_reduce_class(self, s0: int, s1: int) -> TransferClass:
         """All-reduce between each (dp, tp) rank of stage s0 and its peer of s1 (tied embeddings)."""
 
         def make() -> list[list[RoutedPhase]]:
@@ -214,9 +253,9 @@ class Transfers:
                 for tp in range(self.t)
             ]
 
-        return make
+        return TransferClass(("pair-all-reduce", s0, s1), make)
 
-    def host_class(self, stage: int, what: str) -> Callable[[], list[list[RoutedPhase]]]:
+    def host_class(self, stage: int, what: str) -> TransferClass:
         """Each (dp, tp) rank of ``stage`` on its host path: 'd2h', 'h2d' (PCIe), 'cpu' (the
         host optimizer's throughput) or 'nvme' (copy = dp*t + tp)."""
         topo = self.topo
@@ -239,7 +278,7 @@ class Transfers:
                     out.append([(((g, links_of(g), 1.0),), 1, 0.0, 1.0)])
             return out
 
-        return make
+        return TransferClass(("host", stage, what), make)
 
 
 def copy_index(full: bool, dp: int, tp: int, t: int, per: str, shard: int = 1) -> int:

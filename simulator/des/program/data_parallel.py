@@ -19,7 +19,6 @@ simulator.cost.overlap (:func:`beside`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 from hwprofiles.algorithms import Collective
 from simulator.cost import collectives
@@ -27,7 +26,7 @@ from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
 from simulator.cost.zero3 import reduce_bytes, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
-from simulator.des.transfers import RoutedPhase
+from simulator.des.transfers import TransferClass
 
 
 def gather_bytes(prog: Program) -> int:
@@ -76,14 +75,13 @@ def zero3_gather(
         if plan.offload == "nvme":
             dep = prog.transfer(
                 dev,
-                Send("nvme", ("nvme", dev.pp), xfer.host_class(dev.pp, "nvme"), "dptp", shard, "offload", "param read"),
+                Send("nvme", xfer.host_class(dev.pp, "nvme"), "dptp", shard, "offload", "param read"),
                 (dep,),
             )
         dep = prog.transfer(
             dev,
             Send(
                 "h2d",
-                ("h2d", dev.pp),
                 xfer.host_class(dev.pp, "h2d"),
                 "dptp",
                 shard,
@@ -93,8 +91,8 @@ def zero3_gather(
             ),
             (dep,),
         )
-    make, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
-    send = Send("zero", ("ag", dev.pp), make, per, size, "zero", "param gather", "dp_bytes")
+    cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
+    send = Send("zero", cls, per, size, "zero", "param gather", "dp_bytes")
     g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)), member)
     prog.mem.add(g, dev.idx, False, "buffers", params * gather_bytes(prog))
     return g
@@ -103,8 +101,8 @@ def zero3_gather(
 def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction count)."""
     size = params * grad_reduce_bytes(prog)
-    make, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
-    send = Send("dp", ("rs", dev.pp), make, per, size, "dp", "grad reduce-scatter", "dp_bytes")
+    cls, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
+    send = Send("dp", cls, per, size, "dp", "grad reduce-scatter", "dp_bytes")
     rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, rs, size, n), size))
 
@@ -113,16 +111,14 @@ def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: i
     """A gradient bucket's reduction (ZeRO 0-2) after ``piece``."""
     size = params * grad_reduce_bytes(prog)
     op = gradient_reduction(prog.plan.zero)
-    make, per, member = _dp_group(prog, dev, op)
-    send = Send("dp", (op, dev.pp), make, per, size, "dp", f"grad {op}", "dp_bytes")
+    cls, per, member = _dp_group(prog, dev, op)
+    send = Send("dp", cls, per, size, "dp", f"grad {op}", "dp_bytes")
     red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, red, size, n), size))
 
 
-def _dp_group(
-    prog: Program, dev: Device, op: Collective
-) -> tuple[Callable[[], list[list[RoutedPhase]]], CopyPer, tuple[int, int] | None]:
-    """(class maker, copy kind, group membership) of ``op`` over ``dev``'s sharding group: the
+def _dp_group(prog: Program, dev: Device, op: Collective) -> tuple[TransferClass, CopyPer, tuple[int, int] | None]:
+    """(transfer class, copy kind, group membership) of ``op`` over ``dev``'s sharding group: the
     data-parallel group, or with hybrid sharding its shard group of hsdp consecutive ranks."""
     n = prog.plan.shard_group
     if not prog.plan.hsdp:
@@ -137,8 +133,8 @@ def _across_replicas(prog: Program, dev: Device, reduced: int, size: float, n: i
     if not plan.hsdp:
         return reduced
     k = plan.shard_group
-    make = prog.xfer.replica_class(dev.pp, k)
-    send = Send("dp", ("rar", dev.pp), make, "replica", size / k, "dp", "grad replica all-reduce", "dp_bytes")
+    cls = prog.xfer.replica_class(dev.pp, k)
+    send = Send("dp", cls, "replica", size / k, "dp", "grad replica all-reduce", "dp_bytes")
     member = (dev.dp // k, dev.dp % k)
     return prog.group_task(dev, ("rar", n), reduced, lambda: prog.transfer(dev, send, (reduced,)), member)
 
@@ -149,7 +145,6 @@ def _grad_down(prog: Program, dev: Device, reduced: int, size: float) -> int:
         return reduced
     send = Send(
         "d2h",
-        ("d2h", dev.pp),
         prog.xfer.host_class(dev.pp, "d2h"),
         "dptp",
         size / prog.plan.d,
@@ -165,7 +160,7 @@ def add_tied_embedding_all_reduce(prog: Program) -> None:
     if not (prog.embed_head and prog.p > 1 and prog.job.model.tie_embeddings):
         return
     size = tied_embedding_bytes(prog.job.model, prog.t, prog.costs.e)
-    make = prog.xfer.pair_all_reduce_class(0, prog.p - 1)
+    cls = prog.xfer.pair_all_reduce_class(0, prog.p - 1)
     for dev in prog.devices:
         if dev.pp != 0:
             continue
@@ -175,7 +170,7 @@ def add_tied_embedding_all_reduce(prog: Program) -> None:
             + prog.dp_done[dev.idx]
             + prog.dp_done[other.idx]
         )
-        x = prog.transfer(dev, Send("dp", ("emb",), make, "dptp", size, "dp", "embedding all-reduce", "dp_bytes"), deps)
+        x = prog.transfer(dev, Send("dp", cls, "dptp", size, "dp", "embedding all-reduce", "dp_bytes"), deps)
         prog.dp_done[dev.idx].append(x)
         prog.dp_done[other.idx].append(x)
 
@@ -188,6 +183,6 @@ def add_param_all_gather(prog: Program) -> None:
         layers = prog.device_layers(dev) * prog.costs.layer_params
         size = gathered_bytes(prog.device_params(dev), layers, gather_bytes(prog), prog.plan.fp8ag)
         after = prog.opt_last[dev.idx]
-        make, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
-        send = Send("dp", ("ag", dev.pp), make, per, size, "dp", "param all-gather", "dp_bytes")
+        cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
+        send = Send("dp", cls, per, size, "dp", "param all-gather", "dp_bytes")
         prog.group_task(dev, ("pag",), after, functools.partial(prog.transfer, dev, send, (after,)), member)

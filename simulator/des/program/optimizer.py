@@ -49,16 +49,11 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
     for _ in range(k):
         pre = list(deps)
         if plan.offload == "nvme":
-            pre.append(
-                prog.transfer(
-                    dev, Send("nvme", ("nvme", dev.pp), nvme, "dptp", state, "offload", "optimizer state read"), deps
-                )
-            )
+            pre.append(prog.transfer(dev, Send("nvme", nvme, "dptp", state, "offload", "optimizer state read"), deps))
         cpu = prog.transfer(
             dev,
             Send(
                 "cpu",
-                ("cpu", dev.pp),
                 xfer.host_class(dev.pp, "cpu"),
                 "dptp",
                 shard * CPU_ADAM_STATE_BYTES / k,
@@ -68,16 +63,13 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
             pre,
         )
         if plan.offload == "nvme":
-            prog.transfer(
-                dev, Send("nvme_w", ("nvme", dev.pp), nvme, "dptp", state, "offload", "optimizer state write"), (cpu,)
-            )
+            prog.transfer(dev, Send("nvme_w", nvme, "dptp", state, "offload", "optimizer state write"), (cpu,))
         ups.append(cpu)
         if plan.zero < 3:
             ups[-1] = prog.transfer(
                 dev,
                 Send(
                     "h2d",
-                    ("h2d", dev.pp),
                     xfer.host_class(dev.pp, "h2d"),
                     "dptp",
                     shard * gather_bytes(prog) / k,

@@ -34,9 +34,9 @@ def _boundary(prog: Program, s0: int, s1: int, fwd: bool) -> Send:
     got = prog.boundary_sends.get(key)
     if got is None:
         size, tail = boundary_send(prog, s0, s1)
-        make = prog.xfer.p2p_class(s0, s1, 0.0 if prog.opt.free_comm else tail)
+        cls = prog.xfer.p2p_class(s0, s1, 0.0 if prog.opt.free_comm else tail)
         label = "send activations" if fwd else "send gradients"
-        got = Send("pp_fwd" if fwd else "pp_bwd", ("pp", s0, s1), make, "dptp", size, "pp", label, "pp_bytes")
+        got = Send("pp_fwd" if fwd else "pp_bwd", cls, "dptp", size, "pp", label, "pp_bytes")
         prog.boundary_sends[key] = got
     return got
 

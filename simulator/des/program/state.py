@@ -22,7 +22,7 @@ from simulator.des.engine import Engine, Phase
 from simulator.des.memtimeline import MemoryTimeline
 from simulator.des.passes import Costs, Item, Piece, Segments, bucket_groups, layer_modes, make_piece, pass_items
 from simulator.des.topology import Topology
-from simulator.des.transfers import RoutedPhase, Transfers, copy_index
+from simulator.des.transfers import TransferClass, Transfers, copy_index
 from simulator.job import Job
 
 Split = Literal["whole", "buckets", "layers"]
@@ -65,12 +65,11 @@ pass_info = functools.partial(tuple.__new__, TaskInfo)
 
 @dataclass(frozen=True)
 class Send:
-    """One transfer a device makes: a copy of the transfer class ``key`` (built by ``make``)
-    of ``size`` bytes on the device's ``lane`` stream, counted under ``counter``."""
+    """One transfer a device makes: a copy of the transfer class ``cls`` of ``size`` bytes on
+    the device's ``lane`` stream, counted under ``counter``."""
 
     lane: str
-    key: tuple
-    make: Callable[[], list[list[RoutedPhase]]]
+    cls: TransferClass
     per: CopyPer
     size: float
     kind: str
@@ -263,7 +262,7 @@ class Program:
         per microbatch)."""
         count_gpu = dev.gpu if (send.counter is not None and dev.idx == 0) else -1
         copy = copy_index(self.full, dev.dp, dev.tp, self.t, send.per, self.plan.shard_group)
-        phases, sent = self.xfer.phases(send.key, send.make, copy, dev.gpu, send.size, count_gpu)
+        phases, sent = self.xfer.phases(send.cls, copy, dev.gpu, send.size, count_gpu)
         return PreparedTransfer(dev.idx, self.stream(dev, send.lane), phases, send.kind, send.label, send.counter, sent)
 
     def start_transfer(
