@@ -2,8 +2,9 @@
 
 The parent lists the plans' shapes (their parallel layouts: :func:`autoplan.space.shapes`);
 each worker expands a contiguous run of them into plans (:func:`autoplan.space.plan_table`:
-columns, no Plan object per plan), scores them with :func:`simulator.analytic.batch.estimate_batch` (the analytic model over
-arrays; :func:`simulator.analytic.estimate` is its scalar reference) and sends back only what
+columns, no Plan object per plan), scores them with
+:func:`simulator.analytic.batch.estimate_batch` (the analytic model over arrays;
+:func:`simulator.analytic.estimate` is its scalar reference) and sends back only what
 the search keeps of them (:class:`Scores`): the counts, the first plans by the objective, the
 time-vs-memory Pareto front and the plan needing least memory. Merged in the enumeration's
 order, these are exactly what ranking every plan at once gives (stable sorts: a plan among

@@ -233,9 +233,9 @@ def plans_of(
     return list(plan_table(model, layouts, fix, gpus_per_node, precs))
 
 
-#: what of a shape its :func:`layout_options` depend on (with whether its schedule is a zero-bubble
-#: one, which limits the ZeRO stage): t, mb, cp (the fp8 GEMM shapes), d*cp and ep (the ranks
-#: hybrid sharding divides) and t (the shard group that fills a node)
+#: what of a shape its :func:`layout_options` depend on, with whether its schedule is a zero-bubble
+#: one (which limits the ZeRO stage): t, mb and cp (the fp8 GEMM shapes), d, cp and ep (the ranks
+#: hybrid sharding divides), t (the shard group that fills a node)
 _OPTION_KEY = attrgetter("t", "mb", "cp", "d", "ep")
 #: the option factor's fields, as :func:`layout_options` lists them
 OPTION_FIELDS = ("prec", "zero", "ckpt", "offload", "hsdp", "fp8ag")

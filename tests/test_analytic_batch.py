@@ -6,12 +6,13 @@ import math
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from autoplan.space import enumerate_plans, precisions
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
-from simulator.analytic.batch import estimate_batch
+from simulator.analytic.batch import _group, estimate_batch
 from simulator.job import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
 from simulator.plan import parse_plan
 from simulator.specs import load_model
@@ -82,3 +83,14 @@ def test_batch_equals_scalar_on_explicit_splits(text):
 def test_empty_batch():
     model, cluster = load_model("tiny"), load_cluster("localhost-cpu", 1)
     assert estimate_batch(model, cluster, [], 16).step_time.shape == (0,)
+
+
+@pytest.mark.parametrize("bound", [1, 7, 300, 10**9])  # the last: past the counting table, np.unique's sort
+def test_grouping_equals_numpy_unique(bound):
+    rng = random.Random(bound)
+    key = np.array([rng.randrange(bound) for _ in range(5000)], dtype=np.int64)
+    first, inverse = _group(key, bound)
+    _, want_first, want_inverse = np.unique(key, return_index=True, return_inverse=True)
+    assert np.array_equal(first, want_first) and np.array_equal(inverse, want_inverse.reshape(-1))
+    empty_first, empty_inverse = _group(np.zeros(0, dtype=np.int64), 0)
+    assert len(empty_first) == len(empty_inverse) == 0

@@ -193,7 +193,7 @@ def test_eight_rings_leaving_a_node_split_its_nics():
     assert full == pytest.approx(S / (nic / 4), rel=1e-6)
     # symmetric: one flow of the representative GPU, weighted
     xf = Transfers(topo, p=1, t=8, d=2, full=False, free=False)
-    phases, sent = xf.phases(("ar", 0), xf.dp_class(0, Collective.ALL_REDUCE), 0, 0, S, count_gpu=0)
+    phases, sent = xf.phases(xf.dp_class(0, Collective.ALL_REDUCE), 0, 0, S, count_gpu=0)
     assert sent == pytest.approx(S)
     eng2 = Engine(Network(topo.cap))
     x = eng2.transfer(eng2.add_stream("rep"), [Phase(ph.flows, 0.0) for ph in phases], "dp")

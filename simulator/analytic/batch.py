@@ -423,7 +423,8 @@ def estimate_batch(
 ) -> BatchEstimate:
     """The analytic step time, peak memory and fit of every plan (module docstring); plans with
     context or expert parallelism priced as one rank sees them (simulator.cost.rank_view), each
-    (cp, ep) apart."""
+    (cp, ep) apart. ``plans``: a list, or a :class:`~simulator.plan.table.PlanTable` (read as
+    its columns: the search's workers)."""
     if not plans:
         empty = np.zeros(0)
         return BatchEstimate(empty, empty, np.zeros(0, dtype=bool))
