@@ -39,7 +39,7 @@ def _outcome(job: Job, full: bool) -> tuple:
 
 
 def _fresh(job: Job, full: bool) -> tuple:
-    transfers._BUILT.clear()
+    transfers.forget_built()
     return _outcome(job, full)
 
 
@@ -47,7 +47,7 @@ def _fresh(job: Job, full: bool) -> tuple:
 def test_a_layout_simulated_again_gives_what_a_first_simulation_gives(full: bool) -> None:
     jobs = [_job(text) for text in PLANS]
     first = [_fresh(job, full) for job in jobs]
-    transfers._BUILT.clear()
+    transfers.forget_built()
     for job, alone in zip(jobs + jobs[::-1], first + first[::-1]):  # each after the others' classes
         assert _outcome(job, full) == alone, job.plan.to_string()
     topo = topology_for(jobs[0].cluster)
@@ -73,7 +73,7 @@ def test_classes_of_different_makers_have_different_keys() -> None:
 
 
 def test_the_last_layouts_are_kept() -> None:
-    transfers._BUILT.clear()
+    transfers.forget_built()
     topo = topology_for(load_cluster("dgx-a100-80gb", 4))
     for d in range(1, transfers.LAYOUTS_KEPT + 3):
         transfers.Transfers(topo, 1, 1, d, full=False, free=False)

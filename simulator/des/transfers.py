@@ -61,6 +61,11 @@ _BUILT: weakref.WeakKeyDictionary[Topology, OrderedDict[tuple[int, int], _Built]
 LAYOUTS_KEPT = 8
 
 
+def forget_built() -> None:
+    """Drop every kept class (a simulation then builds its classes anew, as a first one does)."""
+    _BUILT.clear()
+
+
 def _built(topo: Topology, t: int, d: int) -> _Built:
     """The classes built so far for layout (t, d) on ``topo`` (kept across simulations)."""
     layouts = _BUILT.setdefault(topo, OrderedDict())
