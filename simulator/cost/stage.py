@@ -221,10 +221,7 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
     p, v = plan.p, plan.v
     if plan.layers is None and plan.recompute is None:
         base, extra = divmod(num_layers, p * v)
-        if extra == 0 or v == 1:  # the first `extra` devices one layer more
-            ns = [v * base + 1] * extra + [v * base] * (p - extra)
-        else:
-            ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
+        ns = [v * base + min(v, max(0, -(-(extra - dev) // p))) for dev in range(p)]
         zeros = [0] * p
         return ns, ns if plan.ckpt == "full" else zeros, ns if plan.ckpt == "selective" else zeros
     sizes, rec = plan.chunk_layers(num_layers), plan.chunk_recompute(num_layers)

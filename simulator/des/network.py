@@ -88,14 +88,12 @@ class Network:
         self.reallocations += 1
         flows = self.flows
         cap = self.cap
-        if len(flows) == 1:
-            return self._allocate_one(now, flows[0])
         if not flows:
             if self.record:
                 self._record(now, {})
                 self.load = {}
             return math.inf
-        if len(set(chain.from_iterable(f.links for f in flows))) == sum(len(f.links) for f in flows):
+        if len(flows) == 1 or len(set(chain.from_iterable(f.links for f in flows))) == sum(len(f.links) for f in flows):
             return self._allocate_disjoint(now, flows)
         residual = max_min_fill(flows, cap)
         for f in flows:
@@ -113,20 +111,10 @@ class Network:
                     nxt = t
         return now + max(nxt, 0.0)
 
-    def _allocate_one(self, now: float, f: Flow) -> float:
-        """A lone flow runs at its tightest link's capacity / weight."""
-        cap = self.cap
-        rate = min([cap[lid] / w for lid, w in zip(f.links, f.weights)])
-        f.rate = rate
-        if self.record:
-            new_load = {lid: rate * w for lid, w in zip(f.links, f.weights)}
-            self._record(now, new_load)
-            self.load = new_load
-        return now + f.rem / rate
-
     def _allocate_disjoint(self, now: float, flows: list[Flow]) -> float:
-        """Flows that share no link each run at their tightest link's capacity / weight: what
-        progressive filling gives them (every link's first and only freeze is its one flow's)."""
+        """Flows that share no link with each other (a lone flow among them) each run at their
+        tightest link's capacity / weight: what progressive filling gives them (every link's
+        first and only freeze is its one flow's)."""
         cap = self.cap
         nxt = math.inf
         new_load: dict[int, float] = {}
