@@ -17,11 +17,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from autoplan import __version__
 from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK, HANDLERS
 from autoplan.emit.export import TARGETS, Target
 from hwprofiles.errors import AutoplanError, InputError
+from hwprofiles.headroom import MemoryHeadroom
+from simulator.specs import builtin_models
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +67,8 @@ examples:
   autoplan simulate --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536 --plan t=8,p=16,ckpt=full --plot t.png
   autoplan emit --model tiny --cluster localhost-cpu --global-batch 8 --plan t=2,p=2 -o runs/tiny && autoplan run runs/tiny
 
-Models: built-in names (gpt3-175b, gpt-1t, llama2-7b, llama2-70b, llama3-8b, llama3-70b, tiny), a model YAML or a
-Hugging Face config.json. Clusters: a cluster name or file, or a node name (with --nodes)."""
+Models: built-in names ({models}), a model YAML or a Hugging Face config.json.
+Clusters: a cluster name or file, or a node name (with --nodes)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,6 +87,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _memory_headroom(text: str) -> MemoryHeadroom:
+    try:
+        return MemoryHeadroom.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _targets(text: str) -> tuple[Target, ...]:
     """``--target``: comma-separated tool names, or ``all``."""
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -98,12 +108,23 @@ def _targets(text: str) -> tuple[Target, ...]:
 
 
 def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
-    p.add_argument("--model", required=True, help="built-in model name, model YAML, or Hugging Face config.json")
+    p.add_argument(
+        "--model",
+        required=True,
+        help=f"built-in model name ({', '.join(builtin_models())}), model YAML, or Hugging Face config.json",
+    )
     p.add_argument("--cluster", required=True, help="cluster name or file, or a node name/file")
     p.add_argument("--nodes", type=_positive_int, help="number of nodes (overrides the cluster file)")
     p.add_argument("--gpus-per-node", type=_positive_int, help="use only this many GPUs (ranks) of each node")
     p.add_argument("--global-batch", type=_positive_int, required=True, help="global batch B in sequences")
     p.add_argument("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
+    p.add_argument(
+        "--memory-headroom",
+        type=_memory_headroom,
+        metavar="GIB|PCT%",
+        help="GPU memory every plan must leave free: GiB (e.g. 4) or a share of the GPU's memory (e.g. 10%%); "
+        "default none (only the GPU profile's runtime reserve and allocator fragmentation)",
+    )
     if plan_required:
         p.add_argument("--plan", required=True, help="plan string, e.g. t=8,p=8,mb=1,zero=1,ckpt=full,schedule=1f1b")
     p.add_argument(
@@ -122,21 +143,37 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
     )
 
 
+def _loudness_args(p: argparse.ArgumentParser, default: Any) -> None:
+    """-v and -q, one or the other, on the root parser and on each command's."""
+    loud = p.add_mutually_exclusive_group()
+    loud.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="also print debug messages on stderr"
+    )
+    loud.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="print only warnings and errors on stderr"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    root = _Parser(prog="autoplan", description=MAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    loud = root.add_mutually_exclusive_group()
-    loud.add_argument("-v", "--verbose", action="store_true", help="also print debug messages on stderr")
-    loud.add_argument("-q", "--quiet", action="store_true", help="print only warnings and errors on stderr")
+    root = _Parser(
+        prog="autoplan",
+        description=MAIN_HELP.format(models=", ".join(builtin_models())),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    root.add_argument("--version", action="version", version=f"autoplan {__version__}")
+    _loudness_args(root, default=False)
     sub = root.add_subparsers(dest="command", parser_class=_Parser, metavar="{plan,simulate,emit,run,calibrate}")
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
+        p = sub.add_parser(
             name,
             help=help_,
             description=help_,
             epilog=EXAMPLES[name],
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        _loudness_args(p, default=argparse.SUPPRESS)  # -v/-q also after the command; not given: the root's
+        return p
 
     p = cmd("plan", "Search the plan space for the fastest (or cheapest) plan that fits.")
     _job_args(p, plan_required=False)
@@ -187,10 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", type=Path, help="a directory written by 'autoplan emit'")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped (default 600)")
+    p.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="launch CPU ranks even when their predicted memory exceeds this machine's available memory "
+        "(refused by default: the out-of-memory killer would end them)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     p = cmd("calibrate", "Measure this machine and write a hardware profile.")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="what to measure: cpu (one core per rank, gloo) or cuda (the GPUs, NCCL); default cpu",
+    )
     p.add_argument("-o", "--out", type=Path, required=True, help="profile YAML to write")
     p.add_argument("--quick", action="store_true", help="a fast, coarse measurement (under a minute)")
     p.add_argument("--ranks", type=_positive_int, default=2, help="processes for the collective benchmarks (default 2)")
@@ -235,6 +283,8 @@ def _fail(msg: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        if a.verbose and a.quiet:  # one before the command, the other after it
+            raise InputError("argument -q/--quiet: not allowed with argument -v/--verbose")
         configure_logging(logging.DEBUG if a.verbose else logging.WARNING if a.quiet else logging.INFO)
         if not a.command:
             build_parser().print_help()

@@ -18,7 +18,9 @@ from autoplan.outputs import check_output_file, check_run_dir
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
 if TYPE_CHECKING:
-    from simulator.job import Runtime
+    from hwprofiles.schema import NodeProfile
+    from simulator import Fidelity
+    from simulator.job import Job, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ def _load_job_inputs(a: argparse.Namespace):
 
     model = load_model(a.model, a.seq_len)
     cluster = load_cluster(a.cluster, a.nodes, a.gpus_per_node)
-    return model, cluster
+    return model, a.memory_headroom.apply(cluster) if a.memory_headroom else cluster
 
 
 def _make_job(a: argparse.Namespace):
@@ -105,25 +107,59 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     job = _make_job(a)
     if a.full and a.fidelity != "des":
         raise InputError("--full needs --fidelity des")
-    result = simulate(job, a.fidelity, full=a.full, trace=bool(a.trace))
+    fidelity, fallback = _fidelity_within_budget(job, a)
+    result = simulate(job, fidelity, full=a.full, trace=bool(a.trace))
+    if fallback:
+        result.extra["fidelity_reason"] = fallback
     _write_pictures(result, a.plot, a.trace)
     out = result.to_dict()
     if a.json:
         _emit_json(out)
     else:
         print(format_result(out))
+    _warn_bubble(out)
     if not result.fits:  # the result is the output; the exit code and this hint say it does not fit
-        log.warning("%s", _no_fit_hint(out, result.host_fits))
+        log.warning("%s", _no_fit_hint(out, result.host_fits, result.job.cluster.node))
         return EXIT_NO_FIT
     return EXIT_OK
 
 
-def _no_fit_hint(out: dict[str, Any], host_fits: bool) -> str:
-    """Why a simulated plan does not fit and what would help, from its memory breakdown."""
+def _fidelity_within_budget(job: Job, a: argparse.Namespace) -> tuple[Fidelity, str | None]:
+    """The fidelity that simulates ``job`` within the time budget (simulator.des.budget), and why
+    it is not --fidelity's: the analytic estimate, warned about, when the DES would run past
+    it; --full, --plot and --trace need the DES, so they are refused then (InputError)."""
+    from simulator.des.budget import fallback_warning, over_budget
+
+    reason = over_budget([job], full=a.full) if a.fidelity == "des" else None
+    if reason is None:
+        return a.fidelity, None
+    need_des = [opt for opt, given in (("--full", a.full), ("--plot", a.plot), ("--trace", a.trace)) if given]
+    if need_des:
+        verb = "needs" if len(need_des) == 1 else "need"
+        raise InputError(f"{reason}; {' and '.join(need_des)} {verb} the DES: drop it for the analytic estimate")
+    log.warning("%s", fallback_warning(reason))
+    return "analytic", reason
+
+
+def _warn_bubble(out: dict[str, Any]) -> None:
+    """A warning on stderr when the result's pipeline idles more than it computes (report.bubble_warning)."""
+    from autoplan.report import bubble_warning
+
+    warning = bubble_warning(out)
+    if warning:
+        log.warning("%s", warning)
+
+
+def _no_fit_hint(out: dict[str, Any], host_fits: bool, node: NodeProfile) -> str:
+    """Why a simulated plan does not fit and what would help, from its memory breakdown (offload=nvme
+    only where the ``node`` has NVMe drives: autoplan.space.offloads)."""
+    from autoplan.space import offloads
+
     if not host_fits:
+        nvme = "offload=nvme with zero=3, or " if "nvme" in offloads(node, {}) else ""
         return (
             f"autoplan: the plan does not fit: the offloaded optimizer state ({out.get('host_memory_gib', 0):.0f} GiB) "
-            "exceeds host memory; try offload=nvme with zero=3, or more nodes"
+            f"exceeds host memory; try {nvme}more nodes"
         )
     need, cap = out["peak_memory_gib"], out["memory_capacity_gib"]
     mem = out["memory_breakdown_gib"]
@@ -160,10 +196,12 @@ def cmd_plan(a: argparse.Namespace) -> int:
     )
     found = search(model, cluster, a.global_batch, opts)  # nothing fits: FitError (exit 3)
     _write_pictures(found.best_result, a.plot, a.trace)
+    out = found.to_dict()
     if a.json:
-        _emit_json(found.to_dict())
+        _emit_json(out)
     else:
-        print(format_plan_report(found.to_dict()))
+        print(format_plan_report(out))
+    _warn_bubble(out["best"])
     return EXIT_OK
 
 
@@ -209,7 +247,9 @@ def cmd_emit(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     from autoplan.verify import format_report, run_and_verify
 
-    result = run_and_verify(a.dir, steps=a.steps, timeout_s=a.timeout)  # a failed run: RunError (exit 1)
+    result = run_and_verify(  # a failed run: RunError (exit 1)
+        a.dir, steps=a.steps, timeout_s=a.timeout, check_memory=not a.allow_oversubscribe
+    )
     if a.json:
         _emit_json(result)
     else:

@@ -14,21 +14,23 @@ from autoplan.scoring import Scored
 from autoplan.workers import SHARED, Pool, progress
 from simulator import simulate
 from simulator.analytic import estimate
+from simulator.des.budget import estimated_events
 from simulator.gc_pause import paused_gc
 from simulator.job import Job
-from simulator.plan import Plan, num_microbatches
+from simulator.plan import Plan
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
 
 
 def refine_and_simulate_all(
-    finalists: list[Scored], global_batch: int, jobs: int, show_progress: bool = False
+    finalists: list[Scored], jobs: int, show_progress: bool = False
 ) -> tuple[list[dict[str, Any]], list[SimResult]]:
     """The partition gains CP-SAT found, and the simulation of each distinct plan the finalists
     refine to, in the finalists' order. Two finalists can refine to one plan (a ckpt=selective
     finalist whose best recomputation map is none is the ckpt=none finalist): it is simulated
     and listed once. CP-SAT runs for every finalist first, then the simulations, the costliest
-    first (longest-processing-time order balances the workers)."""
+    first by their estimated DES events (simulator.des.budget; longest-processing-time order
+    balances the workers)."""
     args = [(f.nodes, f.plan, f.step_time) for f in finalists]
     with Pool(jobs if len(finalists) > 1 else 1) as pool:
         refined = _mapped(pool, _refine, args, show_progress, "refining finalists")
@@ -36,7 +38,7 @@ def refine_and_simulate_all(
         for i, (nodes, plan, _) in enumerate(refined):
             first.setdefault((nodes, plan.to_string()), i)
         keep = sorted(first.values())
-        order = sorted(keep, key=lambda i: -_simulation_cost(refined[i][1], global_batch))
+        order = sorted(keep, key=lambda i: -estimated_events(finalist_job(*refined[i][:2])))
         done = _mapped(pool, _simulate, [refined[i][:2] for i in order], show_progress, "simulating finalists")
     by_index = dict(zip(order, done))
     return [g for _, _, g in refined if g], [by_index[i] for i in keep]
@@ -115,18 +117,16 @@ def _lighter_recompute(plan: Plan) -> list[Plan]:
 
 def _simulate(args: tuple[int, Plan]) -> SimResult:
     """The simulation of one refined finalist."""
-    nodes, plan = args
     opts = SHARED["opts"]
-    result = simulate(Job(SHARED["model"], SHARED["clusters"][nodes], plan, SHARED["B"], opts.runtime), opts.fidelity)
+    result = simulate(finalist_job(*args), opts.fidelity)
     if not opts.keep_timeline:  # a DES record is megabytes to send back from a worker; plots re-simulate
         result.extra.pop("_des", None)
     return result
 
 
-def _simulation_cost(plan: Plan, global_batch: int) -> float:
-    """Relative DES cost of a plan: its tasks grow with the pipeline's stages x chunks x
-    microbatches (one pipeline is simulated, by symmetry)."""
-    return plan.p * plan.v * num_microbatches(plan, global_batch)
+def finalist_job(nodes: int, plan: Plan) -> Job:
+    """The job of a finalist's plan on ``nodes`` nodes (the search's inputs: :data:`SHARED`)."""
+    return Job(SHARED["model"], SHARED["clusters"][nodes], plan, SHARED["B"], SHARED["opts"].runtime)
 
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:

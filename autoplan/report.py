@@ -70,14 +70,33 @@ def _published_note(r: dict[str, Any]) -> str:
     return f"  (best published on {best['gpu']}: {100 * best['mfu']:.1f}%, {best['run']}){flag}"
 
 
+#: a pipeline bubble above this share of the ideal (bubble-free) time is warned about
+BUBBLE_WARN = 1.0
+
+
+def bubble_warning(r: dict[str, Any]) -> str | None:
+    """The warning for a result whose pipeline idles more than it computes: a bubble above
+    :data:`BUBBLE_WARN` of the ideal time, or fewer microbatches than stages; None otherwise."""
+    m, p = r["plan"]["num_microbatches"], r["plan"]["p"]
+    if r["bubble_fraction"] <= BUBBLE_WARN and m >= p:
+        return None
+    return (
+        f"autoplan: the pipeline bubble is {100 * r['bubble_fraction']:.0f}% of the ideal time: {m} "
+        f"microbatch{'es' if m != 1 else ''} per pipeline for p={p} stages, so each stage waits for the others "
+        "most of the step; a larger --global-batch (more microbatches) or fewer GPUs would fill it"
+    )
+
+
 def format_result(r: dict[str, Any]) -> str:
     """The simulate report: headline metrics, then time and memory breakdowns."""
     plan = r["plan"]
     fit = "fits" if r["fits"] else "DOES NOT FIT"
+    if "memory_headroom_gib" in r:
+        fit += f"; {r['memory_headroom_gib']:.1f} GiB more left free: --memory-headroom"
     head = [
         f"{r['model']} on {r['cluster']} ({r['gpus']} GPUs), global batch {r['global_batch']} x {r['seq_length']} tokens",
         f"plan      {plan_label(plan)}  (m={plan['num_microbatches']} microbatches per pipeline)",
-        f"fidelity  {r['fidelity']}",
+        f"fidelity  {r['fidelity']}" + (f"  ({r['fidelity_reason']})" if r.get("fidelity_reason") else ""),
         "",
         f"step time        {r['step_time_s']:.4g} s      tokens/s  {r['tokens_per_s']:,.0f}",
         f"TFLOP/s per GPU  {r['tflops_per_gpu']:.1f}        MFU       {100 * r['mfu']:.1f}%{_published_note(r)}",
@@ -119,6 +138,11 @@ def format_plan_report(found: dict[str, Any]) -> str:
     best = found["best"]
     lines = [format_result(best), ""]
     lines.append(f"plan string: {best['plan_string']}")
+    if best["nodes"] != found["nodes_given"]:
+        lines.append(
+            f"nodes: {best['nodes']} of the {found['nodes_given']} given (the {found['objective']} objective's "
+            f"choice); simulate or emit this plan with --nodes {best['nodes']}"
+        )
     lines.append("")
     lines.append(f"top plans ({found['objective']} objective; {best['fidelity']} fidelity):")
     rows = []

@@ -126,7 +126,9 @@ def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:
     cluster = SHARED["clusters"][nodes]
     layouts = SHARED["shapes"][nodes][start:stop]
     with paused_gc():  # arrays of plans by the ten thousand, no cycles among them
-        plans = plan_table(SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"])
+        plans = plan_table(
+            SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"], SHARED["offloads"]
+        )
         return score_run(plans, nodes, keep, objective)
 
 
@@ -139,7 +141,8 @@ def score_all(
     meanwhile: Callable[[], None] | None = None,
 ) -> Scores:
     """The :class:`Scores` of every plan of the shapes on each node count (in the dictionary's
-    order); :data:`SHARED` holds the model, clusters, batch, pins, precisions and options.
+    order); :data:`SHARED` holds the model, clusters, batch, pins, precisions, offload targets and
+    options.
     ``meanwhile``: work for the otherwise idle parent process while the workers score (run in a
     thread started after the workers are forked and joined before returning, so no later fork
     copies it half done)."""

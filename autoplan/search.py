@@ -6,8 +6,9 @@
    ``tolerance`` of the best;
 4. give each of those the CP-SAT layer partition and recomputation map (``autoplan.partition``)
    and keep it when it is predicted faster than the uniform split;
-5. simulate the finalists with the DES and return the best, the top K and the
-   time-vs-memory Pareto set of all feasible plans.
+5. simulate the finalists with the DES (with the analytic estimate, and a warning, when their
+   DES would run past its time budget: simulator.des.budget) and return the best, the top K
+   and the time-vs-memory Pareto set of all feasible plans.
 With ``--objective cost`` the search also tries smaller node counts (halving), since fewer GPUs
 at a longer step can cost fewer GPU-hours per million tokens.
 """
@@ -17,17 +18,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplan import space
-from autoplan.finalists import prepare, refine_and_simulate_all
+from autoplan.finalists import finalist_job, prepare, refine_and_simulate_all
 from autoplan.scoring import Scored, Scores, objective_value, score_all
 from autoplan.workers import SHARED
-from hwprofiles.errors import FitError, PlanError
+from hwprofiles.errors import FitError, InputError, PlanError
+from hwprofiles.load import with_nodes
 from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
 from simulator import Fidelity, check_fidelity
+from simulator.des.budget import fallback_warning, over_budget
 from simulator.job import OVERLAPPED, Runtime
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
@@ -67,11 +70,13 @@ class SearchResult:
     search_time_s: float
     objective: str
     partition_gains: list[dict[str, Any]] = field(default_factory=list)
+    nodes_given: int = 1  # --nodes (the cost objective also tries fewer: each entry's "nodes")
 
     def entry(self, r: SimResult) -> dict[str, Any]:
         d = r.to_dict()
         d["cost_gpu_hours_per_mtok"] = cost_per_mtok(r)
         d["plan_string"] = r.job.plan.to_string()
+        d["nodes"] = r.job.cluster.nodes
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,6 +86,7 @@ class SearchResult:
             "pareto": self.pareto,
             "partition": self.partition_gains,
             "objective": self.objective,
+            "nodes_given": self.nodes_given,
             "candidates_total": self.candidates_total,
             "candidates_feasible": self.candidates_feasible,
             "candidates_simulated": self.candidates_simulated,
@@ -115,8 +121,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     fix = space.parse_fix(opts.fix)
     gpn = cluster.gpus_per_node
     clusters = {
-        n: (cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n}))
-        for n in _node_counts(cluster, opts.objective)
+        n: (cluster if n == cluster.nodes else with_nodes(cluster, n)) for n in _node_counts(cluster, opts.objective)
     }
     space.check_cluster_size(model, cluster.num_gpus, global_batch)
     layouts = {n: list(space.shapes(model, c.num_gpus, global_batch, fix)) for n, c in clusters.items()}
@@ -125,7 +130,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
 
     precs = space.precisions(cluster.gpu, fix)
-    SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs)
+    offloads = space.offloads(cluster.node, fix)
+    SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs, offloads=offloads)
     keep = max(opts.top, opts.max_finalists)
     scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, prepare)
     if not scores.total:
@@ -146,8 +152,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         if i < opts.top or _objective(s, opts.objective, gpn) <= best_val * (1 + opts.tolerance)
     ]
 
+    fallback = _des_over_budget(finalists, opts)
+    if fallback:
+        opts = replace(opts, fidelity="analytic")
+        SHARED["opts"] = opts  # before the finalists' workers fork
     log.debug("search: refining and simulating %d finalists (fidelity %s)", len(finalists), opts.fidelity)
-    gains, simulated = refine_and_simulate_all(finalists, global_batch, opts.jobs, opts.progress)
+    gains, simulated = refine_and_simulate_all(finalists, opts.jobs, opts.progress)
+    if fallback:
+        for r in simulated:
+            r.extra["fidelity_reason"] = fallback
     fitting = [r for r in simulated if r.fits] or simulated
     fitting.sort(key=lambda r: _objective(r, opts.objective, gpn))
     return SearchResult(
@@ -160,7 +173,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         search_time_s=time.perf_counter() - t0,
         objective=opts.objective,
         partition_gains=gains,
+        nodes_given=cluster.nodes,
     )
+
+
+def _des_over_budget(finalists: list[Scored], opts: SearchOptions) -> str | None:
+    """Why the finalists' DES, shared by the workers, would run past the time budget
+    (simulator.des.budget), warned about: the search then simulates them with the analytic
+    estimate; None when it keeps to it or the search is analytic anyway. Plots and traces need
+    the DES: an InputError then."""
+    if opts.fidelity != "des":
+        return None
+    jobs = [finalist_job(f.nodes, f.plan) for f in finalists]
+    reason = over_budget(jobs, workers=min(opts.jobs, len(jobs)))
+    if reason and opts.keep_timeline:
+        raise InputError(f"{reason}; --plot and --trace need the DES: drop them for the analytic estimate")
+    if reason:
+        log.warning("%s", fallback_warning(reason))
+    return reason
 
 
 def _pareto(front: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, Any]]:
@@ -180,12 +210,26 @@ def _pareto(front: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, An
     ]
 
 
+def _no_host_fit_message(cluster: ClusterSpec, smallest: Scored) -> str:
+    """No plan fits, and the one needing least GPU memory fits the GPU: its offloaded state
+    exceeds the host memory."""
+    nvme = " or offload=nvme with zero=3" if "nvme" in space.offloads(cluster.node, {}) else ""
+    return (
+        f"no plan fits: the plans that fit in GPU memory (the smallest needs {smallest.peak_memory / GiB:.1f} of "
+        f"{cluster.gpu.usable_memory_bytes / GiB:.1f} GiB usable: {smallest.plan.to_string()}) offload more "
+        f"optimizer state than the {cluster.node.host_memory_GiB:g} GiB of host memory a node has; try more nodes "
+        f"(--nodes){nvme}"
+    )
+
+
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scores: Scores, fix: dict[str, Any]) -> str:
     """What the smallest plan needed, the capacity, and what would make it fit."""
     smallest = scores.smallest
     assert smallest is not None  # scores of at least one plan
     cap = cluster.gpu.usable_memory_bytes
     need = smallest.peak_memory
+    if need <= cap:  # it fits the GPU, so what it offloads does not fit the host
+        return _no_host_fit_message(cluster, smallest)
     hints = []
     ratio = need / cap
     if ratio > 1:
@@ -193,7 +237,7 @@ def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scores: Scor
     if fix.get("offload", "none") == "none" and "offload" in fix:
         hints.append("allowing offload (drop offload= from --fix)")
     elif not scores.offload:
-        hints.append("offload=cpu/nvme")
+        hints.append("offload=" + "/".join(off for off in space.offloads(cluster.node, {}) if off != "none"))
     if "ckpt" in fix and fix["ckpt"] != "full":
         hints.append("ckpt=full")
     hints.append("a smaller --global-batch or --seq-len (less activation memory)")

@@ -6,10 +6,10 @@ leaving at least MIN_CP_TOKENS tokens per rank; p <= layers and t*cp*p divides t
 d = GPUs / (t*cp*p); mb divides B/d; zero 0-3; ckpt none/selective/full;
 schedule gpipe/1f1b/zbh1/zbv (zero <= 1; zbv: v = 2, 2p dividing the layers) and interleaved with v in
 2..MAX_V dividing layers/p (and m % p == 0);
-offload none/cpu (zero >= 1)/nvme (zero = 3); sp 0/1 (t > 1); prec bf16, and fp8 on GPUs that
-run it (:func:`precisions`), with fp8 parameters (fp8ag=1) where a sharded optimizer or FSDP keeps
-them (:func:`fp8_param_options`: they save memory and gather traffic, and cost nothing, so fp8ag=0
-is tried only when pinned). Microbatches are capped at MAX_MB sequences: larger ones only raise
+offload none/cpu (zero >= 1)/nvme (zero = 3, on nodes with NVMe drives: :func:`offloads`); sp 0/1
+(t > 1); prec bf16, and fp8 on GPUs that run it (:func:`precisions`), with fp8 parameters
+(fp8ag=1) where a sharded optimizer or FSDP keeps them (:func:`fp8_param_options`: they save
+memory and gather traffic, and cost nothing, so fp8ag=0 is tried only when pinned). Microbatches are capped at MAX_MB sequences: larger ones only raise
 activation memory once GEMMs are saturated.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hwprofiles.errors import PlanError
-from hwprofiles.schema import GpuProfile
+from hwprofiles.schema import GpuProfile, NodeProfile
 from simulator.plan import (
     CKPT_MODES,
     OFFLOADS,
@@ -38,9 +38,11 @@ from simulator.plan import (
     RecomputeName,
     ScheduleName,
     ZeroStage,
+    check_positive,
     context_errors,
     fp8_shape_errors,
     hsdp_errors,
+    offload_errors,
     parse_plan_items,
     plan_errors,
     precision_errors,
@@ -82,7 +84,9 @@ class Shape:
 
 def parse_fix(text: str) -> dict[str, Any]:
     """``--fix KEY=VAL,...``: the pinned plan keys (same syntax and checks as --plan; PlanError)."""
-    return parse_plan_items(text, "--fix") if text and text.strip() else {}
+    items = parse_plan_items(text, "--fix") if text and text.strip() else {}
+    check_positive(items, "--fix")
+    return items
 
 
 def tensor_splits(model: ModelSpec) -> list[int]:
@@ -162,12 +166,15 @@ def _schedules(model: ModelSpec, p: int, m: int, fix: Mapping[str, Any]) -> Iter
                 yield "interleaved", v
 
 
-def memory_options(fix: Mapping[str, Any]) -> list[tuple[ZeroStage, RecomputeName, OffloadName]]:
-    """(zero, ckpt, offload) combinations allowed by the rules and the pins."""
+def memory_options(
+    fix: Mapping[str, Any], offloads: tuple[OffloadName, ...] = OFFLOADS
+) -> list[tuple[ZeroStage, RecomputeName, OffloadName]]:
+    """(zero, ckpt, offload) combinations allowed by the rules and the pins, offloading only to
+    ``offloads`` (what the node has: :func:`offloads`)."""
     out = []
     for zero in ZERO_STAGES:
         for ckpt in CKPT_MODES:
-            for off in OFFLOADS:
+            for off in offloads:
                 if (off == "cpu" and zero == 0) or (off == "nvme" and zero != 3):
                     continue
                 if fix.get("zero", zero) != zero or fix.get("ckpt", ckpt) != ckpt or fix.get("offload", off) != off:
@@ -180,12 +187,25 @@ def precisions(gpu: GpuProfile, fix: Mapping[str, Any]) -> tuple[PrecisionName, 
     """The precisions the search tries: bf16, and fp8 where the GPU runs it (its profile gives an
     fp8 peak and fp8 GEMM efficiency); ``prec`` pinned: only that one (PlanError when the GPU
     cannot run it)."""
-    if "prec" in fix:
-        errors = precision_errors(Plan(prec=fix["prec"]), gpu)
-        if errors:
-            raise PlanError(f"--fix: {errors[0]}")
-        return (fix["prec"],)
-    return tuple(pr for pr in PRECISIONS if not precision_errors(Plan(prec=pr), gpu))
+    return _runnable("prec", PRECISIONS, lambda plan: precision_errors(plan, gpu), fix)
+
+
+def offloads(node: NodeProfile, fix: Mapping[str, Any]) -> tuple[OffloadName, ...]:
+    """The offload targets the search tries: none and cpu, and nvme where the node has NVMe
+    drives (simulator.plan.offload_errors); ``offload`` pinned: only that one (PlanError when
+    the node has no such target)."""
+    return _runnable("offload", OFFLOADS, lambda plan: offload_errors(plan, node), fix)
+
+
+def _runnable(key: str, values: tuple[Any, ...], errors: Callable[[Plan], list[str]], fix: Mapping[str, Any]) -> tuple:
+    """The ``values`` of plan key ``key`` whose one-key plan has no ``errors``; pinned in ``fix``:
+    only that value (PlanError when it has errors)."""
+    if key in fix:
+        found = errors(Plan(**{key: fix[key]}))
+        if found:
+            raise PlanError(f"--fix: {found[0]}")
+        return (fix[key],)
+    return tuple(v for v in values if not errors(Plan(**{key: v})))
 
 
 def plan_of(
@@ -215,11 +235,13 @@ def enumerate_plans(
     fix: Mapping[str, Any],
     gpus_per_node: int = 0,
     precs: tuple[PrecisionName, ...] = ("bf16",),
+    offloads: tuple[OffloadName, ...] = OFFLOADS,
 ) -> list[Plan]:
     """Every valid plan (uniform layer split) under the pins, in each of ``precs`` its shape
     allows (fp8 GEMM dimensions, simulator.plan.fp8_shape_errors); with ``gpus_per_node``, each
-    ZeRO-2/3 plan also with hybrid sharding inside a node (:func:`hsdp_options`)."""
-    return plans_of(model, list(shapes(model, gpus, global_batch, fix)), fix, gpus_per_node, precs)
+    ZeRO-2/3 plan also with hybrid sharding inside a node (:func:`hsdp_options`); offloading only
+    to ``offloads`` (:func:`offloads`)."""
+    return plans_of(model, list(shapes(model, gpus, global_batch, fix)), fix, gpus_per_node, precs, offloads)
 
 
 def plans_of(
@@ -228,9 +250,10 @@ def plans_of(
     fix: Mapping[str, Any],
     gpus_per_node: int = 0,
     precs: tuple[PrecisionName, ...] = ("bf16",),
+    offloads: tuple[OffloadName, ...] = OFFLOADS,
 ) -> list[Plan]:
     """The plans of :func:`enumerate_plans` whose shapes are ``layouts``, in their order."""
-    return list(plan_table(model, layouts, fix, gpus_per_node, precs))
+    return list(plan_table(model, layouts, fix, gpus_per_node, precs, offloads))
 
 
 #: what of a shape its :func:`layout_options` depend on, with whether its schedule is a zero-bubble
@@ -249,10 +272,11 @@ def plan_table(
     fix: Mapping[str, Any],
     gpus_per_node: int = 0,
     precs: tuple[PrecisionName, ...] = ("bf16",),
+    offloads: tuple[OffloadName, ...] = OFFLOADS,
 ) -> PlanTable:
     """:func:`plans_of` as a :class:`PlanTable` (what the search's workers score): each shape
     with each of its :func:`layout_options`, listed once per distinct :data:`_OPTION_KEY`."""
-    memory = memory_options(fix)
+    memory = memory_options(fix, offloads)
     option_rows: dict[tuple[Any, ...], int] = {}
     of_key: dict[tuple[Any, ...], list[int]] = {}
     counts, option_index = [], []

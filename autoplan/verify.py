@@ -1,5 +1,7 @@
 """``autoplan run``: launch an emitted run dir with torchrun, check it, compare with the prediction.
 
+0. A run whose CPU ranks cannot fit this machine's available memory is refused before anything
+   starts (:func:`check_host_memory`; ``--allow-oversubscribe`` launches it anyway).
 1. ``launch.sh`` runs the program on this machine (one node, t*p*d processes; gloo on CPU),
    under a timeout on the whole run; a crashed or hung worker ends it with a
    :class:`hwprofiles.errors.RunError` naming the rank and its last log lines, and no worker
@@ -21,12 +23,15 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.launch import last_lines, launch
 from autoplan.runtime.config import RunSpec, load_plan_json, load_run_spec
 from hwprofiles.errors import InputError, RunError
 from hwprofiles.units import GiB
+
+if TYPE_CHECKING:
+    from simulator.job import Job
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +72,21 @@ def predict(
     """Prediction for this run: the simulator on localhost-cpu (CPU), else the one from emit time."""
     if device != "cpu":
         return stored
+    job = cpu_job(spec, log)
+    if job is None:
+        return None
+    from simulator import simulate
+
+    return simulate(job, "analytic").to_dict()
+
+
+def cpu_job(spec: RunSpec, log: Callable[[str], None]) -> Job | None:
+    """The run as the simulator sees it on this machine's CPU: the localhost-cpu node (or
+    ``AUTOPLAN_CPU_NODE``) with as many ranks as the run, running autoplan's program; None, said
+    with ``log``, where it cannot be made."""
     try:
         from autoplan.runtime.support import program_job
         from hwprofiles.load import load_cluster
-        from simulator import simulate
         from simulator.job import Job
     except ImportError as e:
         log(f"autoplan run: no prediction ({e})")
@@ -83,8 +99,51 @@ def predict(
     if cluster.gpus_per_node != spec.world_size or cluster.nodes != 1:
         node = cluster.node.model_copy(update={"gpus_per_node": spec.world_size})
         cluster = cluster.model_copy(update={"node": node, "nodes": 1})
-    job = program_job(Job.make(spec.model, cluster, spec.plan, spec.global_batch))
-    return simulate(job, "analytic").to_dict()
+    return program_job(Job.make(spec.model, cluster, spec.plan, spec.global_batch))
+
+
+def check_host_memory(spec: RunSpec, log: Callable[[str], None]) -> None:
+    """InputError, before anything starts, when the run's ranks will run on this machine's CPU and
+    their predicted memory exceeds what it has available (launched, they would end in the
+    out-of-memory killer): per rank, the tensors of the CPU prediction (:func:`cpu_job`) and the
+    runtime a gloo rank holds besides (the CPU profile's ``memory_reserved_GiB``, measured by
+    ``autoplan calibrate``)."""
+    from autoplan.runtime.train import uses_cuda
+
+    available = available_memory_bytes()
+    if available is None or uses_cuda("auto", spec.world_size):
+        return
+    job = cpu_job(spec, log)
+    if job is None:
+        return
+    from simulator import simulate
+
+    tensors = simulate(job, "analytic").peak_memory / GiB
+    runtime = job.cluster.gpu.memory_reserved_GiB
+    per_rank = tensors + runtime
+    need = spec.world_size * per_rank
+    if need * GiB > available:
+        raise InputError(
+            f"{spec.world_size} CPU ranks need about {need:,.1f} GiB ({spec.world_size} x {per_rank:.2f} GiB: "
+            f"{tensors:.2f} GiB of tensors predicted per rank + {runtime:.2f} GiB of PyTorch runtime) but this "
+            f"machine has {available / GiB:.1f} GiB available; emit a plan with fewer ranks, or pass "
+            "--allow-oversubscribe to run it anyway"
+        )
+
+
+def available_memory_bytes() -> float | None:
+    """The memory this machine can give new processes (Linux MemAvailable: free plus reclaimable
+    caches), else its free pages; None when neither is known."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _pct(measured: float | None, predicted: float | None) -> float | None:
@@ -166,9 +225,15 @@ def summarize(
 
 
 def run_and_verify(
-    run_dir: Path, steps: int, timeout_s: float, log: Callable[[str], None] = _info, check_steps: int = CHECK_STEPS
+    run_dir: Path,
+    steps: int,
+    timeout_s: float,
+    log: Callable[[str], None] = _info,
+    check_steps: int = CHECK_STEPS,
+    check_memory: bool = True,
 ) -> dict[str, Any]:
-    """Launch, check against one process, and compare with the prediction (see module docstring)."""
+    """Launch, check against one process, and compare with the prediction (see module docstring);
+    ``check_memory``: refuse first a run whose ranks cannot fit this machine (:func:`check_host_memory`)."""
     run_dir = Path(run_dir)
     spec = load_run_spec(run_dir)
     stored = load_plan_json(run_dir).get("prediction")
@@ -176,6 +241,8 @@ def run_and_verify(
         raise InputError(f"--steps: expected a non-negative number of steps, got {steps}")
     if timeout_s <= 0:
         raise InputError(f"--timeout: expected a positive number of seconds, got {timeout_s}")
+    if check_memory:
+        check_host_memory(spec, log)
     out = launch(run_dir, spec, steps, check_steps, timeout_s, log)
     ranks = read_results(out, spec.world_size)
     ref = None

@@ -9,41 +9,82 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import signal
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.process import BaseProcess
 from typing import Any
+
+from hwprofiles.errors import AutoplanError
 
 #: the search's inputs, read by the scoring and finalist functions in the workers
 SHARED: dict[str, Any] = {}
+
+#: seconds between two checks that the workers are alive while the parent waits for a result
+WATCH_S = 0.5
 
 
 def can_fork() -> bool:
     return "fork" in mp.get_all_start_methods()
 
 
+class WorkerDied(AutoplanError):
+    """A worker process ended in the middle of the search (killed: the out-of-memory killer, a
+    signal); the pool would wait for its task forever, so the search stops (exit 1)."""
+
+
 class Pool:
     """A fork pool of ``jobs`` workers sharing :data:`SHARED`, or a plain in-process map for one
     job. The workers fork with the parent's objects frozen out of the garbage collector
     (``gc.freeze``, what the gc documentation advises before fork without exec), and run with
-    the cyclic collector off (``gc.disable`` as the pool's initializer): a worker lives for one
+    the cyclic collector off (``gc.disable`` in :func:`_init_worker`): a worker lives for one
     phase of one search, and expanding and scoring plans and the DES make no reference cycles
     (tests/test_workers.py), so its collections would only walk the tens of thousands of live
     plan and task records again and again (a tenth of a 1T finalist's DES). Reference counting
     still frees all of it; what stays until the worker exits is OR-tools' ``CpModel``, which
-    holds itself in a cycle (about 30 kB per finalist partitioned)."""
+    holds itself in a cycle (about 30 kB per finalist partitioned).
+
+    The workers ignore SIGINT: Ctrl-C reaches the whole foreground process group, and only the
+    parent answers it (a KeyboardInterrupt; leaving the ``with`` block ends the workers). A
+    worker that ends while the pool runs (``multiprocessing.Pool`` would start another and wait
+    for the lost task forever) is a :class:`WorkerDied` in :meth:`imap`."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
         self.pool = None
+        self.workers: list[BaseProcess] = []
         if jobs > 1 and can_fork():
+            before = set(mp.active_children())
             gc.freeze()
             try:
-                self.pool = mp.get_context("fork").Pool(jobs, initializer=gc.disable)
+                self.pool = mp.get_context("fork").Pool(jobs, initializer=_init_worker)
             finally:
                 gc.unfreeze()
+            self.workers = [w for w in mp.active_children() if w not in before]
 
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
-        return self.pool.imap(fn, items, chunksize=1) if self.pool else (fn(x) for x in items)
+        """``fn`` over ``items`` in order, in the workers (WorkerDied when one of them ends)."""
+        if self.pool is None:
+            return (fn(x) for x in items)
+        return self._watched(self.pool.imap(fn, items, chunksize=1))
+
+    def _watched(self, results: Any) -> Iterator[Any]:
+        """``results`` (an imap iterator), checking the workers while waiting for the next one."""
+        while True:
+            try:
+                yield results.next(timeout=WATCH_S)
+            except StopIteration:
+                return
+            except mp.TimeoutError:
+                self._check_workers()
+
+    def _check_workers(self) -> None:
+        """WorkerDied when a worker has ended, saying how."""
+        dead = next((w for w in self.workers if w.exitcode is not None), None)
+        if dead is not None:
+            raise WorkerDied(
+                f"a search worker process (pid {dead.pid}) {_ending(dead.exitcode or 0)}; try fewer --jobs"
+            )
 
     def __enter__(self) -> Pool:
         return self
@@ -51,6 +92,23 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         if self.pool:
             self.pool.terminate()
+
+
+def _ending(code: int) -> str:
+    """How a process with exit code ``code`` ended (negative: killed by that signal)."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name}" + (" (the out-of-memory killer?)" if code == -signal.SIGKILL else "")
+
+
+def _init_worker() -> None:
+    """A worker's start: the cyclic garbage collector off, SIGINT ignored (:class:`Pool`)."""
+    gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _NoBar:

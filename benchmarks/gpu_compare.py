@@ -12,6 +12,11 @@ datasheet profile with a calibrated one. Runs on any machine (no GPU needed)::
 
     python benchmarks/gpu_compare.py
     python benchmarks/gpu_compare.py --gpu benchmarks/data/h100-calibrate.yaml
+
+By default it reads the runs of benchmarks/data/ (the first session's, and the session of
+benchmarks/gpu_session.sh, 2026-11-26: the independent set again and small microbatches) and
+the independent measurement's (``../shared/gpu/h100-2026-11-26/runs.json``, where present), each
+with the node's built-in profile and with the profile that session's calibration wrote.
 """
 
 from __future__ import annotations
@@ -42,6 +47,25 @@ def model_file(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+BUILT_IN = "built-in"  # --gpu's name for the node's own GPU profile
+#: the independent H100 measurement of 2026-11-26 (its runs.json; the models are in benchmarks/models)
+SHARED_RUNS = HERE.parent.parent / "shared" / "gpu" / "h100-2026-11-26" / "runs.json"
+#: the profile ``autoplan calibrate --device cuda`` wrote in the session of benchmarks/gpu_session.sh
+CALIBRATED = DATA / "h100-2026-11-26b" / "h100-calibrated.yaml"
+
+
+def read_runs(path: Path) -> list[dict]:
+    """The runs of ``path`` as benchmarks/gpu_runs.py records them: its JSON lines, or the shared
+    measurement's runs.json (name, model file, plan, global batch), converted."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for r in json.loads(path.read_text()):
+        model = Path(r["model"]).stem
+        rows.append({**r, "model": model, "case": f"{model}/B={r['global_batch']}/{r['plan']}"})
+    return rows
+
+
 def predict(row: dict, cluster_ref: str, gpu_ref: str | None) -> tuple[float, float]:
     """(step time s, peak memory GiB) the analytic model predicts for one recorded run."""
     model = load_model(str(model_file(row["model"]) or row["model"]))
@@ -68,14 +92,14 @@ def _summary(name: str, errors: list[float]) -> str:
 
 def _compare(path: Path, cluster: str, gpu: str | None) -> None:
     """The table and summary of one file of runs."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    print(f"{path.name}")
+    rows = read_runs(path)
+    print(f"{path.parent.name}/{path.name}, GPU profile: {Path(gpu).name if gpu else 'the built-in one of ' + cluster}")
     print(f"{'run':62}{'time s':>9}{'pred':>8}{'err':>8}{'mem GiB':>9}{'pred':>7}{'err':>8}")
     t_err: list[float] = []
     m_err: list[float] = []
     for row in rows:
-        if "error" in row:
-            print(f"{row['case']:62} failed: {row['error'][:60]}")
+        if "error" in row or "measured_step_time_s" not in row:
+            print(f"{row['case']:62} failed: {row.get('error', 'no step time recorded')[:60]}")
             continue
         t_pred, m_pred = predict(row, cluster, gpu)
         t, m = row["measured_step_time_s"], row["measured_peak_memory_gib"]
@@ -91,12 +115,21 @@ def _compare(path: Path, cluster: str, gpu: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, nargs="+", default=[DATA / "h100-runs.jsonl", DATA / "h100-runs-fused.jsonl"])
+    default_runs = [DATA / "h100-runs.jsonl", DATA / "h100-runs-fused.jsonl", DATA / "h100-2026-11-26b" / "runs.jsonl"]
+    ap.add_argument("--runs", type=Path, nargs="+", default=default_runs + [SHARED_RUNS] * SHARED_RUNS.is_file())
     ap.add_argument("--cluster", default="dgx-h100", help="node the runs were emitted for (default dgx-h100)")
-    ap.add_argument("--gpu", help="GPU profile to use instead of the node's (name or YAML path)")
+    ap.add_argument(
+        "--gpu",
+        nargs="+",
+        help="GPU profiles to predict with (names or YAML paths; 'built-in': the node's own); default: "
+        "built-in and the committed calibration (benchmarks/data/h100-2026-11-26b/h100-calibrated.yaml)",
+    )
     a = ap.parse_args(argv)
+    refs = a.gpu if a.gpu else [BUILT_IN, str(CALIBRATED)]
+    profiles: list[str | None] = [None if ref == BUILT_IN else ref for ref in refs]
     for path in a.runs:
-        _compare(path, a.cluster, a.gpu)
+        for gpu in profiles:
+            _compare(path, a.cluster, gpu)
     return 0
 
 

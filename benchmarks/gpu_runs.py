@@ -60,7 +60,35 @@ def cases() -> list[Case]:
     ]
     out += [Case("offload", one_b, 8, "t=1,p=1,d=1,mb=2,ckpt=none,zero=3,offload=cpu")]
     out += [Case("check", "tiny", 8, "t=1,p=1,d=1,mb=2,ckpt=none", check_steps=3)]
+    return out + independent_cases() + host_cases()
+
+
+def independent_cases() -> list[Case]:
+    """The runs of the independent H100 measurement of 2026-11-26 (shared/gpu/h100-2026-11-26,
+    runs.json), models and plans chosen apart from the cases above: group ``shared``, and
+    ``shared-offload`` for its ZeRO-3 CPU-offload run."""
+    gpt, l7, l8 = (str(MODELS / f"{m}.yaml") for m in ("gpt-1.3b", "llama7b-slice", "llama3-8b-slice"))
+    out = [Case("shared", gpt, 16, f"t=1,p=1,d=1,mb={mb},zero=0,ckpt=none") for mb in (4, 2, 1)]
+    out += [
+        Case("shared", gpt, 16, "t=1,p=1,d=1,mb=4,zero=0,ckpt=full"),
+        Case("shared", gpt, 32, "t=1,p=1,d=1,mb=8,zero=0,ckpt=selective"),
+        Case("shared", l7, 8, "t=1,p=1,d=1,mb=1,zero=0,ckpt=none"),
+        Case("shared", l8, 4, "t=1,p=1,d=1,mb=1,zero=0,ckpt=none"),
+        Case("shared-offload", l7, 8, "t=1,p=1,d=1,mb=1,zero=3,ckpt=none,offload=cpu"),
+    ]
     return out
+
+
+def host_cases() -> list[Case]:
+    """Small microbatches, where the eager program's host work bounds the step (group ``host``):
+    the 1.3B model at mb=1 with full recomputation (the forward's host work twice per
+    microbatch) and at mb=2 with selective recomputation, and the 7B-layer slice at mb=2."""
+    gpt, l7 = (str(MODELS / f"{m}.yaml") for m in ("gpt-1.3b", "llama7b-slice"))
+    return [
+        Case("host", gpt, 16, "t=1,p=1,d=1,mb=1,zero=0,ckpt=full"),
+        Case("host", gpt, 16, "t=1,p=1,d=1,mb=2,zero=0,ckpt=selective"),
+        Case("host", l7, 8, "t=1,p=1,d=1,mb=2,zero=0,ckpt=none"),
+    ]
 
 
 def run_case(case: Case, cluster: str, steps: int, timeout_s: float) -> dict[str, object]:

@@ -7,8 +7,10 @@ with one line naming the file and the key.
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +32,33 @@ def is_file(path: str | Path) -> bool:
         return False
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a key given twice (plain YAML keeps the
+    last value and says nothing); ``<<`` merge keys may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.MarkedYAMLError(
+                    problem=f"key {key!r} given twice (first on line {first_line[key]})",
+                    problem_mark=key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Parse one YAML (or JSON) file; a missing or malformed file is a SpecError."""
+    """Parse one YAML (or JSON) file; a missing or malformed file, or a mapping with a key given
+    twice, is a SpecError."""
     p = Path(path)
     if not is_file(p):
         raise SpecError(f"{p}: no such file")
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader: data only, no objects
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -46,24 +68,69 @@ def read_yaml(path: str | Path) -> Any:
         raise SpecError(f"{p}: cannot read: {e}") from None
 
 
-def validation_message(source: str, err: ValidationError) -> str:
-    """One line for the first pydantic error: source, dotted key, what was expected, what was given."""
-    errors = err.errors()
-    # an unknown key first: with a typo ("num_layer") the missing key it was meant to be is a
-    # consequence, and the message should name the key actually written in the file
-    first = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
-    key = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "extra_forbidden":
-        msg = "unknown key"
-    given = first.get("input")
+def validation_message(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line for every pydantic error: the source, then each error's dotted key, what was
+    expected and what was given, unknown keys first (with a typo, "num_layer", the missing key it
+    was meant to be is a consequence) and, knowing the ``model``, what an unknown key may have meant."""
+    errors = sorted(err.errors(), key=lambda x: x.get("type") != "extra_forbidden")
+    return f"{source}: " + "; ".join(_error_text(x, model) for x in errors)
+
+
+def _error_text(error: Any, model: type[BaseModel] | None) -> str:
+    """One pydantic error as ``key 'a.b': what was expected (got ...)``."""
+    loc = tuple(str(x) for x in error.get("loc", ()))
+    key = ".".join(loc) or "(top level)"
+    if error.get("type") == "extra_forbidden":
+        return f"key '{key}': unknown key{_meant(loc, model)}"
+    given = error.get("input")
     shown = (
         ""
-        if first.get("type") in ("missing", "extra_forbidden") or isinstance(given, (dict, list, BaseModel))
-        else f" (got {given!r})"
+        if error.get("type") == "missing" or isinstance(given, (dict, list, BaseModel))
+        else f" (got {_shortened(repr(given))})"
     )
-    more = f" [+{err.error_count() - 1} more]" if err.error_count() > 1 else ""
-    return f"{source}: key '{key}': {msg}{shown}{more}"
+    return f"key '{key}': {error.get('msg', 'invalid value')}{shown}"
+
+
+def _meant(loc: tuple[str, ...], model: type[BaseModel] | None) -> str:
+    """`` (did you mean 'x'?)`` for the unknown key at ``loc`` of ``model``: a key of its mapping
+    that the model's ``KEY_ALIASES`` names for it, else one spelt alike; or nothing."""
+    target = _model_at(model, loc[:-1]) if model is not None and loc else None
+    if target is None:
+        return ""
+    aliases: Mapping[str, str] = getattr(target, "KEY_ALIASES", {})
+    alias = aliases.get(loc[-1])
+    return f" (did you mean '{alias}'?)" if alias else did_you_mean(loc[-1], list(target.model_fields))
+
+
+def _model_at(model: type[BaseModel], path: tuple[str, ...]) -> type[BaseModel] | None:
+    """The pydantic model of the mapping at ``path`` inside ``model`` (None where it is not one)."""
+    for part in path:
+        field = model.model_fields.get(part)
+        found = _submodel(field.annotation) if field is not None else None
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model in a field's type (``Link | None``, ``str | GpuProfile``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_submodel, typing.get_args(annotation))), None)
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice ``word`` most likely meant (the same but for
+    case, else the closest spelling: difflib), or nothing."""
+    same = [c for c in choices if c.lower() == word.lower()]
+    close = same or difflib.get_close_matches(word, choices, n=1, cutoff=0.7)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _shortened(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (a value of 10 kB makes no readable message)."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def build(model: type[BaseModel], data: Any, source: str) -> Any:
@@ -73,7 +140,7 @@ def build(model: type[BaseModel], data: Any, source: str) -> Any:
     try:
         return model.model_validate(dict(data))
     except ValidationError as e:
-        raise SpecError(validation_message(source, e)) from None
+        raise SpecError(validation_message(source, e, model)) from None
 
 
 def _names(directory: Path) -> list[str]:
@@ -92,7 +159,8 @@ def _locate(ref: str, directory: Path, what: str) -> Path:
     cand = directory / f"{ref}.yaml"
     if is_file(cand):
         return cand
-    raise SpecError(f"unknown {what} '{ref}' (built-in: {', '.join(_names(directory))}; or give a path)")
+    known = _names(directory)
+    raise SpecError(f"unknown {what} '{ref}'{did_you_mean(ref, known)} (built-in: {', '.join(known)}; or give a path)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,7 +206,22 @@ def cluster_from_mapping(data: Any, source: str, nodes: int | None = None) -> Cl
 
 def _cluster_of_node(node: NodeProfile, nodes: int | None, source: str) -> ClusterSpec:
     """``nodes`` (default 1) copies of ``node`` on one fat-tree, validated like a cluster file."""
-    return build(ClusterSpec, {"name": f"{node.name}-x{nodes or 1}", "nodes": nodes or 1, "node": node}, source)
+    return build(ClusterSpec, {"name": _node_cluster_name(node, nodes or 1), "nodes": nodes or 1, "node": node}, source)
+
+
+def _node_cluster_name(node: NodeProfile, nodes: int) -> str:
+    """The name of a cluster made of ``nodes`` copies of ``node``: ``<node>-x<nodes>``."""
+    return f"{node.name}-x{nodes}"
+
+
+def with_nodes(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
+    """``cluster`` with ``nodes`` nodes, renamed where its name counts them (a node's cluster,
+    :func:`_node_cluster_name`; a cluster file's name is kept)."""
+    counted = _node_cluster_name(cluster.node, cluster.nodes)
+    name = cluster.name
+    if name == counted or name.startswith(f"{counted}-"):  # also <node>-x<N>-<G>gpn (--gpus-per-node)
+        name = _node_cluster_name(cluster.node, nodes) + name[len(counted) :]
+    return cluster.model_copy(update={"nodes": nodes, "name": name})
 
 
 def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterSpec:
@@ -175,7 +258,8 @@ def _load_cluster(ref: str, nodes: int | None) -> ClusterSpec:
     if is_file(NODE_DIR / f"{ref}.yaml"):
         node = load_node(ref)
         return _cluster_of_node(node, nodes, str(NODE_DIR / f"{ref}.yaml"))
+    cluster_names, node_names = _names(CLUSTER_DIR), _names(NODE_DIR)
     raise SpecError(
-        f"unknown cluster '{ref}' (clusters: {', '.join(_names(CLUSTER_DIR))}; "
-        f"nodes: {', '.join(_names(NODE_DIR))}; or give a path)"
+        f"unknown cluster '{ref}'{did_you_mean(ref, cluster_names + node_names)} "
+        f"(clusters: {', '.join(cluster_names)}; nodes: {', '.join(node_names)}; or give a path)"
     )

@@ -7,8 +7,9 @@ from typing import Literal
 
 from hwprofiles.errors import PlanError
 from hwprofiles.schema import ClusterSpec
+from simulator.cost.eager_layer import LayerKernels
 from simulator.cost.memory import CrossEntropy, StateLayout
-from simulator.plan import Plan, num_microbatches, precision_errors, validate_plan
+from simulator.plan import Plan, num_microbatches, offload_errors, precision_errors, validate_plan
 from simulator.specs import ModelSpec
 
 
@@ -57,6 +58,20 @@ class Runtime:
     called without it, as llm-foundry's MPT layers are; torchao float8's dynamic scaling, which
     torchtitan runs): simulator.cost.precision.weight_cast_op.
 
+    ``layer_kernels``: the kernels a layer runs (simulator.cost.eager_layer): "fused" the fused
+    list of simulator.cost.workload (Megatron-LM's kernels, a bf16 residual stream); "eager"
+    eager PyTorch under ``torch.autocast`` over fp32 parameters (autoplan's program on a GPU
+    without FSDP), which adds an fp32 residual stream, per-Linear input casts and per-forward
+    weight casts, fp32 gradient accumulation, and unfused rotary embeddings and GQA repeats
+    (simulator.cost.eager_layer).
+
+    ``zero2``: how the runtime runs ZeRO-2 (simulator.cost.zero3.fsdp2_sharded): "bucketed"
+    (DeepSpeed stage 2, Megatron-LM's distributed optimizer: bucketed reduce-scatters of the
+    gradients, the updated parameters all-gathered after the step) or "fsdp2" (autoplan's
+    program, autoplan/runtime/data_parallel.py: ``fully_shard`` per layer and the root with
+    ``reshard_after_forward=False``: each unit gathered before its forward every microbatch
+    and kept to its backward, its gradients reduce-scattered after it; nothing after the step).
+
     ``states``: how the program keeps its model states in memory
     (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
     weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
@@ -70,6 +85,8 @@ class Runtime:
     weight_copy_bytes: float = 0.0
     states: StateLayout = "mixed"
     fp8_weight_cache: bool = True
+    zero2: Literal["bucketed", "fsdp2"] = "bucketed"
+    layer_kernels: LayerKernels = "fused"
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)
@@ -89,8 +106,9 @@ class Job:
     runtime: Runtime = OVERLAPPED
 
     def __post_init__(self) -> None:
-        """The plan's precision must be one the cluster's GPUs run (simulator.plan.precision_errors)."""
-        errors = precision_errors(self.plan, self.cluster.gpu)
+        """The plan's precision must be one the cluster's GPUs run, and its offload one its nodes
+        have (simulator.plan.precision_errors, offload_errors)."""
+        errors = precision_errors(self.plan, self.cluster.gpu) + offload_errors(self.plan, self.cluster.node)
         if errors:
             raise PlanError(errors[0])
 

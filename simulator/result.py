@@ -88,6 +88,9 @@ class SimResult:
             "zero3_runtime": self.job.runtime.zero3,
             "attention": self.job.model.attention,
         }
+        headroom = self.job.cluster.gpu.memory_headroom_GiB
+        if headroom:  # --memory-headroom: already out of memory_capacity_gib
+            out["memory_headroom_gib"] = headroom
         best = published_best(self.job.cluster.gpu, self.job.plan.prec)
         if best is not None:
             out["published_best_mfu"] = {"gpu": best.gpu_class, "mfu": best.mfu, "run": best.run, "source": best.source}

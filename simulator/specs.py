@@ -9,25 +9,56 @@ in :mod:`simulator.plan`, jobs in :mod:`simulator.job`.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwprofiles.errors import SpecError
-from hwprofiles.load import build, is_file, read_yaml
+from hwprofiles.load import build, did_you_mean, is_file, read_yaml
+from hwprofiles.names import Name, name_problem
 from simulator.hf_unsupported import unsupported_architecture
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "autoplan" / "models"
+
+log = logging.getLogger(__name__)
+
+
+# Hugging Face config.json keys -> ModelSpec keys (first present key wins).
+_HF_KEYS: dict[str, tuple[str, ...]] = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
+    "ffn_hidden_size": ("moe_intermediate_size", "intermediate_size", "n_inner", "ffn_dim"),
+    "num_experts": ("num_local_experts", "num_experts"),
+    "moe_router_topk": ("num_experts_per_tok",),
+    "vocab_size": ("vocab_size",),
+    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+}
+
+
+#: keys other tools spell differently -> ModelSpec's: what an unknown key of a model file was
+#: likely meant to be (hwprofiles.load.validation_message's "did you mean")
+_KEY_ALIASES = {name: key for key, names in _HF_KEYS.items() for name in names if name != key} | {
+    "num_kv_heads": "num_query_groups",
+    "n_kv_heads": "num_query_groups",
+    "kv_heads": "num_query_groups",
+    "num_heads": "num_attention_heads",
+    "seq_len": "seq_length",
+    "max_seq_len": "seq_length",
+}
 
 
 class ModelSpec(BaseModel):
     """A decoder-only transformer. ``num_query_groups`` is the number of KV heads (GQA/MQA)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    KEY_ALIASES: ClassVar[dict[str, str]] = _KEY_ALIASES
 
-    name: str = "model"
+    name: Name = "model"  # hwprofiles.names: letters, digits, . _ + - /
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
@@ -116,20 +147,6 @@ class ModelSpec(BaseModel):
         return self if seq is None or seq == self.seq_length else self.model_copy(update={"seq_length": seq})
 
 
-# Hugging Face config.json keys -> ModelSpec keys (first present key wins).
-_HF_KEYS: dict[str, tuple[str, ...]] = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
-    "num_query_groups": ("num_key_value_heads", "multi_query_group_num"),
-    "ffn_hidden_size": ("moe_intermediate_size", "intermediate_size", "n_inner", "ffn_dim"),
-    "num_experts": ("num_local_experts", "num_experts"),
-    "moe_router_topk": ("num_experts_per_tok",),
-    "vocab_size": ("vocab_size",),
-    "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
-}
-
-
 def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | None = None) -> ModelSpec:
     """Map a Hugging Face ``config.json`` (GPT-2 or Llama/Mistral/Qwen style, and their mixtures of
     experts: Mixtral, Qwen3-MoE, OLMoE, whose expert width is ``moe_intermediate_size`` or, for
@@ -137,13 +154,12 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     (SpecError when it cannot be used, or when a key makes it a model autoplan does not model:
     :mod:`simulator.hf_unsupported`). ``seq_len``: the sequence it will be planned for, when not
     the config's own."""
-    data: dict[str, Any] = {
-        "name": str(cfg.get("_name_or_path") or cfg.get("model_type") or Path(source).parent.name or "hf-model")
-    }
+    data: dict[str, Any] = {}
+    taken: dict[str, str] = {}  # ModelSpec key -> the config key it was read from
     for key, names in _HF_KEYS.items():
         for n in names:
             if cfg.get(n) is not None:
-                data[key] = cfg[n]
+                data[key], taken[key] = cfg[n], n
                 break
     if not (isinstance(data.get("num_experts"), int) and data["num_experts"] >= 2):  # dense (0 or 1 expert)
         data.pop("num_experts", None)
@@ -175,7 +191,47 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     if found is not None:
         key, why = found
         raise SpecError(f"{source}: key '{key}': {why}; refusing to plan it as a different (dense) model")
-    return build(ModelSpec, data, source)
+    model = build(ModelSpec, data, source)
+    model = model.model_copy(update={"name": _hf_name(cfg, source, model)})
+    if seq_len is None and "seq_length" in taken:
+        log.info(
+            "%s: %s planned at %s-token sequences, its %s (the longest context it supports); "
+            "give --seq-len for the length you train at",
+            source,
+            model.name,
+            f"{model.seq_length:,}",
+            taken["seq_length"],
+        )
+    return model
+
+
+def _hf_name(cfg: Mapping[str, Any], source: str, model: ModelSpec) -> str:
+    """The model's name: ``_name_or_path``, else its architecture (``architectures``, else
+    ``model_type``) and size (``Qwen2ForCausalLM-7.6B``), else the config's folder (or "hf-model").
+    A key's value that breaks the name rule (:mod:`hwprofiles.names`) is a SpecError naming the
+    key; a folder's name that does is not used."""
+    key = next((k for k in ("_name_or_path", "architectures", "model_type") if cfg.get(k)), None)
+    if key is None:
+        folder = Path(source).parent.name
+        return folder if name_problem(folder) is None else "hf-model"
+    value = cfg[key]
+    if key == "architectures" and isinstance(value, list):
+        value = value[0]
+    name = str(value) if key == "_name_or_path" else f"{value}-{_size_label(model)}"
+    problem = name_problem(name)
+    if problem is not None:
+        raise SpecError(f"{source}: key '{key}': {problem}")
+    return name
+
+
+def _size_label(model: ModelSpec) -> str:
+    """The model's parameter count as a name shows it: ``7.6B``, ``124M``, ``85K``."""
+    from simulator.cost.params import total_params  # simulator.cost imports this module
+
+    n = total_params(model)
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B".replace(".0B", "B")
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
 def is_hf_config(data: Mapping[str, Any]) -> bool:
@@ -203,7 +259,10 @@ def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
     if not (path.suffix in (".yaml", ".yml", ".json") or is_file(path)):
         path = MODELS_DIR / f"{ref}.yaml"
         if not is_file(path):
-            raise SpecError(f"unknown model '{ref}' (built-in: {', '.join(builtin_models())}; or give a path)")
+            known = builtin_models()
+            raise SpecError(
+                f"unknown model '{ref}'{did_you_mean(ref, known)} (built-in: {', '.join(known)}; or give a path)"
+            )
     data = _read_json(path) if path.suffix == ".json" and is_file(path) else read_yaml(path)
     if isinstance(data, Mapping) and is_hf_config(data):
         model = model_from_hf_config(data, str(path), seq_len)

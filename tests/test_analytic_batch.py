@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoplan.space import enumerate_plans, precisions
+from autoplan.space import enumerate_plans, offloads, precisions
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.analytic.batch import _group, estimate_batch
@@ -54,7 +54,8 @@ def test_batch_equals_scalar_on_random_plans(space, runtime):
     name, node, nodes, batch_size = space
     model, cluster = load_model(name), load_cluster(node, nodes)
     precs = precisions(cluster.gpu, {})  # fp8 too on the H100 nodes
-    plans = enumerate_plans(model, cluster.num_gpus, batch_size, {}, cluster.gpus_per_node, precs)
+    targets = offloads(cluster.node, {})  # nvme only on nodes with NVMe drives
+    plans = enumerate_plans(model, cluster.num_gpus, batch_size, {}, cluster.gpus_per_node, precs, targets)
     rng = random.Random(f"{name}{node}{runtime.name}")
     sample = rng.sample(plans, min(SAMPLE, len(plans)))
     assert len({p.zero for p in sample}) == 4 and len({p.offload for p in sample}) >= 2  # the sample is mixed

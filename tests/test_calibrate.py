@@ -233,6 +233,10 @@ def check_sane_gpu(path):
     # under a microsecond and over a tenth of a nanosecond each
     assert e.optimizer_param_ns is not None and 0.1 < e.optimizer_param_ns < 1_000
     assert set(g.elementwise_GBps) == {"add", "scale", "gelu", "dropout", "layer_norm", "softmax"}
+    assert e.llama_layer_forward_us is not None and e.llama_layer_forward_us > 20
+    # attention counted as executed (the causal half): no measured rate above the peak
+    assert g.attention is not None and g.attention.table
+    assert all(0 < x.forward_tflops <= peak and 0 < x.backward_tflops <= peak for x in g.attention.table)
     return g
 
 

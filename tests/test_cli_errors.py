@@ -35,6 +35,11 @@ FILES = {
     "bad_gpu_node.yaml": yaml.safe_dump(dict(NODE, gpu="no-such-gpu")),
     "bad_node_cluster.yaml": yaml.safe_dump(dict(CLUSTER, node="no-such-node")),
     "no_nic_node.yaml": yaml.safe_dump({k: v for k, v in dict(NODE, nics_per_node=0).items() if k != "nic"}),
+    "two_errors.yaml": yaml.safe_dump(dict(MODEL, hidden_size="big", num_layers=-4)),
+    "kv_alias.yaml": yaml.safe_dump(dict(MODEL, num_kv_heads=2)),
+    "nic_typo_node.yaml": yaml.safe_dump({("nic_per_node" if k == "nics_per_node" else k): v for k, v in NODE.items()}),
+    "duplicate_key.yaml": yaml.safe_dump(MODEL) + "num_layers: 8\n",
+    "duplicate_node_key.yaml": yaml.safe_dump(NODE) + "gpus_per_node: 4\n",
     "empty.yaml": "",
     "bad.json": '{"model_type": "llama", "num_hidden_layers": 2,,}',
     "relu.json": json.dumps(
@@ -111,6 +116,25 @@ CASES = {
     "missing-required-argument": (SIM + GOOD[:-2], ["--plan"]),
     "plot-needs-des": ([*sim(), "--plot", "{dir}/x.png"], ["--plot", "des"]),
     "plan-bad-fix": (["plan", *GOOD[:-2], "--fix", "t=2,pp=2"], ["--fix", "'pp'"]),
+    "every-error-shown": (
+        sim(model="{dir}/two_errors.yaml"),
+        ["two_errors.yaml", "key 'num_layers': ", "key 'hidden_size': ", "'big'"],
+    ),
+    "model-name-case": (sim(model="llama3-8B"), ["unknown model 'llama3-8B' (did you mean 'llama3-8b'?)"]),
+    "cluster-name-typo": (sim(cluster="dgx-h10"), ["unknown cluster 'dgx-h10' (did you mean 'dgx-h100'?)"]),
+    "model-key-alias": (
+        sim(model="{dir}/kv_alias.yaml"),
+        ["kv_alias.yaml", "key 'num_kv_heads': unknown key (did you mean 'num_query_groups'?)"],
+    ),
+    "node-key-typo": (
+        sim(cluster="{dir}/nic_typo_node.yaml"),
+        ["key 'nic_per_node': unknown key (did you mean 'nics_per_node'?)", "key 'nics_per_node': "],
+    ),
+    "duplicate-model-key": (
+        sim(model="{dir}/duplicate_key.yaml"),
+        ["duplicate_key.yaml", "line 7", "key 'num_layers' given twice (first on line 4)"],
+    ),
+    "duplicate-node-key": (sim(cluster="{dir}/duplicate_node_key.yaml"), ["key 'gpus_per_node' given twice"]),
 }
 
 
@@ -145,6 +169,11 @@ def test_bad_input_gives_exit_2_and_one_line(results, case):
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     assert proc.stdout == ""
+
+
+def test_every_error_of_a_file_is_shown(results):
+    line = results["every-error-shown"].stderr
+    assert "more]" not in line and line.count("key '") == 2, line
 
 
 def test_control_case_succeeds(results):
@@ -222,6 +251,21 @@ def test_diagnostics_are_plain_lines_on_stderr_and_quiet_hides_them(tmp_path, ca
     )
     assert main([*args, "-o", str(tmp_path / "c")]) == 0  # the level is reset by every call
     assert capsys.readouterr().err.splitlines()[-1].startswith("wrote 7 files")
+
+
+def test_verbose_and_quiet_work_after_the_command_too(tmp_path, capsys):
+    from autoplan.cli import main
+
+    args = ["emit", "--model", "tiny", "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "t=2,p=2"]
+    assert main([*args, "-o", str(tmp_path / "a"), "-q"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main([*args, "--verbose", "-o", str(tmp_path / "b")]) == 0
+    assert "wrote 7 files" in capsys.readouterr().err
+    assert main([*args, "-o", str(tmp_path / "c"), "-v", "-q"]) == 2
+    assert "emit: argument -q/--quiet: not allowed with argument -v/--verbose" in capsys.readouterr().err
+    assert main(["-v", *args, "-o", str(tmp_path / "c"), "-q"]) == 2  # one before the command, one after
+    assert capsys.readouterr().err == "autoplan: error: argument -q/--quiet: not allowed with argument -v/--verbose\n"
+    assert not (tmp_path / "c").exists()
 
 
 def test_no_fit_hint_is_a_warning_that_quiet_keeps():

@@ -42,8 +42,22 @@ def test_the_fused_reruns_are_the_ckpt_full_7b_cases():
     assert all(r["device"] == "cuda" and r["measured_step_time_s"] > 0 for r in rows)
 
 
+SESSION = BENCH / "data" / "h100-2026-11-26b"  # benchmarks/gpu_session.sh's run, 2026-11-26
+
+
+def test_the_session_recorded_the_independent_set_and_the_small_microbatches():
+    rows = _rows(SESSION / "runs.jsonl")
+    done = [r for r in rows if "error" not in r]
+    assert {r["group"] for r in done} == {"shared", "host"} and len(done) == 10
+    assert all(r["device"] == "cuda" and r["measured_step_time_s"] > 0 for r in done)
+    # the offload run is recorded as what happened: it did not finish its steps in time
+    assert [r["case"] for r in rows if "error" in r] == [
+        "llama7b-slice/B=8/t=1,p=1,d=1,mb=1,zero=3,ckpt=none,offload=cpu"
+    ]
+
+
 def test_compare_repredicts_every_run(capsys):
-    assert gpu_compare.main(["--runs", str(RUNS), str(FUSED)]) == 0
+    assert gpu_compare.main(["--runs", str(RUNS), str(FUSED), "--gpu", "built-in"]) == 0
     lines = capsys.readouterr().out.splitlines()
     cases = {line.split()[0] for line in lines if "/B=" in line}
     assert cases == {r["case"] for r in _rows() + _rows(FUSED)}  # one printed row per run (23 runs, 20 cases)

@@ -26,9 +26,8 @@ def _exhaustive(model, clusters, B, objective):
     sent back summaries)."""
     scored = []
     for n, cluster in clusters.items():
-        plans = space.enumerate_plans(
-            model, cluster.num_gpus, B, {}, cluster.gpus_per_node, space.precisions(cluster.gpu, {})
-        )
+        precs, offloads = space.precisions(cluster.gpu, {}), space.offloads(cluster.node, {})
+        plans = space.enumerate_plans(model, cluster.num_gpus, B, {}, cluster.gpus_per_node, precs, offloads)
         r = estimate_batch(model, cluster, plans, B)
         scored += [Scored(p, n, *row) for p, row in zip(plans, zip(r.step_time, r.peak_memory, r.fits))]
     feasible = [s for s in scored if s.fits]
@@ -49,8 +48,9 @@ def test_merged_scores_equal_the_exhaustive_ranking(pair, jobs):
     name, node, counts, B, objective = pair
     model = load_model(name)
     clusters = {n: load_cluster(node, n) for n in counts}
-    gpus = clusters[counts[0]].gpu
-    SHARED.update(model=model, clusters=clusters, B=B, fix={}, opts=SearchOptions(), precs=space.precisions(gpus, {}))
+    first = clusters[counts[0]]
+    precs, offloads = space.precisions(first.gpu, {}), space.offloads(first.node, {})
+    SHARED.update(model=model, clusters=clusters, B=B, fix={}, opts=SearchOptions(), precs=precs, offloads=offloads)
     layouts = {n: list(space.shapes(model, c.num_gpus, B, {})) for n, c in clusters.items()}
     got = score_all(layouts, KEEP, objective, jobs, False)
     scored, leaders, front, smallest = _exhaustive(model, clusters, B, objective)

@@ -34,6 +34,7 @@ intra_node: {{kind: nvswitch, bandwidth_GBps: 300, latency_us: 3}}
 pcie: {{kind: pcie, bandwidth_GBps: 32, latency_us: 2}}
 nics_per_node: 0
 host_memory_GiB: 512
+nvme: {{count: 2, bandwidth_GBps: 3}}
 """)
     return path
 

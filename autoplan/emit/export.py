@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal, get_args
 
+from autoplan.emit.safe_text import docstring_lines
 from simulator.cost.schedules import rank_chunks
 from simulator.job import Job
 from simulator.plan import Plan, plan_errors
@@ -110,13 +111,13 @@ def fill_template(name: str, values: dict[str, str], header: list[str]) -> str:
     """A shipped template (``autoplan/emit/templates/<name>``, a module checked like the rest of the
     code) with its plan block replaced by ``NAME = value`` lines (``values``: name -> Python source;
     an annotation may lead the name, ``"STAGES: tuple[int, ...]"``) and ``header`` after its
-    docstring's first line."""
+    docstring's first line (:func:`autoplan.emit.safe_text.docstring_lines`)."""
     text = resources.files("autoplan.emit").joinpath("templates", name).read_text()
     start, end = text.index(TEMPLATE_BLOCK[0]), text.index(TEMPLATE_BLOCK[1])
     lines = [TEMPLATE_BLOCK[0], *(f"{k} = {v}" for k, v in values.items()), ""]
     text = text[:start] + "\n".join(lines) + text[end:]
     first = text.index("\n") + 1
-    return text[:first] + "\n" + "\n".join(header) + "\n" + text[first:]
+    return text[:first] + "\n" + docstring_lines(header) + "\n" + text[first:]
 
 
 def _text(value: Any) -> str:

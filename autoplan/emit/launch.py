@@ -7,6 +7,7 @@ arguments go to the program (after ``--``, so torchrun cannot take them for its 
 
 from __future__ import annotations
 
+from autoplan.emit.safe_text import comment_lines, shell_word, slurm_word
 from simulator.job import Job
 
 
@@ -30,12 +31,18 @@ fi"""
 
 
 def launch_sh(job: Job) -> str:
+    """launch.sh: torchrun of autoplan's program on the plan's ranks (input text only in its
+    header, through :func:`autoplan.emit.safe_text.comment_lines`)."""
     nodes, per_node = node_shape(job)
     world = job.plan.gpus
-    plan = job.plan.to_string()
+    header = comment_lines(
+        [
+            f"autoplan run dir: model {job.model.name}, plan {job.plan.to_string()}, global batch {job.global_batch}",
+            f"{world} ranks = {nodes} node(s) x {per_node} per node (cluster {job.cluster.name}).",
+        ]
+    )
     return f"""#!/usr/bin/env bash
-# autoplan run dir: model {job.model.name}, plan {plan}, global batch {job.global_batch}
-# {world} ranks = {nodes} node(s) x {per_node} per node (cluster {job.cluster.name}).
+{header}
 #
 # single node:  bash launch.sh [--steps K] [--check-steps C] [--device cpu|cuda]
 # multi-node:   on node i of N:  NNODES=N NODE_RANK=i MASTER_ADDR=<node 0 address> MASTER_PORT=29500 bash launch.sh
@@ -59,21 +66,27 @@ exec "$PYTHON" -m torch.distributed.run "${{RDZV[@]}}" --nproc-per-node "$NPROC_
 
 
 def slurm_sbatch(job: Job, run_dir: str) -> str:
+    """slurm.sbatch: one launch.sh per node under srun; ``run_dir`` (the ``-o`` folder) is RUN_DIR's
+    default. Input text goes through :mod:`autoplan.emit.safe_text`: the header as a comment, the
+    job name as an ``#SBATCH`` value, the run dir as one shell word."""
     nodes, per_node = node_shape(job)
     gpu = job.cluster.node.backend == "nccl"
     gres = f"#SBATCH --gpus-per-node={per_node}\n" if gpu else ""
-    name = f"autoplan-{job.model.name}"
+    header = comment_lines(
+        [f"autoplan: model {job.model.name}, plan {job.plan.to_string()}, global batch {job.global_batch}"]
+    )
     return f"""#!/bin/bash
-# autoplan: model {job.model.name}, plan {job.plan.to_string()}, global batch {job.global_batch}
+{header}
 # submit with:  sbatch slurm.sbatch [program args, e.g. --steps 20]
-#SBATCH --job-name={name}
+#SBATCH --job-name=autoplan-{slurm_word(job.model.name)}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
 {gres}#SBATCH --exclusive
 #SBATCH --time=01:00:00
 #SBATCH --output=%x-%j.out
 set -euo pipefail
-export RUN_DIR="${{RUN_DIR:-{run_dir}}}"
+EMITTED_TO={shell_word(run_dir, "-o")}
+export RUN_DIR="${{RUN_DIR:-$EMITTED_TO}}"
 export NNODES="$SLURM_NNODES"
 export NPROC_PER_NODE={per_node}
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"

@@ -44,6 +44,7 @@ from dataclasses import replace
 
 from autoplan.emit.export import Draft, Export, one_stage_per_rank
 from autoplan.emit.launch import node_shape, rendezvous_block
+from autoplan.emit.safe_text import comment_lines
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
 from simulator.plan import Plan
@@ -294,7 +295,7 @@ def megatron_args_text(job: Job, plan: Plan, train: TrainSettings, header: list[
     """The arguments one per line (flag and its value), after '#' comment lines; read with
     ``shlex.split(text, comments=True)`` or ``grep -v '^#' megatron_args.txt | xargs``."""
     args = megatron_args(job, plan, train)
-    lines = [f"# {h}" for h in header]
+    lines = [comment_lines(header)]
     split = "t*cp*p" if plan.cp > 1 else "t*p"
     lines.append(f"# {plan.gpus} ranks (data-parallel size {plan.d} = world / ({split})); run with megatron_launch.sh")
     i = 0
@@ -314,9 +315,8 @@ def megatron_launch(job: Job, plan: Plan, header: list[str]) -> str:
     env = []
     for key, value in megatron_env(plan).items():
         env.append(f"export {key}={value}" if value is not None else f"unset {key}")
-    comments = "\n".join(f"# {h}" for h in header)
     return f"""#!/usr/bin/env bash
-{comments}
+{comment_lines(header)}
 # usage: MEGATRON_LM=<Megatron-LM checkout> bash megatron_launch.sh [more pretrain_gpt.py arguments]
 # multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
 set -euo pipefail

@@ -46,6 +46,7 @@ from typing import Any
 
 from autoplan.emit.export import Draft, Export, fill_template, refuse
 from autoplan.emit.launch import node_shape, rendezvous_block
+from autoplan.emit.safe_text import comment_lines
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
 from simulator.plan import Plan
@@ -260,9 +261,8 @@ def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[s
 
 def torchtitan_launch(job: Job, header: list[str]) -> str:
     nodes, per_node = node_shape(job)
-    comments = "\n".join(f"# {h}" for h in header)
     return f"""#!/usr/bin/env bash
-{comments}
+{comment_lines(header)}
 # usage: bash torchtitan_launch.sh [torchtitan overrides, e.g. --hf_assets_path <tokenizer dir>]
 # multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
 set -euo pipefail

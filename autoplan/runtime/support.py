@@ -50,8 +50,12 @@ def program_job(job: Job) -> Job:
     * parameters and gradients stay fp32, and ZeRO-1 keeps a full flat buffer and a master
       shard (``states="fp32-params"``, simulator.cost.memory.program_state_bytes);
     * on a GPU without FSDP, ``torch.autocast`` runs bf16 matmuls over fp32 parameters and keeps
-      a bf16 copy of each weight from forward to backward (``weight_copy_bytes=2``); FSDP2's
-      MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set).
+      a bf16 copy of each weight from forward to backward (``weight_copy_bytes=2``), with an fp32
+      residual stream and casts of every Linear's input and weight (``layer_kernels="eager"``,
+      simulator.cost.eager_layer); FSDP2's
+      MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set);
+    * ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (``zero2="fsdp2"``,
+      autoplan.runtime.data_parallel.apply_fsdp), not bucketed reduce-scatters.
     """
     runtime = job.runtime
     mode = dp_mode(rank_plan(job.plan), job.plan.ep)  # the program's data-parallel group: d*cp ranks
@@ -59,7 +63,12 @@ def program_job(job: Job) -> Job:
         runtime = NO_DP_OVERLAP
     autocast = job.cluster.node.backend == "nccl" and mode != "fsdp"
     runtime = dataclasses.replace(
-        runtime, cross_entropy="torch", weight_copy_bytes=2.0 if autocast else 0.0, states="fp32-params"
+        runtime,
+        cross_entropy="torch",
+        weight_copy_bytes=2.0 if autocast else 0.0,
+        states="fp32-params",
+        layer_kernels="eager" if autocast else "fused",
+        zero2="fsdp2",
     )
     return dataclasses.replace(job, runtime=runtime)
 

@@ -79,22 +79,41 @@ class RankLog:
             time.sleep(1.0)
 
 
-def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
-    """CUDA when asked or when every local rank can have its own GPU; else CPU."""
-    if choice == "cuda" or (
+def uses_cuda(choice: str, local_world: int) -> bool:
+    """Whether the ranks run on CUDA: when asked, or when every local rank can have its own GPU."""
+    return choice == "cuda" or (
         choice == "auto" and torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-    ):
+    )
+
+
+def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
+    """CUDA when asked or when every local rank can have its own GPU (:func:`uses_cuda`); else CPU."""
+    if uses_cuda(choice, local_world):
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
+def host_threads(offload: str, device: str, local_world: int) -> int | None:
+    """Intra-op threads of a GPU rank whose optimizer steps on the host (offload=cpu): the
+    host's cores shared by the node's ranks, since the launcher sets OMP_NUM_THREADS=1 (right
+    for CPU ranks, one per core) and FSDP2's CPUOffloadPolicy steps AdamW on the host, where one
+    thread ran the 1.2B-parameter step of benchmarks/gpu_runs.py's offload case in most of its
+    25.5 s (benchmarks/data/h100-runs.jsonl). None: leave the launcher's setting."""
+    if offload != "cpu" or device != "cuda":
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world))
+
+
 def warm_up_runtime(device: torch.device) -> None:
-    """One tiny forward/backward and a collective, so that PyTorch's one-time allocations
-    (autograd engine, kernels, communication buffers) count in the RSS baseline, not as
-    training memory."""
+    """One tiny forward/backward, an optimizer step and a collective, so that PyTorch's one-time
+    allocations (autograd engine, kernels, communication buffers, and the modules torch.optim
+    imports at its first step: 823 of them, torch._dynamo among them, +74 MiB of RSS on torch
+    2.13 CPU, 2026-11-26) count in the RSS baseline, not as training memory."""
     layer = torch.nn.Linear(8, 8, device=device)
     layer(torch.ones(2, 8, device=device)).sum().backward()
+    torch.optim.AdamW(layer.parameters()).step()
     t = torch.ones(8, device=device)
     dist.all_reduce(t)
     dist.barrier()
@@ -159,7 +178,11 @@ def run(args: argparse.Namespace) -> None:
     spec = load_run_spec(args.run_dir)
     if world != spec.world_size:
         raise SystemExit(f"world size {world} does not match the plan's {spec.world_size} ranks (t*cp*p*d)")
-    device = pick_device(args.device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    device = pick_device(args.device, local_rank, local_world)
+    threads = host_threads(spec.plan.offload, device.type, local_world)
+    if threads is not None:
+        torch.set_num_threads(threads)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=args.pg_timeout)
     if device.type == "cuda":

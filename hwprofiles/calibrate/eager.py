@@ -38,8 +38,29 @@ time is all host work:
   passes, and the figure came out at 0.36 ns per parameter (benchmarks/data/h100-calibrate.yaml),
   ten times the 0.038 ns that 4 x 2^24 elements measure (h100-optimizer-probe.txt, 2026-11-25).
 
-Clock: the thread's CPU time (``time.thread_time``): host work only, without the time other
-processes hold the core (the simulator's compute slowdown accounts for shared cores).
+Clock: on a CPU the thread's CPU time (``time.thread_time``): host work only, without the time
+other processes hold the core (the simulator's compute slowdown accounts for shared cores). On
+a GPU the wall clock (``time.perf_counter``), the device synchronized after each loop: the
+autograd engine runs a CUDA backward on a thread of its own, which the caller's CPU time
+misses (it read 139 us for the layer's backward against 607 us forward, H100, 2026-11-26,
+shared/gpu/h100-2026-11-26), and at this size every kernel is shorter than the host's issuing
+of it, so the wall time of a pass is its host time. A GPU's passes run under bf16 autocast, as
+autoplan's program runs them (autoplan/runtime/trainer.py): its weight casts are host work too.
+
+A layer's figure is the slope over depth: a stack of STACK_LAYERS layers timed against one
+layer, (T(stack) - T(1)) / (STACK_LAYERS - 1), for the forward and the backward. The time of
+one layer alone also holds each pass's own call costs (the ``sum`` of the output, entering
+autocast, starting the autograd engine, which on a GPU hands the graph to its device thread):
+a program pays those once per microbatch, not per layer. On an H100 the one-layer figures
+(1231 us forward, 1770 backward) priced gpt-1.3b's host-bound mb=1 step 22% slow, where the
+slope of the program's own model over 1 and 9 layers (853 and 1743 us, benchmarks/
+gpu_host_probe.py, benchmarks/data/h100-2026-11-26b/eager.json) gives, by hand, 1.01 s of host
+time for it (16 microbatches x (24 layers x 2.6 ms + 1.0 ms)) against 1.02 s measured.
+
+Two layers: the pre-norm GPT layer above, and the Llama layer (``LlamaReferenceLayer``:
+RMSNorm, q/k/v/o without biases and grouped-query attention, rotary embedding in its
+rotate-half form, SwiGLU), whose rotary embedding and gated MLP add a score of ops; the
+simulator charges each model the layer of its kind (``EagerHost.layer_us``).
 Forward and backward (``loss.backward()`` of the block output's sum) are timed separately,
 loops of ``_CALLS`` calls, the median over ``repeats`` loops. A shared host's speed drifts by
 tens of percent over minutes (a virtual machine's cores share physical cores with other
@@ -50,6 +71,7 @@ spread over the calibration and keeps the median of each figure (:func:`median_r
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -62,10 +84,12 @@ from torch import nn
 
 _H, _S, _HEADS, _VOCAB = 16, 8, 2, 32  # negligible arithmetic: every block is all host work
 _CALLS = 20
+#: layers of the stack whose host time, less one layer's, gives a layer's (module docstring)
+STACK_LAYERS = 4
 _OPT_TENSORS = 64
-_OPT_LARGE_TENSORS, _OPT_LARGE_CALLS = 4, 5
+OPT_LARGE_TENSORS, _OPT_LARGE_CALLS = 4, 5
 #: elements per large tensor of optimizer_param: CPU, and CUDA (module docstring)
-_OPT_LARGE_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}
+OPT_LARGE_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -96,6 +120,63 @@ class _Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+def _rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half form (autoplan.runtime.model.apply_rope's ops)."""
+    s, hd = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class _LlamaAttention(nn.Module):
+    """Grouped-query attention (half as many k/v heads), rotary positions, no biases."""
+
+    def __init__(self, h: int, heads: int):
+        super().__init__()
+        self.heads, self.kv = heads, max(1, heads // 2)
+        hd = h // heads
+        self.q, self.o = nn.Linear(h, h, bias=False), nn.Linear(h, h, bias=False)
+        self.k, self.v = nn.Linear(h, self.kv * hd, bias=False), nn.Linear(h, self.kv * hd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        hd = h // self.heads
+        q, k, v = (p(x).view(b, s, -1, hd).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k = _rope(q), _rope(k)
+        rep = self.heads // self.kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class _SwiGlu(nn.Module):
+    def __init__(self, h: int):
+        super().__init__()
+        self.gate, self.fc1, self.fc2 = (
+            nn.Linear(h, 4 * h, bias=False),
+            nn.Linear(h, 4 * h, bias=False),
+            nn.Linear(4 * h, h, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
+
+
+class LlamaReferenceLayer(nn.Module):
+    """The Llama layer whose host time is measured (module docstring)."""
+
+    def __init__(self, h: int = _H, heads: int = _HEADS):
+        super().__init__()
+        self.ln1, self.ln2 = nn.RMSNorm(h, eps=1e-5), nn.RMSNorm(h, eps=1e-5)
+        self.attn, self.mlp = _LlamaAttention(h, heads), _SwiGlu(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
 
 
 class ReferenceLayer(nn.Module):
@@ -147,20 +228,45 @@ def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
     return layer
 
 
-def time_passes(forward: Callable[[], torch.Tensor], repeats: int) -> PassHost:
-    """Median over ``repeats`` loops of the mean host time of a forward and of its backward."""
+def host_clock(device: str) -> Callable[[], float]:
+    """The clock of host time (module docstring): thread CPU time on a CPU, wall on a GPU."""
+    return time.perf_counter if device == "cuda" else time.thread_time
+
+
+def _sync(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device == "cuda" else lambda: None
+
+
+def _precision(device: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """bf16 autocast on a GPU (autoplan's program, autoplan/runtime/trainer.py); fp32 on a CPU."""
+    if device == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def time_passes(forward: Callable[[], torch.Tensor], repeats: int, device: str = "cpu") -> PassHost:
+    """Median over ``repeats`` loops of the mean host time of a forward and of its backward
+    (the device's clock and precision: module docstring)."""
+    now, sync, amp = host_clock(device), _sync(device), _precision(device)
+
+    def loss() -> torch.Tensor:
+        with amp():
+            return forward().sum()
+
     for _ in range(3):
-        forward().sum().backward()
+        loss().backward()
     fwd, bwd = [], []
     for _ in range(repeats):
         tf = tb = 0.0
+        sync()
         for _ in range(_CALLS):
-            t0 = time.thread_time()
-            loss = forward().sum()
-            t1 = time.thread_time()
-            loss.backward()
-            t2 = time.thread_time()
+            t0 = now()
+            out = loss()
+            t1 = now()
+            out.backward()
+            t2 = now()
             tf, tb = tf + t1 - t0, tb + t2 - t1
+        sync()
         fwd.append(tf / _CALLS)
         bwd.append(tb / _CALLS)
     return PassHost(statistics.median(fwd), statistics.median(bwd))
@@ -170,10 +276,17 @@ def _activation(device: str) -> torch.Tensor:
     return torch.randn(1, _S, _H, device=device, requires_grad=True)
 
 
-def layer_host(device: str, repeats: int) -> PassHost:
-    layer = ReferenceLayer().to(device)
+def layer_host(device: str, repeats: int, llama: bool = False) -> PassHost:
+    """A layer's host time: the slope between a stack of STACK_LAYERS layers and one (module
+    docstring), floored at a tenth of the one layer's time (noise)."""
+    make = LlamaReferenceLayer if llama else ReferenceLayer
     x = _activation(device)
-    return time_passes(lambda: layer(x), repeats)
+    one_layer = make().to(device)
+    stack = nn.Sequential(*(make() for _ in range(STACK_LAYERS))).to(device)
+    one = time_passes(lambda: one_layer(x), repeats, device)
+    many = time_passes(lambda: stack(x), repeats, device)
+    per_layer = lambda a, b: max((b - a) / (STACK_LAYERS - 1), 0.1 * a)
+    return PassHost(per_layer(one.forward_s, many.forward_s), per_layer(one.backward_s, many.backward_s))
 
 
 @dataclass(frozen=True)
@@ -191,7 +304,7 @@ def _layer_host(layer: nn.Module, device: str, repeats: int) -> tuple[PassHost, 
     from torch.distributed.tensor import DTensor
 
     x = _activation(device)
-    passes = time_passes(lambda: layer(x), repeats)  # leaves every parameter with a gradient
+    passes = time_passes(lambda: layer(x), repeats, device)  # leaves every parameter with a gradient
     params = list(layer.parameters())
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
     opt = torch.optim.AdamW(params, lr=1e-4)
@@ -219,14 +332,14 @@ def embedding_host(device: str, repeats: int) -> PassHost:
     tok, pos = nn.Embedding(_VOCAB, _H).to(device), nn.Embedding(_S, _H).to(device)
     ids = torch.randint(0, _VOCAB, (1, _S), device=device)
     positions = torch.arange(_S, device=device)
-    return time_passes(lambda: tok(ids) + pos(positions), repeats)
+    return time_passes(lambda: tok(ids) + pos(positions), repeats, device)
 
 
 def head_host(device: str, repeats: int) -> PassHost:
     norm, out = nn.LayerNorm(_H).to(device), nn.Linear(_H, _VOCAB, bias=False).to(device)
     x = _activation(device)
     targets = torch.randint(0, _VOCAB, (_S,), device=device)
-    return time_passes(lambda: F.cross_entropy(out(norm(x)).float().view(-1, _VOCAB), targets), repeats)
+    return time_passes(lambda: F.cross_entropy(out(norm(x)).float().view(-1, _VOCAB), targets), repeats, device)
 
 
 def _optimizer_step(elements: int, tensors: int, device: str) -> Callable[[], None]:
@@ -265,18 +378,18 @@ def _per_call(
 def optimizer_tensor_host(device: str, repeats: int) -> float:
     """Host seconds per parameter tensor of AdamW step + global norm + clipping."""
     step = _optimizer_step(_H, _OPT_TENSORS, device)
-    return _per_call(step, _CALLS, repeats, time.thread_time, lambda: None) / _OPT_TENSORS
+    return _per_call(step, _CALLS, repeats, host_clock(device), _sync(device)) / _OPT_TENSORS
 
 
 def optimizer_param_time(device: str, repeats: int, per_tensor_s: float) -> float:
     """Seconds per parameter of the same step on large tensors (module docstring)."""
-    elements = _OPT_LARGE_ELEMENTS[device]
-    step = _optimizer_step(elements, _OPT_LARGE_TENSORS, device)
-    n = elements * _OPT_LARGE_TENSORS
+    elements = OPT_LARGE_ELEMENTS[device]
+    step = _optimizer_step(elements, OPT_LARGE_TENSORS, device)
+    n = elements * OPT_LARGE_TENSORS
     if device == "cuda":
         return _per_call(step, _OPT_LARGE_CALLS, repeats, time.perf_counter, torch.cuda.synchronize) / n
     t = _per_call(step, _OPT_LARGE_CALLS, repeats, time.thread_time, lambda: None)
-    return max(0.0, t - _OPT_LARGE_TENSORS * per_tensor_s) / n
+    return max(0.0, t - OPT_LARGE_TENSORS * per_tensor_s) / n
 
 
 @dataclass(frozen=True)
@@ -286,6 +399,7 @@ class EagerResult:
     head: PassHost
     optimizer_tensor_s: float
     optimizer_param_s: float
+    llama_layer: PassHost
     tp_layer: PassHost | None = None  # filled in by the collective benchmark's ranks
     tp_optimizer_tensor_s: float | None = None  # also filled in by those ranks
 
@@ -293,12 +407,13 @@ class EagerResult:
 def measure_eager(device: str, repeats: int, tick: Callable[[str], None]) -> EagerResult:
     """The single-process blocks (the TP layer is timed by ``calibrate.comm``'s ranks)."""
     layer = layer_host(device, repeats)
+    llama = layer_host(device, repeats, llama=True)
     emb = embedding_host(device, repeats)
     head = head_host(device, repeats)
     opt = optimizer_tensor_host(device, repeats)
     opt_param = optimizer_param_time(device, repeats, opt)
     tick("eager host time per block")
-    return EagerResult(layer, emb, head, opt, opt_param)
+    return EagerResult(layer, emb, head, opt, opt_param, llama)
 
 
 def median_result(rounds: list[EagerResult]) -> EagerResult:
@@ -316,4 +431,5 @@ def median_result(rounds: list[EagerResult]) -> EagerResult:
         passes(lambda r: r.head),
         med(lambda r: r.optimizer_tensor_s),
         med(lambda r: r.optimizer_param_s),
+        passes(lambda r: r.llama_layer),
     )

@@ -23,10 +23,43 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from hwprofiles.algorithms import latency_steps
-from hwprofiles.schema import GemmPoint
+from hwprofiles.schema import AttentionPoint, GemmPoint
 from hwprofiles.units import GB
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+@dataclass(frozen=True)
+class AttentionFit:
+    """The fields of :class:`hwprofiles.schema.AttentionModel`'s curve and the fit's quality."""
+
+    forward_efficiency: float
+    backward_efficiency: float
+    half_seq: float
+    rms_log_error: float  # over the forward and backward points together
+
+
+def fit_attention_curve(points: Sequence[AttentionPoint], peak_tflops: float) -> AttentionFit:
+    """Least-squares fit (on log efficiency) of eff(s) = top * s / (s + half_seq), one ``top``
+    each for forward and backward and one shared ``half_seq``, to measured points (efficiency =
+    tflops / peak). For a given half_seq the best log-space top is the mean of
+    log(eff) - log(s / (s + half_seq)); half_seq is searched on a log grid from 1 to 2^16 (and
+    0). The tops are capped at 1: a measured rate above the peak is an error of the caller."""
+    seq = np.array([p.seq for p in points], dtype=float)
+    eff = {
+        "forward": np.array([p.forward_tflops for p in points]) / peak_tflops,
+        "backward": np.array([p.backward_tflops for p in points]) / peak_tflops,
+    }
+    best: tuple[float, float, float, float] | None = None
+    for half in (0.0, *np.geomspace(1.0, 65536.0, 161)):
+        shape = np.log(seq / (seq + half))
+        tops = {k: float(np.mean(np.log(e) - shape)) for k, e in eff.items()}
+        res = np.concatenate([np.log(e) - shape - tops[k] for k, e in eff.items()])
+        rms = float(np.sqrt(np.mean(res**2)))
+        if best is None or rms < best[3]:
+            best = (min(1.0, float(np.exp(tops["forward"]))), min(1.0, float(np.exp(tops["backward"]))), half, rms)
+    assert best is not None, "no attention points"
+    return AttentionFit(*best)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """GEMM throughput over a grid of shapes for ``autoplan calibrate``.
 
-C[m, n] = A[m, k] @ B[k, n] (``torch.mm``, what ``nn.Linear`` and its backward run);
+C[m, n] = A[m, k] @ B[k, n] (``torch.mm``, what ``nn.Linear`` and its backward run; fp8:
+``torch._scaled_mm`` of e4m3 operands with one scale per tensor and a bf16 output, the GEMM
+of Transformer Engine's delayed-scaling recipe, which runs on GPUs of compute capability 8.9
+and newer);
 throughput = 2*m*n*k / t, where t is the op's work time (``calibrate.timing.work_seconds``:
 on CPU the time less the dispatch time of a 1x1x1 ``mm``, on CUDA the device time).
 The per-op overhead is left out because the simulator adds ``kernel_launch_us`` to every op
@@ -17,15 +20,39 @@ from hwprofiles.calibrate.settings import Settings
 from hwprofiles.calibrate.timing import TORCH_DTYPES, raw_seconds, work_seconds
 from hwprofiles.schema import GemmPoint
 
+#: fp8 GEMM operands are e4m3 (Transformer Engine's forward format); the dispatch shape is the
+#: smallest ``torch._scaled_mm`` accepts (every dimension a multiple of 16)
+FP8_DISPATCH_DIM = 16
+
+
+def fp8_supported() -> bool:
+    """Whether this CUDA device runs fp8 GEMMs (compute capability 8.9: Ada, Hopper and newer)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
 
 def supported_dtypes(settings: Settings) -> tuple[str, ...]:
-    """The settings' dtypes this device runs (bf16 needs Ampere or newer on CUDA)."""
+    """The settings' dtypes this device runs (bf16 needs Ampere or newer on CUDA, fp8 Ada or
+    newer)."""
+    unsupported = set()
     if settings.device == "cuda" and not torch.cuda.is_bf16_supported():
-        return tuple(d for d in settings.gemm_dtypes if d != "bf16")
-    return settings.gemm_dtypes
+        unsupported.add("bf16")
+    if settings.device != "cuda" or not fp8_supported():
+        unsupported.add("fp8")
+    return tuple(d for d in settings.gemm_dtypes if d not in unsupported)
+
+
+def _scaled_mm(m: int, n: int, k: int, device: str, gen: torch.Generator) -> Callable[[], object]:
+    """fp8 C[m,n] = A[m,k] @ B[k,n]: e4m3 operands, per-tensor scales, bf16 output; B column-major
+    as ``torch._scaled_mm`` requires (a Linear's weight, stored [n, k], is that already)."""
+    a = torch.randn(m, k, device=device, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device=device, generator=gen).to(torch.float8_e4m3fn).t()
+    scale = torch.ones((), device=device)
+    return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
 def _mm(m: int, n: int, k: int, dtype: str, device: str, gen: torch.Generator) -> Callable[[], object]:
+    if dtype == "fp8":
+        return _scaled_mm(m, n, k, device, gen)
     a = torch.randn(m, k, device=device, generator=gen).to(TORCH_DTYPES[dtype])
     b = torch.randn(k, n, device=device, generator=gen).to(TORCH_DTYPES[dtype])
     return lambda: torch.mm(a, b)
@@ -45,7 +72,8 @@ def measure_gemm(settings: Settings, tick: Callable[[str], None]) -> list[GemmPo
     for _ in range(settings.passes):
         for dtype in settings.gemm_dtypes:
             if dtype in runnable:
-                t = raw_seconds(_mm(1, 1, 1, dtype, settings.device, gen), settings.device, settings.timing)
+                tiny = FP8_DISPATCH_DIM if dtype == "fp8" else 1
+                t = raw_seconds(_mm(tiny, tiny, tiny, dtype, settings.device, gen), settings.device, settings.timing)
                 dispatch[dtype] = min(dispatch.get(dtype, float("inf")), t)
             for m, n, k in settings.gemm_shapes:
                 if dtype not in runnable:

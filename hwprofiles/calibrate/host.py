@@ -5,7 +5,10 @@ the host optimizer step, memory capacity and the runtime's own footprint, and de
   of a 4-byte copy. CUDA: pinned host <-> device, both directions (the node's ``pcie`` link);
   CPU: a host-memory ``copy_`` of a buffer far larger than the last-level cache (a
   ``loopback`` link: what offloading moves through on a machine without GPUs).
-* Host Adam: ``torch.optim.Adam.step`` over ``adam_params`` fp32 parameters;
+* Host Adam: the step autoplan's program runs on the host, over ``adam_params`` fp32
+  parameters: with a GPU, torch's fused AdamW on the host's intra-op threads (what an
+  offloading rank steps: autoplan/runtime/trainer.py, autoplan.runtime.train.host_threads);
+  on a CPU, ``torch.optim.Adam.step`` on the one thread of a CPU rank;
   cpu_adam_GBps = 12 bytes/param (fp32 master, momentum, variance: K=12 of ZeRO, docs/design.md
   section 4) / step time.
 """
@@ -68,7 +71,7 @@ def measure_host_adam(settings: Settings, tick: Callable[[str], None]) -> float:
     """Host Adam step throughput in GB/s of fp32 optimizer state (12 bytes per parameter)."""
     p = torch.nn.Parameter(torch.randn(settings.adam_params))
     p.grad = torch.randn(settings.adam_params)
-    opt = torch.optim.Adam([p], lr=1e-4)
+    opt = torch.optim.AdamW([p], lr=1e-4, fused=True) if settings.device == "cuda" else torch.optim.Adam([p], lr=1e-4)
     t = seconds_per_call(opt.step, "cpu", settings.timing)
     tick("host Adam step")
     return 12.0 * settings.adam_params / t / GB

@@ -17,9 +17,7 @@ The roofline of docs/design.md section 4 divides an op's bytes by their product,
 elementwise op comes out at its measured speed, whether memory or (on a CPU core: gelu,
 softmax, dropout's random numbers) arithmetic limits it.
 
-Attention: causal ``F.scaled_dot_product_attention`` (the runtime's) on (batch, heads, seq,
-head_dim) tensors, 4*b*a*s^2*d FLOPs (QK^T and PV of the full score matrix, as the simulator
-counts them) over its work time; reported in ``measured`` only.
+Attention is measured by ``calibrate.attention``.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from hwprofiles.calibrate.settings import MEMORY_OPS, Settings
-from hwprofiles.calibrate.timing import TORCH_DTYPES, op_seconds, raw_seconds, seconds_per_call, work_seconds
+from hwprofiles.calibrate.timing import TORCH_DTYPES, raw_seconds, seconds_per_call, work_seconds
 from hwprofiles.units import GB
 
 
@@ -41,7 +39,6 @@ class MemoryResult:
     bandwidth_GBps: float  # median copy bandwidth over the sizes
     efficiency: float  # median over other ops x sizes of achieved / best copy
     by_op_GBps: dict[str, float] = field(default_factory=dict)  # median over sizes, per op
-    attention_tflops: dict[str, float] = field(default_factory=dict)
 
 
 def _row_widths(device: str) -> tuple[int, int]:
@@ -119,21 +116,4 @@ def measure_memory(settings: Settings, dtype: str, tick: Callable[[str], None]) 
         bandwidth_GBps=copy,
         efficiency=min(1.0, eff),
         by_op_GBps=by_op,
-        attention_tflops=_measure_attention(settings, tdt, tick),
     )
-
-
-def _attention(b: int, a: int, s: int, d: int, device: str, tdt: torch.dtype) -> Callable[[], object]:
-    q, k, v = (torch.randn(b, a, s, d, device=device).to(tdt) for _ in range(3))
-    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def _measure_attention(settings: Settings, tdt: torch.dtype, tick: Callable[[str], None]) -> dict[str, float]:
-    """Causal attention (as the runtime's): 4*b*a*s^2*d FLOPs of the full score matrix / work time."""
-    out: dict[str, float] = {}
-    for b, a, s, d in settings.attention_shapes:
-        base = _tiny_seconds(_attention(1, 1, 1, d, settings.device, tdt), settings)
-        t = op_seconds(_attention(b, a, s, d, settings.device, tdt), settings.device, settings.timing, base)
-        out[f"b{b}_a{a}_s{s}_d{d}"] = 4.0 * b * a * s * s * d / t / 1e12
-        tick(f"attention b{b} a{a} s{s} d{d}")
-    return out

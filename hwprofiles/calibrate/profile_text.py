@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from hwprofiles.calibrate.eager import OPT_LARGE_ELEMENTS, OPT_LARGE_TENSORS
 from hwprofiles.calibrate.result import Calibration
 from hwprofiles.calibrate.settings import EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
 from hwprofiles.units import GB
@@ -57,7 +58,8 @@ def _measured_lines(c: Calibration) -> list[str]:
         "autograd_backward_op_us": num(c.backward_op_us),
         "gemm_fit_rms_log_error": num(c.gemm_fit.rms_log_error),
     }
-    items.update({f"attention_{shape}_tflops": num(v) for shape, v in c.attention_tflops.items()})
+    if c.attention_fit is not None:
+        items["attention_fit_rms_log_error"] = num(c.attention_fit.rms_log_error)
     return [f"  {k}: {_q(v)}" for k, v in items.items()]
 
 
@@ -86,11 +88,52 @@ def _gpu_header(c: Calibration) -> list[str]:
     ]
 
 
+def _fp8_curve_lines(c: Calibration) -> list[str]:
+    """The fp8 GEMM curve (``gemm.fp8``), fitted to the fp8 table against the fp8 peak."""
+    f = c.gemm_fp8_fit
+    if f is None:
+        return []
+    s = _stamp(c)
+    return [
+        "  fp8:   # torch._scaled_mm, e4m3 operands, per-tensor scales, bf16 output",
+        f"    max_efficiency: {num(f.max_efficiency)}   # fit of the curve to the fp8 table, vs the fp8 peak; {s}",
+        f"    half_dim_m: {num(f.half_dim_m)}   # same fit; {s}",
+        f"    half_dim_n: {num(f.half_dim_n)}   # same fit; {s}",
+        f"    half_dim_k: {num(f.half_dim_k)}   # same fit; {s}",
+    ]
+
+
+def _attention_lines(c: Calibration) -> list[str]:
+    """The ``attention`` section: the curve fitted to the measured points, and the points."""
+    f = c.attention_fit
+    if f is None:
+        return []
+    s = _stamp(c)
+    lines = [
+        "attention:   # causal F.scaled_dot_product_attention, TFLOP/s on the FLOPs executed (causal half; "
+        "backward 2.5x forward), efficiency = TFLOP/s / the default dtype's peak",
+        f"  forward_efficiency: {num(f.forward_efficiency)}   # fit of top * s / (s + half_seq) to the table; {s}",
+        f"  backward_efficiency: {num(f.backward_efficiency)}   # same fit; {s}",
+        f"  half_seq: {num(f.half_seq)}   # same fit (rms log error {num(f.rms_log_error, 2)}); {s}",
+        "  table:",
+    ]
+    lines += [
+        f"    - {{seq: {p.seq}, head_dim: {p.head_dim}, forward_tflops: {num(p.forward_tflops)}, "
+        f"backward_tflops: {num(p.backward_tflops)}}}   # {s}"
+        for p in c.attention_points
+    ]
+    return lines
+
+
 def _elementwise_lines(c: Calibration) -> list[str]:
     s = _stamp(c)
     lines = ["elementwise_GBps:   # achieved (read+write bytes)/work time per op, median over tensor sizes"]
     lines += [f"  {op}: {num(v)}   # {s}" for op, v in c.memory_by_op_GBps.items() if op != "copy"]
     return lines
+
+
+#: the clock of the eager section's host times (hwprofiles.calibrate.eager)
+_EAGER_CLOCK = {"cpu": "thread CPU time", "cuda": "wall clock, device synchronized per loop, bf16 autocast"}
 
 
 def _eager_lines(c: Calibration) -> list[str]:
@@ -100,12 +143,13 @@ def _eager_lines(c: Calibration) -> list[str]:
         return []
     s = _stamp(c)
     lines = [
-        "eager:   # host time (thread CPU time) of eager PyTorch per pass at negligible arithmetic "
+        f"eager:   # host time ({_EAGER_CLOCK[c.device]}) of eager PyTorch per pass at negligible arithmetic "
         "(hidden 16, 8 tokens), median of timed loops, single-process blocks: median of "
         f"{EAGER_ROUNDS} rounds spread over the calibration"
     ]
     blocks = [
         ("layer", e.layer, "pre-norm GPT layer"),
+        ("llama_layer", e.llama_layer, "Llama layer: RMSNorm, GQA, rotary, SwiGLU, no biases"),
         ("embedding", e.embedding, "token + position embedding"),
         ("head", e.head, "final LayerNorm, output Linear, cross-entropy"),
     ]
@@ -140,7 +184,8 @@ def _eager_lines(c: Calibration) -> list[str]:
         else "thread CPU time less the tensors' optimizer_tensor_us"
     )
     lines.append(
-        f"  optimizer_param_ns: {num(e.optimizer_param_s * 1e9)}   # the same step on 4 x 2^18-element "
+        f"  optimizer_param_ns: {num(e.optimizer_param_s * 1e9)}   # the same step on "
+        f"{OPT_LARGE_TENSORS} x 2^{OPT_LARGE_ELEMENTS[c.device].bit_length() - 1}-element "
         f"tensors, per parameter ({how}); {s}"
     )
     return lines
@@ -194,8 +239,11 @@ def render_gpu(c: Calibration, name: str) -> str:
         f"  half_dim_m: {num(fit.half_dim_m)}   # same fit; {s}",
         f"  half_dim_n: {num(fit.half_dim_n)}   # same fit; {s}",
         f"  half_dim_k: {num(fit.half_dim_k)}   # same fit; {s}",
-        "  table:   # C[m,n] = A[m,k] @ B[k,n] with torch.mm, best of timed loops, TFLOP/s = 2mnk / work time",
+        *_fp8_curve_lines(c),
+        "  table:   # C[m,n] = A[m,k] @ B[k,n] with torch.mm (fp8: torch._scaled_mm), best of timed loops, "
+        "TFLOP/s = 2mnk / work time",
         *_table_lines(c),
+        *_attention_lines(c),
         *_elementwise_lines(c),
         *_eager_lines(c),
         "measured:",
@@ -218,6 +266,10 @@ def _link_comment(c: Calibration) -> str:
 def _slots(slots: dict[int, float]) -> str:
     """A {busy ranks: slots} flow mapping, each at least one slot."""
     return "{" + ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(slots.items())) + "}"
+
+
+#: the host optimizer step that cpu_adam_GBps times (hwprofiles.calibrate.host)
+_ADAM = {"cpu": "torch.optim.Adam.step", "cuda": "torch.optim.AdamW(fused=True).step on the host"}
 
 
 def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
@@ -254,8 +306,8 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
         "nics_per_node: 0   # not measured: a one-host calibration sees no NIC (add one for multi-node clusters)",
         f"host_memory_GiB: {num(c.host_memory_GiB)}   # physical memory (sysconf); {s}",
         (
-            f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # torch.optim.Adam.step, 12 B/param of fp32 state / step time, "
-            f"{c.threads if c.device == 'cpu' else 'all'} thread(s); {s}"
+            f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # {_ADAM[c.device]}, 12 B/param of fp32 state / step time, "
+            f"{c.threads} thread(s); {s}"
         ),
     ]
     if _own_fits(c):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hwprofiles.calibrate.eager import EagerResult
-from hwprofiles.calibrate.fit import CollectiveSample, GemmFit, LinkFit
-from hwprofiles.schema import GemmPoint
+from hwprofiles.calibrate.fit import AttentionFit, CollectiveSample, GemmFit, LinkFit
+from hwprofiles.schema import AttentionPoint, GemmPoint
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Calibration:
     peaks: dict[str, GemmPoint]  # fastest GEMM per dtype
     gemm_points: list[GemmPoint]
     gemm_fit: GemmFit
+    gemm_fp8_fit: GemmFit | None  # the fp8 table's own curve; None: no fp8 GEMMs
     dispatch_us: float
     forward_op_us: float
     backward_op_us: float
@@ -32,7 +33,8 @@ class Calibration:
     memory_bandwidth_GBps: float
     memory_efficiency: float
     memory_by_op_GBps: dict[str, float]
-    attention_tflops: dict[str, float]
+    attention_points: list[AttentionPoint]  # causal fused attention, FLOPs as executed
+    attention_fit: AttentionFit | None  # None: no attention points
     memory_GiB: float
     memory_reserved_GiB: float
     reserved_how: str

@@ -19,16 +19,17 @@ from tqdm import tqdm
 
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.calibrate import host
+from hwprofiles.calibrate.attention import measure_attention
 from hwprofiles.calibrate.comm import CommResult, comm_items, measure_collectives
 from hwprofiles.calibrate.eager import EagerResult, PassHost, measure_eager, median_result
-from hwprofiles.calibrate.fit import COLLECTIVES, GemmFit, LinkFit, fit_gemm_curve, fit_link
+from hwprofiles.calibrate.fit import COLLECTIVES, GemmFit, LinkFit, fit_attention_curve, fit_gemm_curve, fit_link
 from hwprofiles.calibrate.gemm import measure_gemm, peak_by_dtype, supported_dtypes
 from hwprofiles.calibrate.host import CopyResult
 from hwprofiles.calibrate.memory import MemoryResult, measure_memory
 from hwprofiles.calibrate.ops import Overhead, measure_overhead
 from hwprofiles.calibrate.result import Calibration
 from hwprofiles.calibrate.settings import settings_for
-from hwprofiles.schema import GemmPoint
+from hwprofiles.schema import AttentionPoint, GemmPoint
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class _Benchmarks:
     peaks: dict[str, GemmPoint]
     gemm_fit: GemmFit
     memory: MemoryResult
+    attention: list[AttentionPoint]
     copies: CopyResult
     adam_GBps: float
     eager: EagerResult  # single-process blocks, median of the rounds
@@ -83,6 +85,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         peaks = peak_by_dtype(points)
         fit = fit_gemm_curve([p for p in points if p.dtype == default_dtype], peaks[default_dtype].tflops)
         mem = measure_memory(s, default_dtype, tick)
+        attention = measure_attention(s, default_dtype, tick)
         copies = host.measure_copies(s, tick)
         adam = host.measure_host_adam(s, tick)
         eager_rounds.append(measure_eager(device, s.eager_repeats, tick))
@@ -96,7 +99,9 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
     finally:
         torch.set_num_threads(threads)
         bar.close()
-    b = _Benchmarks(used_threads, ovh, points, default_dtype, peaks, fit, mem, copies, adam, eager, reserved, how, comm)
+    b = _Benchmarks(
+        used_threads, ovh, points, default_dtype, peaks, fit, mem, attention, copies, adam, eager, reserved, how, comm
+    )
     return _calibration(device, quick, ranks, load_before, b)
 
 
@@ -141,6 +146,7 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
         peaks=b.peaks,
         gemm_points=b.points,
         gemm_fit=b.gemm_fit,
+        gemm_fp8_fit=_fp8_fit(b),
         dispatch_us=ovh.dispatch_s * 1e6,
         forward_op_us=ovh.forward_op_s * 1e6,
         backward_op_us=ovh.backward_op_s * 1e6,
@@ -148,7 +154,8 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
         memory_bandwidth_GBps=mem.bandwidth_GBps,
         memory_efficiency=mem.efficiency,
         memory_by_op_GBps=mem.by_op_GBps,
-        attention_tflops=mem.attention_tflops,
+        attention_points=b.attention,
+        attention_fit=fit_attention_curve(b.attention, b.peaks[b.default_dtype].tflops) if b.attention else None,
         memory_GiB=host.device_memory_GiB(device, ranks),
         memory_reserved_GiB=b.reserved_GiB,
         reserved_how=b.reserved_how,
@@ -169,6 +176,12 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
         link_by_op=by_op,
         collective_samples=comm.samples if comm is not None else [],
     )
+
+
+def _fp8_fit(b: _Benchmarks) -> GemmFit | None:
+    """The fp8 GEMM curve fitted to the fp8 points against the fp8 peak (None without fp8)."""
+    fp8 = [p for p in b.points if p.dtype == "fp8"]
+    return fit_gemm_curve(fp8, b.peaks["fp8"].tflops) if fp8 else None
 
 
 def _reserved(device: str, baseline_rss_GiB: float) -> tuple[float, str]:

@@ -82,6 +82,17 @@ class Settings:
 MEMORY_OPS: tuple[str, ...] = ("copy", "add", "scale", "gelu", "dropout", "layer_norm", "softmax")
 
 
+def cuda_attention_grid() -> tuple[tuple[int, int, int, int], ...]:
+    """(batch, heads, seq, head_dim) of the full CUDA attention benchmark: sequence lengths 512
+    to 16384 at head dims 64 and 128 (GPT-3's and Llama's), 2^18 tokens x heads per shape
+    (batch = 2^18 / (seq * heads), at least 1) so that every kernel fills the GPU."""
+    return tuple(
+        (max(1, (1 << 18) // (seq * heads)), heads, seq, head_dim)
+        for head_dim, heads in ((64, 32), (128, 16))
+        for seq in (512, 1024, 2048, 4096, 8192, 16384)
+    )
+
+
 def settings_for(device: str, quick: bool) -> Settings:
     """The grids and timing budget of one calibration (quick: well under a minute on 2 cores)."""
     if device == "cpu":
@@ -123,9 +134,9 @@ def settings_for(device: str, quick: bool) -> Settings:
                 True,
                 gemm_dims_m=(256, 1024, 4096),
                 gemm_dims_nk=(256, 1024, 4096),
-                gemm_dtypes=("bf16", "fp16"),
+                gemm_dtypes=("bf16", "fp16", "fp8"),
                 mem_elements=(1 << 22, 1 << 26),
-                attention_shapes=((4, 32, 2048, 128),),
+                attention_shapes=((4, 32, 2048, 128), (1, 32, 8192, 128)),
                 host_copy_bytes=256 * MiB,
                 adam_params=1 << 24,
                 comm_bytes=(64 * KiB, 4 * MiB, 64 * MiB),
@@ -138,9 +149,9 @@ def settings_for(device: str, quick: bool) -> Settings:
             False,
             gemm_dims_m=(256, 512, 1024, 2048, 4096, 8192),
             gemm_dims_nk=(256, 512, 1024, 2048, 4096, 8192),
-            gemm_dtypes=("bf16", "fp16"),
+            gemm_dtypes=("bf16", "fp16", "fp8"),
             mem_elements=tuple(1 << e for e in range(20, 29, 2)),
-            attention_shapes=((1, 32, 2048, 128), (4, 32, 2048, 128), (1, 32, 8192, 128)),
+            attention_shapes=cuda_attention_grid(),
             host_copy_bytes=1024 * MiB,
             adam_params=1 << 26,
             comm_bytes=tuple(1 << e for e in range(12, 29, 2)),

@@ -6,11 +6,22 @@ ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps``
 """
 
 from hwprofiles.schema.cluster import ClusterSpec, Network
-from hwprofiles.schema.gpu import ELEMENTWISE_KINDS, EagerHost, GemmCurve, GemmModel, GemmPoint, GpuProfile
+from hwprofiles.schema.gpu import (
+    ELEMENTWISE_KINDS,
+    AttentionModel,
+    AttentionPoint,
+    EagerHost,
+    GemmCurve,
+    GemmModel,
+    GemmPoint,
+    GpuProfile,
+)
 from hwprofiles.schema.node import CollectiveFit, CollectiveName, Link, NodeProfile, Nvme
 
 __all__ = [
     "ELEMENTWISE_KINDS",
+    "AttentionModel",
+    "AttentionPoint",
     "ClusterSpec",
     "CollectiveFit",
     "CollectiveName",

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from hwprofiles.names import Name
 from hwprofiles.schema.base import Strict
 from hwprofiles.schema.gpu import GpuProfile
 from hwprofiles.schema.node import NodeProfile
@@ -34,7 +35,7 @@ class Network(Strict):
 class ClusterSpec(Strict):
     """A cluster: ``nodes`` identical nodes joined by ``network``. ``node`` is resolved."""
 
-    name: str
+    name: Name  # hwprofiles.names: letters, digits, . _ + - /
     nodes: int = Field(ge=1)
     node: NodeProfile
     network: Network = Network()

@@ -6,6 +6,7 @@ import math
 
 from pydantic import Field, field_validator, model_validator
 
+from hwprofiles.names import Name
 from hwprofiles.schema.base import Strict
 from hwprofiles.units import GiB
 
@@ -46,6 +47,17 @@ class GemmModel(GemmCurve):
     fp8: GemmCurve | None = None
 
 
+class AttentionPoint(Strict):
+    """One measured causal fused attention (``autoplan calibrate``): (batch, heads, ``seq``,
+    ``head_dim``) tensors, TFLOP/s on the FLOPs it executes (the causal half: forward
+    2*b*heads*seq^2*head_dim, backward 2.5x that; FlashAttention-2, sections 3.1 and 4.1)."""
+
+    seq: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    forward_tflops: float = Field(gt=0)
+    backward_tflops: float = Field(gt=0)
+
+
 class AttentionModel(Strict):
     """Efficiency of the fused (FlashAttention) kernel, a fraction of the dtype's peak on the
     FLOPs it executes (causal: half the square), as a function of the sequence length:
@@ -57,6 +69,7 @@ class AttentionModel(Strict):
     forward_efficiency: float = Field(gt=0, le=1)
     backward_efficiency: float = Field(gt=0, le=1)
     half_seq: float = Field(ge=0, default=512)
+    table: list[AttentionPoint] = Field(default_factory=list)  # measured; interpolated when present
 
     def efficiency(self, seq: float, backward: bool) -> float:
         top = self.backward_efficiency if backward else self.forward_efficiency
@@ -89,6 +102,8 @@ class EagerHost(Strict):
     optimizer_tensor_us: float = Field(ge=0)
     optimizer_param_ns: float | None = Field(default=None, ge=0)
     tp_optimizer_tensor_us: float | None = Field(default=None, ge=0)
+    llama_layer_forward_us: float | None = Field(default=None, ge=0)
+    llama_layer_backward_us: float | None = Field(default=None, ge=0)
 
     def optimizer_us(self, tensor_parallel: bool) -> float:
         """Optimizer host time per parameter tensor; with TP the DTensor figure when measured."""
@@ -96,11 +111,17 @@ class EagerHost(Strict):
             return self.tp_optimizer_tensor_us
         return self.optimizer_tensor_us
 
-    def layer_us(self, tensor_parallel: bool) -> tuple[float, float]:
-        """(forward, backward) host time of a layer; with TP, the TP figures when measured."""
+    def layer_us(self, tensor_parallel: bool, llama: bool = False) -> tuple[float, float]:
+        """(forward, backward) host time of a layer; with TP, the TP figures when measured
+        (scaled by the Llama layer's ratio to the GPT layer for a Llama layer); ``llama``: a
+        Llama layer (RMSNorm, rotary, SwiGLU), its own figures when measured."""
+        fwd, bwd = self.layer_forward_us, self.layer_backward_us
         if tensor_parallel and self.tp_layer_forward_us is not None and self.tp_layer_backward_us is not None:
-            return self.tp_layer_forward_us, self.tp_layer_backward_us
-        return self.layer_forward_us, self.layer_backward_us
+            fwd, bwd = self.tp_layer_forward_us, self.tp_layer_backward_us
+        if llama and self.llama_layer_forward_us is not None and self.llama_layer_backward_us is not None:
+            fwd *= self.llama_layer_forward_us / max(self.layer_forward_us, 1e-9)
+            bwd *= self.llama_layer_backward_us / max(self.layer_backward_us, 1e-9)
+        return fwd, bwd
 
 
 #: elementwise op kinds a profile may give a measured bandwidth for (``elementwise_GBps``)
@@ -110,7 +131,7 @@ ELEMENTWISE_KINDS = ("add", "scale", "gelu", "dropout", "layer_norm", "softmax")
 class GpuProfile(Strict):
     """One accelerator: dense peak throughput per dtype, memory, and kernel efficiency."""
 
-    name: str
+    name: Name  # hwprofiles.names: letters, digits, . _ + - /
     peak_tflops: dict[str, float]
     memory_GiB: float = Field(gt=0)
     memory_bandwidth_GBps: float = Field(gt=0)
@@ -136,6 +157,9 @@ class GpuProfile(Strict):
     memory_reserved_GiB: float = Field(ge=0, default=1.0, description="CUDA context, NCCL and library workspaces")
     allocator_fragmentation: float = Field(
         ge=0, lt=1, default=0.05, description="fraction of capacity lost to the caching allocator"
+    )
+    memory_headroom_GiB: float = Field(
+        ge=0, default=0.0, description="memory plans must leave free, asked for with --memory-headroom"
     )
     default_dtype: str = "fp16"
     elementwise_GBps: dict[str, float] = Field(
@@ -177,5 +201,7 @@ class GpuProfile(Strict):
 
     @property
     def usable_memory_bytes(self) -> float:
-        """Capacity left for tensors: total minus runtime reserve minus allocator fragmentation."""
-        return (self.memory_GiB * (1.0 - self.allocator_fragmentation) - self.memory_reserved_GiB) * GiB
+        """Capacity left for tensors: total minus runtime reserve, allocator fragmentation and the
+        headroom asked for."""
+        lost = self.memory_reserved_GiB + self.memory_headroom_GiB
+        return (self.memory_GiB * (1.0 - self.allocator_fragmentation) - lost) * GiB

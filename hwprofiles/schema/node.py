@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from hwprofiles.names import Name
 from hwprofiles.schema.base import Strict
 from hwprofiles.schema.gpu import GpuProfile
 from hwprofiles.units import GB, US
@@ -79,7 +80,7 @@ def _measured_at(table: dict[int, float], ranks: int) -> float | None:
 class NodeProfile(Strict):
     """A server: GPUs, the fabric between them, PCIe, NICs, host memory and NVMe."""
 
-    name: str
+    name: Name  # hwprofiles.names: letters, digits, . _ + - /
     gpu: str | GpuProfile
     gpus_per_node: int = Field(ge=1)
     intra_node: Link

@@ -116,7 +116,7 @@ def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) ->
     e = dtype_bytes(job.cluster.gpu)
     exposed, gather_after = 0.0, 0.0
     for i, c, _ in groups:
-        reduce_t, gather_t = dp_times(c, job.cluster, plan, link, e)
+        reduce_t, gather_t = dp_times(c, job.cluster, plan, link, e, job.runtime)
         behind = i * (c.backward_span + p2p)  # stage i's head start over stage 0
         hidden = c.backward_span if job.runtime.dp_overlap else 0.0
         # beside the last backward it slows the compute (simulator.cost.overlap)
@@ -145,7 +145,7 @@ def estimate(job: Job) -> SimResult:
 
 def _estimate(job: Job) -> SimResult:
     model, cluster, plan = job.model, job.cluster, job.plan
-    groups = stage_groups(model, cluster, plan)
+    groups = stage_groups(model, cluster, plan, job.runtime.layer_kernels)
     p2p = p2p_exposed(job)
     link = dp_link(cluster, plan) if plan.d > 1 else None
     pipe = pipeline_phase(job, groups, link, p2p)
@@ -216,5 +216,5 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
 def memory_only(job: Job) -> float:
     """Peak bytes of the plan's most loaded rank (the planner prunes with this first)."""
     job = rank_job(job)
-    groups = stage_groups(job.model, job.cluster, job.plan)
+    groups = stage_groups(job.model, job.cluster, job.plan, job.runtime.layer_kernels)
     return max(mem.total for _, mem in _stage_memories(job, groups))

@@ -37,6 +37,7 @@ from simulator.analytic.data_parallel import dp_link
 from simulator.analytic.pipeline import p2p_exposed, tied_embedding_time
 from simulator.cost import experts, memory, params
 from simulator.cost.collectives import GroupLink
+from simulator.cost.eager_layer import LayerKernels
 from simulator.cost.memory import DP_BUCKET_BYTES, ZERO3_LAYERS_HELD
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_layer_bytes, linear_input_bytes
@@ -194,7 +195,9 @@ _BLOCK_FIELDS = attrgetter(
 )
 
 
-def _stages(model: ModelSpec, cluster: ClusterSpec, P: _Plans) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _stages(
+    model: ModelSpec, cluster: ClusterSpec, P: _Plans, kernels: LayerKernels
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Each plan's distinct stages (simulator.cost.stage.stage_groups) as (plans x G) arrays,
     G the most any plan has, and the mask of the real ones: the devices' kinds of each split
     (stage.device_kinds, stage.kind_groups) and the layer-level times of each (t, sp, mb,
@@ -209,7 +212,7 @@ def _stages(model: ModelSpec, cluster: ClusterSpec, P: _Plans) -> tuple[dict[str
     valid[key, slot] = True
     dev, count, n, full, sel, first, last, turn = table[:, split_of]
     blocks, block_of = P.per_key(
-        _BLOCK_KEY, lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec))
+        _BLOCK_KEY, lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels))
     )
     times = np.array(blocks, dtype=float)[block_of].T[:, :, None]  # field x plan x 1
     lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep = times
@@ -432,7 +435,7 @@ def estimate_batch(
     if views != {(1, 1)}:
         return _by_view(model, cluster, list(plans), global_batch, runtime, sorted(views))
     P = _Plans(plans, global_batch)
-    S, valid = _stages(model, cluster, P)
+    S, valid = _stages(model, cluster, P, runtime.layer_kernels)
     links = _Links(cluster, P)
     gpu, node = cluster.gpu, cluster.node
     e = dtype_bytes(gpu)
@@ -554,7 +557,7 @@ def estimate_batch(
     psi_s_max = np.where(valid, psi_s, -np.inf).max(axis=1)
     psi_local = np.where(zero >= 1, psi_s_max / P.shard, psi_max)  # step.local_params
     layers_max = np.where(valid, S["layers"], 0).max(axis=1)
-    opt = np.where(offload, 0.0, _optimizer_time(model, cluster, P, psi_local, layers_max))
+    opt = np.where(offload, 0.0, _optimizer_time(model, cluster, P, psi_local, layers_max, runtime))
     off = np.where(offload, _offload_time(cluster, P, psi_local), 0.0)
     tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)))
     sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)))
@@ -565,18 +568,55 @@ def estimate_batch(
     host = node.gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + np.where(zero == 3, 2, 0))
     host_ok = ~offload | P.is_("offload", "nvme") | (host <= node.host_memory_GiB * 2**30)
     gpu_ok = peak <= cap
-    return BatchEstimate(np.where(gpu_ok, step, np.inf), peak, gpu_ok & host_ok)
+    out = BatchEstimate(np.where(gpu_ok, step, np.inf), peak, gpu_ok & host_ok)
+    return _scalar_where(out, _fsdp2_program(P, cluster, runtime), model, cluster, plans, global_batch, runtime)
+
+
+def _fsdp2_program(P: _Plans, cluster: ClusterSpec, runtime: Runtime) -> np.ndarray:
+    """The plans whose FSDP2 sharding the arrays above do not price: FSDP2's ZeRO-2
+    (``runtime.zero2``) and, on a synchronous (CPU) host, FSDP2's ZeRO-3, whose collectives and
+    hooks run on the rank's thread (simulator.cost.zero3.Zero3Pass ``serial``, ``host``)."""
+    return _fsdp2_sharded(P, runtime) & ((P.zero == 2) | (not host_async(cluster)))
+
+
+def _scalar_where(
+    out: BatchEstimate,
+    mask: np.ndarray,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plans: Sequence[Plan],
+    global_batch: int,
+    runtime: Runtime,
+) -> BatchEstimate:
+    """``out`` with the plans of ``mask`` priced by the scalar estimate (the reference), one by one."""
+    if not mask.any():
+        return out
+    from simulator.analytic import estimate
+
+    rows = list(plans)
+    for i in np.flatnonzero(mask).tolist():
+        r = estimate(Job(model, cluster, rows[i], global_batch, runtime))
+        fits_gpu = r.peak_memory <= cluster.gpu.usable_memory_bytes
+        out.step_time[i] = r.step_time if fits_gpu else np.inf
+        out.peak_memory[i] = r.peak_memory
+        out.fits[i] = r.fits
+    return out
+
+
+def _fsdp2_sharded(P: _Plans, runtime: Runtime) -> np.ndarray:
+    """simulator.cost.zero3.fsdp2_sharded over arrays."""
+    return (P.d > 1) & (((P.zero >= 3) & (runtime.zero3 == "fsdp2")) | ((P.zero == 2) & (runtime.zero2 == "fsdp2")))
 
 
 def _optimizer_time(
-    model: ModelSpec, cluster: ClusterSpec, P: _Plans, psi_local: np.ndarray, layers: np.ndarray
+    model: ModelSpec, cluster: ClusterSpec, P: _Plans, psi_local: np.ndarray, layers: np.ndarray, runtime: Runtime
 ) -> np.ndarray:
     """simulator.cost.step.optimizer_time over arrays."""
     gpu = cluster.gpu
     eager = gpu.eager
     # step.optimizer_tensors is linear in the layers: its value at 0 plus the layers' tensors
     tensors = optimizer_tensors(model, 0) + layers.astype(float) * layer_param_tensors(model)
-    tp = P.t > 1
+    tp = (P.t > 1) | _fsdp2_sharded(P, runtime)  # step.dtensor_params
     dev = device_slowdown(cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
         host = tensors * np.where(tp, eager.optimizer_us(True), eager.optimizer_us(False)) * 1e-6

@@ -24,16 +24,26 @@ from simulator.cost import collectives, layout, memory, zero3
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import gathered_bytes
-from simulator.cost.stage import StageCost
-from simulator.cost.step import gradient_reduction, param_gather_bytes
-from simulator.job import Job
+from simulator.cost.stage import StageCost, compute_slowdown, host_async
+from simulator.cost.step import gradient_reduction, optimizer_tensors, param_gather_bytes
+from simulator.cost.workload import layer_param_tensors
+from simulator.job import OVERLAPPED, Job, Runtime
 from simulator.plan import Plan
+from simulator.specs import ModelSpec
 
 
 def stage_gathered_bytes(cost: StageCost, plan: Plan, e: int) -> float:
     """Bytes of all-gathering one rank's parameters of stage ``cost``: param_gather_bytes(e) per
     parameter, its layers' at 1 byte with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
     return gathered_bytes(cost.params, cost.layer_params, param_gather_bytes(e), plan.fp8ag)
+
+
+def stage_tensors(model: ModelSpec, cost: StageCost) -> int:
+    """Parameter tensors of one rank of stage ``cost``: its layers' and, on a stage holding the
+    embedding or the head, the non-layer ones (simulator.cost.step.optimizer_tensors)."""
+    return (
+        optimizer_tensors(model, cost.layers) if cost.first or cost.last else cost.layers * layer_param_tensors(model)
+    )
 
 
 def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
@@ -55,10 +65,20 @@ def per_microbatch_dp(cost: StageCost, job: Job, link: collectives.GroupLink) ->
     sigma = gpu.comm_overlap_slowdown
     bwd = cost.backward_span
     links = zero3.shard_links(job.cluster, plan) if plan.hsdp else zero3.ShardLinks(link, plan.d, None, 1)
-    if plan.zero == 2:
+    if not zero3.fsdp2_sharded(plan, job.runtime) and plan.zero == 2:
         scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(job.runtime, e), links)
         return scatter, overlap_cost(bwd, scatter, sigma) if job.runtime.dp_overlap else scatter
-    z3 = zero3.zero3_pass(cost, links, e, stage_gathered_bytes(cost, plan, e), job.runtime, gpu)
+    z3 = zero3.zero3_pass(
+        cost,
+        links,
+        e,
+        stage_gathered_bytes(cost, plan, e),
+        job.runtime,
+        gpu,
+        plan.zero,
+        None if host_async(job.cluster) else gpu.kernel_launch_us * 1e-6 * compute_slowdown(job.cluster),
+        stage_tensors(job.model, cost),
+    )
     return z3.traffic, z3.exposed(cost.forward_span, bwd, sigma)
 
 
@@ -84,12 +104,18 @@ def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: collectives.Group
 
 
 def dp_times(
-    cost: StageCost, cluster: ClusterSpec, plan: Plan, link: collectives.GroupLink, e: int
+    cost: StageCost,
+    cluster: ClusterSpec,
+    plan: Plan,
+    link: collectives.GroupLink,
+    e: int,
+    runtime: Runtime = OVERLAPPED,
 ) -> tuple[float, float]:
     """(gradient reduction at the end of the step, parameter all-gather after the optimizer
     step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`), and
-    with hybrid sharding gathers inside its shard group."""
-    if plan.d == 1 or plan.zero == 3:
+    with hybrid sharding gathers inside its shard group; FSDP2's ZeRO-2 (``runtime.zero2``)
+    gathers before each forward instead (:func:`per_microbatch_dp`): nothing after the step."""
+    if plan.d == 1 or plan.zero == 3 or zero3.fsdp2_sharded(plan, runtime):
         return 0.0, 0.0
     reduce = collectives.collective_time(gradient_reduction(plan.zero), cost.params * e, plan.d, link)
     if plan.zero == 0:

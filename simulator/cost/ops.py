@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from hwprofiles.schema import GemmCurve, GpuProfile
 from simulator.cost.op import DTYPE_BYTES, Op
 
@@ -44,13 +46,81 @@ def curve_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str |
     return g.max_efficiency * (m / (m + g.half_dim_m)) * (n / (n + g.half_dim_n)) * (k / (k + g.half_dim_k))
 
 
+@dataclass(frozen=True)
+class GemmGrid:
+    """A measured GEMM table that covers every (m, n, k) of its axes (``autoplan calibrate``'s
+    grids do): log2 of each axis's sorted sizes and log(efficiency) at every corner."""
+
+    axes: tuple[np.ndarray, np.ndarray, np.ndarray]
+    log_eff: np.ndarray  # [len(m), len(n), len(k)]
+
+
+_GRIDS: dict[tuple[int, str], tuple[object, GemmGrid | None]] = {}
+
+
+def gemm_grid(gpu: GpuProfile, dtype: str) -> GemmGrid | None:
+    """The table's points of ``dtype`` as a full grid, or None when some corner of the grid
+    its sizes span was not measured (a hand-written table). Cached per table object."""
+    key = (id(gpu.gemm), dtype)
+    hit = _GRIDS.get(key)
+    if hit is not None and hit[0] is gpu.gemm:
+        return hit[1]
+    points = [pt for pt in gpu.gemm.table if pt.dtype == dtype]
+    peak = gpu.peak_tflops.get(dtype) or gpu.peak_tflops[gpu.default_dtype]
+    sizes = [sorted({getattr(pt, a) for pt in points}) for a in "mnk"]
+    grid: GemmGrid | None = None
+    if points and len(points) == len(sizes[0]) * len(sizes[1]) * len(sizes[2]):
+        log_eff = np.full([len(x) for x in sizes], np.nan)
+        for pt in points:
+            log_eff[sizes[0].index(pt.m), sizes[1].index(pt.n), sizes[2].index(pt.k)] = math.log(pt.tflops / peak)
+        if not np.isnan(log_eff).any():
+            axes = (np.log2(sizes[0]), np.log2(sizes[1]), np.log2(sizes[2]))
+            grid = GemmGrid(axes, log_eff)
+    _GRIDS[key] = (gpu.gemm, grid)
+    return grid
+
+
+def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float]:
+    """Indices of the two grid values around ``x`` (inside the axis) and x's weight on the upper."""
+    if len(axis) == 1:
+        return 0, 0, 0.0
+    hi = int(np.clip(np.searchsorted(axis, x), 1, len(axis) - 1))
+    lo = hi - 1
+    return lo, hi, float((x - axis[lo]) / (axis[hi] - axis[lo]))
+
+
+def grid_efficiency(gpu: GpuProfile, grid: GemmGrid, m: float, n: float, k: float, dtype: str) -> float:
+    """Trilinear interpolation of log(efficiency) in log2(m), log2(n), log2(k) between the eight
+    measured shapes around (m, n, k): exact at a measured shape, a power law between two. Outside
+    the grid along an axis the shape is clamped to the grid's edge and the curve's shape
+    dependence carries the edge's efficiency out: eff = eff(edge) * curve(q) / curve(edge)."""
+    q = (math.log2(m), math.log2(n), math.log2(k))
+    edge = [float(np.clip(x, a[0], a[-1])) for x, a in zip(q, grid.axes)]
+    (i0, i1, wi), (j0, j1, wj), (k0, k1, wk) = (_bracket(a, x) for a, x in zip(grid.axes, edge))
+    e = grid.log_eff
+    log_eff = 0.0
+    for i, fi in ((i0, 1 - wi), (i1, wi)):
+        for j, fj in ((j0, 1 - wj), (j1, wj)):
+            for kk, fk in ((k0, 1 - wk), (k1, wk)):
+                log_eff += fi * fj * fk * e[i, j, kk]
+    eff = math.exp(log_eff)
+    if edge != list(q):
+        clamped = (2.0 ** edge[0], 2.0 ** edge[1], 2.0 ** edge[2])
+        eff *= curve_efficiency(gpu, m, n, k, dtype) / curve_efficiency(gpu, *clamped, dtype)
+    return min(eff, 1.0)
+
+
 def table_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str) -> float | None:
-    """Inverse-distance-weighted interpolation of measured efficiencies in log2 shape space
-    over the 4 nearest measured shapes of the same dtype (exact at a measured shape).
-    Outside the measured range the curve's shape dependence carries the nearest point."""
+    """Efficiency from the measured table of ``dtype``: :func:`grid_efficiency` when the table is
+    a full grid; else (a hand-written table of scattered shapes) inverse-distance-weighted
+    interpolation in log2 shape space over the 4 nearest measured shapes (exact at a measured
+    shape), each carried to the query shape by the curve's shape dependence."""
     points = [pt for pt in gpu.gemm.table if pt.dtype == dtype]
     if not points:
         return None
+    grid = gemm_grid(gpu, dtype)
+    if grid is not None:
+        return grid_efficiency(gpu, grid, m, n, k, dtype)
     peak = gpu.peak_tflops.get(dtype) or gpu.peak_tflops[gpu.default_dtype]
     q = (math.log2(m), math.log2(n), math.log2(k))
     scored = []
@@ -75,12 +145,44 @@ def gemm_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str | 
     return measured if measured is not None else curve_efficiency(gpu, m, n, k, dtype)
 
 
+def attention_table_efficiency(
+    gpu: GpuProfile, seq: float, head_dim: float, backward: bool, dtype: str | None = None
+) -> float | None:
+    """Efficiency of fused attention from the profile's measured points (``attention.table``,
+    TFLOP/s on the FLOPs executed): those of the measured head dim nearest ``head_dim`` (in
+    log2), log(TFLOP/s) interpolated linearly in log2(seq) between the two around ``seq``;
+    outside their range the nearest point carried by the curve's s / (s + half_seq). Over the
+    peak of ``dtype`` (as work_time divides by it). None without a table."""
+    att = gpu.attention
+    if att is None or not att.table:
+        return None
+    near = min({p.head_dim for p in att.table}, key=lambda d: abs(math.log2(d) - math.log2(max(head_dim, 1.0))))
+    pts = sorted((p for p in att.table if p.head_dim == near), key=lambda p: p.seq)
+    rates = [p.backward_tflops if backward else p.forward_tflops for p in pts]
+    x = min(max(seq, pts[0].seq), pts[-1].seq)
+    hi = next((i for i, p in enumerate(pts) if p.seq >= x), len(pts) - 1)
+    lo = max(hi - 1, 0)
+    if hi == lo or pts[hi].seq == pts[lo].seq:
+        rate = rates[hi]
+    else:
+        w = (math.log2(x) - math.log2(pts[lo].seq)) / (math.log2(pts[hi].seq) - math.log2(pts[lo].seq))
+        rate = math.exp((1 - w) * math.log(rates[lo]) + w * math.log(rates[hi]))
+    if x != seq:
+        rate *= (seq / (seq + att.half_seq)) / (x / (x + att.half_seq))
+    return min(rate * 1e12 / gpu.peak_flops(dtype), 1.0)
+
+
 def attention_efficiency(gpu: GpuProfile, op: Op, dtype: str | None = None) -> float:
-    """Efficiency of a fused attention op (``op.m`` = sequence length): the profile's
-    :class:`~hwprofiles.schema.gpu.AttentionModel`, forward or backward; without one, the GEMM
-    efficiency of its score GEMM's shape (s, s, head_dim)."""
+    """Efficiency of a fused attention op (``op.m`` = sequence length, ``op.k`` = head dim): the
+    profile's measured points when it has them (:func:`attention_table_efficiency`), else its
+    :class:`~hwprofiles.schema.gpu.AttentionModel` curve, forward or backward; without either,
+    the GEMM efficiency of its score GEMM's shape (s, s, head_dim)."""
+    backward = op.name.endswith("_bwd")
+    measured = attention_table_efficiency(gpu, op.m, op.k, backward, dtype)
+    if measured is not None:
+        return measured
     if gpu.attention is not None:
-        return gpu.attention.efficiency(op.m, op.name.endswith("_bwd"))
+        return gpu.attention.efficiency(op.m, backward)
     return gemm_efficiency(gpu, op.m, op.n, op.k, dtype)
 
 

@@ -17,6 +17,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
+from simulator.cost.eager_layer import EAGER, LayerKernels, eager_layer_ops
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.rank_view import context_parallel
@@ -101,16 +102,27 @@ def host_async(cluster: ClusterSpec) -> bool:
     return cluster.node.backend != "gloo"
 
 
-def block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str = "bf16") -> BlockTimes:
+def block_times(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    t: int,
+    sp: bool,
+    mb: int,
+    prec: str = "bf16",
+    kernels: LayerKernels = "fused",
+) -> BlockTimes:
     """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
     The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
-    plan's precision (fp8 linear layers, simulator.cost.precision)."""
+    plan's precision (fp8 linear layers, simulator.cost.precision); ``kernels``: the kernels a
+    layer runs (simulator.job.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops)."""
     return _BLOCKS.get_or_make(
-        (model, cluster), (t, sp, mb, prec), lambda: _block_times(model, cluster, t, sp, mb, prec)
+        (model, cluster), (t, sp, mb, prec, kernels), lambda: _block_times(model, cluster, t, sp, mb, prec, kernels)
     )
 
 
-def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str) -> BlockTimes:
+def _block_times(
+    model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels
+) -> BlockTimes:
     gpu = cluster.gpu
     e = dtype_bytes(gpu)
     slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
@@ -119,17 +131,18 @@ def _block_times(model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: i
     asy = host_async(cluster)
     vocab = padded_vocab_size(model, t)
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
+    autocast_ops = eager_layer_ops(model, mb, t, sp, params.layer_params_per_rank(model, t)) if kernels == EAGER else []
     eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
     cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
     bt = BlockTimes(
         layer=pass_times(
-            layer_forward_ops(model, mb, t, sp, e, prec),
+            layer_forward_ops(model, mb, t, sp, e, prec) + autocast_ops,
             gpu,
             slow,
             layer_extra,
             asy,
-            eager.layer_us(t > 1) if eager else None,
+            eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None,
             dev,
         ),
         embedding=pass_times(
@@ -230,25 +243,27 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
     return per_device(sizes), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
 
 
-def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[StageCost]:
+def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels = "fused") -> list[StageCost]:
     """Cost of each pipeline device per microbatch. TP: tp_forward all-reduces of b*s*h forward
     and tp_backward backward per layer, tp_per_full_recompute more when a layer is fully
     recomputed; the vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward.
 
     Devices with the same work share one StageCost object (see ``unique_stages``). The
     result does not depend on d, ZeRO or offload, so it is cached across those."""
-    return _stages(model, cluster, plan)[0]
+    return _stages(model, cluster, plan, kernels)[0]
 
 
-def stage_groups(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tuple[int, StageCost, int]]:
+def stage_groups(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels = "fused"
+) -> list[tuple[int, StageCost, int]]:
     """(first device index, cost, number of devices) of each distinct stage. Everything that
     grows with the device index is non-increasing (in-flight microbatches; the DP slack is
     larger for later stages), so the first device of a kind bounds its time and memory."""
-    return _stages(model, cluster, plan)[1]
+    return _stages(model, cluster, plan, kernels)[1]
 
 
 def _stages(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     rest = (
         plan.t,
@@ -261,8 +276,9 @@ def _stages(
         plan.recompute,
         plan.prec,
         plan.schedule == "zbv",
+        kernels,
     )
-    return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan))
+    return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan, kernels))
 
 
 class DeviceKind(NamedTuple):
@@ -298,9 +314,9 @@ def kind_groups(kinds: list[DeviceKind]) -> list[tuple[int, DeviceKind, int]]:
 
 
 def _make_stages(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
+    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels)
     p = plan.p
     layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
     vocab = padded_vocab_size(model, plan.t)

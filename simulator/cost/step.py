@@ -28,7 +28,8 @@ from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import compute_slowdown, device_slowdown, host_async
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
-from simulator.job import Job
+from simulator.cost.zero3 import fsdp2_sharded
+from simulator.job import Job, Runtime
 from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
@@ -124,10 +125,22 @@ def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
     return norm + collectives.all_reduce_time(LOSS_BYTES, plan.d, dp_link)
 
 
+def dtensor_params(plan: Plan, runtime: Runtime) -> bool:
+    """Are the rank's parameters DTensors, every optimizer op on them dispatched through DTensor
+    (the profile's ``tp_optimizer_tensor_us`` per tensor, hwprofiles.schema.EagerHost): under
+    tensor parallelism (t > 1), and where FSDP2 shards them (simulator.cost.zero3.fsdp2_sharded),
+    which keeps each sharded parameter as a DTensor (torch/distributed/fsdp/_fully_shard/
+    _fsdp_param.py: ``self.sharded_param = nn.Parameter(self.to_sharded_dtensor(...))``).
+    Measured on one CPU core (benchmarks/fsdp_host_probe.py): torch's AdamW over FSDP2's
+    parameters takes about 5x as long per tensor as over plain ones, as the profile's
+    tp_optimizer_tensor_us / optimizer_tensor_us (223 / 41.7 us) says."""
+    return plan.t > 1 or fsdp2_sharded(plan, runtime)
+
+
 def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
     tensors. With a calibrated eager optimizer (``eager.optimizer_param_ns``):
-        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us with t > 1),
+        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us for DTensor parameters: :func:`dtensor_params`),
         work = psi_local * optimizer_param_ns,
         step = host + work on a CPU rank, max(host, work) on a GPU (as ops.pass_times);
     otherwise the step streams through HBM OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
@@ -142,11 +155,11 @@ def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     eager = gpu.eager
     dev = device_slowdown(job.cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
-        host = param_tensors * eager.optimizer_us(job.plan.t > 1) * 1e-6
+        host = param_tensors * eager.optimizer_us(dtensor_params(job.plan, job.runtime)) * 1e-6
         work = psi_local * eager.optimizer_param_ns * 1e-9 * dev
         step = max(host, work) if host_async(job.cluster) else host + work
         return step * compute_slowdown(job.cluster)
     per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
     stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) * dev
-    per_tensor_us = eager.optimizer_us(job.plan.t > 1) if eager else gpu.kernel_launch_us
+    per_tensor_us = eager.optimizer_us(dtensor_params(job.plan, job.runtime)) if eager else gpu.kernel_launch_us
     return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)

@@ -31,6 +31,11 @@ at the contention price of simulator.cost.overlap:
     forward:  g + overlap_cost(C_f, G - g) + copy_out
     backward: g + r + overlap_cost(C_b, G_b + R - g - r) + copy_out
 with G_b = G (FSDP2) or G * (1 + fully recomputed fraction) (DeepSpeed).
+FSDP2's ZeRO-2 (``reshard_after_forward=False``, simulator.job.Runtime.zero2) prices the same way
+with one pass of gathers (the forward's), its backward then ``r + overlap_cost(C_b, R - r)``.
+On a CPU rank (gloo) FSDP2 overlaps nothing: its streams are no-ops there, each forward waits
+for its unit's gather and each reduce-scatter is issued blocking, and its hooks' Python runs on
+the rank's thread; the pass grows by all its traffic and copies plus :func:`fsdp2_host_time`.
 """
 
 from __future__ import annotations
@@ -97,6 +102,54 @@ def regather_fraction(runtime: Runtime, full_layers: int, layers: int) -> float:
     return full_layers / max(layers, 1) if runtime.zero3 == "deepspeed" else 0.0
 
 
+def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
+    """Does the runtime shard the plan's parameters with FSDP2's ``fully_shard`` (each unit
+    gathered before use and its gradients reduce-scattered after its backward, every
+    microbatch): ZeRO-3 under the "fsdp2" runtime, ZeRO-2 where it runs as FSDP2
+    (``Runtime.zero2``, autoplan/runtime/data_parallel.py ``apply_fsdp``), over d > 1 ranks."""
+    if plan.d == 1:
+        return False
+    return (plan.zero >= 3 and runtime.zero3 == "fsdp2") or (plan.zero == 2 and runtime.zero2 == "fsdp2")
+
+
+def gathers_per_microbatch(zero: int) -> int:
+    """All-gathers of each unit per microbatch: ZeRO-3 (``reshard_after_forward=True``) gathers
+    before the forward and again before the backward, 2; FSDP2's ZeRO-2
+    (``reshard_after_forward=False``) keeps the unsharded parameters from the forward to the
+    backward and reshards after it, 1 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+    ``post_forward`` reshards only with a ``post_forward_mesh_info``, ``post_backward`` always)."""
+    return 2 if zero >= 3 else 1
+
+
+#: FSDP2's host time per unit and microbatch on a CPU rank, in units of the host's per-op time
+#: (the profile's ``kernel_launch_us``): (FIXED per unit, PER_TENSOR per parameter tensor), by
+#: gathers per microbatch (:func:`gathers_per_microbatch`). Measured by benchmarks/
+#: fsdp_host_probe.py (one gloo rank, torch 2.13 CPU, 2026-11-26, two runs at load 3.7-4.8 on
+#: 2 cores, per-op time 9.1 and 7.8 us): least squares over 1, 4 and 16 tensors per unit of the
+#: two runs' mean, 1282 us + 123 us/tensor (ZeRO-3) and 1562 us + 76 us/tensor (ZeRO-2; its
+#: runs differ by up to 40% at a size) over a mean per-op time of 8.47 us.
+FSDP2_HOST_OPS: dict[int, tuple[float, float]] = {2: (151.0, 14.5), 1: (184.0, 9.0)}
+
+
+def fsdp2_host_time(units: int, tensors: int, gathers: int, per_op_s: float) -> float:
+    """Seconds of FSDP2's hooks per microbatch on a synchronous (CPU) rank, for ``units`` units
+    holding ``tensors`` parameter tensors in all:
+        units * FIXED + tensors * PER_TENSOR, in op units of ``per_op_s``.
+    Per unit and pass, FSDP2's hooks run in Python on the rank's thread
+    (torch/distributed/fsdp/_fully_shard/_fsdp_state.py ``_pre_forward``/``_post_forward``/
+    ``_pre_backward``, _fsdp_param_group.py ``unshard``/``wait_for_unshard``/``reshard``/
+    ``post_backward``): the all-gather copy-in and copy-out (_fsdp_collectives.py
+    ``foreach_all_gather``, ``foreach_all_gather_copy_out``), swapping every parameter between its
+    sharded DTensor and its unsharded tensor (_fsdp_param.py ``to_unsharded``/``to_sharded``), the
+    reduce-scatter's copy-in and the new sharded gradients as DTensors (``foreach_reduce``); a
+    fixed part per unit and a part per tensor. On a GPU the host runs ahead of the kernels and
+    this time hides behind them; on a CPU rank it adds to the step. Measured on one gloo rank
+    (collectives trivial) as the forward+backward time over the plain model's
+    (benchmarks/fsdp_host_probe.py): :data:`FSDP2_HOST_OPS`."""
+    fixed, per_tensor = FSDP2_HOST_OPS[gathers]
+    return (units * fixed + tensors * per_tensor) * per_op_s
+
+
 def units(cost: StageCost) -> int:
     """Sharded units of a stage: one per layer, plus the root unit (embedding, final norm, head)
     on a stage that holds them."""
@@ -105,35 +158,62 @@ def units(cost: StageCost) -> int:
 
 @dataclass(frozen=True)
 class Zero3Pass:
-    """One microbatch's ZeRO-3 traffic on one stage, seconds."""
+    """One microbatch's sharded-parameter traffic on one stage, seconds: ZeRO-3, or FSDP2's
+    ZeRO-2 (``gathers`` = 1: the forward's gathers only, :func:`gathers_per_microbatch`)."""
 
     units: int
     gather: float  # all units' all-gathers, one pass
     scatter: float  # all units' gradient reduce-scatters
     regather: float  # DeepSpeed: the recompute forward's gathers, in backward
     copy_out: float  # FSDP2: copying one pass's gathered parameters out, on the compute stream
+    gathers: int = 2  # passes that gather: forward and backward (ZeRO-3), forward only (FSDP2 ZeRO-2)
+    host: float = 0.0  # FSDP2's hooks on a synchronous (CPU) rank (fsdp2_host_time)
+    serial: bool = False  # a synchronous rank: every collective waited for where it is issued
 
     @property
     def traffic(self) -> float:
-        """Network seconds per microbatch: two passes of gathers, the re-gathers and the scatters."""
-        return 2 * self.gather + self.regather + self.scatter
+        """Network seconds per microbatch: the passes' gathers, the re-gathers and the scatters."""
+        return self.gathers * self.gather + self.regather + self.scatter
 
     def exposed(self, forward: float, backward: float, sigma: float) -> float:
-        """Seconds the microbatch's passes grow by (module docstring)."""
+        """Seconds the microbatch's passes grow by (module docstring). On a synchronous rank
+        (``serial``: a CPU rank, where FSDP2's streams are no-ops, its forward waits for each
+        unit's gather before that unit's compute and its reduce-scatters are issued blocking,
+        _fsdp_collectives.py ``foreach_reduce``) all of it, plus FSDP2's host time."""
+        copies = self.gathers * self.copy_out
+        if self.serial:
+            return self.traffic + copies + self.host
         g, r = self.gather / self.units, self.scatter / self.units
-        fwd = g + overlap_cost(forward, self.gather - g, sigma) + self.copy_out
-        behind = self.gather + self.regather + self.scatter - g - r
-        bwd = g + r + overlap_cost(backward, behind, sigma) + self.copy_out
-        return fwd + bwd
+        fwd = g + overlap_cost(forward, self.gather - g, sigma)
+        g_b = g if self.gathers == 2 else 0.0  # the backward's first gather, when it gathers
+        behind = (self.gathers - 1) * self.gather + self.regather + self.scatter - g_b - r
+        bwd = g_b + r + overlap_cost(backward, behind, sigma)
+        return fwd + bwd + copies + self.host
 
 
 def zero3_pass(
-    cost: StageCost, links: ShardLinks, e: int, gathered: float, runtime: Runtime, gpu: GpuProfile
+    cost: StageCost,
+    links: ShardLinks,
+    e: int,
+    gathered: float,
+    runtime: Runtime,
+    gpu: GpuProfile,
+    zero: int = 3,
+    host_op_s: float | None = None,
+    tensors: int = 0,
 ) -> Zero3Pass:
-    """The ZeRO-3 traffic of stage ``cost`` for one microbatch over the plan's shard links;
-    ``gathered``: the bytes of one pass's gathers (simulator.cost.precision.gathered_bytes)."""
+    """The sharded-parameter traffic of stage ``cost`` for one microbatch over the plan's shard
+    links; ``gathered``: the bytes of one pass's gathers (simulator.cost.precision.gathered_bytes);
+    ``zero``: 3, or 2 for FSDP2's ZeRO-2. ``host_op_s``: on a synchronous (CPU) rank, its per-op
+    host time with the node's cores shared (kernel_launch_us x simulator.cost.stage.
+    compute_slowdown), where FSDP2 serializes its collectives and its hooks take
+    :func:`fsdp2_host_time` for the stage's ``tensors`` parameter tensors; None on a GPU."""
     u = units(cost)
+    n = gathers_per_microbatch(zero)
     gather = u * collectives.all_gather_time(gathered / u, links.n, links.shard)
     scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
     regather = gather * regather_fraction(runtime, cost.full_layers, cost.layers)
-    return Zero3Pass(u, gather, scatter, regather, copy_out_time(gathered, runtime, gpu))
+    copy_out = copy_out_time(gathered, runtime, gpu)
+    if host_op_s is None or runtime.zero3 != "fsdp2":
+        return Zero3Pass(u, gather, scatter, regather, copy_out, n)
+    return Zero3Pass(u, gather, scatter, regather, copy_out, n, fsdp2_host_time(u, tensors, n, host_op_s), True)

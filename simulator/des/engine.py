@@ -10,6 +10,9 @@
   previous one is over.
 * Events are kept in a heap ordered by (time, sequence number): ties break in the order the
   events were created, so a run is exactly reproducible.
+* A run always ends: tasks are finite, and every network event ends at least one flow (each
+  flow's end falls within :func:`simulator.des.network.finish_tolerance` of the time it was
+  scheduled for) or is re-armed strictly later (:func:`_next_completion` checks it).
 
 Task records are kept as flat lists (structure of arrays) indexed by task id; ``cause[t]`` is
 the task whose completion let ``t`` start (its critical predecessor), which the result
@@ -229,9 +232,9 @@ class Engine:
                         lat = self._phases[owner][self._phase_idx[owner]].latency
                         self._push(time + lat, _PHASE_END, owner)
                 if not net.dirty and net.flows:
-                    # numerical leftovers: re-arm at the next completion
+                    # no flow ended at its completion time (finish_tolerance rules it out): re-arm
                     self._net_version += 1
-                    self._push(net.allocate(time), _NET, self._net_version)
+                    self._push(_next_completion(net, time), _NET, self._net_version)
         unfinished = [t for t in range(len(self.stream)) if self.end[t] < 0]
         if unfinished:
             t = unfinished[0]
@@ -240,3 +243,17 @@ class Engine:
                 f"on {self.stream_name[self.stream[t]]}"
             )
         return max(self.end, default=0.0)
+
+
+def _next_completion(net: Network, now: float) -> float:
+    """The network's next completion time, which must lie after ``now``: a network event that
+    ends no flow and is re-armed at the same instant would repeat forever (the simulated clock
+    stops where ``now + rem / rate`` rounds back to ``now``; :func:`simulator.des.network.finish_tolerance`
+    ends such flows, so this is a guard)."""
+    nxt = net.allocate(now)
+    if not nxt > now:
+        raise RuntimeError(
+            f"DES made no progress at t = {now!r} s: {len(net.flows)} flows in flight, none can finish "
+            f"(rates {sorted({f.rate for f in net.flows})[:4]})"
+        )
+    return nxt

@@ -107,7 +107,7 @@ class Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
-        bt = block_times(model, cluster, t, sp, b, plan.prec)
+        bt = block_times(model, cluster, t, sp, b, plan.prec, job.runtime.layer_kernels)
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         kept, backward = logits_bytes_per_element(job.runtime.cross_entropy, e)

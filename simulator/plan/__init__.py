@@ -35,13 +35,14 @@ from simulator.plan.rules import (
     expert_errors,
     fp8_shape_errors,
     hsdp_errors,
+    offload_errors,
     parse_plan,
     plan_errors,
     precision_errors,
     validate_plan,
     zero_bubble_errors,
 )
-from simulator.plan.text import parse_plan_items, resolve_plan
+from simulator.plan.text import check_positive, parse_plan_items, resolve_plan
 
 __all__ = [
     "CKPT_MODES",
@@ -63,11 +64,13 @@ __all__ = [
     "Schedule",
     "ScheduleName",
     "ZeroStage",
+    "check_positive",
     "context_errors",
     "expert_errors",
     "fp8_shape_errors",
     "hsdp_errors",
     "num_microbatches",
+    "offload_errors",
     "parse_plan",
     "parse_plan_items",
     "plan_errors",

@@ -12,7 +12,7 @@ from simulator.plan.text import parse_plan_items, resolve_plan
 from simulator.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from hwprofiles.schema import GpuProfile
+    from hwprofiles.schema import GpuProfile, NodeProfile
 
 
 def plan_errors(model: ModelSpec, plan: Plan, gpus: int, global_batch: int) -> list[str]:
@@ -86,6 +86,14 @@ def precision_errors(plan: Plan, gpu: GpuProfile) -> list[str]:
             f"prec=fp8 needs fp8 tensor cores: the GPU profile {gpu.name} gives no fp8 peak and fp8 GEMM "
             "efficiency (peak_tflops.fp8, gemm.fp8); use prec=bf16"
         ]
+    return []
+
+
+def offload_errors(plan: Plan, node: NodeProfile) -> list[str]:
+    """offload=nvme needs NVMe drives in the node (its profile's ``nvme:``), where ZeRO-Infinity
+    keeps the optimizer state."""
+    if plan.offload == Offload.NVME and node.nvme is None:
+        return [f"offload=nvme needs NVMe drives: the node profile {node.name} has none (no 'nvme:'); use offload=cpu"]
     return []
 
 

@@ -66,13 +66,25 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
     return items
 
 
+#: plan keys that count or size something: each must be at least 1
+POSITIVE_KEYS = ("t", "p", "mb", "v", "cp", "d", "ep")
+#: those resolve_plan needs before building a Plan (d and ep are checked with the Plan, rules.py)
+_LAYOUT_KEYS = ("t", "p", "mb", "v", "cp")
+
+
+def check_positive(items: Mapping[str, Any], source: str, keys: tuple[str, ...] = POSITIVE_KEYS) -> None:
+    """PlanError when a counting key of ``items`` (``keys``, default POSITIVE_KEYS) is below 1:
+    --fix pins keys that size the search's loops (a cp of 0 divided by zero there)."""
+    for key in keys:
+        if key in items and items[key] < 1:
+            raise PlanError(f"{source}: key '{key}': expected a positive integer, got {items[key]}")
+
+
 def resolve_plan(items: Mapping[str, Any], gpus: int, source: str = "--plan") -> Plan:
     """Fill defaults (d = gpus / (t*cp*p); v>1 implies interleaved; zbv implies v=2) and build a Plan."""
     kw = dict(items)
     t, p, cp = kw.get("t", 1), kw.get("p", 1), kw.get("cp", 1)
-    for key in ("t", "p", "mb", "v", "cp"):
-        if key in kw and kw[key] < 1:
-            raise PlanError(f"{source}: key '{key}': expected a positive integer, got {kw[key]}")
+    check_positive(kw, source, _LAYOUT_KEYS)
     if "d" not in kw:
         if gpus % (t * cp * p):
             what = f"t*cp*p = {t}*{cp}*{p}" if cp > 1 else f"t*p = {t * p}"

@@ -18,6 +18,7 @@ from simulator.cost.zero3 import copy_out_time, regather_fraction
 from simulator.des.passes import Piece
 from simulator.des.program import data_parallel
 from simulator.des.program.state import Device, Program, Split, pass_info
+from simulator.job import Job
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,14 @@ class ReductionMode:
     dp_sync: bool  # any data-parallel gradient reduction (ZeRO 0-2 with d > 1)
 
     @staticmethod
-    def of(prog: Program) -> ReductionMode:
-        plan = prog.plan
+    def of(job: Job) -> ReductionMode:
+        """The mode of ``job`` as the DES simulates it (its rank view: simulator.cost.rank_view)."""
+        plan = job.plan
         dp_sync = plan.d > 1 and plan.zero < 3
         return ReductionMode(
             zero3=plan.zero == 3
             and (plan.d > 1 or plan.offload != "none"),  # offloaded params are fetched even at d = 1
-            overlap=dp_sync and prog.job.runtime.dp_overlap,
+            overlap=dp_sync and job.runtime.dp_overlap,
             per_mb=dp_sync and plan.zero == 2,
             dp_sync=dp_sync,
         )
@@ -47,7 +49,7 @@ def add_passes(prog: Program, dev: Device) -> None:
     order = prog.orders[dev.idx]
     grads = "W" if prog.plan.split_backward else "B"  # the pass that produces the weight gradients
     last_b = {op.chunk: k for k, op in enumerate(order) if op.kind == grads}
-    mode = ReductionMode.of(prog)
+    mode = ReductionMode.of(prog.job)
     pieces: list[int] = []  # compute tasks in stream order (ZeRO-3 prefetch distance)
     prog.pieces_of[dev.idx] = pieces
     chunk = [prog.chunk_of(dev, c) for c in range(prog.v)]  # each local chunk's model-order index
