@@ -97,9 +97,10 @@ def pick_device(choice: str, local_rank: int, local_world: int) -> torch.device:
 def host_threads(offload: str, device: str, local_world: int) -> int | None:
     """Intra-op threads of a GPU rank whose optimizer steps on the host (offload=cpu): the
     host's cores shared by the node's ranks, since the launcher sets OMP_NUM_THREADS=1 (right
-    for CPU ranks, one per core) and FSDP2's CPUOffloadPolicy steps AdamW on the host, where one
-    thread ran the 1.2B-parameter step of benchmarks/gpu_runs.py's offload case in most of its
-    25.5 s (benchmarks/data/h100-runs.jsonl). None: leave the launcher's setting."""
+    for CPU ranks, one per core) and FSDP2's CPUOffloadPolicy steps AdamW on the host: fused on
+    the 16 threads of the H100 host it stepped 1.48 B parameters in 0.31 s
+    (benchmarks/data/h100-2026-11-26b/offload.json), where torch's foreach step on one thread runs
+    about 0.09 G parameters per second (13 s for them). None: leave the launcher's setting."""
     if offload != "cpu" or device != "cuda":
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
