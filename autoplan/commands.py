@@ -128,15 +128,14 @@ def _fidelity_within_budget(job: Job, a: argparse.Namespace) -> tuple[Fidelity, 
     """The fidelity that simulates ``job`` within the time budget (simulator.des.budget), and why
     it is not --fidelity's: the analytic estimate, warned about, when the DES would run past
     it; --full, --plot and --trace need the DES, so they are refused then (InputError)."""
-    from simulator.des.budget import fallback_warning, over_budget
+    from simulator.des.budget import des_within_budget, fallback_warning
 
-    reason = over_budget([job], full=a.full) if a.fidelity == "des" else None
+    if a.fidelity != "des":
+        return a.fidelity, None
+    des_only = [opt for opt, given in (("--full", a.full), ("--plot", a.plot), ("--trace", a.trace)) if given]
+    reason = des_within_budget([job], 1, a.full, des_only)
     if reason is None:
         return a.fidelity, None
-    need_des = [opt for opt, given in (("--full", a.full), ("--plot", a.plot), ("--trace", a.trace)) if given]
-    if need_des:
-        verb = "needs" if len(need_des) == 1 else "need"
-        raise InputError(f"{reason}; {' and '.join(need_des)} {verb} the DES: drop it for the analytic estimate")
     log.warning("%s", fallback_warning(reason))
     return "analytic", reason
 

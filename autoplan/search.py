@@ -25,12 +25,12 @@ from autoplan import space
 from autoplan.finalists import finalist_job, prepare, refine_and_simulate_all
 from autoplan.scoring import Scored, Scores, objective_value, score_all
 from autoplan.workers import SHARED
-from hwprofiles.errors import FitError, InputError, PlanError
+from hwprofiles.errors import FitError, PlanError
 from hwprofiles.load import with_nodes
 from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
 from simulator import Fidelity, check_fidelity
-from simulator.des.budget import fallback_warning, over_budget
+from simulator.des.budget import des_within_budget, fallback_warning
 from simulator.job import OVERLAPPED, Runtime
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
@@ -185,9 +185,8 @@ def _des_over_budget(finalists: list[Scored], opts: SearchOptions) -> str | None
     if opts.fidelity != "des":
         return None
     jobs = [finalist_job(f.nodes, f.plan) for f in finalists]
-    reason = over_budget(jobs, workers=min(opts.jobs, len(jobs)))
-    if reason and opts.keep_timeline:
-        raise InputError(f"{reason}; --plot and --trace need the DES: drop them for the analytic estimate")
+    des_only = ("--plot", "--trace") if opts.keep_timeline else ()
+    reason = des_within_budget(jobs, min(opts.jobs, len(jobs)), False, des_only)
     if reason:
         log.warning("%s", fallback_warning(reason))
     return reason

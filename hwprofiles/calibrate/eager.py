@@ -82,6 +82,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hwprofiles.calibrate.timing import clock, synchronizer
+
 _H, _S, _HEADS, _VOCAB = 16, 8, 2, 32  # negligible arithmetic: every block is all host work
 _CALLS = 20
 #: layers of the stack whose host time, less one layer's, gives a layer's (module docstring)
@@ -228,15 +230,6 @@ def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
     return layer
 
 
-def host_clock(device: str) -> Callable[[], float]:
-    """The clock of host time (module docstring): thread CPU time on a CPU, wall on a GPU."""
-    return time.perf_counter if device == "cuda" else time.thread_time
-
-
-def _sync(device: str) -> Callable[[], None]:
-    return torch.cuda.synchronize if device == "cuda" else lambda: None
-
-
 def _precision(device: str) -> Callable[[], contextlib.AbstractContextManager]:
     """bf16 autocast on a GPU (autoplan's program, autoplan/runtime/trainer.py); fp32 on a CPU."""
     if device == "cuda":
@@ -246,8 +239,8 @@ def _precision(device: str) -> Callable[[], contextlib.AbstractContextManager]:
 
 def time_passes(forward: Callable[[], torch.Tensor], repeats: int, device: str = "cpu") -> PassHost:
     """Median over ``repeats`` loops of the mean host time of a forward and of its backward
-    (the device's clock and precision: module docstring)."""
-    now, sync, amp = host_clock(device), _sync(device), _precision(device)
+    (the device's clock, calibrate.timing.clock, and precision: module docstring)."""
+    now, sync, amp = clock(device), synchronizer(device), _precision(device)
 
     def loss() -> torch.Tensor:
         with amp():
@@ -378,7 +371,7 @@ def _per_call(
 def optimizer_tensor_host(device: str, repeats: int) -> float:
     """Host seconds per parameter tensor of AdamW step + global norm + clipping."""
     step = _optimizer_step(_H, _OPT_TENSORS, device)
-    return _per_call(step, _CALLS, repeats, host_clock(device), _sync(device)) / _OPT_TENSORS
+    return _per_call(step, _CALLS, repeats, clock(device), synchronizer(device)) / _OPT_TENSORS
 
 
 def optimizer_param_time(device: str, repeats: int, per_tensor_s: float) -> float:
@@ -386,9 +379,9 @@ def optimizer_param_time(device: str, repeats: int, per_tensor_s: float) -> floa
     elements = OPT_LARGE_ELEMENTS[device]
     step = _optimizer_step(elements, OPT_LARGE_TENSORS, device)
     n = elements * OPT_LARGE_TENSORS
+    t = _per_call(step, _OPT_LARGE_CALLS, repeats, clock(device), synchronizer(device))
     if device == "cuda":
-        return _per_call(step, _OPT_LARGE_CALLS, repeats, time.perf_counter, torch.cuda.synchronize) / n
-    t = _per_call(step, _OPT_LARGE_CALLS, repeats, time.thread_time, lambda: None)
+        return t / n
     return max(0.0, t - OPT_LARGE_TENSORS * per_tensor_s) / n
 
 

@@ -67,7 +67,7 @@ from simulator.cost.step import (
     step_sync_time,
 )
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
-from simulator.cost.zero3 import reduce_bytes, shard_links
+from simulator.cost.zero3 import fsdp2_sharded_by, reduce_bytes, shard_links
 from simulator.job import OVERLAPPED, Job, Runtime
 from simulator.plan import Plan
 from simulator.plan.table import PlanTable
@@ -576,7 +576,7 @@ def _fsdp2_program(P: _Plans, cluster: ClusterSpec, runtime: Runtime) -> np.ndar
     """The plans whose FSDP2 sharding the arrays above do not price: FSDP2's ZeRO-2
     (``runtime.zero2``) and, on a synchronous (CPU) host, FSDP2's ZeRO-3, whose collectives and
     hooks run on the rank's thread (simulator.cost.zero3.Zero3Pass ``serial``, ``host``)."""
-    return _fsdp2_sharded(P, runtime) & ((P.zero == 2) | (not host_async(cluster)))
+    return fsdp2_sharded_by(P.d, P.zero, runtime) & ((P.zero == 2) | (not host_async(cluster)))
 
 
 def _scalar_where(
@@ -603,11 +603,6 @@ def _scalar_where(
     return out
 
 
-def _fsdp2_sharded(P: _Plans, runtime: Runtime) -> np.ndarray:
-    """simulator.cost.zero3.fsdp2_sharded over arrays."""
-    return (P.d > 1) & (((P.zero >= 3) & (runtime.zero3 == "fsdp2")) | ((P.zero == 2) & (runtime.zero2 == "fsdp2")))
-
-
 def _optimizer_time(
     model: ModelSpec, cluster: ClusterSpec, P: _Plans, psi_local: np.ndarray, layers: np.ndarray, runtime: Runtime
 ) -> np.ndarray:
@@ -616,7 +611,7 @@ def _optimizer_time(
     eager = gpu.eager
     # step.optimizer_tensors is linear in the layers: its value at 0 plus the layers' tensors
     tensors = optimizer_tensors(model, 0) + layers.astype(float) * layer_param_tensors(model)
-    tp = (P.t > 1) | _fsdp2_sharded(P, runtime)  # step.dtensor_params
+    tp = (P.t > 1) | fsdp2_sharded_by(P.d, P.zero, runtime)  # step.dtensor_params
     dev = device_slowdown(cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
         host = tensors * np.where(tp, eager.optimizer_us(True), eager.optimizer_us(False)) * 1e-6

@@ -115,12 +115,12 @@ def table_efficiency(gpu: GpuProfile, m: float, n: float, k: float, dtype: str) 
     a full grid; else (a hand-written table of scattered shapes) inverse-distance-weighted
     interpolation in log2 shape space over the 4 nearest measured shapes (exact at a measured
     shape), each carried to the query shape by the curve's shape dependence."""
+    grid = gemm_grid(gpu, dtype)  # cached: the table's points are read once
+    if grid is not None:
+        return grid_efficiency(gpu, grid, m, n, k, dtype)
     points = [pt for pt in gpu.gemm.table if pt.dtype == dtype]
     if not points:
         return None
-    grid = gemm_grid(gpu, dtype)
-    if grid is not None:
-        return grid_efficiency(gpu, grid, m, n, k, dtype)
     peak = gpu.peak_tflops.get(dtype) or gpu.peak_tflops[gpu.default_dtype]
     q = (math.log2(m), math.log2(n), math.log2(k))
     scored = []

@@ -130,14 +130,15 @@ def _block_times(
     link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
     vocab = padded_vocab_size(model, t)
-    layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, params.layer_params_per_rank(model, t))
-    autocast_ops = eager_layer_ops(model, mb, t, sp, params.layer_params_per_rank(model, t)) if kernels == EAGER else []
+    layer_params = params.layer_params_per_rank(model, t)
+    layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
+    eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
     eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
     cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
     bt = BlockTimes(
         layer=pass_times(
-            layer_forward_ops(model, mb, t, sp, e, prec) + autocast_ops,
+            layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
             gpu,
             slow,
             layer_extra,

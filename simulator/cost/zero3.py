@@ -41,6 +41,7 @@ the rank's thread; the pass grows by all its traffic and copies plus :func:`fsdp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.cost import collectives, layout
@@ -107,9 +108,13 @@ def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
     gathered before use and its gradients reduce-scattered after its backward, every
     microbatch): ZeRO-3 under the "fsdp2" runtime, ZeRO-2 where it runs as FSDP2
     (``Runtime.zero2``, autoplan/runtime/data_parallel.py ``apply_fsdp``), over d > 1 ranks."""
-    if plan.d == 1:
-        return False
-    return (plan.zero >= 3 and runtime.zero3 == "fsdp2") or (plan.zero == 2 and runtime.zero2 == "fsdp2")
+    return bool(fsdp2_sharded_by(plan.d, plan.zero, runtime))
+
+
+def fsdp2_sharded_by(d: Any, zero: Any, runtime: Runtime) -> Any:
+    """:func:`fsdp2_sharded` of data-parallel degrees ``d`` and ZeRO stages ``zero``, numbers or
+    numpy arrays alike (the batch estimate's plan columns)."""
+    return (d > 1) & (((zero >= 3) & (runtime.zero3 == "fsdp2")) | ((zero == 2) & (runtime.zero2 == "fsdp2")))
 
 
 def gathers_per_microbatch(zero: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hwprofiles.errors import InputError
 from simulator.cost.rank_view import rank_job
 from simulator.des.program.compute import ReductionMode
 from simulator.job import Job
@@ -27,7 +28,7 @@ REFERENCE_RUNS: tuple[tuple[str, str, int, int | None, int, str], ...] = (
 DES_BUDGET_S = 20.0
 
 #: engine events per CPU second, the slow end of what large runs reach on this project's 2-core
-#: machine, measured (2026-12) with ``python -m simulator.des.budget`` on :data:`REFERENCE_RUNS`:
+#: machine, measured (2026-11-26) with ``python -m simulator.des.budget`` on :data:`REFERENCE_RUNS`:
 #: gpt-1t's interleaved pipeline, 779,742 events in 6.9 to 7.2 CPU s (108,000 to 113,000 events/s;
 #: 67,000 with another busy process on the cores), llama3-8b's ZeRO-3 layers, 229,394 events in
 #: 1.3 to 1.4 CPU s (163,000 to 173,000 events/s). The rate falls as more flows are in flight.
@@ -93,6 +94,18 @@ def over_budget(jobs: Sequence[Job], workers: int = 1, full: bool = False) -> st
         f"the DES would take about {events:,.0f} events (~{seconds:,.0f} s{on} at "
         f"{DES_EVENTS_PER_S:,.0f} events/s), over the {DES_BUDGET_S:.0f} s budget"
     )
+
+
+def des_within_budget(jobs: Sequence[Job], workers: int, full: bool, des_only: Sequence[str]) -> str | None:
+    """None when the DES of ``jobs`` keeps to the budget (:func:`over_budget`); otherwise why
+    not, for the caller to take the analytic estimate (warned about: :func:`fallback_warning`).
+    ``des_only``: the given options that only the DES serves (--full, --plot, --trace): with any,
+    an over-budget run is refused instead (InputError, one line)."""
+    reason = over_budget(jobs, workers, full)
+    if reason is not None and des_only:
+        verb, it = ("needs", "it") if len(des_only) == 1 else ("need", "them")
+        raise InputError(f"{reason}; {' and '.join(des_only)} {verb} the DES: drop {it} for the analytic estimate")
+    return reason
 
 
 def fallback_warning(reason: str) -> str:
