@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,7 +25,7 @@ from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK,
 from autoplan.emit.export import TARGETS, Target
 from hwprofiles.errors import AutoplanError, InputError
 from hwprofiles.headroom import MemoryHeadroom
-from simulator.specs import builtin_models
+from simulator.model_files import builtin_models
 
 log = logging.getLogger(__name__)
 
@@ -154,28 +155,8 @@ def _loudness_args(p: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    root = _Parser(
-        prog="autoplan",
-        description=MAIN_HELP.format(models=", ".join(builtin_models())),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    root.add_argument("--version", action="version", version=f"autoplan {__version__}")
-    _loudness_args(root, default=False)
-    sub = root.add_subparsers(dest="command", parser_class=_Parser, metavar="{plan,simulate,emit,run,calibrate}")
-
-    def cmd(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(
-            name,
-            help=help_,
-            description=help_,
-            epilog=EXAMPLES[name],
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        _loudness_args(p, default=argparse.SUPPRESS)  # -v/-q also after the command; not given: the root's
-        return p
-
-    p = cmd("plan", "Search the plan space for the fastest (or cheapest) plan that fits.")
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    """``autoplan plan``: the job, then how to search and what to show."""
     _job_args(p, plan_required=False)
     p.add_argument("--fix", default="", help="pin plan keys, e.g. t=8,p=8,zero=0,ckpt=full")
     p.add_argument("--top", type=_positive_int, default=8, help="simulate and show the K best candidates (default 8)")
@@ -193,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="write the best plan's timeline PNG")
     p.add_argument("--trace", type=Path, help="write the best plan's Chrome/Perfetto trace JSON")
 
-    p = cmd("simulate", "Predict one plan's step time, throughput and memory.")
+
+def _simulate_args(p: argparse.ArgumentParser) -> None:
+    """``autoplan simulate``: the job and its plan, then the fidelity and the outputs."""
     _job_args(p, plan_required=True)
     p.add_argument(
         "--fidelity",
@@ -206,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="write a timeline PNG (DES)")
     p.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON (DES)")
 
-    p = cmd("emit", "Write a run directory: torch program launch files and Megatron/DeepSpeed/torchtitan configs.")
+
+def _emit_args(p: argparse.ArgumentParser) -> None:
+    """``autoplan emit``: the job and its plan, then where to write and for which tools."""
     _job_args(p, plan_required=True)
     p.add_argument("-o", "--out", type=Path, required=True, help="output directory (new or empty)")
     p.add_argument("--force", action="store_true", help="replace the emitted files in a folder that already has files")
@@ -220,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
         "torchtitan (a torchtitan 0.3 config module); plan.json is always written",
     )
 
-    p = cmd("run", "Run an emitted plan with torchrun and compare with the prediction.")
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """``autoplan run``: the emitted directory and how long to run it."""
     p.add_argument("dir", type=Path, help="a directory written by 'autoplan emit'")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped (default 600)")
@@ -232,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    p = cmd("calibrate", "Measure this machine and write a hardware profile.")
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    """``autoplan calibrate``: what to measure and where to write the profiles."""
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -244,6 +233,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=_positive_int, default=2, help="processes for the collective benchmarks (default 2)")
     p.add_argument("--node-out", type=Path, help="node profile to write (default: <stem>-node.yaml beside -o)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (as with -q)")
+
+
+#: each command: its one-line help (also its description) and the function adding its arguments, in --help's order
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "plan": ("Search the plan space for the fastest (or cheapest) plan that fits.", _plan_args),
+    "simulate": ("Predict one plan's step time, throughput and memory.", _simulate_args),
+    "emit": (
+        "Write a run directory: torch program launch files and Megatron/DeepSpeed/torchtitan configs.",
+        _emit_args,
+    ),
+    "run": ("Run an emitted plan with torchrun and compare with the prediction.", _run_args),
+    "calibrate": ("Measure this machine and write a hardware profile.", _calibrate_args),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The root parser (``--version``, -v/-q) with one subparser per command of :data:`COMMANDS`."""
+    root = _Parser(
+        prog="autoplan",
+        description=MAIN_HELP.format(models=", ".join(builtin_models())),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    root.add_argument("--version", action="version", version=f"autoplan {__version__}")
+    _loudness_args(root, default=False)
+    sub = root.add_subparsers(dest="command", parser_class=_Parser, metavar="{plan,simulate,emit,run,calibrate}")
+    for name, (help_, add_args) in COMMANDS.items():
+        p = sub.add_parser(
+            name,
+            help=help_,
+            description=help_,
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _loudness_args(p, default=argparse.SUPPRESS)  # -v/-q also after the command; not given: the root's
+        add_args(p)
     return root
 
 

@@ -20,7 +20,8 @@ from hwprofiles.errors import AutoplanError, FitError, InputError
 if TYPE_CHECKING:
     from hwprofiles.schema import NodeProfile
     from simulator import Fidelity
-    from simulator.job import Job, Runtime
+    from simulator.job import Job
+    from simulator.runtime_spec import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ EXIT_NO_FIT = FitError.exit_code  # 3: also 'simulate' of a plan that does not f
 
 def _load_job_inputs(a: argparse.Namespace):
     from hwprofiles.load import load_cluster
-    from simulator.specs import load_model
+    from simulator.model_files import load_model
 
     model = load_model(a.model, a.seq_len)
     cluster = load_cluster(a.cluster, a.nodes, a.gpus_per_node)
@@ -49,10 +50,10 @@ def _make_job(a: argparse.Namespace):
 
 
 def _runtime(a: argparse.Namespace) -> Runtime:
-    """The program the prediction models (simulator.job.Runtime): --no-dp-overlap, --zero3-runtime."""
+    """The program the prediction models (simulator.runtime_spec.Runtime): --no-dp-overlap, --zero3-runtime."""
     import dataclasses
 
-    from simulator.job import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED
+    from simulator.runtime_spec import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED
 
     base = NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
     if a.zero3_runtime == "deepspeed":

@@ -12,7 +12,7 @@ pass), E/H the embedding and head passes; T's counts are 2 per pass, 1 + k with 
 experts.
 with T's counts from simulator.cost.stage (tp_per_layer, tp_per_full_recompute, TP_EMBEDDING, TP_HEAD).
 Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model,
-simulator.cost.stage_memory.DeviceMemoryModel, one constraint per reachable occupancy vector k
+simulator.cost.stage_memory_linear.DeviceMemoryModel, one constraint per reachable occupancy vector k
 of the schedule (simulator.cost.memory.chunk_occupancy):
     mem_i = fixed_i + a_none * [f on i > 0] + sum_{c on i} [ cn_c(k) n_c + cf_c(k) f_c + cs_c(k) s_c ]  <=  capacity
 so stage 0 of 1F1B, which holds p microbatches, gets fewer layers or more recomputation.
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Literal
 
 from autoplan.cpsat import load_cp_model
 from hwprofiles.schema import ClusterSpec
+from simulator.cost.block_times import TP_EMBEDDING, TP_HEAD, block_times, tp_per_full_recompute, tp_per_layer
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.rank_view import rank_model, rank_plan, user_plan
 from simulator.cost.schedules import rank_chunks
-from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, tp_per_full_recompute, tp_per_layer
-from simulator.cost.stage_memory import DeviceMemoryModel
+from simulator.cost.stage_memory_linear import DeviceMemoryModel
 from simulator.plan import Plan, RecomputeName
 from simulator.specs import ModelSpec
 

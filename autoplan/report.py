@@ -133,8 +133,8 @@ def _side_by_side(a: str, b: str, gap: int = 6) -> str:
     return "\n".join((x.ljust(w + gap) + y).rstrip() for x, y in zip(la, lb))
 
 
-def format_plan_report(found: dict[str, Any]) -> str:
-    """The plan report: the best plan in full, the top plans, the partition gain, the Pareto set."""
+def _best_plan_lines(found: dict[str, Any]) -> list[str]:
+    """The best plan in full, its plan string, and the node count it chose if not the given one."""
     best = found["best"]
     lines = [format_result(best), ""]
     lines.append(f"plan string: {best['plan_string']}")
@@ -143,10 +143,13 @@ def format_plan_report(found: dict[str, Any]) -> str:
             f"nodes: {best['nodes']} of the {found['nodes_given']} given (the {found['objective']} objective's "
             f"choice); simulate or emit this plan with --nodes {best['nodes']}"
         )
-    lines.append("")
-    lines.append(f"top plans ({found['objective']} objective; {best['fidelity']} fidelity):")
+    return lines
+
+
+def _top_plans_table(top: list[dict[str, Any]]) -> str:
+    """The top plans, one row each: size, speed, memory, bubble, time split and cost."""
     rows = []
-    for r in found["top"]:
+    for r in top:
         tb = r["time_breakdown_s"]
         step = r["step_time_s"]
         rows.append(
@@ -163,30 +166,40 @@ def format_plan_report(found: dict[str, Any]) -> str:
                 round(r["cost_gpu_hours_per_mtok"], 3),
             )
         )
-    lines.append(
-        table(
-            ["plan", "gpus", "step s", "tokens/s", "TFLOP/s", "MFU", "mem GiB", "bubble", "time split", "GPU-h/Mtok"],
-            rows,
-        )
+    return table(
+        ["plan", "gpus", "step s", "tokens/s", "TFLOP/s", "MFU", "mem GiB", "bubble", "time split", "GPU-h/Mtok"],
+        rows,
     )
+
+
+def _partition_table(partition: list[dict[str, Any]]) -> str:
+    """The CP-SAT partition's gains: each uniform plan beside its optimized layer split."""
+    return table(
+        ["uniform plan", "optimized layers / recompute", "uniform s", "optimized s", "gain"],
+        [
+            (
+                plan_label(_plan_dict(g["uniform"])),
+                _layers_part(g["optimized"]),
+                g["uniform_step_time_s"],
+                g["optimized_step_time_s"],
+                f"{g['gain_pct']:.1f}%",
+            )
+            for g in partition
+        ],
+    )
+
+
+def format_plan_report(found: dict[str, Any]) -> str:
+    """The plan report: the best plan in full, the top plans, the partition gain, the Pareto set."""
+    best = found["best"]
+    lines = _best_plan_lines(found)
+    lines.append("")
+    lines.append(f"top plans ({found['objective']} objective; {best['fidelity']} fidelity):")
+    lines.append(_top_plans_table(found["top"]))
     if found.get("partition"):
         lines.append("")
         lines.append("CP-SAT layer partition / recompute vs the uniform split:")
-        lines.append(
-            table(
-                ["uniform plan", "optimized layers / recompute", "uniform s", "optimized s", "gain"],
-                [
-                    (
-                        plan_label(_plan_dict(g["uniform"])),
-                        _layers_part(g["optimized"]),
-                        g["uniform_step_time_s"],
-                        g["optimized_step_time_s"],
-                        f"{g['gain_pct']:.1f}%",
-                    )
-                    for g in found["partition"]
-                ],
-            )
-        )
+        lines.append(_partition_table(found["partition"]))
     lines.append("")
     lines.append("time vs memory Pareto set (analytic):")
     lines.append(

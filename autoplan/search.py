@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autoplan import space
+from autoplan import space, space_checks
 from autoplan.finalists import finalist_job, prepare, refine_and_simulate_all
 from autoplan.scoring import Scored, Scores, objective_value, score_all
 from autoplan.workers import SHARED
@@ -31,8 +31,8 @@ from hwprofiles.schema import ClusterSpec
 from hwprofiles.units import GiB
 from simulator import Fidelity, check_fidelity
 from simulator.des.budget import des_within_budget, fallback_warning
-from simulator.job import OVERLAPPED, Runtime
 from simulator.result import SimResult
+from simulator.runtime_spec import OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -123,10 +123,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     clusters = {
         n: (cluster if n == cluster.nodes else with_nodes(cluster, n)) for n in _node_counts(cluster, opts.objective)
     }
-    space.check_cluster_size(model, cluster.num_gpus, global_batch)
+    space_checks.check_cluster_size(model, cluster.num_gpus, global_batch)
     layouts = {n: list(space.shapes(model, c.num_gpus, global_batch, fix)) for n, c in clusters.items()}
     if not any(layouts.values()):
-        raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
+        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix))
     check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
 
     precs = space.precisions(cluster.gpu, fix)
@@ -135,7 +135,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     keep = max(opts.top, opts.max_finalists)
     scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, prepare)
     if not scores.total:
-        raise PlanError(space.explain_empty(model, cluster.num_gpus, global_batch, fix))
+        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix))
     log.debug(
         "search: %d candidate plans on %s nodes, %d fit in memory",
         scores.total,

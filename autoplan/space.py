@@ -10,7 +10,8 @@ offload none/cpu (zero >= 1)/nvme (zero = 3, on nodes with NVMe drives: :func:`o
 (t > 1); prec bf16, and fp8 on GPUs that run it (:func:`precisions`), with fp8 parameters
 (fp8ag=1) where a sharded optimizer or FSDP keeps them (:func:`fp8_param_options`: they save
 memory and gather traffic, and cost nothing, so fp8ag=0 is tried only when pinned). Microbatches are capped at MAX_MB sequences: larger ones only raise
-activation memory once GEMMs are saturated.
+activation memory once GEMMs are saturated. Whether any plan can use the cluster, and why the pins
+leave none: :mod:`autoplan.space_checks`.
 """
 
 from __future__ import annotations
@@ -44,9 +45,7 @@ from simulator.plan import (
     hsdp_errors,
     offload_errors,
     parse_plan_items,
-    plan_errors,
     precision_errors,
-    resolve_plan,
     zero_bubble_errors,
 )
 from simulator.plan.table import Factor, PlanTable
@@ -117,11 +116,6 @@ def expert_splits(model: ModelSpec, grad_group: int, fix: Mapping[str, Any]) -> 
     want = fix.get("ep")
     found = [ep for ep in divisors(model.experts) if grad_group % ep == 0] if model.num_experts else [1]
     return [ep for ep in found if want in (None, ep)]
-
-
-def largest_context_split(model: ModelSpec) -> int:
-    """The largest cp the search tries for the model's sequence (on enough GPUs)."""
-    return max(context_splits(model, 2 ** model.seq_length.bit_length(), {}))
 
 
 def shapes(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> Iterator[Shape]:
@@ -360,44 +354,3 @@ def _hybrid_ok(hsdp: int, zero: int, d: int, offload: OffloadName, ep: int = 1) 
     plan rules (simulator.plan.hsdp_errors); cached: the search asks for the same few combinations
     tens of thousands of times."""
     return not hsdp_errors(Plan(d=d, zero=zero, offload=offload, hsdp=hsdp, ep=ep))
-
-
-def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:
-    """The most GPUs any plan the search tries can occupy: d <= global batch (one sequence per
-    replica at least), t <= the largest split of the heads, KV groups and FFN, p <= layers (one
-    layer per stage), cp <= the largest context split (:func:`context_splits`)."""
-    return global_batch * max(tensor_splits(model)) * model.num_layers * largest_context_split(model)
-
-
-def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
-    """PlanError when no plan can use every GPU of the cluster (before any plan is enumerated)."""
-    most = max_usable_gpus(model, global_batch)
-    if gpus > most:
-        cp = largest_context_split(model)
-        raise PlanError(
-            f"no plan can use {gpus:,} GPUs: {model.name} with global batch {global_batch} occupies at most "
-            f"{most:,} (d <= batch, t <= {max(tensor_splits(model))}, p <= {model.num_layers} layers"
-            f"{f', cp <= {cp}' if cp > 1 else ''}); "
-            "give fewer --nodes or a larger --global-batch"
-        )
-
-
-def explain_empty(model: ModelSpec, gpus: int, global_batch: int, fix: Mapping[str, Any]) -> str:
-    """Why no plan satisfies the pins (or, with none, why no split fits the cluster): the first
-    rule broken (the message of the PlanError the caller raises)."""
-    if not fix:
-        return (
-            f"no valid plan for {gpus:,} GPUs and global batch {global_batch}: no t*p*d = {gpus:,} with t dividing "
-            f"the heads, p <= {model.num_layers} layers and d dividing the batch; try a --global-batch that "
-            "the data-parallel size divides, or another --nodes"
-        )
-    try:
-        plan = resolve_plan(fix, gpus, "--fix")
-    except PlanError as e:
-        return str(e)
-    errors = plan_errors(model, plan, gpus, global_batch)
-    if errors:
-        return f"--fix: {errors[0]}"
-    if plan.mb > MAX_MB and "mb" not in fix:
-        return f"--fix: no microbatch size <= {MAX_MB} divides B/d"
-    return f"--fix: the pinned values {fix} leave no valid plan for {gpus} GPUs and global batch {global_batch}"

@@ -26,9 +26,10 @@ import yaml
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
-from simulator.job import NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
+from simulator.job import Job
 from simulator.plan import Plan
 from simulator.result import SimResult
+from simulator.runtime_spec import NO_DP_OVERLAP, OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,8 +226,8 @@ def megatron_1f1b_best(row: PublishedRow, max_mb: int = 16) -> tuple[Job, SimRes
     the highest analytic tflops_per_gpu. None when none fits. (benchmarks/accuracy.py lets the
     planner choose the schedule too.)"""
     from simulator.analytic import estimate
-    from simulator.job import NO_DP_OVERLAP
     from simulator.plan import validate_plan
+    from simulator.runtime_spec import NO_DP_OVERLAP
 
     cluster = selene(row.gpus)
     d = row.gpus // (row.t * row.p)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -35,8 +35,9 @@ from _accuracy_data import reference_file
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec
-from simulator.job import OVERLAPPED, Job, Runtime
+from simulator.job import Job
 from simulator.plan import Plan
+from simulator.runtime_spec import OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
 
 FILE = "published-fsdp.yaml"
@@ -46,7 +47,7 @@ SOURCE_GPU = {"torchtitan_a100_64gpu": "A100-80GB", "dgxc_benchmarking_h100": "H
 #: llm-foundry (Composer) MPT runs: flash-attn's fused cross-entropy (llm-foundry's default
 #: ``loss_fn: fused_crossentropy``); the A100 tables in bf16/PURE (bf16 gradient reduction)
 # llm-foundry's TE layers (te.LayerNormMLP / te.Linear) are called without is_first_microbatch: their fp8
-# weights are cast again in every forward (simulator.job.Runtime.fp8_weight_cache)
+# weights are cast again in every forward (simulator.runtime_spec.Runtime.fp8_weight_cache)
 MPT_AMP = dataclasses.replace(OVERLAPPED, name="llm-foundry-amp-bf16", cross_entropy="fused", fp8_weight_cache=False)
 MPT_PURE = dataclasses.replace(MPT_AMP, name="llm-foundry-pure-bf16", sharded_reduce_bytes=2)
 # torchtitan's loss (torchtitan/components/loss.py cross_entropy_loss, 0.3.0): F.cross_entropy(pred.float())
@@ -169,48 +170,69 @@ def _predict(row: FsdpRow, fidelity: str) -> tuple[float, bool]:
     return row.predicted_tok_s_gpu(r.step_time), r.fits
 
 
+@dataclass
+class _Errors:
+    """The section's per-row results: errors (%) per source group, analytic and DES, the rows
+    predicted not to fit, and each row with its analytic tokens/s per GPU."""
+
+    analytic: dict[str, list[float]] = field(default_factory=dict)
+    des: dict[str, list[float]] = field(default_factory=dict)
+    oom: list[str] = field(default_factory=list)
+    points: list[tuple[FsdpRow, float]] = field(default_factory=list)
+
+
+def _row_errors(rows: list[FsdpRow], use_des: bool, out: Callable[[str], None]) -> _Errors:
+    """Predict every row that has a job and print one line each: measured, predicted, error."""
+    errors = _Errors()
+    out(f"   {'run':<78} {'measured':>8} {'predicted':>9} {'error':>8}" + (f" {'DES':>8}" if use_des else ""))
+    for r in rows:
+        if r.job is None:
+            continue
+        pred, fits = _predict(r, "analytic")
+        errors.points.append((r, pred))
+        e = 100.0 * (pred / r.tok_s_gpu - 1.0)
+        group = r.source + (" fp8" if r.job.plan.prec == "fp8" else "")
+        errors.analytic.setdefault(group, []).append(e)
+        line = f"   {r.label:<78} {r.tok_s_gpu:>8.0f} {pred:>9.0f} {e:>+7.1f}%"
+        if not fits:
+            errors.oom.append(r.label)
+            line += " OOM"
+        if use_des:
+            dp, _ = _predict(r, "des")
+            de = 100.0 * (dp / r.tok_s_gpu - 1.0)
+            errors.des.setdefault(group, []).append(de)
+            line += f" {de:>+7.1f}%"
+        out(line)
+    return errors
+
+
+def _source_summaries(errors: _Errors, out: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """Each source group's error statistics, printed one line each (with the DES MAPE if run)."""
+    sources: dict[str, dict[str, float]] = {}
+    for source, e in errors.analytic.items():
+        stats = _stats(e)
+        sources[source] = stats
+        des = f"; DES MAPE {_stats(errors.des[source])['mape']:.1f}%" if source in errors.des else ""
+        out(
+            f"   {source:<28} {len(e):>3} rows: MAPE {stats['mape']:.1f}%, mean {stats['mean']:+.1f}%, "
+            f"range {stats['min']:+.1f}% .. {stats['max']:+.1f}%{des}"
+        )
+    return sources
+
+
 def fsdp_section(use_des: bool, out: Callable[[str], None], target: float = 10.0) -> dict[str, Any]:
     """Section 3 of benchmarks/accuracy.py: every row's error and the MAPE per source."""
     out(f"3. Published FSDP / ZeRO-3 and Megatron-core runs ({FILE}): tokens/s per GPU, measured vs predicted")
     out("   a run predicted not to fit counts as a miss; fp8 rows are predicted with prec=fp8 and summarized apart")
     out("")
     rows = fsdp_rows()
-    errs: dict[str, list[float]] = {}
-    des_errs: dict[str, list[float]] = {}
-    oom: list[str] = []
-    points: list[tuple[FsdpRow, float]] = []  # (row, analytic tokens/s per GPU)
     skipped = [r for r in rows if r.job is None]
-    out(f"   {'run':<78} {'measured':>8} {'predicted':>9} {'error':>8}" + (f" {'DES':>8}" if use_des else ""))
-    for r in rows:
-        if r.job is None:
-            continue
-        pred, fits = _predict(r, "analytic")
-        points.append((r, pred))
-        e = 100.0 * (pred / r.tok_s_gpu - 1.0)
-        group = r.source + (" fp8" if r.job.plan.prec == "fp8" else "")
-        errs.setdefault(group, []).append(e)
-        line = f"   {r.label:<78} {r.tok_s_gpu:>8.0f} {pred:>9.0f} {e:>+7.1f}%"
-        if not fits:
-            oom.append(r.label)
-            line += " OOM"
-        if use_des:
-            dp, _ = _predict(r, "des")
-            de = 100.0 * (dp / r.tok_s_gpu - 1.0)
-            des_errs.setdefault(group, []).append(de)
-            line += f" {de:>+7.1f}%"
-        out(line)
+    errors = _row_errors(rows, use_des, out)
+    oom = errors.oom
     out("")
-    res: dict[str, Any] = {"sources": {}, "points": points}
-    for source, e in errs.items():
-        stats = _stats(e)
-        res["sources"][source] = stats
-        des = f"; DES MAPE {_stats(des_errs[source])['mape']:.1f}%" if source in des_errs else ""
-        out(
-            f"   {source:<28} {len(e):>3} rows: MAPE {stats['mape']:.1f}%, mean {stats['mean']:+.1f}%, "
-            f"range {stats['min']:+.1f}% .. {stats['max']:+.1f}%{des}"
-        )
-    every = [x for source, e in errs.items() if not source.endswith(" fp8") for x in e]
-    fp8 = [x for source, e in errs.items() if source.endswith(" fp8") for x in e]
+    res: dict[str, Any] = {"sources": _source_summaries(errors, out), "points": errors.points}
+    every = [x for source, e in errors.analytic.items() if not source.endswith(" fp8") for x in e]
+    fp8 = [x for source, e in errors.analytic.items() if source.endswith(" fp8") for x in e]
     res["all"] = _stats(every)
     res["fp8"] = _stats(fp8) if fp8 else None
     res["oom"] = oom

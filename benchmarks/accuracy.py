@@ -29,7 +29,7 @@
    is the host's.
 
 Section 2 models what Megatron-DeepSpeed did with gradient bucketing off: data-parallel gradient
-reduction after the last backward, no overlap (simulator.job.NO_DP_OVERLAP), as Megatron-LM's
+reduction after the last backward, no overlap (simulator.runtime_spec.NO_DP_OVERLAP), as Megatron-LM's
 2021 "local" DDP rows of section 1. Predictions use the analytic estimator
 and, where simulator.des.simulate is importable, the discrete-event simulator (DES columns).
 """
@@ -37,6 +37,7 @@ and, where simulator.des.simulate is importable, the discrete-event simulator (D
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import tempfile
@@ -48,24 +49,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import dataclasses
-
 import _accuracy_data as data
 import _accuracy_fsdp as fsdp
 
 from hwprofiles.load import load_cluster
 from simulator import analytic
-from simulator.job import NO_DP_OVERLAP, Job
+from simulator.job import Job
 from simulator.result import SimResult
+from simulator.runtime_spec import NO_DP_OVERLAP
 
 RUNTIME = NO_DP_OVERLAP  # vTrain's Megatron-DeepSpeed: no bucketed overlap
-TARGETS = {
-    "published": 10.0,
-    "published_mape": 5.0,
-    "vtrain": 10.0,
-    "fsdp": 10.0,
-    "cpu": 20.0,
-}  # docs/design.md section 7; issues 6, 19
+#: each section's accuracy target, percent (docs/design.md section 7; issues 6, 19)
+TARGETS = {"published": 10.0, "published_mape": 5.0, "vtrain": 10.0, "fsdp": 10.0, "cpu": 20.0}
 
 
 def des_available() -> bool:
@@ -259,7 +254,7 @@ def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
     )
     try:
         import autoplan.verify  # noqa: F401 - needs torch
-        from simulator.specs import load_model
+        from simulator.model_files import load_model
 
         cluster = load_cluster("localhost-cpu")
         model = load_model(CPU_MODEL)

@@ -27,7 +27,7 @@ from hwprofiles.load import load_cluster
 from hwprofiles.units import GiB
 from simulator.analytic import estimate
 from simulator.job import Job
-from simulator.specs import load_model
+from simulator.model_files import load_model
 
 TARGET_PLANS_PER_S = 10_000
 SPACES = [("gpt-1t", 384, 3072), ("gpt3-175b", 128, 1536)]

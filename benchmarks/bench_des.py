@@ -23,8 +23,8 @@ from hwprofiles.load import load_cluster
 from hwprofiles.units import GiB
 from simulator.des import simulate_des
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 TARGET_S = 2.0
 MAX_MB = 16

@@ -54,73 +54,89 @@ def megatron_model_file(row: dict, directory: Path) -> Path:
     return path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--fidelity", default="des", choices=("des", "analytic"))
-    ap.add_argument("--skip-1t", action="store_true")
-    a = ap.parse_args()
-    if not a.skip_1t:
-        out, wall = run_plan(
-            [
-                "--model",
-                "gpt-1t",
-                "--cluster",
-                "dgx-a100-80gb",
-                "--nodes",
-                "384",
-                "--global-batch",
-                "3072",
-                "--fidelity",
-                a.fidelity,
-            ]
-        )
-        print(f"gpt-1t on 384 x dgx-a100-80gb (3072 GPUs), B=3072, fidelity {a.fidelity}:")
-        print(
-            f"  wall {wall:.2f} s (target <= 2 s), search {out['search_time_s']:.2f} s; candidates total "
-            f"{out['candidates_total']}, feasible {out['candidates_feasible']}, simulated {out['candidates_simulated']}"
-        )
-        b = out["best"]
-        print(f"  best {b['plan_string']}")
-        print(
-            f"  step {b['step_time_s']:.2f} s, {b['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * b['mfu']:.1f}%, "
-            f"peak {b['peak_memory_gib']:.1f} GiB"
-        )
+def gpt_1t_search(fidelity: str) -> None:
+    """Part 1: time the gpt-1t search through the CLI and print its counts and best plan."""
+    out, wall = run_plan(
+        [
+            "--model",
+            "gpt-1t",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--nodes",
+            "384",
+            "--global-batch",
+            "3072",
+            "--fidelity",
+            fidelity,
+        ]
+    )
+    print(f"gpt-1t on 384 x dgx-a100-80gb (3072 GPUs), B=3072, fidelity {fidelity}:")
+    print(
+        f"  wall {wall:.2f} s (target <= 2 s), search {out['search_time_s']:.2f} s; candidates total "
+        f"{out['candidates_total']}, feasible {out['candidates_feasible']}, simulated {out['candidates_simulated']}"
+    )
+    b = out["best"]
+    print(f"  best {b['plan_string']}")
+    print(
+        f"  step {b['step_time_s']:.2f} s, {b['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {100 * b['mfu']:.1f}%, "
+        f"peak {b['peak_memory_gib']:.1f} GiB"
+    )
+
+
+def megatron_row_error(row: dict, directory: Path, fidelity: str) -> float:
+    """Plan one Megatron-LM 2021 row with its t and p fixed, print it, and return the error in percent."""
+    model = megatron_model_file(row, directory)
+    out, _ = run_plan(
+        [
+            "--model",
+            str(model),
+            "--cluster",
+            "dgx-a100-80gb",
+            "--nodes",
+            str(row["gpus"] // 8),
+            "--global-batch",
+            str(row["batch"]),
+            "--fix",
+            f"t={row['t']},p={row['p']},zero=0,ckpt=full,offload=none,sp=0",
+            "--fidelity",
+            fidelity,
+            "--top",
+            "4",
+            "--no-dp-overlap",
+        ]
+    )
+    pred = out["best"]["tflops_per_gpu"]
+    err = 100 * (pred - row["tflops_per_gpu"]) / row["tflops_per_gpu"]
+    print(
+        f"{row['params_B']:>8}B {row['gpus']:>5} {row['t']:>2} {row['p']:>3} {row['batch']:>5}  "
+        f"{row['tflops_per_gpu']:>9.0f} {pred:>9.1f} {err:>+6.1f}%  {out['best']['plan_string'].split(',recompute')[0]}"
+    )
+    return err
+
+
+def megatron_rows(fidelity: str) -> None:
+    """Part 2: every Megatron-LM 2021 row's planned TFLOP/s against the published, and the mean error."""
     rows = yaml.safe_load(PUBLISHED.read_text())["megatron_2021_throughput"]
-    print(f"\nMegatron-LM 2021 rows, --fix t,p,zero=0,ckpt=full, fidelity {a.fidelity}:")
+    print(f"\nMegatron-LM 2021 rows, --fix t,p,zero=0,ckpt=full, fidelity {fidelity}:")
     print(
         f"{'model':>9} {'gpus':>5} {'t':>2} {'p':>3} {'B':>5}  {'published':>9} {'predicted':>9} {'error':>7}  best plan"
     )
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
         for row in rows:
-            model = megatron_model_file(row, Path(tmp))
-            out, _ = run_plan(
-                [
-                    "--model",
-                    str(model),
-                    "--cluster",
-                    "dgx-a100-80gb",
-                    "--nodes",
-                    str(row["gpus"] // 8),
-                    "--global-batch",
-                    str(row["batch"]),
-                    "--fix",
-                    f"t={row['t']},p={row['p']},zero=0,ckpt=full,offload=none,sp=0",
-                    "--fidelity",
-                    a.fidelity,
-                    "--top",
-                    "4",
-                    "--no-dp-overlap",
-                ]
-            )
-            pred = out["best"]["tflops_per_gpu"]
-            err = 100 * (pred - row["tflops_per_gpu"]) / row["tflops_per_gpu"]
-            errors.append(abs(err))
-            print(
-                f"{row['params_B']:>8}B {row['gpus']:>5} {row['t']:>2} {row['p']:>3} {row['batch']:>5}  "
-                f"{row['tflops_per_gpu']:>9.0f} {pred:>9.1f} {err:>+6.1f}%  {out['best']['plan_string'].split(',recompute')[0]}"
-            )
+            errors.append(abs(megatron_row_error(row, Path(tmp), fidelity)))
     print(f"mean absolute error {sum(errors) / len(errors):.1f}%, worst {max(errors):.1f}%")
+
+
+def main() -> None:
+    """Run part 1 (unless --skip-1t) and part 2 at the chosen fidelity."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fidelity", default="des", choices=("des", "analytic"))
+    ap.add_argument("--skip-1t", action="store_true")
+    a = ap.parse_args()
+    if not a.skip_1t:
+        gpt_1t_search(a.fidelity)
+    megatron_rows(a.fidelity)
 
 
 if __name__ == "__main__":

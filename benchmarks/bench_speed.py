@@ -41,7 +41,10 @@ from autoplan.space import enumerate_plans
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.job import Job
-from simulator.specs import load_model
+try:
+    from simulator.model_files import load_model
+except ImportError:  # a revision that reads models in simulator.specs
+    from simulator.specs import load_model
 name, nodes, B, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 model, cluster = load_model(name), load_cluster("dgx-a100-80gb", nodes)
 try:
@@ -71,7 +74,10 @@ from hwprofiles.load import load_cluster
 from simulator.des import simulate_des
 from simulator.job import Job
 from simulator.plan import parse_plan
-from simulator.specs import load_model
+try:
+    from simulator.model_files import load_model
+except ImportError:  # a revision that reads models in simulator.specs
+    from simulator.specs import load_model
 name, nodes, B, text, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 model, cluster = load_model(name), load_cluster("dgx-a100-80gb", nodes)
 plan, _ = parse_plan(text, model, cluster.num_gpus, B)
@@ -126,7 +132,8 @@ def _python(root: Path, code: str, args: list[str]) -> subprocess.CompletedProce
 def measure(root: Path, repeat: int) -> dict[str, tuple[float, str]]:
     """{figure: (value, unit)} for the code under ``root``."""
     out: dict[str, tuple[float, str]] = {}
-    has_batch = (root / "simulator" / "analytic" / "batch.py").exists()
+    analytic = root / "simulator" / "analytic"
+    has_batch = (analytic / "batch.py").exists() or (analytic / "batch").is_dir()
     for name, nodes, B in (("gpt-1t", 384, 3072), ("gpt3-175b", 128, 1536)):
         for path in ("batch", "scalar") if has_batch else ("scalar",):
             r = json.loads(_python(root, ANALYTIC, [name, str(nodes), str(B), path]).stdout)

@@ -32,8 +32,8 @@ from autoplan.verify import run_and_verify
 from hwprofiles.load import load_cluster
 from simulator import simulate
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import num_microbatches, parse_plan
-from simulator.specs import load_model
 
 MODEL, NODE, BATCH, MB = "tiny", "localhost-cpu", 8, 2
 TIME_TARGET_PCT, MEMORY_TARGET_PCT, MEMORY_TARGET_MIB = 20.0, 30.0, 32.0

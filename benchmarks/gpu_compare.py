@@ -36,8 +36,8 @@ from autoplan.runtime.support import program_job  # noqa: E402
 from hwprofiles.load import load_cluster, load_gpu  # noqa: E402
 from simulator import simulate  # noqa: E402
 from simulator.job import Job  # noqa: E402
+from simulator.model_files import load_model  # noqa: E402
 from simulator.plan import parse_plan  # noqa: E402
-from simulator.specs import load_model  # noqa: E402
 
 
 def model_file(name: str) -> Path | None:

@@ -37,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from autoplan.runtime.model import GPT, lm_loss  # noqa: E402
-from simulator.specs import ModelSpec, load_model  # noqa: E402
+from simulator.model_files import load_model  # noqa: E402
+from simulator.specs import ModelSpec  # noqa: E402
 
 _CALLS, _REPEATS = 20, 5
 
@@ -100,13 +101,54 @@ def eager_probe() -> dict[str, object]:
     return out
 
 
-def offload_probe(out_dir: Path, microbatches: int) -> dict[str, object]:
-    import torch.distributed as dist
+def _offloaded_model(spec: ModelSpec) -> tuple[GPT, torch.optim.Optimizer]:
+    """One rank's model under FSDP2 (ZeRO-3) with CPUOffloadPolicy, as ``autoplan run`` builds it,
+    and its fused AdamW."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoplan.runtime.data_parallel import apply_fsdp
-    from autoplan.runtime.grads import clip_global_norm
     from autoplan.runtime.init import init_parameters
+
+    with torch.device("meta"):
+        model = GPT(spec, range(spec.num_layers), True, True)
+    model.to_empty(device="cuda")
+    init_parameters(model, 0, 0.02, spec.tie_embeddings)
+    apply_fsdp(model, init_device_mesh("cuda", (1,)), 3, offload=True, param_dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    return model, opt
+
+
+def _timed_step(model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, microbatches: int) -> dict[str, float]:
+    """One training step over ``microbatches`` microbatches of ``x``: wall seconds of its forward,
+    backward, gradient norm and optimizer phases."""
+    from autoplan.runtime.grads import clip_global_norm
+
+    phases: dict[str, float] = {"forward": 0.0, "backward": 0.0}
+    for i in range(microbatches):
+        t0 = time.perf_counter()
+        loss = lm_loss(model(x[i]), x[i])
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        loss.backward()
+        torch.cuda.synchronize()
+        phases["forward"] += t1 - t0
+        phases["backward"] += time.perf_counter() - t1
+    t2 = time.perf_counter()
+    grads = [(p.grad._local_tensor, 1.0) for p in model.parameters() if p.grad is not None]
+    clip_global_norm(grads, 1.0, torch.device("cuda"))
+    t3 = time.perf_counter()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    phases.update(norm=t3 - t2, optimizer=time.perf_counter() - t3)
+    return phases
+
+
+def offload_probe(out_dir: Path, microbatches: int) -> dict[str, object]:
+    """Part 2 of the module docstring: three timed offload steps, the second under torch.profiler
+    (its top host and device ops written to ``out_dir/offload-profile.txt``)."""
+    import torch.distributed as dist
+
     from autoplan.runtime.train import host_threads
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29561", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
@@ -115,50 +157,24 @@ def offload_probe(out_dir: Path, microbatches: int) -> dict[str, object]:
     torch.set_num_threads(threads)
     dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
     spec = load_model(str(HERE / "models" / "llama7b-slice.yaml"))
-    with torch.device("meta"):
-        model = GPT(spec, range(spec.num_layers), True, True)
-    model.to_empty(device="cuda")
-    init_parameters(model, 0, 0.02, spec.tie_embeddings)
-    apply_fsdp(model, init_device_mesh("cuda", (1,)), 3, offload=True, param_dtype=torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    model, opt = _offloaded_model(spec)
     x = torch.randint(0, spec.vocab_size, (microbatches, 1, spec.seq_length), device="cuda")
     record: dict[str, object] = {"threads": threads, "torch_threads": torch.get_num_threads(), "steps": []}
 
-    def step() -> dict[str, float]:
-        phases: dict[str, float] = {"forward": 0.0, "backward": 0.0}
-        for i in range(microbatches):
-            t0 = time.perf_counter()
-            loss = lm_loss(model(x[i]), x[i])
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            loss.backward()
-            torch.cuda.synchronize()
-            phases["forward"] += t1 - t0
-            phases["backward"] += time.perf_counter() - t1
-        t2 = time.perf_counter()
-        grads = [(p.grad._local_tensor, 1.0) for p in model.parameters() if p.grad is not None]
-        clip_global_norm(grads, 1.0, torch.device("cuda"))
-        t3 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        phases.update(norm=t3 - t2, optimizer=time.perf_counter() - t3)
-        return phases
-
     steps = record["steps"]
     assert isinstance(steps, list)
-    steps.append(step())
+    steps.append(_timed_step(model, opt, x, microbatches))
     print("offload step 1", steps[-1], flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        steps.append(step())
+        steps.append(_timed_step(model, opt, x, microbatches))
     print("offload step 2", steps[-1], flush=True)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
     (out_dir / "offload-profile.txt").write_text(
         table + "\n\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
     )
-    steps.append(step())
+    steps.append(_timed_step(model, opt, x, microbatches))
     print("offload step 3", steps[-1], flush=True)
     dist.destroy_process_group()
     return record

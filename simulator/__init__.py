@@ -17,10 +17,12 @@ from __future__ import annotations
 from typing import Literal
 
 from hwprofiles.errors import InputError
-from simulator.job import NO_DP_OVERLAP, OVERLAPPED, Job, Runtime
+from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan, parse_plan
 from simulator.result import SimResult
-from simulator.specs import ModelSpec, load_model
+from simulator.runtime_spec import NO_DP_OVERLAP, OVERLAPPED, Runtime
+from simulator.specs import ModelSpec
 
 Fidelity = Literal["des", "analytic"]
 FIDELITIES: tuple[Fidelity, ...] = ("des", "analytic")

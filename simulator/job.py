@@ -3,95 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from hwprofiles.errors import PlanError
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.eager_layer import LayerKernels
-from simulator.cost.memory import CrossEntropy, StateLayout
 from simulator.plan import Plan, num_microbatches, offload_errors, precision_errors, validate_plan
+from simulator.runtime_spec import OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """How the training program schedules what lies outside the model's math.
-
-    ``dp_overlap``: gradient reduction is bucketed and overlapped with the backward pass
-    (PyTorch DDP/FSDP, Megatron-core ``--overlap-grad-reduce``, DeepSpeed with buckets).
-    False: one reduction after the last backward (Megatron-LM's 2021 "local" DDP,
-    Megatron-DeepSpeed with gradient bucketing off, as in the vTrain measurements).
-
-    ``sharded_reduce_bytes``: bytes per gradient element of the ZeRO-2/3 reduce-scatter. 4 for
-    FSDP2 with ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` (autoplan's program,
-    autoplan/runtime/data_parallel.py; torchtitan's default ``mixed_precision_reduce =
-    "float32"``; Composer's DEFAULT FSDP mixed precision); 2 for bf16 reduction (FSDP
-    ``PURE``, DeepSpeed's default ``communication_data_type`` = the model's dtype).
-
-    ``zero3``: which ZeRO-3 runtime the plan runs (simulator.cost.zero3):
-    "fsdp2" (autoplan's program, autoplan/runtime/data_parallel.py, and torchtitan: PyTorch
-    ``fully_shard``, each all-gather's output copied out into the parameters on the compute
-    stream) or "deepspeed" (DeepSpeed stage 3: gathers into the parameters' storage, and a
-    fully recomputed layer gathers its parameters once more in backward, because its
-    pre-forward hook fires again in the recompute forward).
-
-    ``cross_entropy``: how the program computes the loss, for the memory the logits take at its
-    peak (simulator.cost.memory.logits_bytes_per_element): "fp32" Megatron-LM's vocab-parallel
-    cross-entropy (fp32 softmax, gradient in place); "torch" ``F.cross_entropy(logits.float())``
-    (autoplan's program, autoplan.runtime.support.program_job; torchtitan); "fused" keeps only
-    the e-byte logits and writes their gradient in place (flash-attn's
-    ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default ``loss_fn:
-    fused_crossentropy``).
-
-    ``weight_copy_bytes``: bytes per parameter of compute-dtype copies of the weights that the
-    program holds from a layer's forward to its backward: 2 for ``torch.autocast`` over fp32
-    parameters (autoplan's program without FSDP on a GPU: autocast casts each weight once per
-    forward and the matmul saves the bf16 copy for backward; +2.0 bytes per parameter measured
-    on an H100, benchmarks/data/h100-memory-probe.txt); 0 where the weights are kept in the
-    compute dtype (Megatron-LM, DeepSpeed; FSDP2's gathered bf16 parameters are ZeRO-3's
-    working set).
-
-    ``fp8_weight_cache``: under prec=fp8, whether the fp8 copies of the weights are cast once
-    per step and reused by every microbatch (Megatron-core tells Transformer Engine which
-    microbatch is the first: ``is_first_microbatch``, whose docstring says setting it "allows
-    caching of the FP8 versions of the weights") or cast again in every forward (TE modules
-    called without it, as llm-foundry's MPT layers are; torchao float8's dynamic scaling, which
-    torchtitan runs): simulator.cost.precision.weight_cast_op.
-
-    ``layer_kernels``: the kernels a layer runs (simulator.cost.eager_layer): "fused" the fused
-    list of simulator.cost.workload (Megatron-LM's kernels, a bf16 residual stream); "eager"
-    eager PyTorch under ``torch.autocast`` over fp32 parameters (autoplan's program on a GPU
-    without FSDP), which adds an fp32 residual stream, per-Linear input casts and per-forward
-    weight casts, fp32 gradient accumulation, and unfused rotary embeddings and GQA repeats
-    (simulator.cost.eager_layer).
-
-    ``zero2``: how the runtime runs ZeRO-2 (simulator.cost.zero3.fsdp2_sharded): "bucketed"
-    (DeepSpeed stage 2, Megatron-LM's distributed optimizer: bucketed reduce-scatters of the
-    gradients, the updated parameters all-gathered after the step) or "fsdp2" (autoplan's
-    program, autoplan/runtime/data_parallel.py: ``fully_shard`` per layer and the root with
-    ``reshard_after_forward=False``: each unit gathered before its forward every microbatch
-    and kept to its backward, its gradients reduce-scattered after it; nothing after the step).
-
-    ``states``: how the program keeps its model states in memory
-    (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
-    weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
-    parameters and gradients, and its own ZeRO-1 buffers)."""
-
-    name: str = "overlapped"
-    dp_overlap: bool = True
-    sharded_reduce_bytes: int = 4
-    zero3: Literal["fsdp2", "deepspeed"] = "fsdp2"
-    cross_entropy: CrossEntropy = "fp32"
-    weight_copy_bytes: float = 0.0
-    states: StateLayout = "mixed"
-    fp8_weight_cache: bool = True
-    zero2: Literal["bucketed", "fsdp2"] = "bucketed"
-    layer_kernels: LayerKernels = "fused"
-
-
-OVERLAPPED = Runtime("overlapped", dp_overlap=True)
-NO_DP_OVERLAP = Runtime("no-dp-overlap", dp_overlap=False)
-DEEPSPEED_ZERO3 = Runtime("deepspeed", dp_overlap=True, sharded_reduce_bytes=2, zero3="deepspeed")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Plans the exporters are checked on (tests/test_export_*.py): the main job's best plan, Llama 2/3,
 interleaved, GPipe, ZeRO 0-3, offload, hybrid sharding, uneven and explicit layer splits and
 mixed recomputation (issue 15's matrix), NVIDIA's GPT-3 fp8 recipe, fp8 under FSDP, fp8 parameters,
-the zero-bubble schedule, context parallelism and experts (issue 18)."""
+the zero-bubble schedule, context parallelism and experts (issue 18), context parallelism without
+tensor parallelism (Megatron's CUDA_DEVICE_MAX_CONNECTIONS rule) and experts without expert
+parallelism (torchtitan's Qwen3 head_dim)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from functools import cache
 
 from hwprofiles.load import load_cluster
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,12 @@ CASES = [
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=2,mb=1,zero=1,ckpt=selective,sp=1"),  # context parallel
     Case("llama3-8b", "dgx-h100", 2, 32, "t=1,cp=4,p=1,mb=1,zero=3,ckpt=full"),  # cp under FSDP
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=1,mb=1,zero=0"),  # cp without sharding
+    Case("llama3-8b", "dgx-h100", 1, 32, "t=1,cp=2,p=2,mb=1,zero=1,ckpt=selective"),  # cp without tensor parallelism
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=2,p=4,mb=1,zero=1,sp=1"),  # mixture of experts
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=2,p=2,ep=4,mb=1,zero=1"),  # expert parallelism
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=1,ep=8,mb=1,zero=3"),  # experts under Megatron-FSDP
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=2,ep=4,mb=1,zero=0,ckpt=full"),  # ep with data-parallel replicas
+    Case("mixtral-8x7b", "dgx-h100", 4, 64, "t=1,p=1,mb=1,zero=3,ckpt=full"),  # experts sharded by FSDP, no ep
     Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=1,mb=2,zero=0"),
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=2,mb=1,zero=1,v=2,schedule=interleaved,layers=7/9/8/8"),
     Case("gpt-1t", "dgx-a100-80gb", 16, 256, "t=8,p=1,mb=1,zero=3,offload=nvme,ckpt=full"),

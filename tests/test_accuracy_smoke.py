@@ -14,7 +14,8 @@ from pathlib import Path
 from hwprofiles.load import load_cluster
 from simulator import analytic
 from simulator.cost import workload
-from simulator.job import NO_DP_OVERLAP, Job
+from simulator.job import Job
+from simulator.runtime_spec import NO_DP_OVERLAP
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -55,7 +56,7 @@ def test_published_row_predicts():
 def test_published_rows_run_as_megatron_scripts_ran_them():
     """run_table_1.sh: 145B has 80 layers on 8 stages at 5 layers per virtual stage, so v=2 interleaved;
     1T sets no virtual stages (1F1B); 1.7B uses PyTorch DDP (overlapped), 39B Megatron's local DDP."""
-    from simulator.job import NO_DP_OVERLAP, OVERLAPPED
+    from simulator.runtime_spec import NO_DP_OVERLAP, OVERLAPPED
 
     jobs = {r.params_B: data.published_as_run(r) for r in data.published_rows()}
     assert (jobs[145.6].plan.schedule, jobs[145.6].plan.v, jobs[145.6].plan.mb) == ("interleaved", 2, 2)

@@ -7,13 +7,14 @@ import pytest
 from hwprofiles import load_cluster
 from hwprofiles.load import cluster_from_mapping, load_gpu
 from simulator.analytic import estimate, memory_only
-from simulator.analytic.pipeline import pipeline_time
+from simulator.analytic.pipeline import ScheduleKind, pipeline_time
 from simulator.cost import memory, params
 from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan
 from simulator.result import MEMORY_KEYS, TIME_KEYS
-from simulator.specs import ModelSpec, load_model
+from simulator.specs import ModelSpec
 
 FAST = 1e9  # GB/s: communication that costs nothing next to compute
 
@@ -48,12 +49,12 @@ UNIFORM = ModelSpec(
 def test_pipeline_time_formula():
     c = 0.1
     for p, m in [(1, 1), (4, 8), (8, 64), (8, 4)]:
-        t = pipeline_time(c, p * c, m, "1f1b", 1)
+        t = pipeline_time(c, p * c, m, ScheduleKind.of("1f1b", 1), 1)
         assert t == pytest.approx((m + p - 1) * c)
         assert (t - m * c) / (m * c) == pytest.approx((p - 1) / m)
-        assert pipeline_time(c, p * c, m, "gpipe", 1) == t
+        assert pipeline_time(c, p * c, m, ScheduleKind.of("gpipe", 1), 1) == t
     for p, v, m in [(4, 2, 8), (8, 4, 16)]:
-        t = pipeline_time(c, p * c, m, "interleaved", v)
+        t = pipeline_time(c, p * c, m, ScheduleKind.of("interleaved", v), v)
         assert (t - m * c) / (m * c) == pytest.approx((p - 1) / (v * m))
 
 

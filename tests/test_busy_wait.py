@@ -16,11 +16,11 @@ from hwprofiles.load import node_from_mapping
 from simulator.analytic import estimate
 from simulator.analytic.pipeline import p2p_exposed
 from simulator.cost import collectives, layout
-from simulator.cost.stage import block_times
+from simulator.cost.block_times import block_times
 from simulator.des import simulate_des
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan
-from simulator.specs import load_model
 
 
 def _cpu_cluster(wait_us: float | None):

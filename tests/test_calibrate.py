@@ -22,8 +22,8 @@ from simulator.analytic import estimate
 from simulator.cost.collectives import group_link
 from simulator.cost.layout import dp_shape
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 GRID = (64, 128, 256, 512, 1024, 2048)
 

@@ -220,7 +220,7 @@ def test_argparse_errors_and_search_errors_are_input_and_fit_errors():
 
 def test_loaders_raise_spec_errors():
     from hwprofiles.load import load_cluster
-    from simulator.specs import load_model
+    from simulator.model_files import load_model
 
     with pytest.raises(SpecError, match="unknown model 'gpt-5'"):
         load_model("gpt-5")

@@ -11,8 +11,8 @@ from conftest import REPO
 
 from autoplan import __version__
 from autoplan.cli import build_parser
+from simulator.model_files import builtin_models
 from simulator.plan import parse_plan_items, resolve_plan
-from simulator.specs import builtin_models
 
 README = (REPO / "README.md").read_text()
 

@@ -9,7 +9,7 @@ import yaml
 from conftest import run_cli
 
 from simulator.cost.workload import megatron_flops_with_recompute, model_flops_per_iteration
-from simulator.specs import load_model
+from simulator.model_files import load_model
 
 FIDELITIES = ["analytic", "des"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import run_cli
 
-from autoplan.space import check_cluster_size, max_usable_gpus
+from autoplan.space_checks import check_cluster_size, max_usable_gpus
 from hwprofiles import InputError
 from simulator import DES_MAX_GPUS, check_fidelity
-from simulator.specs import load_model
+from simulator.model_files import load_model
 
 
 def test_max_usable_gpus_by_hand():

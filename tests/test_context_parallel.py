@@ -22,8 +22,9 @@ from simulator.cost.attention import attention_ops
 from simulator.cost.params import total_params
 from simulator.cost.workload import model_flops_per_iteration
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan, parse_plan
-from simulator.specs import ModelSpec, load_model
+from simulator.specs import ModelSpec
 
 H100 = load_cluster("dgx-h100", 4)  # 32 GPUs
 LLAMA = load_model("llama3-8b").with_seq_length(32768)

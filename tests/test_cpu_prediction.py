@@ -17,8 +17,8 @@ from autoplan.verify import run_and_verify
 from hwprofiles.load import load_cluster
 from simulator import simulate
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 
 @pytest.mark.slow

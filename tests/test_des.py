@@ -14,9 +14,10 @@ from simulator.cost.workload import megatron_flops_with_recompute
 from simulator.des import simulate_des
 from simulator.des.passes import Costs
 from simulator.des.program import DesOptions
-from simulator.job import NO_DP_OVERLAP, Job
+from simulator.job import Job
 from simulator.plan import Plan
 from simulator.result import MEMORY_KEYS, TIME_KEYS
+from simulator.runtime_spec import NO_DP_OVERLAP
 from simulator.specs import ModelSpec
 
 SMALL = ModelSpec(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=4096, seq_length=512)

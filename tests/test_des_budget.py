@@ -13,8 +13,8 @@ from hwprofiles.load import load_cluster
 from simulator.des import simulate_des
 from simulator.des.budget import DES_MAX_EVENTS, estimated_events, estimated_seconds, over_budget
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 # 4,096 microbatches of one pipeline, each pass split into 32 ZeRO-3 layers: 47 s by the estimate
 OVER = ("llama3-8b", "dgx-h100", 1, None, 65536, "t=1,d=8,mb=2,zero=3,offload=cpu,prec=fp8")

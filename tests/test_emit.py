@@ -20,8 +20,8 @@ from autoplan.emit.writer import write_run_dir
 from autoplan.runtime.config import TrainSettings
 from hwprofiles.load import load_cluster
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan, parse_plan
-from simulator.specs import load_model
 
 FILES = {
     "plan.json",

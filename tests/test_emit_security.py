@@ -30,8 +30,8 @@ from autoplan.emit.writer import write_run_dir
 from hwprofiles.errors import InputError
 from hwprofiles.load import load_cluster, load_gpu, load_node
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 MARKER = "PWNED"
 INJECT = f"touch {MARKER}"

@@ -18,15 +18,16 @@ from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.analytic.batch import estimate_batch
 from simulator.cost import collectives
+from simulator.cost.block_times import tp_forward
 from simulator.cost.experts import all_to_all_time, dispatch_bytes, expert_tokens, moe_mlp_ops
 from simulator.cost.memory import activation_bytes_per_layer
 from simulator.cost.params import total_params
 from simulator.cost.rank_view import rank_model
-from simulator.cost.stage import stage_costs, tp_forward
+from simulator.cost.stage import stage_costs
 from simulator.cost.workload import layer_forward_flops, layer_param_tensors
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan, parse_plan
-from simulator.specs import load_model
 
 MIXTRAL = load_model("mixtral-8x7b")
 H100 = load_cluster("dgx-h100", 8)  # 64 GPUs
@@ -95,7 +96,7 @@ def test_hf_configs():
         "rms_norm_eps": 1e-5,
         "sliding_window": None,
     }
-    from simulator.specs import model_from_hf_config
+    from simulator.model_files import model_from_hf_config
 
     m = model_from_hf_config(mixtral, "config.json", 4096)
     assert (m.num_experts, m.moe_router_topk, m.ffn) == (8, 2, 14336)

@@ -69,6 +69,33 @@ def virtual_stages(args: dict[str, Any]) -> int | None:
     return v if v > 1 else None
 
 
+# get_device_arch_version() (megatron/training/utils/common_utils.py: the GPU's compute capability major)
+# of the matrix's GPUs
+DEVICE_ARCH_VERSION = {"a100": 8, "h100": 9}
+
+
+def connections_refusal(args: dict[str, Any], connections: str | None, gpu_arch: int) -> str | None:
+    """What Megatron-LM's ``validate_args`` (megatron/training/arguments.py at d98e8a6) asserts about
+    CUDA_DEVICE_MAX_CONNECTIONS (``connections``: its value, None when unset) for the arguments
+    ``args``, or None when it accepts it. Written from that source:
+
+    - ``--use-torch-fsdp2`` (line 1048) and ``--use-megatron-fsdp`` (line 1166) assert it is not "1";
+    - line 1453: ``if (args.tensor_model_parallel_size > 1 or args.context_parallel_size > 1) and
+      get_device_arch_version() < 10``, unless Torch-FSDP2 or Megatron-FSDP is on, or
+      ``--overlap-moe-expert-parallel-comm`` (both only warn), it asserts it is "1"."""
+    fsdp = bool(args.get("use_torch_fsdp2") or args.get("use_megatron_fsdp"))
+    if fsdp and connections == "1":
+        return "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."
+    tensor, context = int(args["tensor_model_parallel_size"]), int(args.get("context_parallel_size", 1))
+    model_parallel = (tensor > 1 or context > 1) and gpu_arch < 10
+    if model_parallel and not fsdp and not args.get("overlap_moe_expert_parallel_comm") and connections != "1":
+        return (
+            "Using tensor model parallelism or context parallelism require setting the environment variable "
+            "CUDA_DEVICE_MAX_CONNECTIONS to 1"
+        )
+    return None
+
+
 def core_config(args: dict[str, Any]) -> Any:
     """megatron-core's TransformerConfig as core_transformer_config_from_args builds it."""
     import torch
@@ -163,10 +190,8 @@ def test_megatron_core_reads_the_plan(emitted):
     if job.model.position_embedding_type == "rope":
         assert float(args["rotary_base"]) == job.model.rope_theta
     env = launch_env(export.files["megatron_launch.sh"])
-    if plan.zero >= 2:  # Megatron-FSDP: "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"
-        assert env["CUDA_DEVICE_MAX_CONNECTIONS"] is None
-    elif plan.t > 1:  # "Using tensor model parallelism ... require setting CUDA_DEVICE_MAX_CONNECTIONS to 1"
-        assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    gpu_arch = DEVICE_ARCH_VERSION[job.cluster.node.gpu.name.split("-")[0]]
+    assert connections_refusal(args, env.get("CUDA_DEVICE_MAX_CONNECTIONS"), gpu_arch) is None
 
 
 @pytest.mark.skipif(not os.environ.get("MEGATRON_LM_PATH"), reason="MEGATRON_LM_PATH: no Megatron-LM checkout")

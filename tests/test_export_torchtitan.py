@@ -123,6 +123,8 @@ def test_torchtitan_reads_the_plan(emitted):
             True,
         )
         assert moe.load_balance_coeff is None
+        # Qwen3Model.Config.get_nparams_and_flops (models/qwen3/model.py) asserts the attention's head_dim is set
+        assert all(layer.attention.head_dim == job.model.head_dim for layer in model.layers)
         if plan.ep > 1:  # the expert ranks are data-shard ranks, each holding E/ep whole experts
             assert plan.t == 1 and dims.dp_shard * dims.cp % plan.ep == 0
     else:
@@ -157,6 +159,29 @@ def test_torchtitan_pipeline_stages_are_the_plans(emitted):
         assert list(mine) == rank_chunks(plan.schedule, plan.p, plan.v)[rank]  # looped, or ZB-V's V
     assert layers == job.model.num_layers
     del stages
+
+
+def test_torchtitan_trainer_counts_the_experts_model(emitted):
+    """What ``Trainer.__init__`` (torchtitan/trainer.py) does with a mixture-of-experts model before
+    training: ``update_from_config``, the model built on the meta device in the training dtype,
+    then ``model_config.get_nparams_and_flops(model, seq_len)``, which for torchtitan's Qwen3
+    decoder (models/qwen3/model.py) asserts ``layers[0].attention.head_dim is not None``; it
+    counts as many parameters as autoplan (simulator.cost.params.total_params)."""
+    import torch
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.tools import utils
+
+    from simulator.cost.params import total_params
+
+    job, _, cfg = emitted
+    if not job.model.num_experts:
+        pytest.skip("dense: torchtitan's Llama3 decoder counts with dim // n_heads")
+    model_config = cfg.model_spec.model
+    model_config.update_from_config(config=cfg)
+    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[cfg.training.dtype]):
+        model = model_config.build()
+    params, flops_per_token = model_config.get_nparams_and_flops(model, cfg.training.seq_len)
+    assert params == total_params(job.model) and flops_per_token > 0
 
 
 @pytest.mark.parametrize("experts", [0, 4])

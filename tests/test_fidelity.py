@@ -11,9 +11,10 @@ from simulator.analytic import estimate
 from simulator.cost import attention, collectives, layout, memory, ops, zero3
 from simulator.cost.overlap import overlap_cost, overlapped
 from simulator.cost.stage import StageCost
-from simulator.job import DEEPSPEED_ZERO3, OVERLAPPED, Job
+from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan
-from simulator.specs import load_model
+from simulator.runtime_spec import DEEPSPEED_ZERO3, OVERLAPPED
 
 
 def test_overlap_costs_sigma_of_the_overlapped_time():

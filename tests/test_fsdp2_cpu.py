@@ -9,12 +9,13 @@ import pytest
 
 from autoplan.runtime.support import program_job
 from hwprofiles.load import load_cluster
-from simulator.analytic.data_parallel import dp_link, dp_times
+from simulator.analytic.data_parallel import DpPlan, dp_links, dp_step_times
 from simulator.cost import zero3
 from simulator.cost.step import dtensor_params, optimizer_time
-from simulator.job import DEEPSPEED_ZERO3, OVERLAPPED, Job
+from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
+from simulator.runtime_spec import DEEPSPEED_ZERO3, OVERLAPPED
 
 PROGRAM = replace(OVERLAPPED, zero2="fsdp2")
 
@@ -35,8 +36,9 @@ def test_which_plans_fsdp2_shards():
     assert not zero3.fsdp2_sharded(z2, OVERLAPPED)  # bucketed ZeRO-2 (DeepSpeed, Megatron-LM)
     assert zero3.fsdp2_sharded(z2, PROGRAM)
     assert not zero3.fsdp2_sharded(single, PROGRAM)
-    assert dtensor_params(z2, PROGRAM) and not dtensor_params(z2, OVERLAPPED)
-    assert dtensor_params(_plan("t=2,p=1,d=2,zero=0"), OVERLAPPED)
+    assert dtensor_params(z2.t, z2.d, z2.zero, PROGRAM) and not dtensor_params(z2.t, z2.d, z2.zero, OVERLAPPED)
+    tp = _plan("t=2,p=1,d=2,zero=0")
+    assert dtensor_params(tp.t, tp.d, tp.zero, OVERLAPPED)
 
 
 def test_fsdp2_host_time_hand_derived():
@@ -77,9 +79,10 @@ def test_program_zero2_gathers_nothing_after_the_step():
     from simulator.cost.stage import stage_groups
 
     cost = stage_groups(model, cluster, job.plan, job.runtime.layer_kernels)[0][1]
-    link = dp_link(cluster, job.plan)
-    assert dp_times(cost, cluster, job.plan, link, 4, job.runtime) == (0.0, 0.0)
-    assert dp_times(cost, cluster, job.plan, link, 4, OVERLAPPED)[1] > 0.0
+    links = dp_links(cluster, job.plan)
+    program = dp_step_times(cost, DpPlan.of(job.plan, job.runtime), links, 4)
+    assert (program.reduce, program.last_bucket, program.gather) == (0.0, 0.0, 0.0)
+    assert dp_step_times(cost, DpPlan.of(job.plan, OVERLAPPED), links, 4).gather > 0.0
 
 
 def test_optimizer_over_fsdp2_parameters_uses_the_dtensor_figure():

@@ -10,7 +10,7 @@ from conftest import run_cli
 
 from hwprofiles import InputError
 from simulator.cost import params
-from simulator.specs import load_model
+from simulator.model_files import load_model
 
 MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json
     "architectures": ["MixtralForCausalLM"],

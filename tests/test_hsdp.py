@@ -12,8 +12,8 @@ from hwprofiles.load import load_cluster
 from simulator import simulate
 from simulator.cost import collectives, layout, memory, zero3
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan, parse_plan
-from simulator.specs import load_model
 
 
 def test_plan_string_round_trip_and_groups():

@@ -215,13 +215,15 @@ def test_buffers():
         seq_length=2048,
         attention="materialized",
     )
-    assert memory.logits_buffer_bytes(m, 1, 8, 2) == 2048 * 51200 // 8 * 6
+    logits = memory.logits_elements(m, 1, 8)
+    assert logits == 2048 * 51200 // 8
+    assert memory.logits_buffer_bytes(logits, "fp32", 2) == 2048 * 51200 // 8 * 6
     # F.cross_entropy(logits.float()): the fp32 log-softmax output kept per in-flight microbatch (4 B,
     # measured 4.0 on an H100), its incoming and outgoing gradient beside it in one backward (12.0)
-    assert memory.logits_buffer_bytes(m, 1, 8, 2, loss="torch") == 2048 * 51200 // 8 * 12
-    assert memory.logits_buffer_bytes(m, 1, 8, 2, loss="torch", inflight=3) == 2048 * 51200 // 8 * (3 * 4 + 8)
-    assert memory.logits_buffer_bytes(m, 1, 8, 2, loss="fp32", inflight=3) == 2048 * 51200 // 8 * 3 * 6
-    assert memory.logits_buffer_bytes(m, 1, 8, 2, loss="fused") == 2048 * 51200 // 8 * 2  # the bf16 logits alone
+    assert memory.logits_buffer_bytes(logits, "torch", 2) == 2048 * 51200 // 8 * 12
+    assert memory.logits_buffer_bytes(logits, "torch", 2, inflight=3) == 2048 * 51200 // 8 * (3 * 4 + 8)
+    assert memory.logits_buffer_bytes(logits, "fp32", 2, inflight=3) == 2048 * 51200 // 8 * 3 * 6
+    assert memory.logits_buffer_bytes(logits, "fused", 2) == 2048 * 51200 // 8 * 2  # the bf16 logits alone
     assert memory.logits_bytes_per_element("fp32", 4) == (8.0, 0.0)  # fp32 logits and their softmax (CPU runs)
     assert memory.zero3_working_set_bytes(1e6) == 4e6
     assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients

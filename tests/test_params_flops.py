@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from simulator.cost import params, workload
-from simulator.specs import ModelSpec, load_model
+from simulator.model_files import load_model
+from simulator.specs import ModelSpec
 
 V_MEGATRON, S_MEGATRON = 51200, 2048
 

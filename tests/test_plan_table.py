@@ -8,9 +8,9 @@ import pytest
 from autoplan import space
 from hwprofiles.load import load_cluster
 from simulator.analytic.batch import estimate_batch
+from simulator.model_files import load_model
 from simulator.plan import Plan
 from simulator.plan.table import Factor, PlanTable
-from simulator.specs import load_model
 
 
 def _table() -> PlanTable:

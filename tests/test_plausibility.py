@@ -8,8 +8,8 @@ import pytest
 from autoplan.search import SearchOptions, search
 from hwprofiles.errors import AutoplanError
 from hwprofiles.load import builtin_nodes, load_cluster
+from simulator.model_files import builtin_models, load_model
 from simulator.plausibility import kernel_ceiling, published_best
-from simulator.specs import builtin_models, load_model
 
 MODELS = [m for m in builtin_models() if m not in ("tiny", "gpt-1t")]  # gpt-1t fits no 16-node cluster
 GPU_NODES = [n for n in builtin_nodes() if load_cluster(n).node.backend == "nccl"]

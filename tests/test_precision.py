@@ -17,6 +17,7 @@ from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.analytic.batch import estimate_batch
+from simulator.cost.block_times import block_times
 from simulator.cost.memory import activation_bytes_per_layer
 from simulator.cost.op import gemm
 from simulator.cost.ops import backward_ops, gemm_efficiency, work_time
@@ -29,12 +30,14 @@ from simulator.cost.precision import (
     linear_input_bytes,
     weight_cast_op,
 )
-from simulator.cost.stage import block_times, stage_costs
+from simulator.cost.stage import stage_costs
 from simulator.cost.workload import layer_forward_ops
 from simulator.des import simulate_des
-from simulator.job import OVERLAPPED, Job
+from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan, parse_plan, plan_errors
-from simulator.specs import ModelSpec, load_model
+from simulator.runtime_spec import OVERLAPPED
+from simulator.specs import ModelSpec
 
 H100 = load_cluster("dgx-h100", 16)
 GPT = load_model("gpt3-175b")

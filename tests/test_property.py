@@ -16,8 +16,9 @@ from hwprofiles import ClusterSpec, InputError
 from hwprofiles.load import build, cluster_from_mapping, load_cluster, node_from_mapping
 from simulator.analytic import estimate
 from simulator.job import Job
+from simulator.model_files import is_hf_config, load_model, model_from_hf_config
 from simulator.plan import PLAN_KEYS, Plan, parse_plan, plan_errors
-from simulator.specs import ModelSpec, is_hf_config, load_model, model_from_hf_config
+from simulator.specs import ModelSpec
 
 # example counts and seeds come from the profile (tests/conftest.py: ci, dev, long)
 SETTINGS = settings()

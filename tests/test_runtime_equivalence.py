@@ -16,8 +16,9 @@ from autoplan.runtime.support import unsupported_reason
 from autoplan.verify import run_and_verify
 from hwprofiles.load import load_cluster
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import ModelSpec, load_model
+from simulator.specs import ModelSpec
 
 TINY = load_model("tiny")
 # Llama-style variant: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied embeddings.

@@ -14,8 +14,9 @@ from autoplan.runtime.config import RunSpec, load_run_spec, run_spec_to_dict
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import unsupported_reason
 from autoplan.runtime.zero1 import shard_pieces
+from simulator.model_files import load_model
 from simulator.plan import Plan
-from simulator.specs import ModelSpec, load_model
+from simulator.specs import ModelSpec
 
 LLAMA_LIKE = ModelSpec(
     name="tiny-llama",

@@ -10,8 +10,8 @@ from autoplan.search import SearchOptions
 from autoplan.workers import SHARED, can_fork
 from hwprofiles.load import load_cluster
 from simulator.analytic.batch import estimate_batch
+from simulator.model_files import load_model
 from simulator.plan import Plan
-from simulator.specs import load_model
 
 PAIRS = [  # model, node profile, node counts (the cost objective tries several), global batch, objective
     ("gpt3-175b", "dgx-a100-80gb", (16,), 512, "time"),

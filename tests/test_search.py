@@ -172,7 +172,7 @@ def test_cli_plan_json_has_contract_fields():
 
 def test_gpt3_on_128_nodes_keeps_tp_in_node():
     model_cluster = ("gpt3-175b", "dgx-a100-80gb")
-    from simulator.specs import load_model
+    from simulator.model_files import load_model
 
     model = load_model(model_cluster[0])
     cluster = load_cluster(model_cluster[1], nodes=128)
@@ -186,7 +186,7 @@ def test_gpt3_on_128_nodes_keeps_tp_in_node():
 def test_finalists_that_refine_to_one_plan_are_simulated_and_listed_once():
     """The main job: a ckpt=selective finalist whose best CP-SAT recomputation map is none is the
     ckpt=none finalist; it is simulated once and the top list holds distinct plans."""
-    from simulator.specs import load_model
+    from simulator.model_files import load_model
 
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", nodes=128)
     found = search(model, cluster, 1536, SearchOptions(top=8, jobs=2, fidelity="analytic"))
@@ -199,8 +199,8 @@ def test_zero_bubble_finalists_refine_to_their_lighter_twins():
     """A recomputing zero-bubble finalist (not partitioned: CP-SAT prices 1F1B and interleaving)
     refines to the lightest recomputation that fits, so its ckpt=none twin is simulated once."""
     from autoplan.finalists import _lighter_recompute
+    from simulator.model_files import load_model
     from simulator.plan import Plan
-    from simulator.specs import load_model
 
     plan = Plan(p=2, v=2, schedule="zbv", ckpt="full")
     assert [q.ckpt for q in _lighter_recompute(plan)] == ["selective", "none"]

@@ -2,10 +2,10 @@
 
 import pytest
 
-from autoplan import space
+from autoplan import space, space_checks
 from hwprofiles.errors import InputError
+from simulator.model_files import load_model
 from simulator.plan import plan_errors
-from simulator.specs import load_model
 
 
 @pytest.fixture(scope="module")
@@ -52,5 +52,5 @@ def test_fix_bad_key_is_input_error():
 def test_explain_empty_names_the_rule(gpt):
     fix = space.parse_fix("t=5")
     assert space.enumerate_plans(gpt, 64, 128, fix) == []
-    msg = space.explain_empty(gpt, 64, 128, fix)
+    msg = space_checks.explain_empty(gpt, 64, 128, fix)
     assert "t" in msg and "--fix" in msg

@@ -10,8 +10,9 @@ import yaml
 from hwprofiles import InputError
 from simulator.cost import params
 from simulator.job import Job
+from simulator.model_files import builtin_models, load_model
 from simulator.plan import Plan, parse_plan, parse_plan_items, plan_errors, resolve_plan, validate_plan
-from simulator.specs import ModelSpec, builtin_models, load_model
+from simulator.specs import ModelSpec
 
 GPT3 = load_model("gpt3-175b")
 

@@ -8,7 +8,8 @@ from hwprofiles.load import load_cluster
 from simulator import Job, load_model, simulate
 from simulator.cost.schedules import rank_chunks
 from simulator.cost.stage import device_layers, stage_groups
-from simulator.cost.stage_memory import DeviceMemoryModel, stage_memory
+from simulator.cost.stage_memory import stage_memory
+from simulator.cost.stage_memory_linear import DeviceMemoryModel
 from simulator.plan import Plan
 
 UNEVEN_1F1B = Plan(

@@ -10,8 +10,8 @@ from simulator.analytic import estimate
 from simulator.cost.step import optimizer_time, step_sync_time
 from simulator.des import simulate_des
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import Plan
-from simulator.specs import load_model
 
 
 def cpu_cluster(gpus_per_node: int | None = None, **eager_update):

@@ -23,8 +23,8 @@ from autoplan.workers import can_fork
 from hwprofiles.errors import InputError, PlanError
 from hwprofiles.load import load_cluster, load_node, read_yaml
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 # ---------------------------------------------------------------- NVMe offload on nodes without NVMe
 

@@ -11,8 +11,8 @@ from hwprofiles.algorithms import Collective
 from simulator.des import simulate_des, transfers
 from simulator.des.simulate import topology_for
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 B = 64
 MODEL = "llama2-7b"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hwprofiles.load import load_cluster
-from simulator.cost.stage import compute_slowdown, device_slowdown
+from simulator.cost.block_times import compute_slowdown, device_slowdown
 from simulator.cost.variability import expected_max_normal, slowest_gpu_factor
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from autoplan.launch import _failed_rank, _hang_culprit
 from autoplan.runtime.config import RunSpec
 from autoplan.verify import compare, format_report, summarize
+from simulator.model_files import load_model
 from simulator.plan import Plan
-from simulator.specs import load_model
 
 TORCHRUN_TAIL = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 Failures:

@@ -13,8 +13,8 @@ from hwprofiles.load import load_cluster
 from simulator.analytic.batch import estimate_batch
 from simulator.des import simulate_des
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 PLANS = [  # schedules, ZeRO stages, offload, hybrid sharding: the DES's several program builders
     "t=4,p=4,d=4,mb=1,zero=1,v=2,schedule=interleaved",

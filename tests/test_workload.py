@@ -7,7 +7,8 @@ import pytest
 from hwprofiles.schema import GpuProfile
 from simulator.cost import op as op_
 from simulator.cost import ops, workload
-from simulator.specs import ModelSpec, load_model
+from simulator.model_files import load_model
+from simulator.specs import ModelSpec
 
 
 def materialized(m: ModelSpec) -> ModelSpec:

@@ -12,12 +12,12 @@ from autoplan.emit.megatron import export_megatron
 from autoplan.runtime.config import TrainSettings
 from hwprofiles.errors import PlanError
 from hwprofiles.load import load_cluster
-from simulator.analytic.pipeline import pipeline_bubble, weight_fill
+from simulator.analytic.pipeline import ScheduleKind, pipeline_bubble, weight_fill
 from simulator.cost.memory import chunk_occupancy, replayed_occupancy, weight_grad_input_bytes, weight_grads_pending
 from simulator.cost.schedules import device_order
 from simulator.job import Job
+from simulator.model_files import load_model
 from simulator.plan import parse_plan
-from simulator.specs import load_model
 
 GPT = load_model("gpt3-175b")
 A100 = load_cluster("dgx-a100-80gb", 16)
@@ -86,14 +86,20 @@ def test_bubble_by_hand():
     """Four equal stages, c = F + B + W = 3 + 4 + 2 per microbatch: 1F1B idles (p - 1) c = 27,
     ZB-H1 (p - 1)(B + max(0, F - W)) = 3 * 5 = 15 (= Qi et al. 2024's (p - 1)(F + B - W) when
     W <= F); with W = 4 > F = 1 (B = 4): (p - 1) B = 12; never below 0."""
-    assert pipeline_bubble(9.0, 36.0, "1f1b", 1) == 27.0
+    assert pipeline_bubble(9.0, 36.0, ScheduleKind.of("1f1b", 1), 1) == 27.0
     assert (
-        pipeline_bubble(9.0, 36.0, "zbh1", 1, weight_fill("zbh1", 2.0, 3.0), 4 * weight_fill("zbh1", 2.0, 3.0)) == 15.0
+        pipeline_bubble(
+            9.0, 36.0, ScheduleKind.of("zbh1", 1), 1, weight_fill(False, 2.0, 3.0), 4 * weight_fill(False, 2.0, 3.0)
+        )
+        == 15.0
     )
     assert (
-        pipeline_bubble(9.0, 36.0, "zbh1", 1, weight_fill("zbh1", 4.0, 1.0), 4 * weight_fill("zbh1", 4.0, 1.0)) == 12.0
+        pipeline_bubble(
+            9.0, 36.0, ScheduleKind.of("zbh1", 1), 1, weight_fill(False, 4.0, 1.0), 4 * weight_fill(False, 4.0, 1.0)
+        )
+        == 12.0
     )
-    assert pipeline_bubble(9.0, 36.0, "zbh1", 1, 9.0, 36.0) == 0.0
+    assert pipeline_bubble(9.0, 36.0, ScheduleKind.of("zbh1", 1), 1, 9.0, 36.0) == 0.0
 
 
 def _replayed_bubble(schedule: str, p: int, m: int, f: float, b: float, w: float) -> float:
@@ -131,10 +137,14 @@ def test_zero_bubble_rule_is_torchs_order_replayed(f, b, w):
     GPT-3 layers give F : B : W = 7.1 : 10.1 : 9.4)."""
     for p in (2, 4, 8):
         c = f + b + w
-        rule = pipeline_bubble(c, p * c, "zbh1", 1, weight_fill("zbh1", w, f), p * weight_fill("zbh1", w, f))
+        rule = pipeline_bubble(
+            c, p * c, ScheduleKind.of("zbh1", 1), 1, weight_fill(False, w, f), p * weight_fill(False, w, f)
+        )
         assert _replayed_bubble("zbh1", p, 4 * p, f, b, w) == pytest.approx(rule)
         if f <= b and w <= b:
-            zbv = pipeline_bubble(c, p * c, "zbv", 2, weight_fill("zbv", w, f), p * weight_fill("zbv", w, f))
+            zbv = pipeline_bubble(
+                c, p * c, ScheduleKind.of("zbv", 2), 2, weight_fill(True, w, f), p * weight_fill(True, w, f)
+            )
             assert _replayed_bubble("zbv", p, 4 * p, f, b, w) == pytest.approx(zbv)
 
 
@@ -186,8 +196,13 @@ def test_zbv_occupancy_stops_growing_at_2p():
 def test_zbv_bubble_by_hand():
     """ZB-V idles (p - 1) B / 2 = 3 * 4 / 2 = 6: its V fills the forwards too, its chunks are half a
     rank's layers."""
-    assert pipeline_bubble(9.0, 36.0, "zbv", 2, weight_fill("zbv", 2.0, 3.0), 4 * weight_fill("zbv", 2.0, 3.0)) == 6.0
-    assert pipeline_bubble(9.0, 36.0, "zbv", 2, 9.0, 36.0) == 0.0
+    assert (
+        pipeline_bubble(
+            9.0, 36.0, ScheduleKind.of("zbv", 2), 2, weight_fill(True, 2.0, 3.0), 4 * weight_fill(True, 2.0, 3.0)
+        )
+        == 6.0
+    )
+    assert pipeline_bubble(9.0, 36.0, ScheduleKind.of("zbv", 2), 2, 9.0, 36.0) == 0.0
 
 
 def test_zbv_des_bubble_is_half_of_zbh1s():

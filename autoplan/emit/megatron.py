@@ -4,7 +4,7 @@ Checked against Megatron-LM ``main`` at d98e8a6 (2026-08-22: ``megatron/training
 ``parse_args`` + ``validate_args``) and megatron-core 0.16.1's ``TransformerConfig``. Mapping:
 
 - t, p -> ``--tensor/pipeline-model-parallel-size``; d is what remains of the world size (/ cp).
-  t > 1 needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` before Blackwell (``validate_args``), while
+  t > 1 or cp > 1 needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` before Blackwell (``validate_args``), while
   Megatron-FSDP wants it unset or > 1: ``megatron_launch.sh`` exports what the plan needs.
 - Layer split: uniform -> nothing (or ``--num-layers-per-virtual-pipeline-stage`` when
   interleaved); any other split -> ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t*n``
@@ -201,12 +201,20 @@ def _precision_args(plan: Plan) -> list[str]:
 
 
 def megatron_env(plan: Plan) -> dict[str, str | None]:
-    """Environment the launch exports (None: unset). ``validate_args`` asserts
-    CUDA_DEVICE_MAX_CONNECTIONS=1 for t > 1 (GPUs before Blackwell) and Megatron-FSDP asserts it
-    is unset or > 1 (with t > 1 it only warns then)."""
+    """Environment the launch exports (None: unset), as Megatron-LM's ``validate_args``
+    (megatron/training/arguments.py) checks CUDA_DEVICE_MAX_CONNECTIONS:
+
+    - ``if (args.tensor_model_parallel_size > 1 or args.context_parallel_size > 1) and
+      get_device_arch_version() < 10`` it asserts the value is "1" ("Using tensor model parallelism
+      or context parallelism require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS
+      to 1"), except with Torch-FSDP2 / Megatron-FSDP or ``--overlap-moe-expert-parallel-comm``
+      (not emitted), where it only warns; from Blackwell (arch 10) on nothing is asserted, and "1"
+      is accepted there too, so t > 1 or cp > 1 exports it whatever the GPU;
+    - under ``--use-megatron-fsdp`` (ZeRO-2/3 here) it asserts the value is not "1" ("FSDP requires
+      CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."), so it is unset."""
     if plan.zero >= 2:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1" if plan.t > 1 else None}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1" if plan.t > 1 or plan.cp > 1 else None}
 
 
 def _recompute_draft(d: Draft) -> None:

@@ -9,8 +9,10 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
   models (GELU, LayerNorm, learned positions) are refused: torchtitan ships no such model.
 - A mixture of experts: the same decoder with torchtitan's MoE layer in every block
   (``models/common/moe.py`` through ``config_utils.make_moe_config``, in ``Qwen3TransformerBlock`` /
-  ``Qwen3Model`` without QK norms, parallelized by ``parallelize_qwen3``): E SwiGLU experts of the
-  model's expert FFN size, a router taking the softmax over the experts, the top k, renormalized
+  ``Qwen3Model`` without QK norms, parallelized by ``parallelize_qwen3``, its attention given the
+  model's ``head_dim``, which ``Qwen3Model.Config.get_nparams_and_flops`` asserts at start-up,
+  ``models/qwen3/model.py``): E SwiGLU experts of the model's expert FFN size, a router taking
+  the softmax over the experts, the top k, renormalized
   (Mixtral's routing: ``score_func="softmax"``, ``route_norm=True``), no load-balancing bias
   (``load_balance_coeff=None``). ep -> ``expert_parallel_degree``; torchtitan's EP borrows ranks
   from dp_shard x cp x tp (``efsdp = dp_shard * cp * tp / ep``, ``distributed/parallel_dims.py``),
@@ -110,9 +112,10 @@ def _context_draft(d: Draft) -> None:
         )
 
 
-def _decide(job: Job) -> Draft:
-    plan = job.plan
-    d = Draft(job)
+def _sharding_draft(d: Draft) -> None:
+    """The ZeRO stage torchtitan's FSDP2 meshes can run: ZeRO-1 has no equivalent (ZeRO-2, or
+    replicated under ZB-V), nor has ZeRO-0 with expert parallelism (ZeRO-2)."""
+    plan = d.job.plan
     if plan.zero == 1 and plan.schedule == "zbv":
         d.change(
             "zero",
@@ -132,8 +135,12 @@ def _decide(job: Job) -> Draft:
             "torchtitan's expert-parallel ranks are data-shard ranks (efsdp x ep = dp_shard x cp x tp): "
             "FSDP2 without resharding after forward is ZeRO-2",
         )
-    if plan.cp > 1:
-        _context_draft(d)
+
+
+def _feature_draft(d: Draft) -> None:
+    """The plan's features torchtitan 0.3 lacks (NVMe offload, ZB-H1, fp8 all-gather) replaced,
+    and its own fp8 recipe named."""
+    plan = d.job.plan
     if plan.offload == "nvme":
         d.change("offload", "cpu", "torchtitan has no NVMe offload")
     if plan.schedule == "zbh1":
@@ -156,7 +163,11 @@ def _decide(job: Job) -> Draft:
             "prec=fp8: torchtitan's Float8LinearConverter (torchao float8, rowwise dynamic scaling) under "
             "torch.compile; autoplan prices Transformer Engine's recipe (delayed scaling, fused casts)"
         )
-    _recompute_draft(d)
+
+
+def _written_plan_notes(d: Draft) -> None:
+    """Notes on what the written plan runs differently from autoplan's model of it, and the tokenizer."""
+    job = d.job
     written = d.plan()
     if written.offload == "cpu" and written.zero < 3:
         d.notes.append("offload=cpu: FSDP2's CPU offload moves the parameters to the host too (the plan keeps them)")
@@ -174,6 +185,17 @@ def _decide(job: Job) -> Draft:
     if job.model.attention == "materialized":
         d.notes.append("attention=materialized: torchtitan runs FlexAttention (fused, no s x s scores kept)")
     d.notes.append("set --hf_assets_path to a tokenizer whose vocabulary is the model's (c4_test data)")
+
+
+def _decide(job: Job) -> Draft:
+    """torchtitan's closest plan to the job's (sharding, context, features, recomputation) and its notes."""
+    d = Draft(job)
+    _sharding_draft(d)
+    if job.plan.cp > 1:
+        _context_draft(d)
+    _feature_draft(d)
+    _recompute_draft(d)
+    _written_plan_notes(d)
     return d
 
 
@@ -239,6 +261,7 @@ def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[s
         "n_layers": m.num_layers,
         "n_heads": m.num_attention_heads,
         "n_kv_heads": m.kv_heads,
+        "head_dim": m.head_dim,  # hidden_size / heads: the rotary size, and the Qwen3 decoder's attention head_dim
         "ffn_hidden_dim": m.ffn,
         "vocab_size": m.vocab_size,
         "rope_theta": m.rope_theta,

@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 
 from simulator.cost.rank_view import rank_plan
-from simulator.job import NO_DP_OVERLAP, Job
+from simulator.job import Job
 from simulator.plan import Plan
+from simulator.runtime_spec import NO_DP_OVERLAP
 from simulator.specs import ModelSpec
 
 
@@ -42,7 +43,7 @@ def dp_mode(plan: Plan, ep: int = 1) -> str:
 
 
 def program_job(job: Job) -> Job:
-    """``job`` as the emitted program runs it (simulator.job.Runtime):
+    """``job`` as the emitted program runs it (simulator.runtime_spec.Runtime):
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
       after the last backward (no overlap);

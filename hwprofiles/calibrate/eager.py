@@ -57,10 +57,11 @@ slope of the program's own model over 1 and 9 layers (853 and 1743 us, benchmark
 gpu_host_probe.py, benchmarks/data/h100-2026-11-26b/eager.json) gives, by hand, 1.01 s of host
 time for it (16 microbatches x (24 layers x 2.6 ms + 1.0 ms)) against 1.02 s measured.
 
-Two layers: the pre-norm GPT layer above, and the Llama layer (``LlamaReferenceLayer``:
-RMSNorm, q/k/v/o without biases and grouped-query attention, rotary embedding in its
-rotate-half form, SwiGLU), whose rotary embedding and gated MLP add a score of ops; the
-simulator charges each model the layer of its kind (``EagerHost.layer_us``).
+Two layers (:mod:`hwprofiles.calibrate.reference_layers`): the pre-norm GPT layer above, and
+the Llama layer (``LlamaReferenceLayer``: RMSNorm, q/k/v/o without biases and grouped-query
+attention, rotary embedding in its rotate-half form, SwiGLU), whose rotary embedding and gated
+MLP add a score of ops; the simulator charges each model the layer of its kind
+(``EagerHost.layer_us``).
 Forward and backward (``loss.backward()`` of the block output's sum) are timed separately,
 loops of ``_CALLS`` calls, the median over ``repeats`` loops. A shared host's speed drifts by
 tens of percent over minutes (a virtual machine's cores share physical cores with other
@@ -82,9 +83,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hwprofiles.calibrate.reference_layers import HIDDEN, LlamaReferenceLayer, ReferenceLayer, tensor_parallel
 from hwprofiles.calibrate.timing import clock, synchronizer
 
-_H, _S, _HEADS, _VOCAB = 16, 8, 2, 32  # negligible arithmetic: every block is all host work
+_S, _VOCAB = 8, 32  # tokens and vocabulary of the timed blocks: with HIDDEN, negligible arithmetic
 _CALLS = 20
 #: layers of the stack whose host time, less one layer's, gives a layer's (module docstring)
 STACK_LAYERS = 4
@@ -100,134 +102,6 @@ class PassHost:
 
     forward_s: float
     backward_s: float
-
-
-class _Attention(nn.Module):
-    def __init__(self, h: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, -1, x.shape[-1] // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(b, s, -1))
-
-
-class _Mlp(nn.Module):
-    def __init__(self, h: int):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
-
-
-def _rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, rotate-half form (autoplan.runtime.model.apply_rope's ops)."""
-    s, hd = x.shape[-2], x.shape[-1]
-    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    ang = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
-class _LlamaAttention(nn.Module):
-    """Grouped-query attention (half as many k/v heads), rotary positions, no biases."""
-
-    def __init__(self, h: int, heads: int):
-        super().__init__()
-        self.heads, self.kv = heads, max(1, heads // 2)
-        hd = h // heads
-        self.q, self.o = nn.Linear(h, h, bias=False), nn.Linear(h, h, bias=False)
-        self.k, self.v = nn.Linear(h, self.kv * hd, bias=False), nn.Linear(h, self.kv * hd, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        hd = h // self.heads
-        q, k, v = (p(x).view(b, s, -1, hd).transpose(1, 2) for p in (self.q, self.k, self.v))
-        q, k = _rope(q), _rope(k)
-        rep = self.heads // self.kv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(b, s, -1))
-
-
-class _SwiGlu(nn.Module):
-    def __init__(self, h: int):
-        super().__init__()
-        self.gate, self.fc1, self.fc2 = (
-            nn.Linear(h, 4 * h, bias=False),
-            nn.Linear(h, 4 * h, bias=False),
-            nn.Linear(4 * h, h, bias=False),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
-
-
-class LlamaReferenceLayer(nn.Module):
-    """The Llama layer whose host time is measured (module docstring)."""
-
-    def __init__(self, h: int = _H, heads: int = _HEADS):
-        super().__init__()
-        self.ln1, self.ln2 = nn.RMSNorm(h, eps=1e-5), nn.RMSNorm(h, eps=1e-5)
-        self.attn, self.mlp = _LlamaAttention(h, heads), _SwiGlu(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class ReferenceLayer(nn.Module):
-    """The pre-norm GPT layer whose host time is measured (module docstring)."""
-
-    def __init__(self, h: int = _H, heads: int = _HEADS):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.attn, self.mlp = _Attention(h, heads), _Mlp(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-TRAINING_HIDDEN, TRAINING_HEADS, TRAINING_TOKENS = 256, 4, 128
-
-
-def layer_training_step() -> Callable[[], None]:
-    """One single-threaded training step of the reference layer at hidden 256, 128 tokens:
-    forward, backward and an AdamW step (GEMMs, elementwise ops, eager host work and the
-    optimizer's memory passes, as training). The work of calibrate's busy ranks."""
-    layer = ReferenceLayer(TRAINING_HIDDEN, TRAINING_HEADS)
-    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
-    x = torch.randn(1, TRAINING_TOKENS, TRAINING_HIDDEN, requires_grad=True)
-
-    def step() -> None:
-        layer(x).sum().backward()
-        opt.step()
-
-    return step
-
-
-def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
-    """Megatron's column/row split of ``layer`` over a 1-D DeviceMesh, in place."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        ParallelStyle,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    gather = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
-    plan: dict[str, ParallelStyle] = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")}
-    plan.update({"attn.o": RowwiseParallel(), "mlp.fc2": RowwiseParallel(), "attn": gather, "mlp": gather})
-    parallelize_module(layer, mesh, plan)
-    return layer
 
 
 def _precision(device: str) -> Callable[[], contextlib.AbstractContextManager]:
@@ -266,7 +140,7 @@ def time_passes(forward: Callable[[], torch.Tensor], repeats: int, device: str =
 
 
 def _activation(device: str) -> torch.Tensor:
-    return torch.randn(1, _S, _H, device=device, requires_grad=True)
+    return torch.randn(1, _S, HIDDEN, device=device, requires_grad=True)
 
 
 def layer_host(device: str, repeats: int, llama: bool = False) -> PassHost:
@@ -322,14 +196,14 @@ def tp_layer_ratios(mesh: Any, device: str, repeats: int) -> TpRatios:
 
 
 def embedding_host(device: str, repeats: int) -> PassHost:
-    tok, pos = nn.Embedding(_VOCAB, _H).to(device), nn.Embedding(_S, _H).to(device)
+    tok, pos = nn.Embedding(_VOCAB, HIDDEN).to(device), nn.Embedding(_S, HIDDEN).to(device)
     ids = torch.randint(0, _VOCAB, (1, _S), device=device)
     positions = torch.arange(_S, device=device)
     return time_passes(lambda: tok(ids) + pos(positions), repeats, device)
 
 
 def head_host(device: str, repeats: int) -> PassHost:
-    norm, out = nn.LayerNorm(_H).to(device), nn.Linear(_H, _VOCAB, bias=False).to(device)
+    norm, out = nn.LayerNorm(HIDDEN).to(device), nn.Linear(HIDDEN, _VOCAB, bias=False).to(device)
     x = _activation(device)
     targets = torch.randint(0, _VOCAB, (_S,), device=device)
     return time_passes(lambda: F.cross_entropy(out(norm(x)).float().view(-1, _VOCAB), targets), repeats, device)
@@ -370,7 +244,7 @@ def _per_call(
 
 def optimizer_tensor_host(device: str, repeats: int) -> float:
     """Host seconds per parameter tensor of AdamW step + global norm + clipping."""
-    step = _optimizer_step(_H, _OPT_TENSORS, device)
+    step = _optimizer_step(HIDDEN, _OPT_TENSORS, device)
     return _per_call(step, _CALLS, repeats, clock(device), synchronizer(device)) / _OPT_TENSORS
 
 

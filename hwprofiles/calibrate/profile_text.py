@@ -272,44 +272,33 @@ def _slots(slots: dict[int, float]) -> str:
 _ADAM = {"cpu": "torch.optim.Adam.step", "cuda": "torch.optim.AdamW(fused=True).step on the host"}
 
 
-def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
-    """The node profile (hwprofiles.schema.NodeProfile) of a calibration with collectives."""
-    assert c.link is not None, "a node profile needs measured collectives"
-    s = _stamp(c)
+def _node_title(c: Calibration) -> str:
+    """The node profile's first comment line: what the node is and how its ranks are joined."""
+    if c.device == "cpu":
+        return f"# This host as a node of {c.gpus_per_node} CPU ranks joined by {c.backend} over loopback"
+    return f"# This host's {c.gpus_per_node} x {c.device_name} joined by {c.backend}"
+
+
+def _pcie_line(c: Calibration, s: str) -> str:
+    """The host<->device link: host memory copies on a CPU node, pinned copies on a GPU node."""
     if c.device == "cpu":
         pcie_kind, pcie_note = "loopback", f"host memory copy_ (GB/s of bytes copied), 4-byte copy latency; {s}"
-        header = f"# This host as a node of {c.gpus_per_node} CPU ranks joined by {c.backend} over loopback"
     else:
         pcie_kind = "pcie"
         pcie_note = (
             f"pinned host<->device copies: H2D {num(c.copy_h2d_GBps, 3)}, "
             f"D2H {num(c.copy_d2h_GBps, 3)} GB/s (mean), 4-byte copy latency; {s}"
         )
-        header = f"# This host's {c.gpus_per_node} x {c.device_name} joined by {c.backend}"
-    count_note = "ranks of the collective benchmark" if c.device == "cpu" else "torch.cuda.device_count()"
-    lines = [
-        f"{header},",
-        f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
-        f"name: {name}",
-        f"gpu: {_q(gpu_ref)}",
-        f"gpus_per_node: {c.gpus_per_node}   # {count_note}",
-        f"backend: {c.backend}",
-        (
-            f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / GB)}, "
-            f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   "
-            f"# bus bandwidth and per-step latency: {_link_comment(c)}"
-        ),
-        (
-            f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
-            f"latency_us: {num(c.copy_latency_us)}, efficiency: 1.0}}   # {pcie_note}"
-        ),
-        "nics_per_node: 0   # not measured: a one-host calibration sees no NIC (add one for multi-node clusters)",
-        f"host_memory_GiB: {num(c.host_memory_GiB)}   # physical memory (sysconf); {s}",
-        (
-            f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # {_ADAM[c.device]}, 12 B/param of fp32 state / step time, "
-            f"{c.threads} thread(s); {s}"
-        ),
-    ]
+    return (
+        f"pcie: {{kind: {pcie_kind}, bandwidth_GBps: {num(0.5 * (c.copy_h2d_GBps + c.copy_d2h_GBps))}, "
+        f"latency_us: {num(c.copy_latency_us)}, efficiency: 1.0}}   # {pcie_note}"
+    )
+
+
+def _node_optional_lines(c: Calibration, s: str) -> list[str]:
+    """The optional node keys: per-collective fits (gloo), and on a CPU node its compute slots and
+    the busy ranks' extra latency."""
+    lines: list[str] = []
     if _own_fits(c):
         lines.append(
             f"collectives:   # each collective's own ring alpha-beta fit (gloo runs each with its own code); {s}"
@@ -337,6 +326,35 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
             f"compute_slots: {c.cpu_cores}   # CPU cores this process may use (sched_getaffinity): "
             f"ranks beyond that share cores; {s}"
         )
+    return lines
+
+
+def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
+    """The node profile (hwprofiles.schema.NodeProfile) of a calibration with collectives."""
+    assert c.link is not None, "a node profile needs measured collectives"
+    s = _stamp(c)
+    count_note = "ranks of the collective benchmark" if c.device == "cpu" else "torch.cuda.device_count()"
+    lines = [
+        f"{_node_title(c)},",
+        f"# written by autoplan calibrate ({c.mode} mode) on {c.date}, host {c.host}, torch {c.torch_version}.",
+        f"name: {name}",
+        f"gpu: {_q(gpu_ref)}",
+        f"gpus_per_node: {c.gpus_per_node}   # {count_note}",
+        f"backend: {c.backend}",
+        (
+            f"intra_node: {{kind: {c.intra_kind}, bandwidth_GBps: {num(c.link.bandwidth_Bps / GB)}, "
+            f"latency_us: {num(c.link.latency_s * 1e6)}, efficiency: 1.0}}   "
+            f"# bus bandwidth and per-step latency: {_link_comment(c)}"
+        ),
+        _pcie_line(c, s),
+        "nics_per_node: 0   # not measured: a one-host calibration sees no NIC (add one for multi-node clusters)",
+        f"host_memory_GiB: {num(c.host_memory_GiB)}   # physical memory (sysconf); {s}",
+        (
+            f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # {_ADAM[c.device]}, 12 B/param of fp32 state / step time, "
+            f"{c.threads} thread(s); {s}"
+        ),
+    ]
+    lines += _node_optional_lines(c, s)
     return "\n".join(lines + _sample_lines(c)) + "\n"
 
 

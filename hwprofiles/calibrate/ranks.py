@@ -28,8 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hwprofiles.calibrate.eager import TpRatios, layer_training_step, tp_layer_ratios
+from hwprofiles.calibrate.eager import TpRatios, tp_layer_ratios
 from hwprofiles.calibrate.host import cpu_cores
+from hwprofiles.calibrate.reference_layers import layer_training_step
 from hwprofiles.calibrate.settings import EAGER_ROUNDS, SLOT_ROUNDS
 
 
@@ -41,8 +42,8 @@ def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
 
 def _layer_loop(calls: int, sync: Callable[[], None] | None = None) -> tuple[float, float]:
     """(start, end) wall-clock times of ``calls`` training steps of the reference GPT layer
-    (``calibrate.eager.layer_training_step``), after 3 untimed; ``sync`` after each step (the
-    busy ranks' scalar all-reduce)."""
+    (``calibrate.reference_layers.layer_training_step``), after 3 untimed; ``sync`` after each
+    step (the busy ranks' scalar all-reduce)."""
     step = layer_training_step()
     for _ in range(3):
         step()

@@ -93,70 +93,80 @@ def cuda_attention_grid() -> tuple[tuple[int, int, int, int], ...]:
     )
 
 
+def _cpu_settings(quick: bool) -> Settings:
+    """The CPU grids: the tiny model's verification shapes and a little beyond (module docstring)."""
+    if quick:
+        return Settings(
+            "cpu",
+            True,
+            gemm_dims_m=(64, 256, 512),
+            gemm_dims_nk=(64, 256, 1024),
+            gemm_dtypes=("fp32",),
+            mem_elements=(1 << 14, 1 << 17, 1 << 20),
+            attention_shapes=((8, 4, 64, 32),),
+            host_copy_bytes=32 * MiB,
+            adam_params=1 << 20,
+            comm_bytes=(32 * KiB, 512 * KiB, 4 * MiB),
+            timing=Timing(0.001, 8, 0.03),
+            passes=1,
+            comm_timing=Timing(0.01, 5, 0.1),
+        )
+    return Settings(
+        "cpu",
+        False,
+        gemm_dims_m=(64, 128, 256, 512, 1024, 2048),
+        gemm_dims_nk=(64, 128, 256, 512, 1024, 2048),
+        gemm_dtypes=("fp32",),
+        mem_elements=tuple(1 << e for e in range(12, 21)),
+        attention_shapes=((1, 4, 64, 32), (8, 4, 64, 32), (8, 4, 256, 32)),
+        host_copy_bytes=128 * MiB,
+        adam_params=1 << 22,
+        comm_bytes=(4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
+        timing=Timing(0.001, 20, 0.2),
+        passes=3,
+        comm_timing=Timing(0.02, 15, 1.0),
+    )
+
+
+def _cuda_settings(quick: bool) -> Settings:
+    """The CUDA grids: large-model training's GEMMs, attention shapes and messages (module docstring)."""
+    if quick:
+        return Settings(
+            "cuda",
+            True,
+            gemm_dims_m=(256, 1024, 4096),
+            gemm_dims_nk=(256, 1024, 4096),
+            gemm_dtypes=("bf16", "fp16", "fp8"),
+            mem_elements=(1 << 22, 1 << 26),
+            attention_shapes=((4, 32, 2048, 128), (1, 32, 8192, 128)),
+            host_copy_bytes=256 * MiB,
+            adam_params=1 << 24,
+            comm_bytes=(64 * KiB, 4 * MiB, 64 * MiB),
+            timing=Timing(0.005, 3, 0.05),
+            passes=1,
+            comm_timing=Timing(0.02, 3, 0.1),
+        )
+    return Settings(
+        "cuda",
+        False,
+        gemm_dims_m=(256, 512, 1024, 2048, 4096, 8192),
+        gemm_dims_nk=(256, 512, 1024, 2048, 4096, 8192),
+        gemm_dtypes=("bf16", "fp16", "fp8"),
+        mem_elements=tuple(1 << e for e in range(20, 29, 2)),
+        attention_shapes=cuda_attention_grid(),
+        host_copy_bytes=1024 * MiB,
+        adam_params=1 << 26,
+        comm_bytes=tuple(1 << e for e in range(12, 29, 2)),
+        timing=Timing(0.02, 5, 0.5),
+        passes=1,
+        comm_timing=Timing(0.1, 5, 1.0),
+    )
+
+
 def settings_for(device: str, quick: bool) -> Settings:
     """The grids and timing budget of one calibration (quick: well under a minute on 2 cores)."""
     if device == "cpu":
-        if quick:
-            return Settings(
-                device,
-                True,
-                gemm_dims_m=(64, 256, 512),
-                gemm_dims_nk=(64, 256, 1024),
-                gemm_dtypes=("fp32",),
-                mem_elements=(1 << 14, 1 << 17, 1 << 20),
-                attention_shapes=((8, 4, 64, 32),),
-                host_copy_bytes=32 * MiB,
-                adam_params=1 << 20,
-                comm_bytes=(32 * KiB, 512 * KiB, 4 * MiB),
-                timing=Timing(0.001, 8, 0.03),
-                passes=1,
-                comm_timing=Timing(0.01, 5, 0.1),
-            )
-        return Settings(
-            device,
-            False,
-            gemm_dims_m=(64, 128, 256, 512, 1024, 2048),
-            gemm_dims_nk=(64, 128, 256, 512, 1024, 2048),
-            gemm_dtypes=("fp32",),
-            mem_elements=tuple(1 << e for e in range(12, 21)),
-            attention_shapes=((1, 4, 64, 32), (8, 4, 64, 32), (8, 4, 256, 32)),
-            host_copy_bytes=128 * MiB,
-            adam_params=1 << 22,
-            comm_bytes=(4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB),
-            timing=Timing(0.001, 20, 0.2),
-            passes=3,
-            comm_timing=Timing(0.02, 15, 1.0),
-        )
+        return _cpu_settings(quick)
     if device == "cuda":
-        if quick:
-            return Settings(
-                device,
-                True,
-                gemm_dims_m=(256, 1024, 4096),
-                gemm_dims_nk=(256, 1024, 4096),
-                gemm_dtypes=("bf16", "fp16", "fp8"),
-                mem_elements=(1 << 22, 1 << 26),
-                attention_shapes=((4, 32, 2048, 128), (1, 32, 8192, 128)),
-                host_copy_bytes=256 * MiB,
-                adam_params=1 << 24,
-                comm_bytes=(64 * KiB, 4 * MiB, 64 * MiB),
-                timing=Timing(0.005, 3, 0.05),
-                passes=1,
-                comm_timing=Timing(0.02, 3, 0.1),
-            )
-        return Settings(
-            device,
-            False,
-            gemm_dims_m=(256, 512, 1024, 2048, 4096, 8192),
-            gemm_dims_nk=(256, 512, 1024, 2048, 4096, 8192),
-            gemm_dtypes=("bf16", "fp16", "fp8"),
-            mem_elements=tuple(1 << e for e in range(20, 29, 2)),
-            attention_shapes=cuda_attention_grid(),
-            host_copy_bytes=1024 * MiB,
-            adam_params=1 << 26,
-            comm_bytes=tuple(1 << e for e in range(12, 29, 2)),
-            timing=Timing(0.02, 5, 0.5),
-            passes=1,
-            comm_timing=Timing(0.1, 5, 1.0),
-        )
+        return _cuda_settings(quick)
     raise InputError(f"unknown device {device!r}")

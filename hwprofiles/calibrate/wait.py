@@ -6,8 +6,9 @@ before it runs. Inside a training step that happens at every tensor-parallel all
 every pipeline send, while the other ranks compute; the collective benchmark never sees it,
 because there every rank communicates. Measured: ranks 0 and 1 ping-pong a 16 KiB message
 (half the round trip per message) while the other ranks sit at a barrier, then while they
-run training steps of the reference GPT layer (``calibrate.eager.layer_training_step``, as
-the compute-slots loop), each for 8 times the idle ping-pong's duration, so that they stay busy to its end. The extra one-way
+run training steps of the reference GPT layer
+(``calibrate.reference_layers.layer_training_step``, as the compute-slots loop), each for 8 times
+the idle ping-pong's duration, so that they stay busy to its end. The extra one-way
 latency is the median over rounds of busy minus idle (on this 2-core host: ~120 us idle,
 ~370-670 us with the two other ranks computing). Call on every rank.
 """
@@ -20,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hwprofiles.calibrate.eager import layer_training_step
+from hwprofiles.calibrate.reference_layers import layer_training_step
 from hwprofiles.calibrate.settings import WAIT_ROUNDS
 
 MESSAGE_BYTES = 16384

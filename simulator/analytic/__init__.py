@@ -19,22 +19,34 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from simulator.analytic.data_parallel import dp_link, dp_times, last_bucket_reduce_time, per_microbatch_dp
-from simulator.analytic.offload import offload_time, offloaded_param_fetch
-from simulator.analytic.pipeline import p2p_exposed, p2p_sends, pipeline_bubble, tied_embedding_time, weight_fill
+from simulator.analytic.data_parallel import DpLinks, DpPlan, dp_exposed, dp_links, dp_step_times, sharded_exposed
+from simulator.analytic.offload import offload_time, zero_infinity_exposed
+from simulator.analytic.pipeline import (
+    ScheduleKind,
+    p2p_exposed,
+    p2p_sends,
+    pipeline_bubble,
+    skipped_recompute,
+    stage_microbatch,
+    steady_seconds,
+    tied_embedding_time,
+    weight_fill,
+)
 from simulator.cost.cache import IdentityCache
-from simulator.cost.collectives import GroupLink
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.precision import casts_every_forward
+from simulator.cost.precision import FP8, weight_cast_seconds
 from simulator.cost.rank_view import rank_job
 from simulator.cost.stage import StageCost, stage_groups
 from simulator.cost.stage_memory import StageMemory, stage_memory
 from simulator.cost.step import (
+    dp_step_exposed,
     host_fits,
     host_state_bytes,
     local_params,
     optimizer_tensors,
     optimizer_time,
+    step_end_seconds,
+    step_seconds,
     step_sync_time,
 )
 from simulator.cost.workload import executed_flops_per_iteration
@@ -64,7 +76,7 @@ class PipelinePhase:
     @property
     def steady(self) -> float:
         """The critical stage's own work."""
-        return self.m * self.per_mb[self.crit] - self.saved
+        return steady_seconds(self.m, self.per_mb[self.crit], self.saved)
 
     @property
     def time(self) -> float:
@@ -77,63 +89,67 @@ def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
     return _FLOPS.get_or_make((model,), (full, sel), lambda: executed_flops_per_iteration(model, 1, full, sel))
 
 
-def pipeline_phase(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> PipelinePhase:
-    """Per-microbatch time of each stage and T_pipe. GPipe does not recompute the last
-    microbatch: its activations are still resident when its backward runs."""
+def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float) -> PipelinePhase:
+    """Per-microbatch time of each stage (:func:`stage_microbatch`) and T_pipe. GPipe does not
+    recompute the last microbatch: its activations are still resident when its backward runs."""
     plan, m = job.plan, job.m
+    kind = ScheduleKind.of(plan.schedule, plan.v, m)
+    dp = DpPlan.of(plan, job.runtime)
+    offloaded = plan.offload != "none"
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
-        z3_exp = per_microbatch_dp(c, job, link)[1] if link else 0.0
-        if plan.offload != "none" and plan.zero == 3:
-            fetch = offloaded_param_fetch(job, c)
-            z3_exp += max(0.0, fetch - c.forward) + max(0.0, fetch - c.backward - c.recompute)
-        n_send = p2p_sends(plan, c.first, c.last, c.turn)
-        per_mb.append(c.total + weight_casts(job, c) + n_send * p2p + z3_exp)
-        z3.append(z3_exp)
+        sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster) if links else 0.0
+        sharded += zero_infinity_exposed(job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme")
+        n_send = p2p_sends(plan.p, plan.v, c.first, c.last, c.turn)
+        per_mb.append(stage_microbatch(c.total, weight_casts(job, c), n_send, p2p, sharded))
+        z3.append(sharded)
         sends.append(n_send)
     crit = max(range(len(per_mb)), key=per_mb.__getitem__)
     total = sum(x * g[2] for x, g in zip(per_mb, groups))
-    saved = groups[crit][1].recompute if plan.schedule == "gpipe" and m > 1 else 0.0
-    fills = [weight_fill(plan.schedule, g[1].backward_weight, g[1].forward_span) for g in groups]
+    saved = skipped_recompute(kind, groups[crit][1].recompute)
+    fills = [weight_fill(kind.zbv, g[1].backward_weight, g[1].forward_span) for g in groups]
     total_fill = sum(f * g[2] for f, g in zip(fills, groups))
-    bubble = pipeline_bubble(per_mb[crit], total, plan.schedule, plan.v, fills[crit], total_fill)
+    bubble = pipeline_bubble(per_mb[crit], total, kind, plan.v, fills[crit], total_fill)
     return PipelinePhase(m, per_mb, z3, sends, crit, saved, bubble)
 
 
 def weight_casts(job: Job, c: StageCost) -> float:
-    """The fp8 weight casts a stage's microbatch adds when the program does not cache them and
-    the weights are not fp8 already (simulator.cost.precision.casts_every_forward, weight_cast_op)."""
-    return c.weight_cast if casts_every_forward(job.runtime.fp8_weight_cache, job.plan) else 0.0
-
-
-def dp_exposure(job: Job, groups: Groups, link: GroupLink | None, p2p: float) -> tuple[float, float]:
-    """(exposed gradient reduction, parameter all-gather after the step) of ZeRO 0-2: the worst
-    stage's, each stage hiding its backward span (with overlap; its in-pass collectives included,
-    StageCost.backward_span) and its head start over stage 0."""
+    """The fp8 weight casts a stage's microbatch adds (simulator.cost.precision.weight_cast_seconds)."""
     plan = job.plan
-    if link is None or plan.zero >= 3:
+    return weight_cast_seconds(job.runtime.fp8_weight_cache, plan.prec == FP8, plan.fp8ag, c.weight_cast)
+
+
+def dp_exposure(job: Job, groups: Groups, links: DpLinks | None, p2p: float) -> tuple[float, float]:
+    """(exposed gradient reduction, parameter all-gather after the step) of ZeRO 0-2: the worst
+    stage's (simulator.analytic.data_parallel.dp_exposed), each stage hiding its backward span
+    (with overlap; its in-pass collectives included, StageCost.backward_span) and its head start
+    over stage 0."""
+    plan = job.plan
+    if links is None:  # d = 1
         return 0.0, 0.0
     e = dtype_bytes(job.cluster.gpu)
+    dp = DpPlan.of(plan, job.runtime)
+    sigma = job.cluster.gpu.comm_overlap_slowdown
     exposed, gather_after = 0.0, 0.0
     for i, c, _ in groups:
-        reduce_t, gather_t = dp_times(c, job.cluster, plan, link, e, job.runtime)
+        times = dp_step_times(c, dp, links, e)
         behind = i * (c.backward_span + p2p)  # stage i's head start over stage 0
-        hidden = c.backward_span if job.runtime.dp_overlap else 0.0
-        # beside the last backward it slows the compute (simulator.cost.overlap)
-        contention = job.cluster.gpu.comm_overlap_slowdown * min(reduce_t, hidden)
-        tail = last_bucket_reduce_time(c, plan, link, e, reduce_t) - behind
-        exposed = max(exposed, reduce_t - hidden - behind, tail, contention)
-        gather_after = max(gather_after, gather_t)
+        exposed = max(exposed, dp_exposed(times, c.backward_span, behind, job.runtime.dp_overlap, sigma))
+        gather_after = max(gather_after, times.gather)
     return max(0.0, exposed), gather_after
 
 
 def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
     """(optimizer seconds, offload seconds, parameters of the busiest rank's shard)."""
-    psi_local = local_params(max(c.params for _, c, _ in groups), job.plan, max(c.sharded_params for _, c, _ in groups))
-    if job.plan.offload != "none":
-        return 0.0, offload_time(job, psi_local), psi_local
-    tensors = optimizer_tensors(job.model, max(c.layers for _, c, _ in groups))
-    return optimizer_time(job, psi_local, tensors), 0.0, psi_local
+    plan = job.plan
+    psi = max(c.params for _, c, _ in groups)
+    psi_local = local_params(psi, plan.zero, plan.shard_group, max(c.sharded_params for _, c, _ in groups))
+    offloaded, nvme = plan.offload != "none", plan.offload == "nvme"
+    optimizer = optimizer_time(job, psi_local, optimizer_tensors(job.model, max(c.layers for _, c, _ in groups)))
+    opt, off = step_end_seconds(
+        offloaded, optimizer, offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme)
+    )
+    return opt, off, psi_local
 
 
 def estimate(job: Job) -> SimResult:
@@ -147,12 +163,12 @@ def _estimate(job: Job) -> SimResult:
     model, cluster, plan = job.model, job.cluster, job.plan
     groups = stage_groups(model, cluster, plan, job.runtime.layer_kernels)
     p2p = p2p_exposed(job)
-    link = dp_link(cluster, plan) if plan.d > 1 else None
-    pipe = pipeline_phase(job, groups, link, p2p)
-    dp_exposed, gather_after = dp_exposure(job, groups, link, p2p)
+    links = dp_links(cluster, plan) if plan.d > 1 else None
+    pipe = pipeline_phase(job, groups, links, p2p)
+    dp_exposed, gather_after = dp_exposure(job, groups, links, p2p)
     opt, off, psi_local = step_end(job, groups)
-    dp_exposed += tied_embedding_time(job) + step_sync_time(job)
-    step = pipe.time + dp_exposed + gather_after + opt + off
+    dp_exposed = dp_step_exposed(dp_exposed, tied_embedding_time(job), step_sync_time(job))
+    step = step_seconds(pipe.time, dp_exposed, gather_after, opt, off)
 
     m, crit, c = job.m, pipe.crit, groups[pipe.crit][1]
     breakdown = {
@@ -173,9 +189,9 @@ def _estimate(job: Job) -> SimResult:
     extra: dict[str, float] = {"peak_memory_stage": peak_stage, "critical_stage": groups[crit][0]}
     fits_host = True
     if plan.offload != "none":
-        host = host_state_bytes(job, psi_local)
+        host = host_state_bytes(cluster.gpus_per_node, psi_local, plan.zero)
         extra["host_memory_gib"] = host / 2**30
-        fits_host = host_fits(job, host)
+        fits_host = bool(host_fits(cluster.node, host, True, plan.offload == "nvme"))
     return SimResult(
         job=job,
         step_time=step,

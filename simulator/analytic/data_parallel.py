@@ -13,37 +13,79 @@ ZeRO-2 and ZeRO-3 keep only a gradient shard, so they reduce-scatter every micro
 gradients under its backward; ZeRO-3 also gathers each unit's parameters in forward and again
 in backward, prefetched under the compute of that pass (simulator.cost.zero3). Whatever
 overlaps compute slows it (simulator.cost.overlap).
+
+Each rule takes numbers (one plan's stage, from the scalar estimate) or arrays (many plans'
+stages, from the batch estimate) alike, and prices its collectives through a
+:class:`DpCollectives`: :class:`DpLinks` for one plan, the batch estimate's figures for many.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
-from hwprofiles.schema import ClusterSpec
+from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.cost import collectives, layout, memory, zero3
+from simulator.cost.block_times import compute_slowdown, host_async
+from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import gathered_bytes
-from simulator.cost.stage import StageCost, compute_slowdown, host_async
+from simulator.cost.stage_memory import StageLike
 from simulator.cost.step import gradient_reduction, optimizer_tensors, param_gather_bytes
 from simulator.cost.workload import layer_param_tensors
-from simulator.job import OVERLAPPED, Job, Runtime
+from simulator.numeric import any_of, fmod, maximum, minimum, negate, where
 from simulator.plan import Plan
+from simulator.runtime_spec import Runtime
 from simulator.specs import ModelSpec
 
-
-def stage_gathered_bytes(cost: StageCost, plan: Plan, e: int) -> float:
-    """Bytes of all-gathering one rank's parameters of stage ``cost``: param_gather_bytes(e) per
-    parameter, its layers' at 1 byte with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
-    return gathered_bytes(cost.params, cost.layer_params, param_gather_bytes(e), plan.fp8ag)
+_DP_LINKS = IdentityCache(4096)
 
 
-def stage_tensors(model: ModelSpec, cost: StageCost) -> int:
-    """Parameter tensors of one rank of stage ``cost``: its layers' and, on a stage holding the
-    embedding or the head, the non-layer ones (simulator.cost.step.optimizer_tensors)."""
-    return (
-        optimizer_tensors(model, cost.layers) if cost.first or cost.last else cost.layers * layer_param_tensors(model)
-    )
+class DpCollectives(zero3.ShardedCollectives, Protocol):
+    """The data-parallel collectives a plan's stage issues: its gradient reduction over all d
+    ranks (ZeRO 0-2) and the shard group's gathers and reductions (zero3.ShardedCollectives)."""
+
+    def reduce_gradients(self, zero: Any, size_bytes: Any) -> Any: ...
+
+
+class DpPlan(NamedTuple):
+    """What the data-parallel rules read of a plan: numbers for one plan, arrays for many."""
+
+    zero: Any
+    d: Any
+    fp8ag: Any
+    fsdp2: Any  # FSDP2 shards the parameters (simulator.cost.zero3.fsdp2_sharded)
+
+    @staticmethod
+    def of(plan: Plan, runtime: Runtime) -> DpPlan:
+        return DpPlan(plan.zero, plan.d, plan.fp8ag, zero3.fsdp2_sharded(plan, runtime))
+
+
+@dataclass(frozen=True)
+class DpLinks:
+    """:class:`DpCollectives` of one plan on its cluster."""
+
+    d: int
+    dp: collectives.GroupLink
+    shards: zero3.ShardLinks
+
+    def reduce_gradients(self, zero: int, size_bytes: float) -> float:
+        """The gradient reduction of ``zero`` (simulator.cost.step.gradient_reduction) over d ranks."""
+        return collectives.collective_time(gradient_reduction(zero), size_bytes, self.d, self.dp)
+
+    @property
+    def n(self) -> int:
+        return self.shards.n
+
+    def all_gather(self, size_bytes: float) -> float:
+        return self.shards.all_gather(size_bytes)
+
+    def reduce_scatter(self, size_bytes: float) -> float:
+        return self.shards.reduce_scatter(size_bytes)
+
+    def replica_all_reduce(self, size_bytes: float) -> float:
+        return self.shards.replica_all_reduce(size_bytes)
 
 
 def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
@@ -51,76 +93,112 @@ def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
     return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
 
 
-def per_microbatch_dp(cost: StageCost, job: Job, link: collectives.GroupLink) -> tuple[float, float]:
-    """(communication time, exposed time) per microbatch of the ZeRO stages that keep only a
-    gradient shard and so must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3;
-    DeepSpeed and FSDP both do), overlapped with that microbatch's backward when the runtime
-    overlaps, at the contention price of simulator.cost.overlap. ZeRO-3 also all-gathers each
-    unit's parameters for the forward and again for the backward (simulator.cost.zero3). Both
-    hide behind the passes' spans, their in-pass collectives included (StageCost.forward_span)."""
-    plan, gpu = job.plan, job.cluster.gpu
-    if plan.zero < 2 or plan.d == 1:
-        return 0.0, 0.0
-    e = dtype_bytes(gpu)
-    sigma = gpu.comm_overlap_slowdown
-    bwd = cost.backward_span
-    links = zero3.shard_links(job.cluster, plan) if plan.hsdp else zero3.ShardLinks(link, plan.d, None, 1)
-    if not zero3.fsdp2_sharded(plan, job.runtime) and plan.zero == 2:
-        scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(job.runtime, e), links)
-        return scatter, overlap_cost(bwd, scatter, sigma) if job.runtime.dp_overlap else scatter
-    z3 = zero3.zero3_pass(
-        cost,
-        links,
-        e,
-        stage_gathered_bytes(cost, plan, e),
-        job.runtime,
-        gpu,
-        plan.zero,
-        None if host_async(job.cluster) else gpu.kernel_launch_us * 1e-6 * compute_slowdown(job.cluster),
-        stage_tensors(job.model, cost),
+def dp_links(cluster: ClusterSpec, plan: Plan) -> DpLinks:
+    """The plan's data-parallel group and shard groups (simulator.cost.zero3.shard_links); cached
+    per cluster and (t, d, hsdp)."""
+    return _DP_LINKS.get_or_make(
+        (cluster,),
+        (plan.t, plan.d, plan.hsdp),
+        lambda: DpLinks(plan.d, dp_link(cluster, plan), zero3.shard_links(cluster, plan)),
     )
-    return z3.traffic, z3.exposed(cost.forward_span, bwd, sigma)
 
 
-def last_bucket_bytes(grad_bytes: float, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> float:
-    """Bytes of the last gradient bucket to fill: the remainder of whole buckets, in (0, bucket]."""
-    if grad_bytes <= bucket_bytes:
-        return grad_bytes
-    rest = math.fmod(grad_bytes, bucket_bytes)
-    return rest if rest > 0 else bucket_bytes
+def stage_gathered_bytes(cost: StageLike, fp8ag: Any, e: int) -> Any:
+    """Bytes of all-gathering one rank's parameters of stage ``cost``: param_gather_bytes(e) per
+    parameter, its layers' at 1 byte with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
+    return gathered_bytes(cost.params, cost.layer_params, param_gather_bytes(e), fp8ag)
 
 
-def last_bucket_reduce_time(cost: StageCost, plan: Plan, link: collectives.GroupLink, e: int, whole: float) -> float:
-    """Reduction of the stage's last gradient bucket (all-reduce; reduce-scatter with ZeRO-1);
-    ``whole``: the reduction of all its gradients (:func:`dp_times`), which it is when they fit
+def stage_tensors(model: ModelSpec, cost: StageLike) -> Any:
+    """Parameter tensors of one rank of stage ``cost``: its layers' and, on a stage holding the
+    embedding or the head, the non-layer ones (simulator.cost.step.optimizer_tensors)."""
+    return where(
+        cost.first | cost.last, optimizer_tensors(model, cost.layers), cost.layers * layer_param_tensors(model)
+    )
+
+
+def fsdp2_host_op_seconds(cluster: ClusterSpec, gpu: GpuProfile) -> float | None:
+    """The per-op host time FSDP2's hooks take on a synchronous (CPU) rank, the node's cores
+    shared (simulator.cost.zero3.zero3_pass ``host_op_s``); None on a GPU, whose host runs ahead."""
+    return None if host_async(cluster) else gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster)
+
+
+def sharded_exposed(
+    model: ModelSpec, cost: StageLike, plan: DpPlan, links: DpCollectives, runtime: Runtime, cluster: ClusterSpec
+) -> Any:
+    """Exposed seconds per microbatch of the ZeRO stages that keep only a gradient shard and so
+    must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3; DeepSpeed and FSDP both
+    do), over d > 1 ranks. They hide behind the stage's pass spans, its in-pass collectives included
+    (StageCost.forward_span, backward_span), at the contention price of simulator.cost.overlap.
+
+    * bucketed ZeRO-2 (DeepSpeed, Megatron's distributed optimizer): a reduce-scatter of the
+      stage's gradients, under the backward when the runtime overlaps;
+    * ZeRO-3, and FSDP2's ZeRO-2: each unit's gathers, re-gathers and scatters
+      (simulator.cost.zero3.zero3_pass)."""
+    zero, d, fp8ag, fsdp2 = plan
+    gpu = cluster.gpu
+    e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
+    active = (d > 1) & (zero >= 2)
+    bucketed = active & (zero == 2) & negate(fsdp2)
+    sharded = active & negate(bucketed)
+    out = 0.0
+    if any_of(bucketed):
+        scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(runtime, e), links)
+        out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
+    if any_of(sharded):
+        gathered = stage_gathered_bytes(cost, fp8ag, e)
+        host_op_s = fsdp2_host_op_seconds(cluster, gpu)
+        tensors = stage_tensors(model, cost) if host_op_s is not None else 0
+        z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors)
+        out = where(sharded, z3.exposed(cost.forward_span, cost.backward_span, sigma), out)
+    return out
+
+
+def last_bucket_bytes(grad_bytes: Any, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> Any:
+    """Bytes of the last gradient bucket to fill: the remainder of whole buckets, in (0, bucket].
+    Numbers or arrays alike."""
+    rest = fmod(grad_bytes, bucket_bytes)
+    return where(grad_bytes <= bucket_bytes, grad_bytes, where(rest > 0, rest, bucket_bytes))
+
+
+@dataclass(frozen=True)
+class DpStepTimes:
+    """A ZeRO 0-2 stage's data-parallel traffic outside the microbatches, seconds (numbers or
+    arrays): the gradient reduction after the last backward, its last bucket's, and the
+    parameter all-gather after the optimizer step."""
+
+    reduce: Any
+    last_bucket: Any
+    gather: Any
+
+
+def dp_step_times(cost: StageLike, plan: DpPlan, links: DpCollectives, e: int) -> DpStepTimes:
+    """:class:`DpStepTimes` of stage ``cost`` for ZeRO 0-2 over d > 1 ranks; 0 for ZeRO-3 and
+    FSDP2's ZeRO-2, whose traffic is per microbatch
+    (:func:`sharded_exposed`). ZeRO-0 all-reduces and ZeRO-1 reduce-scatters the gradients at
+    the end; ZeRO-2 has reduced them per microbatch; ZeRO-1/2 all-gather the updated parameters
+    inside the shard group. The last bucket's reduction is the whole one when the gradients fit
     in one bucket."""
-    if plan.d == 1 or plan.zero >= 2:
-        return 0.0
+    zero, d, fp8ag, fsdp2 = plan
+    active = (d > 1) & (zero < 3) & negate(fsdp2)
+    if not any_of(active):
+        return DpStepTimes(0.0, 0.0, 0.0)
     grad_bytes = cost.params * e
+    at_end = active & (zero <= 1)  # ZeRO-2 has reduced its gradients per microbatch
+    reduce = where(at_end, links.reduce_gradients(zero, grad_bytes), 0.0) if any_of(at_end) else 0.0
     last = last_bucket_bytes(grad_bytes)
-    if last >= grad_bytes:
-        return whole
-    return collectives.collective_time(gradient_reduction(plan.zero), last, plan.d, link)
+    partial = at_end & (last < grad_bytes)  # gradients in more than one bucket
+    last_reduce = where(partial, links.reduce_gradients(zero, last), reduce) if any_of(partial) else reduce
+    gathers = active & (zero >= 1)
+    gather = where(gathers, links.all_gather(stage_gathered_bytes(cost, fp8ag, e)), 0.0) if any_of(gathers) else 0.0
+    return DpStepTimes(reduce, last_reduce, gather)
 
 
-def dp_times(
-    cost: StageCost,
-    cluster: ClusterSpec,
-    plan: Plan,
-    link: collectives.GroupLink,
-    e: int,
-    runtime: Runtime = OVERLAPPED,
-) -> tuple[float, float]:
-    """(gradient reduction at the end of the step, parameter all-gather after the optimizer
-    step) for ZeRO 0-2, seconds; ZeRO-2 reduces per microbatch (:func:`per_microbatch_dp`), and
-    with hybrid sharding gathers inside its shard group; FSDP2's ZeRO-2 (``runtime.zero2``)
-    gathers before each forward instead (:func:`per_microbatch_dp`): nothing after the step."""
-    if plan.d == 1 or plan.zero == 3 or zero3.fsdp2_sharded(plan, runtime):
-        return 0.0, 0.0
-    reduce = collectives.collective_time(gradient_reduction(plan.zero), cost.params * e, plan.d, link)
-    if plan.zero == 0:
-        return reduce, 0.0
-    if plan.hsdp:
-        link = zero3.shard_links(cluster, plan).shard
-    gather = collectives.all_gather_time(stage_gathered_bytes(cost, plan, e), plan.shard_group, link)
-    return (reduce if plan.zero == 1 else 0.0), gather
+def dp_exposed(times: DpStepTimes, backward: Any, behind: Any, dp_overlap: bool, sigma: float) -> Any:
+    """What a stage's end-of-step gradient reduction exposes (module docstring): the reduction
+    beyond what its last backward (``backward``, with overlap) and its head start over stage 0
+    (``behind``) hide, at least its last bucket's beyond the head start, and at least the
+    contention it adds beside the last backward (simulator.cost.overlap)."""
+    hidden = backward if dp_overlap else 0.0
+    contention = sigma * minimum(times.reduce, hidden)
+    return maximum(maximum(times.reduce - hidden - behind, times.last_bucket - behind), contention)

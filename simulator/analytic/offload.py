@@ -1,18 +1,24 @@
 """Closed forms of offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021):
 gradient shards down and parameter shards up over each GPU's PCIe link, Adam on the host CPU
 (all of a node's ranks share it), NVMe reads and writes of the optimizer state.
+
+Each rule takes numbers (one plan) or arrays (many plans, from the batch estimate) alike.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from hwprofiles.schema import NodeProfile
 from simulator.cost import memory
-from simulator.cost.stage import StageCost
+from simulator.cost.stage_memory import StageLike
 from simulator.cost.step import CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS
-from simulator.job import Job
+from simulator.numeric import any_of, maximum, where
 
 
-def offload_time(job: Job, psi_local: float) -> float:
-    """Exposed offload seconds per step for ``psi_local`` parameters per rank (its 1/d shard).
+def offload_time(node: NodeProfile, psi_local: Any, offloaded: Any, zero: Any, nvme: Any) -> Any:
+    """Exposed offload seconds per step for ``psi_local`` parameters per rank (its 1/d shard) of a
+    plan that offloads (``offloaded``; to NVMe: ``nvme``), else 0.
 
     The reduced gradient shard goes down over the rank's PCIe link (2 bytes/param), then the
     step runs pipelined over k = OFFLOAD_SUBGROUPS sub-groups through the phases NVMe read +
@@ -20,34 +26,46 @@ def offload_time(job: Job, psi_local: float) -> float:
     Adam (all of a node's ranks share the CPU) and the updated fp16 shard back up over PCIe
     (not with ZeRO-3, whose parameters stay on the host):
         T = down + sum(phases)/k + (k - 1)/k * max(phases)
-    (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021)."""
-    plan, node = job.plan, job.cluster.node
-    if plan.offload == "none":
-        return 0.0
+    (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021). A phase a plan does
+    not run counts 0, which changes neither the sum nor, all phases being positive, the maximum."""
     pcie = node.pcie.bytes_per_s
     down = psi_local * 2 / pcie + node.pcie.latency_s
-    phases = [node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)]
-    if plan.zero < 3:
-        phases.append(psi_local * 2 / pcie + node.pcie.latency_s)
-    if plan.offload == "nvme" and node.nvme is not None:
-        phases.append(
-            2
-            * node.gpus_per_node
-            * psi_local
-            * memory.OPTIMIZER_BYTES_PER_PARAM
-            / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9)
-        )
+    cpu = node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
+    up = where(zero < 3, psi_local * 2 / pcie + node.pcie.latency_s, 0.0)
+    drives = 0.0
+    if node.nvme is not None:
+        nvme_bw = node.nvme.count * node.nvme.bandwidth_GBps * 1e9
+        drives = where(nvme, 2 * node.gpus_per_node * psi_local * memory.OPTIMIZER_BYTES_PER_PARAM / nvme_bw, 0.0)
     k = OFFLOAD_SUBGROUPS
-    return down + sum(phases) / k + (k - 1) / k * max(phases)
+    step = down + (cpu + up + drives) / k + (k - 1) / k * maximum(maximum(cpu, up), drives)
+    return where(offloaded, step, 0.0)
 
 
-def offloaded_param_fetch(job: Job, cost: StageCost) -> float:
-    """ZeRO-Infinity (zero=3 with offload): seconds to bring this rank's 1/d parameter shard
-    of the stage up for one pass: over its PCIe link, and first from NVMe (shared by the
-    node's ranks) with offload=nvme; prefetched layer by layer, so reads and copies overlap."""
-    plan, node = job.plan, job.cluster.node
-    shard = cost.params * 2 / plan.d
-    t = shard / node.pcie.bytes_per_s
-    if plan.offload == "nvme" and node.nvme is not None:
-        t = max(t, shard * node.gpus_per_node / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9))
-    return t
+def offloaded_param_fetch(node: NodeProfile, params: Any, d: Any, nvme: Any) -> Any:
+    """ZeRO-Infinity (zero=3 with offload): seconds to bring this rank's 1/d shard of a stage's
+    ``params`` parameters up for one pass: over its PCIe link, and first from NVMe (shared by the
+    node's ranks) with offload=nvme (``nvme``); prefetched layer by layer, so reads and copies
+    overlap."""
+    shard = params * 2 / d
+    fetch = shard / node.pcie.bytes_per_s
+    if node.nvme is None:
+        return fetch
+    return where(
+        nvme, maximum(fetch, shard * node.gpus_per_node / (node.nvme.count * node.nvme.bandwidth_GBps * 1e9)), fetch
+    )
+
+
+def fetch_exposed(fetch: Any, forward: Any, backward: Any, recompute: Any) -> Any:
+    """What a pass's parameter fetch (:func:`offloaded_param_fetch`) exposes beyond the forward it
+    runs under, and beyond the backward and recomputation."""
+    return maximum(0.0, fetch - forward) + maximum(0.0, fetch - backward - recompute)
+
+
+def zero_infinity_exposed(node: NodeProfile, cost: StageLike, d: Any, zero: Any, offloaded: Any, nvme: Any) -> Any:
+    """ZeRO-Infinity's (zero=3 with offload) exposed parameter fetches per microbatch of stage
+    ``cost`` (:func:`offloaded_param_fetch`, :func:`fetch_exposed`); 0 for other plans."""
+    infinity = offloaded & (zero == 3)
+    if not any_of(infinity):
+        return 0.0
+    fetch = offloaded_param_fetch(node, cost.params, d, nvme)
+    return where(infinity, fetch_exposed(fetch, cost.forward, cost.backward, cost.recompute), 0.0)

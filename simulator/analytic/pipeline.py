@@ -12,27 +12,73 @@ simulator.cost.step.pipeline_send's; the link is the one between two stages.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout
+from simulator.cost.block_times import block_times
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.stage import block_times
 from simulator.cost.step import pipeline_send, tied_embedding_bytes
 from simulator.job import Job
-from simulator.plan import ZERO_BUBBLE_SCHEDULES, Plan
+from simulator.numeric import maximum, minimum, where
+from simulator.plan import Plan
 from simulator.specs import ModelSpec
 
 _P2P = IdentityCache(4096)
 _TIED = IdentityCache(4096)
 
 
-def p2p_sends(plan: Plan, first: bool, last: bool, turn: bool = False) -> int:
+class ScheduleKind(NamedTuple):
+    """What the pipeline's closed forms read of a plan's schedule (module docstring): booleans
+    for one plan, arrays for many (the batch estimate)."""
+
+    interleaved: Any  # interleaved with v > 1
+    zbh1: Any
+    zbv: Any
+    gpipe_kept: Any  # GPipe with m > 1: the last microbatch's recomputation is skipped
+
+    @staticmethod
+    def of(schedule: str, v: int, m: int = 1) -> ScheduleKind:
+        """The kind of one plan's ``schedule``."""
+        return ScheduleKind.from_flags(
+            schedule == "interleaved", schedule == "zbh1", schedule == "zbv", schedule == "gpipe", v, m
+        )
+
+    @staticmethod
+    def from_flags(interleaved: Any, zbh1: Any, zbv: Any, gpipe: Any, v: Any, m: Any) -> ScheduleKind:
+        """The kind from which schedule each plan runs (booleans, or arrays of them): interleaving
+        matters with v > 1 chunks, GPipe's kept last microbatch with m > 1 microbatches."""
+        return ScheduleKind(interleaved & (v > 1), zbh1, zbv, gpipe & (m > 1))
+
+
+def skipped_recompute(kind: ScheduleKind, recompute: Any) -> Any:
+    """The recomputation of the critical device (``recompute`` per microbatch) that GPipe skips
+    for the last microbatch, whose activations are still resident when its backward runs; 0 for
+    the other schedules and with one microbatch. Numbers or arrays alike."""
+    return where(kind.gpipe_kept, recompute, 0.0)
+
+
+def steady_seconds(m: Any, worst: Any, saved: Any) -> Any:
+    """The critical device's own work in a step: m microbatches at ``worst`` seconds each, less the
+    recomputation GPipe skips for the last one (``saved``). Numbers or arrays alike."""
+    return m * worst - saved
+
+
+def p2p_sends(p: Any, v: Any, first: Any, last: Any, turn: Any) -> Any:
     """Blocking pipeline sends of one device per microbatch: each of its v chunks sends the
     forward activation on and the backward gradient back, except that the model's first
     chunk sends no gradient and its last chunk no activation, and that ZB-V's turn (chunks p-1
-    and p on the last rank, ``turn``) passes both on inside the rank."""
-    return 0 if plan.p == 1 else 2 * plan.v - int(first) - int(last) - 2 * int(turn)
+    and p on the last rank, ``turn``) passes both on inside the rank. Numbers or arrays alike."""
+    return where(p == 1, 0, 2 * v - first - last - 2 * turn)
+
+
+def stage_microbatch(total: Any, weight_casts: Any, sends: Any, p2p: Any, sharded: Any) -> Any:
+    """One stage's seconds per microbatch (c_i of the module docstring): its passes and in-pass
+    collectives (StageCost.total), the fp8 weight casts where the program does not cache them,
+    its blocking pipeline sends and its exposed sharded-state traffic. Numbers or arrays alike."""
+    return total + weight_casts + sends * p2p + sharded
 
 
 def p2p_exposed(job: Job) -> float:
@@ -68,37 +114,34 @@ def _p2p_time(job: Job) -> float:
     return collectives.p2p_time(size, bw, lat) + extra
 
 
-def weight_fill(schedule: str, backward_weight: float, forward: float) -> float:
+def weight_fill(zbv: Any, backward_weight: Any, forward: Any) -> Any:
     """What a device's passes take out of the zero-bubble schedules' bubble per microbatch. The
     critical device idles while the first microbatch's input gradients come back through the
     others: their B's, which no W can fill (its own first W follows its first B). ZB-H1's W's fill
     the rest up to a forward's worth, w + min(w, f): torch's order replayed gives
     (p - 1)(B + max(0, F - W)) for equal stages (Qi et al. 2024's (p - 1)(F + B - W) is the case
-    W <= F). ZB-V's V fills all of it, w + f: (p - 1) B / 2 once halved (its chunks are half a
-    device), replayed exactly while F and W are at most B, the regime of transformer layers
-    (tests/test_zero_bubble.py replays both orders)."""
-    return backward_weight + (forward if schedule == "zbv" else min(backward_weight, forward))
+    W <= F). ZB-V's (``zbv``) V fills all of it, w + f: (p - 1) B / 2 once halved (its chunks are
+    half a device), replayed exactly while F and W are at most B, the regime of transformer layers
+    (tests/test_zero_bubble.py replays both orders). Numbers or arrays alike."""
+    return backward_weight + where(zbv, forward, minimum(backward_weight, forward))
 
 
 def pipeline_bubble(
-    worst: float, total: float, schedule: str, v: int, worst_fill: float = 0.0, total_fill: float = 0.0
-) -> float:
+    worst: Any, total: Any, kind: ScheduleKind, v: Any, worst_fill: Any = 0.0, total_fill: Any = 0.0
+) -> Any:
     """T_pipe - m * worst: the critical device's idle time, (sum_i c_i - max_i c_i), divided
     by v when interleaved; never negative (the sum includes the maximum). The zero-bubble
     schedules fill it: :func:`weight_fill` of each other device (``worst_fill`` / ``total_fill``:
     of the critical device and of all of them, counted per device), at least 0; ZB-V's is halved,
-    its chunks being half a device's layers (Qi et al. 2024, section 6)."""
-    if schedule == "interleaved" and v > 1:
-        return (total - worst) / v
-    if schedule in ZERO_BUBBLE_SCHEDULES:
-        zero_bubble = max(0.0, (total - worst) - (total_fill - worst_fill))
-        return zero_bubble / 2 if schedule == "zbv" else zero_bubble
-    return total - worst
+    its chunks being half a device's layers (Qi et al. 2024, section 6). Numbers or arrays alike."""
+    idle = total - worst
+    zero_bubble = maximum(0.0, idle - (total_fill - worst_fill))
+    return where(kind.interleaved, idle / v, where(kind.zbv, zero_bubble / 2, where(kind.zbh1, zero_bubble, idle)))
 
 
-def pipeline_time(worst: float, total: float, m: int, schedule: str, v: int) -> float:
+def pipeline_time(worst: Any, total: Any, m: Any, kind: ScheduleKind, v: Any) -> Any:
     """``worst``: the slowest device's time per microbatch; ``total``: the sum over devices."""
-    return m * worst + pipeline_bubble(worst, total, schedule, v)
+    return m * worst + pipeline_bubble(worst, total, kind, v)
 
 
 def tied_embedding_time(job: Job) -> float:

@@ -21,10 +21,12 @@ more than the intra-node link.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hwprofiles.algorithms import Collective, latency_steps, uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.layout import GroupShape
+from simulator.numeric import where
 
 
 @dataclass(frozen=True)
@@ -89,29 +91,35 @@ def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     )
 
 
+def ring_seconds(collective: Collective, size_bytes: Any, n: Any, bandwidth: Any, latency_s: Any) -> Any:
+    """The alpha-beta time of ``collective`` (module docstring) over ``n`` ranks:
+        k (n-1)/n * S / B + latency_s,  k = 2 for an all-reduce, 1 for an all-gather or reduce-scatter,
+    ``latency_s`` its latency steps times the per-step latency; 0 with one rank or nothing to move.
+    Numbers or arrays alike (simulator.numeric): the batch estimate prices its plans' groups
+    with it, from the figures of their links."""
+    k = 2 if collective == Collective.ALL_REDUCE else 1
+    return where((n > 1) & (size_bytes > 0), k * (n - 1) / n * size_bytes / bandwidth + latency_s, 0.0)
+
+
+def _ring(collective: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
+    """:func:`ring_seconds` of ``collective`` on ``link``'s figures for it."""
+    bw, lat = link.figures(collective)
+    return ring_seconds(collective, size_bytes, n, bw, latency_steps(n, collective, link.trees) * lat)
+
+
 def all_reduce_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """All-reduce of a ``size_bytes`` buffer: 2(n-1)/n * S / B + latency steps * a."""
-    if n <= 1 or size_bytes <= 0:
-        return 0.0
-    bw, lat = link.figures(Collective.ALL_REDUCE)
-    return 2 * (n - 1) / n * size_bytes / bw + latency_steps(n, Collective.ALL_REDUCE, link.trees) * lat
-
-
-def _ring_pass(collective: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
-    if n <= 1 or size_bytes <= 0:
-        return 0.0
-    bw, lat = link.figures(collective)
-    return (n - 1) / n * size_bytes / bw + latency_steps(n, collective, link.trees) * lat
+    return _ring(Collective.ALL_REDUCE, size_bytes, n, link)
 
 
 def all_gather_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """All-gather where ``size_bytes`` is the full (gathered) buffer."""
-    return _ring_pass(Collective.ALL_GATHER, size_bytes, n, link)
+    return _ring(Collective.ALL_GATHER, size_bytes, n, link)
 
 
 def reduce_scatter_time(size_bytes: float, n: int, link: GroupLink) -> float:
     """Reduce-scatter where ``size_bytes`` is the full (input) buffer."""
-    return _ring_pass(Collective.REDUCE_SCATTER, size_bytes, n, link)
+    return _ring(Collective.REDUCE_SCATTER, size_bytes, n, link)
 
 
 def collective_time(op: Collective, size_bytes: float, n: int, link: GroupLink) -> float:

@@ -37,14 +37,8 @@ time the measured runs take beyond the fused list (benchmarks/data/h100-2026-11-
 
 from __future__ import annotations
 
-from typing import Literal
-
 from simulator.cost.op import Op, elementwise
 from simulator.specs import ModelSpec
-
-#: the kernels a layer runs (simulator.job.Runtime.layer_kernels): the fused list, or eager autocast
-LayerKernels = Literal["fused", "eager"]
-EAGER: LayerKernels = "eager"
 
 #: bytes per element of a bf16 <- fp32 cast (read 4, write 2), and back
 CAST_BYTES = 6.0

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from simulator.cost.experts import routed_copies
+from simulator.numeric import minimum, where
+from simulator.runtime_spec import CrossEntropy, StateLayout
 from simulator.specs import ModelSpec
-
-#: how the program computes the cross-entropy (simulator.job.Runtime.cross_entropy; :func:`logits_bytes_per_element`)
-CrossEntropy = Literal["fp32", "torch", "fused"]
 
 # Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
 OPTIMIZER_BYTES_PER_PARAM = 12  # K
@@ -26,10 +25,6 @@ def state_bytes_per_param(e: int) -> tuple[int, int, int]:
     mixed precision (e = 2): 2, 2, 12 (fp32 master + Adam moments, ZeRO section 3.1);
     plain fp32 (e = 4, the CPU runs): 4, 4, 8 (Adam moments only)."""
     return (2, 2, 12) if e <= 2 else (4, 4, 8)
-
-
-#: how a program keeps its model states (simulator.job.Runtime.states; :func:`program_state_bytes`)
-StateLayout = Literal["mixed", "fp32-params"]
 
 
 def program_state_bytes(layout: StateLayout, e: int, zero: int) -> tuple[int, int, int]:
@@ -50,24 +45,26 @@ def program_state_bytes(layout: StateLayout, e: int, zero: int) -> tuple[int, in
 
 @dataclass(frozen=True)
 class ModelStates:
-    params: float
-    grads: float
-    optimizer: float
+    """Bytes of model states on one rank: numbers, or arrays in the batch estimate."""
+
+    params: Any
+    grads: Any
+    optimizer: Any
 
     @property
-    def total(self) -> float:
+    def total(self) -> Any:
         return self.params + self.grads + self.optimizer
 
 
 def model_state_bytes(
-    psi: float,
-    d: int,
-    zero: int,
-    offload: str = "none",
-    param_bytes: int = PARAM_BYTES,
-    grad_bytes: int = GRAD_BYTES,
-    k: int = OPTIMIZER_BYTES_PER_PARAM,
-    psi_sharded: float | None = None,
+    psi: Any,
+    d: Any,
+    zero: Any,
+    offload: Any = "none",
+    param_bytes: Any = PARAM_BYTES,
+    grad_bytes: Any = GRAD_BYTES,
+    k: Any = OPTIMIZER_BYTES_PER_PARAM,
+    psi_sharded: Any = None,
 ) -> ModelStates:
     """Bytes of model states on one GPU for Psi parameters held by its model-parallel rank.
 
@@ -83,13 +80,16 @@ def model_state_bytes(
     ``psi_sharded``: the parameters whose states the d ranks shard, when not Psi (a mixture of
     experts split over ep ranks: all E experts' states are sharded over d, as each E/ep over
     d/ep; simulator.cost.rank_view).
+    ``offload``: the plan's (a string), or whether it offloads (booleans). Numbers or arrays
+    alike (simulator.numeric).
     """
-    if offload != "none":
-        return ModelStates(0.0 if zero == 3 else psi * param_bytes, 0.0, 0.0)
+    offloaded = offload != "none" if isinstance(offload, str) else offload
     ps = psi if psi_sharded is None else psi_sharded
-    params = ps * param_bytes / d if zero >= 3 else psi * param_bytes
-    grads = ps * grad_bytes / d if zero >= 2 else psi * grad_bytes
-    opt = ps * k / d if zero >= 1 else psi * k
+    params = where(
+        offloaded, where(zero == 3, 0.0, psi * param_bytes), where(zero >= 3, ps * param_bytes / d, psi * param_bytes)
+    )
+    grads = where(offloaded, 0.0, where(zero >= 2, ps * grad_bytes / d, psi * grad_bytes))
+    opt = where(offloaded, 0.0, where(zero >= 1, ps * k / d, psi * k))
     return ModelStates(params, grads, opt)
 
 
@@ -293,19 +293,12 @@ def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None) 
     return b * model.seq_length * (vocab or model.vocab_size) / t
 
 
-def logits_buffer_bytes(
-    model: ModelSpec,
-    b: int,
-    t: int,
-    e: int = 2,
-    vocab: int | None = None,
-    loss: CrossEntropy = "fp32",
-    inflight: float = 1.0,
-) -> float:
-    """The last stage's logits at the loss's peak with ``inflight`` microbatches in flight:
-    b*s*V/t * (inflight * kept + backward), from :func:`logits_bytes_per_element`."""
+def logits_buffer_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2, inflight: Any = 1.0) -> Any:
+    """The last stage's logits at the loss's peak with ``inflight`` microbatches in flight, of
+    ``elements`` logits each (:func:`logits_elements`): elements * (inflight * kept + backward),
+    from :func:`logits_bytes_per_element`. Numbers or arrays alike."""
     kept, backward = logits_bytes_per_element(loss, e)
-    return logits_elements(model, b, t, vocab) * (inflight * kept + backward)
+    return elements * (inflight * kept + backward)
 
 
 ZERO3_LAYERS_HELD = 2  # ZeRO-3's gathered layers: the one running and the one prefetched
@@ -322,10 +315,10 @@ def zero3_working_set_bytes(
 DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``)
 
 
-def gradient_bucket_bytes(psi: float, bucket_bytes: float = DP_BUCKET_BYTES, grad_bytes: int = GRAD_BYTES) -> float:
+def gradient_bucket_bytes(psi: Any, bucket_bytes: float = DP_BUCKET_BYTES, grad_bytes: int = GRAD_BYTES) -> Any:
     """Fused gradient buckets for the overlapped all-reduce / reduce-scatter (PyTorch DDP's
-    default 25 MB bucket, two in flight), capped by the gradients themselves."""
-    return min(psi * grad_bytes, 2 * bucket_bytes)
+    default 25 MB bucket, two in flight), capped by the gradients themselves (numbers or arrays)."""
+    return minimum(psi * grad_bytes, 2 * bucket_bytes)
 
 
 def embedding_activation_bytes(b: int, s: int, h: int, t: int, sp: bool) -> float:

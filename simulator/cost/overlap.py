@@ -10,18 +10,24 @@ overlapped matmuls run 30-40% slower; NVIDIA/nccl#338). ``compute`` seconds of k
 
 and the communication's cost is what that adds to C (:func:`overlap_cost`). With sigma = 0
 this is the free-overlap max(C, K).
+
+Both take numbers or arrays alike (simulator.numeric): the scalar and the batch estimate
+call them.
 """
 
 from __future__ import annotations
 
+from typing import Any
 
-def overlapped(compute: float, comm: float, sigma: float) -> float:
-    """max(C + sigma * min(K, C), K): the span of C seconds of compute beside K of communication."""
-    if comm <= 0:
-        return compute
-    return max(compute + sigma * min(comm, compute), comm)
+from simulator.numeric import maximum, minimum, where
 
 
-def overlap_cost(compute: float, comm: float, sigma: float) -> float:
+def overlapped(compute: Any, comm: Any, sigma: float) -> Any:
+    """max(C + sigma * min(K, C), K): the span of C seconds of compute beside K of communication
+    (C without communication, K <= 0)."""
+    return where(comm <= 0, compute, maximum(compute + sigma * minimum(comm, compute), comm))
+
+
+def overlap_cost(compute: Any, comm: Any, sigma: float) -> Any:
     """What K seconds of communication beside C seconds of compute add: overlapped(C, K) - C."""
     return overlapped(compute, comm, sigma) - compute

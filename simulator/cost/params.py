@@ -11,6 +11,8 @@ and an h*E router: Mixtral 8x7B (h 4096, 32 layers, f 14336, 8 KV heads, V 32000
 
 from __future__ import annotations
 
+from typing import Any
+
 from simulator.cost.cache import IdentityCache
 from simulator.specs import ModelSpec
 
@@ -104,10 +106,18 @@ def stage_params_per_rank(
     model: ModelSpec, t: int, p: int, layers: int, first: bool, last: bool, vocab: int | None = None
 ) -> float:
     """Parameters held by one rank of a pipeline stage of ``layers`` transformer layers
-    (``vocab``: see :func:`embedding_params_per_rank`)."""
-    n = layers * layer_params_per_rank(model, t)
-    if first:
-        n += embedding_params_per_rank(model, t, vocab)
-    if last:
-        n += head_params_per_rank(model, t, p, vocab)
-    return n
+    (``vocab``: see :func:`embedding_params_per_rank`): :func:`stage_params`."""
+    return stage_params(
+        layers,
+        first,
+        last,
+        layer_params_per_rank(model, t),
+        embedding_params_per_rank(model, t, vocab),
+        head_params_per_rank(model, t, p, vocab),
+    )
+
+
+def stage_params(layers: Any, first: Any, last: Any, layer: Any, embedding: Any, head: Any) -> Any:
+    """layers * ``layer`` + the ``embedding``'s parameters on the first stage + the ``head``'s on
+    the last; numbers or arrays alike (the batch estimate's plans and stages)."""
+    return layers * layer + first * embedding + last * head

@@ -13,7 +13,7 @@ Megatron-core's TE layers under ``--fp8-format hybrid`` and by MosaicML's ``amp_
   :func:`fp8_cast_op`. The weights: cast once per step when the program tells TE which
   microbatch is the first (``is_first_microbatch``: Megatron-core), 4 bytes per parameter per
   step, left out (under 0.1% of a step); otherwise every forward casts them again
-  (:func:`weight_cast_op`, simulator.job.Runtime.fp8_weight_cache);
+  (:func:`weight_cast_op`, simulator.runtime_spec.Runtime.fp8_weight_cache);
 * activations: each linear saves its fp8 input for its weight gradient, 1 byte per element
   instead of e (:func:`linear_input_bytes`, used by simulator.cost.memory.activation_bytes_per_layer);
 * weights: the fp8 copy of each linear weight and its transpose (Hopper's fp8 GEMM takes only
@@ -36,8 +36,11 @@ The amax-history and scaling state (a few floats per tensor) is left out.
 
 from __future__ import annotations
 
+from typing import Any
+
 from simulator.cost.memory import ZERO3_LAYERS_HELD
 from simulator.cost.op import Op, elementwise
+from simulator.numeric import minimum, where
 from simulator.plan import Plan, Precision
 from simulator.specs import ModelSpec
 
@@ -85,10 +88,22 @@ def weight_cast_op(model: ModelSpec, t: int, e: int) -> Op:
 
 
 def casts_every_forward(fp8_weight_cache: bool, plan: Plan) -> bool:
-    """Whether every forward casts the layers' weights to fp8 (:func:`weight_cast_op`): under
-    prec=fp8, by a program that does not cache the casts (simulator.job.Runtime.fp8_weight_cache),
-    unless the weights are fp8 already (fp8ag)."""
-    return plan.prec == FP8 and not fp8_weight_cache and not plan.fp8ag
+    """Whether every forward of ``plan`` casts the layers' weights to fp8 (:func:`weight_cast_op`):
+    :func:`casts_each_forward` of its precision and fp8 parameters."""
+    return bool(casts_each_forward(fp8_weight_cache, plan.prec == FP8, plan.fp8ag))
+
+
+def casts_each_forward(fp8_weight_cache: bool, fp8: Any, fp8ag: Any) -> Any:
+    """Whether every forward casts the layers' weights to fp8: under prec=fp8 (``fp8``), by a
+    program that does not cache the casts (simulator.runtime_spec.Runtime.fp8_weight_cache),
+    unless the weights are fp8 already (``fp8ag``). Numbers or arrays alike."""
+    return fp8 & (fp8ag == 0) & (not fp8_weight_cache)
+
+
+def weight_cast_seconds(fp8_weight_cache: bool, fp8: Any, fp8ag: Any, weight_cast: Any) -> Any:
+    """The fp8 weight casts a stage's microbatch adds (``weight_cast``: StageCost.weight_cast) where
+    :func:`casts_each_forward`, else 0. Numbers or arrays alike."""
+    return where(casts_each_forward(fp8_weight_cache, fp8, fp8ag), weight_cast, 0.0)
 
 
 def fp8_layer_bytes(plan: Plan, layer_params: float, e: int) -> float:
@@ -100,30 +115,39 @@ def fp8_layer_bytes(plan: Plan, layer_params: float, e: int) -> float:
     return (FP8_WEIGHT_COPY_BYTES - (e if plan.fp8ag else 0)) * layer_params
 
 
-def fp8_shard_bytes(plan: Plan, layer_params: float, e: int) -> float:
+def fp8_shard_bytes(fp8ag: Any, zero: Any, layer_params: Any, e: int, shard: Any) -> Any:
     """What fp8 parameters change in one layer's ZeRO-3 shard (counted at e bytes per parameter,
-    simulator.cost.memory.model_state_bytes): 1 - e bytes per parameter of its 1/shard share;
-    0 otherwise."""
-    if not (plan.fp8ag and plan.zero == 3):
-        return 0.0
-    return (1 - e) * layer_params / plan.shard_group
+    simulator.cost.memory.model_state_bytes): 1 - e bytes per parameter of its 1/``shard`` share
+    (the plan's shard group); 0 otherwise. Numbers or arrays alike."""
+    return where((fp8ag != 0) & (zero == 3), (1 - e) * layer_params / shard, 0.0)
 
 
-def fp8_layers_held(zero: int, layers: int) -> int:
+def fp8_layers_held(zero: Any, layers: Any) -> Any:
     """The layers whose fp8 copies a rank holding ``layers`` keeps: all of them, or under ZeRO-3
-    the working set's gathered layers."""
-    return min(layers, ZERO3_LAYERS_HELD) if zero == 3 else layers
+    the working set's gathered layers. Numbers or arrays alike."""
+    return where(zero == 3, minimum(layers, ZERO3_LAYERS_HELD), layers)
+
+
+def fp8_copies_bytes(
+    layer_bytes: Any, layers: Any, zero: Any, fp8ag: Any, layer_params: Any, e: int, shard: Any
+) -> Any:
+    """What prec=fp8 adds to the memory of a rank holding ``layers`` layers of ``layer_params``
+    parameters each, ``layer_bytes`` per layer (:func:`fp8_layer_bytes`):
+    ``layer_bytes`` x :func:`fp8_layers_held` + ``layers`` x :func:`fp8_shard_bytes`. Numbers or
+    arrays alike (the batch estimate's plans and stages)."""
+    held = fp8_layers_held(zero, layers) * layer_bytes
+    return held + layers * fp8_shard_bytes(fp8ag, zero, layer_params, e, shard)
 
 
 def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float, e: int) -> float:
-    """What prec=fp8 adds to the memory of a rank holding ``layers`` layers:
-    :func:`fp8_layer_bytes` x :func:`fp8_layers_held` + ``layers`` x :func:`fp8_shard_bytes`."""
-    held = fp8_layers_held(plan.zero, layers) * fp8_layer_bytes(plan, layer_params, e)
-    return held + layers * fp8_shard_bytes(plan, layer_params, e)
+    """:func:`fp8_copies_bytes` of ``plan``."""
+    layer_bytes = fp8_layer_bytes(plan, layer_params, e)
+    return fp8_copies_bytes(layer_bytes, layers, plan.zero, plan.fp8ag, layer_params, e, plan.shard_group)
 
 
-def gathered_bytes(params: float, layer_params: float, e_gather: int, fp8ag: int) -> float:
+def gathered_bytes(params: Any, layer_params: Any, e_gather: int, fp8ag: Any) -> Any:
     """Bytes of all-gathering ``params`` parameters of which ``layer_params`` are transformer
     layers': ``e_gather`` each (simulator.cost.step.param_gather_bytes), the layers' at 1 byte
-    with fp8 parameters (fp8ag); the embedding and head stay in the 16-bit dtype."""
-    return params * e_gather - (e_gather - 1) * layer_params if fp8ag else params * e_gather
+    with fp8 parameters (fp8ag); the embedding and head stay in the 16-bit dtype. Numbers or
+    arrays alike."""
+    return where(fp8ag != 0, params * e_gather - (e_gather - 1) * layer_params, params * e_gather)

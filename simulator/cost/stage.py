@@ -1,9 +1,8 @@
 """Per-stage, per-microbatch costs shared by the analytic estimator and the planner.
 
 For one pipeline device (its v chunks together) and one microbatch: forward and backward
-compute time, recomputation time, TP communication time, and the memory the stage holds.
-Layer-level times are cached per (model, GPU profile, t, sp, mb) because the search asks
-for the same ones thousands of times.
+compute time, recomputation time, TP communication time (from the layer-level times of
+simulator.cost.block_times), and the memory the stage holds.
 """
 
 from __future__ import annotations
@@ -11,186 +10,64 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, context, experts, layout, params
-from simulator.cost.attention import attention_ops
+from simulator.cost import experts, params
+from simulator.cost.block_times import (
+    TP_EMBEDDING,
+    TP_HEAD,
+    BlockTimes,
+    block_times,
+    tp_forward,
+    tp_per_full_recompute,
+    tp_per_layer,
+)
 from simulator.cost.cache import IdentityCache
-from simulator.cost.eager_layer import EAGER, LayerKernels, eager_layer_ops
-from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
-from simulator.cost.precision import FP8, weight_cast_op
-from simulator.cost.rank_view import context_parallel
 from simulator.cost.schedules import chunk_rank, rank_chunks
 from simulator.cost.stage_memory import StageShape
-from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
-    embedding_backward_extra_ops,
-    embedding_forward_ops,
-    head_backward_extra_ops,
-    head_forward_ops,
-    layer_backward_extra_ops,
-    layer_forward_ops,
     padded_vocab_size,
 )
 from simulator.plan import Plan
+from simulator.runtime_spec import LayerKernels
 from simulator.specs import ModelSpec
 
-
-@dataclass(frozen=True)
-class BlockTimes:
-    """Seconds per microbatch on one TP rank: a transformer layer, the embedding, the head;
-    and one TP all-reduce of the b*s*h activation (an all-gather + reduce-scatter with SP)."""
-
-    layer: PassTimes
-    embedding: PassTimes
-    head: PassTimes
-    tp_all_reduce: float
-    act_bytes: float  # b*s*h*e: one boundary activation
-    cp_forward: float = 0.0  # context parallelism: what the K/V ring adds to a layer's forward attention
-    cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
-    fp8_weight_cast: float = 0.0  # prec=fp8: one forward's cast of a layer's weights, where not cached
-    ep_all_to_all: float = 0.0  # expert parallelism: one token all-to-all (simulator.cost.experts)
-
-
-# Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
-# sequence parallelism each is an all-gather + reduce-scatter pair, Korthikanti et al. 2022):
-def tp_forward(model: ModelSpec) -> float:
-    """Per layer forward: after attention and after the MLP (the g operators): 2; a mixture of
-    experts' MLP moves its k routed copies (simulator.cost.experts.mlp_tensor_collectives)."""
-    return 1 + experts.mlp_tensor_collectives(model)
-
-
-def tp_backward(model: ModelSpec) -> float:
-    """Per layer backward: the f operators' conjugates, as many as forward."""
-    return tp_forward(model)
-
-
-def tp_per_layer(model: ModelSpec) -> float:
-    return tp_forward(model) + tp_backward(model)
-
-
-def tp_per_full_recompute(model: ModelSpec) -> float:
-    """A fully recomputed layer runs its forward's again."""
-    return tp_forward(model)
-
-
-TP_EMBEDDING = 1  # the vocab-parallel embedding's forward
-TP_HEAD = 1  # the vocab-parallel LM head's backward
-
-_BLOCKS = IdentityCache(4096)
 _STAGES = IdentityCache(8192)
 
 
-def compute_slowdown(cluster: ClusterSpec) -> float:
-    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots at that
-    many ranks)."""
-    slots = cluster.node.slots_for(cluster.gpus_per_node)
-    return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+class StageSpans:
+    """A stage's per-microbatch total and pass spans from its times: one formula for
+    :class:`StageCost` and for the batch estimate's arrays of many plans' stages."""
 
+    forward: Any
+    backward: Any
+    recompute: Any
+    tp_comm: Any
+    cp_comm: Any
+    ep_comm: Any
+    forward_comm: Any
 
-def device_slowdown(cluster: ClusterSpec) -> float:
-    """How much longer the device's work takes than one GPU's kernels alone: the job runs at its
-    slowest GPU's pace (simulator.cost.variability, the GPU profile's ``speed_spread`` over the
-    cluster's GPUs). The host's issuing of kernels is not slowed."""
-    return slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread)
+    @property
+    def total(self) -> Any:
+        return self.forward + self.backward + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
 
+    @property
+    def forward_span(self) -> Any:
+        """The forward pass on the compute stream: its compute and the collectives inside it (TP,
+        the cp ring, the ep all-to-alls). Data-parallel and ZeRO traffic runs beside all of it, at
+        the contention price of simulator.cost.overlap (the DES's pass pieces hold the same)."""
+        return self.forward + self.forward_comm
 
-def host_async(cluster: ClusterSpec) -> bool:
-    """Does the device run asynchronously to its host? True for GPUs (NCCL nodes): the host
-    enqueues kernels ahead; False for CPU ranks (gloo nodes), which execute their own ops."""
-    return cluster.node.backend != "gloo"
-
-
-def block_times(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    t: int,
-    sp: bool,
-    mb: int,
-    prec: str = "bf16",
-    kernels: LayerKernels = "fused",
-) -> BlockTimes:
-    """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
-    The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
-    plan's precision (fp8 linear layers, simulator.cost.precision); ``kernels``: the kernels a
-    layer runs (simulator.job.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops)."""
-    return _BLOCKS.get_or_make(
-        (model, cluster), (t, sp, mb, prec, kernels), lambda: _block_times(model, cluster, t, sp, mb, prec, kernels)
-    )
-
-
-def _block_times(
-    model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels
-) -> BlockTimes:
-    gpu = cluster.gpu
-    e = dtype_bytes(gpu)
-    slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
-    act = mb * model.seq_length * model.hidden_size * e
-    link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
-    asy = host_async(cluster)
-    vocab = padded_vocab_size(model, t)
-    layer_params = params.layer_params_per_rank(model, t)
-    layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
-    eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
-    eager = gpu.eager
-    cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
-    cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
-    bt = BlockTimes(
-        layer=pass_times(
-            layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
-            gpu,
-            slow,
-            layer_extra,
-            asy,
-            eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None,
-            dev,
-        ),
-        embedding=pass_times(
-            embedding_forward_ops(model, mb, t, sp, e),
-            gpu,
-            slow,
-            embedding_backward_extra_ops(model, t, e, vocab),
-            asy,
-            (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
-            dev,
-        ),
-        head=pass_times(
-            head_forward_ops(model, mb, t, sp, e, vocab),
-            gpu,
-            slow,
-            head_backward_extra_ops(model, t, e, vocab),
-            asy,
-            (eager.head_forward_us, eager.head_backward_us) if eager else None,
-            dev,
-        ),
-        tp_all_reduce=collectives.all_reduce_time(act, t, link),
-        act_bytes=act,
-        cp_forward=cp_f,
-        cp_backward=cp_b,
-        fp8_weight_cast=cast,
-        ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
-    )
-    return bt
-
-
-def _ring_exposure(
-    model: ModelSpec, cluster: ClusterSpec, t: int, mb: int, e: int, slow: float, asy: bool, dev: float
-) -> tuple[float, float]:
-    """Context parallelism's ring beside one layer's attention (forward, backward), priced
-    against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1. A
-    CPU rank (not ``asy``) runs its own ops and collectives one after another: nothing overlaps."""
-    if context_parallel(model) == 1:
-        return 0.0, 0.0
-    if not asy:
-        return context.ring_times(model, cluster, t, mb, e)
-    heads = model.num_attention_heads // t
-    attn = pass_times(attention_ops(model, mb, heads, e), cluster.gpu, slow, (), asy, None, dev)
-    return context.ring_exposure(model, cluster, t, mb, e, (attn.forward, attn.backward))
+    @property
+    def backward_span(self) -> Any:
+        """The backward and recompute passes on the compute stream, collectives included: what
+        gradient reductions and ZeRO-3 gathers hide behind (:attr:`forward_span`)."""
+        return self.total - self.forward_span
 
 
 @dataclass(frozen=True)
-class StageCost(StageShape):
+class StageCost(StageShape, StageSpans):
     """One pipeline device, one microbatch (all its chunks): its shape (layers, recomputation,
     parameters, embedding/head) and its times."""
 
@@ -200,30 +77,13 @@ class StageCost(StageShape):
     tp_comm: float = 0.0  # forward + backward + recompute TP collectives
     backward_weight: float = 0.0  # the weight-gradient part of backward (ZB-H1's W passes)
     cp_comm: float = 0.0  # forward + backward + recompute exposed context-parallel ring time
-    # prec=fp8 without cached weight copies (simulator.job.Runtime.fp8_weight_cache): the casts of
+    # prec=fp8 without cached weight copies (simulator.runtime_spec.Runtime.fp8_weight_cache): the casts of
     # the layers' weights in every forward and full recompute; not in ``total`` (runtime-dependent)
     weight_cast: float = 0.0
     ep_comm: float = 0.0  # forward + backward + full recompute token all-to-alls (expert parallelism)
     layer_params: float = 0.0  # the parameters of its transformer layers on one rank (fp8 parameters' gathers)
     turn: bool = False  # ZB-V's last rank: its two chunks meet there, two pipeline sends fewer per microbatch
     forward_comm: float = 0.0  # the forward pass's share of tp_comm, cp_comm and ep_comm
-
-    @property
-    def total(self) -> float:
-        return self.forward + self.backward + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
-
-    @property
-    def forward_span(self) -> float:
-        """The forward pass on the compute stream: its compute and the collectives inside it (TP,
-        the cp ring, the ep all-to-alls). Data-parallel and ZeRO traffic runs beside all of it, at
-        the contention price of simulator.cost.overlap (the DES's pass pieces hold the same)."""
-        return self.forward + self.forward_comm
-
-    @property
-    def backward_span(self) -> float:
-        """The backward and recompute passes on the compute stream, collectives included: what
-        gradient reductions and ZeRO-3 gathers hide behind (:attr:`forward_span`)."""
-        return self.total - self.forward_span
 
 
 def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], list[int]]:
@@ -314,6 +174,48 @@ def kind_groups(kinds: list[DeviceKind]) -> list[tuple[int, DeviceKind, int]]:
     return [(kinds.index(k), k, counts[k]) for k in dict.fromkeys(kinds)]
 
 
+class StageTimes(NamedTuple):
+    """Seconds per microbatch of one pipeline device (all its chunks), by kind (StageCost's fields):
+    numbers, or arrays in the batch estimate."""
+
+    forward: Any
+    backward: Any
+    backward_weight: Any
+    recompute: Any
+    tp_comm: Any
+    cp_comm: Any
+    ep_comm: Any
+    forward_comm: Any  # the forward pass's share of tp_comm, cp_comm and ep_comm
+    weight_cast: Any
+
+
+def stage_times(model: ModelSpec, bt: BlockTimes, n: Any, full: Any, sel: Any, first: Any, last: Any) -> StageTimes:
+    """The per-microbatch times of a device of ``n`` layers (``full`` and ``sel`` of them fully and
+    selectively recomputed) that holds the embedding (``first``) and the head (``last``), from
+    the layer-level times ``bt`` (:func:`stage_costs`): per layer tp_forward all-reduces of b*s*h
+    forward and tp_backward backward, tp_per_full_recompute more when it is fully recomputed; the
+    vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward; a recomputed
+    layer (full) or attention core (selective) runs its forward cp ring again; the token
+    all-to-alls run in the forward, the backward and a full recompute. Numbers or arrays alike
+    (the batch estimate passes the block times of each plan's (t, sp, mb, prec))."""
+    ar = bt.tp_all_reduce
+    a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
+    layer, emb, head = bt.layer, bt.embedding, bt.head
+    return StageTimes(
+        forward=n * layer.forward + first * emb.forward + last * head.forward,
+        backward=n * layer.backward + first * emb.backward + last * head.backward,
+        backward_weight=n * layer.backward_weight + first * emb.backward_weight + last * head.backward_weight,
+        recompute=full * layer.forward + sel * layer.attention_core,
+        tp_comm=(tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * ar
+        + first * TP_EMBEDDING * ar
+        + last * TP_HEAD * ar,
+        cp_comm=n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward,
+        ep_comm=(2 * n + full) * a2a,
+        forward_comm=n * (tp_forward(model) * ar + bt.cp_forward + a2a) + first * TP_EMBEDDING * ar,
+        weight_cast=(n + full) * bt.fp8_weight_cast,
+    )
+
+
 def _make_stages(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
@@ -321,30 +223,9 @@ def _make_stages(
     p = plan.p
     layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
     vocab = padded_vocab_size(model, plan.t)
-    tp_f, tp_l, tp_r = tp_forward(model), tp_per_layer(model), tp_per_full_recompute(model)
-    a2a = experts.ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
 
-    def cost(kind: DeviceKind) -> StageCost:  # simulator.analytic.batch._stages mirrors it over arrays
+    def cost(kind: DeviceKind) -> StageCost:
         n, full, sel, first, last, turn = kind
-        fwd = n * bt.layer.forward
-        bwd = n * bt.layer.backward
-        bwd_w = n * bt.layer.backward_weight
-        recompute = full * bt.layer.forward + sel * bt.layer.attention_core
-        tp = (tp_l * n + tp_r * full) * bt.tp_all_reduce
-        # a recomputed layer (full) or attention core (selective) runs its forward ring again
-        cp = n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward
-        in_forward = n * (tp_f * bt.tp_all_reduce + bt.cp_forward + a2a)
-        if first:
-            fwd += bt.embedding.forward
-            bwd += bt.embedding.backward
-            bwd_w += bt.embedding.backward_weight
-            tp += TP_EMBEDDING * bt.tp_all_reduce
-            in_forward += TP_EMBEDDING * bt.tp_all_reduce
-        if last:
-            fwd += bt.head.forward
-            bwd += bt.head.backward
-            bwd_w += bt.head.backward_weight
-            tp += TP_HEAD * bt.tp_all_reduce
         return StageCost(
             layers=n,
             full_layers=full,
@@ -352,18 +233,10 @@ def _make_stages(
             params=params.stage_params_per_rank(model, plan.t, p, n, first, last, vocab),
             first=first,
             last=last,
-            forward=fwd,
-            backward=bwd,
-            recompute=recompute,
-            tp_comm=tp,
-            backward_weight=bwd_w,
-            cp_comm=cp,
-            weight_cast=(n + full) * bt.fp8_weight_cast,
-            ep_comm=(2 * n + full) * a2a,
             sharded_extra=n * sharded_extra,  # the embedding and head hold no experts
             layer_params=n * layer_params,
             turn=turn,
-            forward_comm=in_forward,
+            **stage_times(model, bt, n, full, sel, first, last)._asdict(),
         )
 
     kinds = device_kinds(plan, model.num_layers)

@@ -4,19 +4,11 @@ One model, in two forms that agree (tests/test_stage_memory.py):
 
 * :func:`stage_memory` -- the analytic estimate's breakdown of a device's peak (params, grads,
   optimizer, activations, buffers) for a plan's layer split and recomputation;
-* :class:`DeviceMemoryModel` -- the same bytes as a linear function of the device's per-chunk
-  layer counts n_c, fully recomputed layers f_c and selectively recomputed layers s_c, for the
-  CP-SAT partitioner (autoplan.partition), one expression per reachable occupancy vector k:
+* :class:`~simulator.cost.stage_memory_linear.DeviceMemoryModel` -- the same bytes as a linear
+  function of the device's per-chunk layer counts, for the CP-SAT partitioner.
 
-      mem = fixed + a_none * [any f_c > 0]
-            + sum_c [ (states_layer + k_c a_none + w) n_c + k_c (a_full - a_none) f_c + k_c (a_sel - a_none) s_c ]
-            + gpipe * sum_c [ (a_none - a_full) f_c + (a_none - a_sel) s_c ]
-
-  where ``gpipe`` is 1 for GPipe with m > 1 (its last microbatch is not recomputed, so it
-  keeps its layers' full activations) and ``w`` the inputs ZB-H1's deferred weight gradients keep
-  per layer (0 for the other schedules). The gradient buckets depend on the stage's parameter
-  count, min(2 * bucket, psi * grad bytes); the linear form takes their cap, so it is the
-  exact peak once a stage's gradients exceed two buckets and an upper bound below that.
+Each term is a rule over numbers or arrays alike (simulator.numeric): the batch estimate
+(simulator.analytic.batch) calls the same functions for many plans' stages.
 
 Terms (all per rank of the device):
     states      = model_state_bytes(psi) (ZeRO 0-3, offload; simulator.cost.memory), psi the
@@ -28,23 +20,25 @@ Terms (all per rank of the device):
     buffers     = gradient buckets (d > 1 or offload), ZeRO-3 gathered layers, the last
                   stage's logits per in-flight microbatch (the saved cross-entropy softmax)
                   and its loss backward's gradients, the pipeline send/receive buffers, and
-                  the program's compute-dtype weight copies (autocast; simulator.job.Runtime) and
+                  the program's compute-dtype weight copies (autocast; simulator.runtime_spec.Runtime) and
                   the fp8 weight copies of prec=fp8 (simulator.cost.precision).
-                  The linear form prices the default runtime's (Megatron-style) buffers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes, fp8_weight_bytes, linear_input_bytes
+from simulator.cost.precision import fp8_weight_bytes, linear_input_bytes
 from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
+from simulator.numeric import where
 from simulator.plan import Plan
+from simulator.runtime_spec import CrossEntropy, StateLayout
 from simulator.specs import ModelSpec
 
 _ACTIVATIONS = IdentityCache(4096)
@@ -53,15 +47,46 @@ _ACT_PEAK = IdentityCache(16384)
 
 @dataclass(frozen=True)
 class StageMemory:
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float
+    """Bytes of one rank of a pipeline device at its peak, by kind: numbers, or arrays (plans x
+    stages) in the batch estimate."""
+
+    params: Any
+    grads: Any
+    optimizer: Any
+    activations: Any
+    buffers: Any
 
     @property
-    def total(self) -> float:
+    def total(self) -> Any:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+class StageLike(Protocol):
+    """What the rules read of a pipeline stage: simulator.cost.stage.StageCost for one plan, the
+    batch estimate's StageArrays (an array per field, plans x stages) for many."""
+
+    @property
+    def layers(self) -> Any: ...
+    @property
+    def full_layers(self) -> Any: ...
+    @property
+    def first(self) -> Any: ...
+    @property
+    def last(self) -> Any: ...
+    @property
+    def params(self) -> Any: ...
+    @property
+    def layer_params(self) -> Any: ...  # its transformer layers' parameters on one rank
+    @property
+    def forward(self) -> Any: ...
+    @property
+    def backward(self) -> Any: ...
+    @property
+    def recompute(self) -> Any: ...
+    @property
+    def forward_span(self) -> Any: ...
+    @property
+    def backward_span(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -115,15 +140,15 @@ def stage_buffers(
     stage: int,
     last: bool,
     psi: float | None,
-    loss: memory.CrossEntropy = "fp32",
+    loss: CrossEntropy = "fp32",
 ) -> float:
     """Buffers of one rank of device ``stage`` (module docstring): :func:`sharding_buffers` +
     :func:`flight_buffers`."""
     return sharding_buffers(model, plan, psi) + flight_buffers(model, cluster, plan, m, stage, last, loss)
 
 
-def weight_copies_held(weight_copy_bytes: float, stage_params: float) -> float:
-    """The program's compute-dtype weight copies at the stage's peak (simulator.job.Runtime.
+def weight_copies_held(weight_copy_bytes: float, stage_params: Any) -> Any:
+    """The program's compute-dtype weight copies at the stage's peak (simulator.runtime_spec.Runtime.
     weight_copy_bytes per parameter of the stage). Autocast caches a weight's bf16 copy until
     its context exits: autoplan's program holds one context over the whole pipeline schedule
     (p > 1) and, without a pipeline, one over each microbatch's forward, at whose end every
@@ -136,14 +161,18 @@ def weight_copies_held(weight_copy_bytes: float, stage_params: float) -> float:
 
 
 def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
-    """The buffers that data parallelism, ZeRO and offload add: gradient buckets (d > 1 or
-    offload; ``psi`` None: at their cap, the linear form) and ZeRO-3's gathered layers."""
-    out = 0.0
-    if plan.d > 1 or plan.offload != "none":
-        out += memory.gradient_bucket_bytes(float("inf") if psi is None else psi)
-    if plan.zero == 3:
-        out += memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
-    return out
+    """The buffers that data parallelism, ZeRO and offload add (:func:`sharding_buffer_bytes`) to
+    a rank of ``psi`` parameters (None: the gradient buckets at their cap, the linear form)."""
+    working_set = memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
+    buckets = plan.d > 1 or plan.offload != "none"
+    return sharding_buffer_bytes(float("inf") if psi is None else psi, buckets, plan.zero == 3, working_set)
+
+
+def sharding_buffer_bytes(psi: Any, buckets: Any, zero3: Any, working_set: Any) -> Any:
+    """Gradient buckets (``buckets``: d > 1 or offload; simulator.cost.memory.gradient_bucket_bytes
+    of the ``psi`` parameters) and ZeRO-3's gathered layers (``working_set``, with ``zero3``).
+    Numbers or arrays alike."""
+    return where(buckets, memory.gradient_bucket_bytes(psi), 0.0) + where(zero3, working_set, 0.0)
 
 
 def flight_buffers(
@@ -153,18 +182,24 @@ def flight_buffers(
     m: int,
     stage: int,
     last: bool,
-    loss: memory.CrossEntropy = "fp32",
+    loss: CrossEntropy = "fp32",
 ) -> float:
     """The buffers the pipeline schedule fixes: the last stage's logits per in-flight microbatch
-    (``loss``: how the program computes the cross-entropy, simulator.job.Runtime.cross_entropy)
-    and the pipeline send/receive buffers."""
+    (``loss``: how the program computes the cross-entropy, simulator.runtime_spec.Runtime.cross_entropy)
+    and the pipeline send/receive buffers (:func:`flight_buffer_bytes`)."""
     e = dtype_bytes(cluster.gpu)
     b, t = plan.mb, plan.t
-    out = 0.0
-    if last:
-        inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, plan.v - 1)
-        out += memory.logits_buffer_bytes(model, b, t, e, padded_vocab_size(model, t), loss, inflight)
-    return out + memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
+    inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, plan.v - 1) if last else 0.0
+    logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t))
+    pipe = memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
+    return flight_buffer_bytes(last, logits, inflight, loss, e, pipe)
+
+
+def flight_buffer_bytes(last: Any, logits: Any, inflight: Any, loss: CrossEntropy, e: int, pipe: Any) -> Any:
+    """On the last stage (``last``) its ``logits`` elements at the loss's peak with ``inflight``
+    microbatches in flight (simulator.cost.memory.logits_buffer_bytes), plus the ``pipe`` bytes of
+    pipeline buffers. Numbers or arrays alike."""
+    return where(last, memory.logits_buffer_bytes(logits, loss, e, inflight), 0.0) + pipe
 
 
 def stage_memory(
@@ -174,21 +209,34 @@ def stage_memory(
     m: int,
     stage: int,
     shape: StageShape,
-    loss: memory.CrossEntropy = "fp32",
+    loss: CrossEntropy = "fp32",
     weight_copy_bytes: float = 0.0,
-    state_layout: memory.StateLayout = "mixed",
+    state_layout: StateLayout = "mixed",
 ) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss``,
-    ``weight_copy_bytes`` and ``state_layout``: the program's (simulator.job.Runtime)."""
+    ``weight_copy_bytes`` and ``state_layout``: the program's (simulator.runtime_spec.Runtime)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
     states = memory.model_state_bytes(
         shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params
     )
-    act = activation_peak(model, cluster, plan, m, stage, shape)
-    buffers = stage_buffers(model, cluster, plan, m, stage, shape.last, shape.params, loss)
-    buffers += weight_copies_held(weight_copy_bytes, shape.params) + fp8_weight_copies(model, plan, shape.layers, e)
-    return StageMemory(states.params, states.grads, states.optimizer, act, buffers)
+    return stage_peak(
+        states,
+        activation_peak(model, cluster, plan, m, stage, shape),
+        sharding_buffers(model, plan, shape.params),
+        flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
+        weight_copies_held(weight_copy_bytes, shape.params),
+        fp8_weight_copies(model, plan, shape.layers, e),
+    )
+
+
+def stage_peak(
+    states: memory.ModelStates, activations: Any, sharding: Any, flight: Any, weight_copies: Any, fp8_copies: Any
+) -> StageMemory:
+    """A stage's peak from its terms (module docstring): the model states, the activations, and as
+    buffers the sharding and in-flight buffers and the weight copies. Numbers or arrays alike."""
+    buffers = (sharding + flight) + (weight_copies + fp8_copies)
+    return StageMemory(states.params, states.grads, states.optimizer, activations, buffers)
 
 
 def activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> float:
@@ -206,29 +254,65 @@ def _activation_peak(
 ) -> float:
     e = dtype_bytes(cluster.gpu)
     sp, b, t = bool(plan.sp), plan.mb, plan.t
-    per_full, per_sel, per_none = layer_activations(model, b, t, sp, e, plan.prec)
-    inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+    per_layer = layer_activations(model, b, t, sp, e, plan.prec)
     if plan.v == 1 or (plan.layers is None and plan.recompute is None):  # equal chunks
-        none_layers = shape.layers - shape.full_layers - shape.selective_layers
-        act = inflight * (shape.full_layers * per_full + shape.selective_layers * per_sel + none_layers * per_none)
+        inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
+        occupied = held_activations(inflight, shape.layers, shape.full_layers, shape.selective_layers, *per_layer)
     else:  # chunks of the device may differ: the schedule's worst per-chunk occupancy
         sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
         held = [
-            f * per_full + s_ * per_sel + (n - f - s_) * per_none
+            held_activations(1, n, f, s_, *per_layer)
             for (f, s_), n in ((rec[c], sizes[c]) for c in rank_chunks(plan.schedule, plan.p, plan.v)[stage])
         ]
-        act = max(
+        occupied = max(
             sum(k * x for k, x in zip(vec, held))
             for vec in memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
         )
-    act += per_none if shape.full_layers else 0.0
-    if plan.schedule == "gpipe" and m > 1:
-        act += shape.full_layers * (per_none - per_full) + shape.selective_layers * (per_none - per_sel)
-    act += pending_weight_inputs(model, cluster, plan, m, stage) * shape.layers
-    if shape.first:
-        emb = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, 0)
-        act += emb * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp)
-    return act
+    emb_inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, 0) if shape.first else 0.0
+    return activation_bytes(
+        occupied,
+        shape.layers,
+        shape.full_layers,
+        shape.selective_layers,
+        per_layer,
+        plan.schedule == "gpipe" and m > 1,
+        pending_weight_inputs(model, cluster, plan, m, stage),
+        shape.first,
+        emb_inflight * memory.embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
+    )
+
+
+def held_activations(
+    inflight: Any, layers: Any, full: Any, sel: Any, per_full: Any, per_sel: Any, per_none: Any
+) -> Any:
+    """The activations ``inflight`` microbatches keep of ``layers`` layers of which ``full`` and
+    ``sel`` are fully and selectively recomputed, at (``per_full``, ``per_sel``, ``per_none``)
+    bytes per layer and microbatch (:func:`layer_activations`). Numbers or arrays alike."""
+    return inflight * (full * per_full + sel * per_sel + (layers - full - sel) * per_none)
+
+
+def activation_bytes(
+    occupied: Any,
+    layers: Any,
+    full: Any,
+    sel: Any,
+    per_layer: tuple[Any, Any, Any],
+    gpipe_kept: Any,
+    pending_per_layer: Any,
+    first: Any,
+    embedding: Any,
+) -> Any:
+    """A device's activations at its peak (module docstring) from what its in-flight microbatches
+    hold (``occupied``: :func:`held_activations` at the schedule's worst occupancy): one layer's
+    full activations while it is recomputed (``full`` > 0), GPipe's last microbatch kept whole
+    (``gpipe_kept``), ZB-H1's deferred weight gradients' inputs (``pending_per_layer`` per layer:
+    :func:`pending_weight_inputs`) and on the first stage (``first``) the in-flight embedding
+    masks (``embedding`` bytes). Numbers or arrays alike."""
+    per_full, per_sel, per_none = per_layer
+    act = occupied + where(full > 0, per_none, 0.0)
+    act = act + where(gpipe_kept, full * (per_none - per_full) + sel * (per_none - per_sel), 0.0)
+    act = act + pending_per_layer * layers
+    return act + where(first, embedding, 0.0)
 
 
 def pending_weight_inputs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int) -> float:
@@ -241,80 +325,3 @@ def pending_weight_inputs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m:
     e = dtype_bytes(cluster.gpu)
     li = linear_input_bytes(plan.prec, e)
     return pending * memory.weight_grad_input_bytes(model, plan.mb, plan.t, bool(plan.sp), li)
-
-
-@dataclass(frozen=True)
-class DeviceMemoryModel:
-    """The linear form of :func:`stage_memory` for one device (module docstring)."""
-
-    fixed: float  # bytes that do not scale with the device's layers
-    layer_states: float  # model states of one layer
-    a_full: float
-    a_sel: float
-    a_none: float
-    occupancy: tuple[tuple[int, ...], ...]  # reachable per-chunk in-flight counts (memory.chunk_occupancy)
-    gpipe_last_kept: bool  # GPipe, m > 1: the last microbatch keeps full activations
-    pending_w: float = 0.0  # ZB-H1: bytes per layer of the deferred weight gradients' inputs
-
-    @staticmethod
-    def of(
-        model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, first: bool, last: bool
-    ) -> DeviceMemoryModel:
-        e = dtype_bytes(cluster.gpu)
-        pb, gb, k = memory.state_bytes_per_param(e)
-        a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e, plan.prec)
-        psi_layer = params.layer_params_per_rank(model, plan.t)
-        layer_states = memory.model_state_bytes(
-            psi_layer,
-            plan.shard_group,
-            plan.zero,
-            plan.offload,
-            pb,
-            gb,
-            k,
-            psi_layer + params.layer_sharded_extra(model, plan.t),
-        ).total
-        if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
-            layer_states += fp8_layer_bytes(plan, psi_layer, e)
-        layer_states += fp8_shard_bytes(plan, psi_layer, e)  # fp8 parameters' ZeRO-3 shards
-        psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
-        fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
-        fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
-        if plan.zero == 3:
-            fixed += memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
-        if first:
-            inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, 0)
-            fixed += inflight * memory.embedding_activation_bytes(
-                plan.mb, model.seq_length, model.hidden_size, plan.t, bool(plan.sp)
-            )
-        occupancy = memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
-        return DeviceMemoryModel(
-            fixed,
-            layer_states,
-            a_full,
-            a_sel,
-            a_none,
-            occupancy,
-            plan.schedule == "gpipe" and m > 1,
-            pending_weight_inputs(model, cluster, plan, m, stage),
-        )
-
-    def coefficients(self, vec: tuple[int, ...]) -> list[tuple[float, float, float]]:
-        """Per chunk of the device, the bytes per unit of (n_c, f_c, s_c) under occupancy ``vec``."""
-        g = 1.0 if self.gpipe_last_kept else 0.0
-        return [
-            (
-                self.layer_states + k * self.a_none + self.pending_w,
-                k * (self.a_full - self.a_none) + g * (self.a_none - self.a_full),
-                k * (self.a_sel - self.a_none) + g * (self.a_none - self.a_sel),
-            )
-            for k in vec
-        ]
-
-    def bytes(self, n: list[int], f: list[int], s: list[int]) -> float:
-        """The peak for the device's chunks' (n, f, s), in local chunk order."""
-        worst = max(
-            sum(cn * nc + cf * fc + cs * sc for (cn, cf, cs), nc, fc, sc in zip(self.coefficients(vec), n, f, s))
-            for vec in self.occupancy
-        )
-        return self.fixed + (self.a_none if any(f) else 0.0) + worst

@@ -21,16 +21,20 @@ the DES program (:mod:`simulator.des.program`) apply (docs/design.md section 4.1
 
 from __future__ import annotations
 
+from typing import Any
+
 from hwprofiles.algorithms import Collective
-from hwprofiles.schema import ClusterSpec
+from hwprofiles.schema import ClusterSpec, NodeProfile
 from simulator.cost import collectives, layout
+from simulator.cost.block_times import compute_slowdown, device_slowdown, host_async
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
-from simulator.cost.stage import compute_slowdown, device_slowdown, host_async
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
-from simulator.cost.zero3 import fsdp2_sharded
-from simulator.job import Job, Runtime
+from simulator.cost.zero3 import fsdp2_sharded_by
+from simulator.job import Job
+from simulator.numeric import maximum, negate, where
 from simulator.plan import Plan
+from simulator.runtime_spec import Runtime
 from simulator.specs import ModelSpec
 
 ADAM_HBM_BYTES_PER_PARAM = 28  # Adam alone: read grad, param, m, v; write param, m, v (fp32)
@@ -55,13 +59,12 @@ def param_gather_bytes(e: int) -> int:
     return min(e, 2)
 
 
-def local_params(psi: float, plan: Plan, psi_sharded: float | None = None) -> float:
+def local_params(psi: Any, zero: Any, shard_group: Any, psi_sharded: Any = None) -> Any:
     """Parameters whose optimizer state one rank steps: its 1/d shard with ZeRO >= 1 (1/hsdp
-    with hybrid sharding: every replicate group steps its own copy) of ``psi_sharded`` (the
-    sharded parameters when not ``psi``: simulator.cost.memory.model_state_bytes)."""
-    if plan.zero >= 1:
-        return (psi if psi_sharded is None else psi_sharded) / plan.shard_group
-    return psi
+    with hybrid sharding: every replicate group steps its own copy, ``shard_group`` the plan's
+    Plan.shard_group) of ``psi_sharded`` (the sharded parameters when not ``psi``:
+    simulator.cost.memory.model_state_bytes). Numbers or arrays alike."""
+    return where(zero >= 1, (psi if psi_sharded is None else psi_sharded) / shard_group, psi)
 
 
 def optimizer_tensors(model: ModelSpec, layers: int) -> int:
@@ -70,17 +73,17 @@ def optimizer_tensors(model: ModelSpec, layers: int) -> int:
     return layers * layer_param_tensors(model) + NON_LAYER_TENSORS
 
 
-def host_state_bytes(job: Job, psi_local: float) -> float:
-    """Host memory of a node under offload: each of its ranks keeps CPU_ADAM_STATE_BYTES per
-    parameter of its shard, plus the fp16 parameters with ZeRO-3 (ZeRO-Offload, Ren et al.
-    2021; ZeRO-Infinity keeps them on the host too)."""
-    per_param = CPU_ADAM_STATE_BYTES + (2 if job.plan.zero == 3 else 0)
-    return job.cluster.gpus_per_node * psi_local * per_param
+def host_state_bytes(gpus_per_node: int, psi_local: Any, zero: Any) -> Any:
+    """Host memory of a node under offload: each of its ``gpus_per_node`` ranks keeps
+    CPU_ADAM_STATE_BYTES per parameter of its shard, plus the fp16 parameters with ZeRO-3
+    (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity keeps them on the host too). Numbers or arrays."""
+    return gpus_per_node * psi_local * (CPU_ADAM_STATE_BYTES + where(zero == 3, 2, 0))
 
 
-def host_fits(job: Job, host_bytes: float) -> bool:
-    """Offloaded state fits: it spills to NVMe with offload=nvme, else it must fit the host."""
-    return job.plan.offload == "nvme" or host_bytes <= job.cluster.node.host_memory_GiB * 2**30
+def host_fits(node: NodeProfile, host_bytes: Any, offloaded: Any, nvme: Any) -> Any:
+    """Offloaded state fits: nothing is offloaded, or it spills to NVMe (``nvme``), or it fits
+    the host's memory. Numbers or arrays alike."""
+    return negate(offloaded) | nvme | (host_bytes <= node.host_memory_GiB * 2**30)
 
 
 def pipeline_send(cluster: ClusterSpec, plan: Plan, act_bytes: float, crosses: bool) -> tuple[float, float]:
@@ -125,22 +128,50 @@ def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
     return norm + collectives.all_reduce_time(LOSS_BYTES, plan.d, dp_link)
 
 
-def dtensor_params(plan: Plan, runtime: Runtime) -> bool:
+def step_end_seconds(offloaded: Any, optimizer: Any, offload: Any) -> tuple[Any, Any]:
+    """(optimizer seconds, offload seconds) at the step's end: the GPU's optimizer step, or with
+    offload (``offloaded``) the host's instead (simulator.analytic.offload.offload_time)."""
+    return where(offloaded, 0.0, optimizer), where(offloaded, offload, 0.0)
+
+
+def dp_step_exposed(dp_exposed: Any, tied_embedding: Any, sync: Any) -> Any:
+    """The data-parallel time a step exposes at its end: what the gradient reduction exposes, the
+    tied embedding's all-reduce and the step's scalar all-reduces (:func:`step_sync_time`)."""
+    return dp_exposed + (tied_embedding + sync)
+
+
+def step_seconds(pipeline: Any, dp_exposed: Any, gather_after: Any, optimizer: Any, offload: Any) -> Any:
+    """One iteration (simulator.analytic's module docstring): the pipeline's time, the exposed
+    data-parallel time (:func:`dp_step_exposed`), the parameter all-gather after the step, the
+    optimizer step or the offloaded one. Numbers or arrays alike."""
+    return pipeline + dp_exposed + gather_after + optimizer + offload
+
+
+def dtensor_params(t: Any, d: Any, zero: Any, runtime: Runtime) -> Any:
     """Are the rank's parameters DTensors, every optimizer op on them dispatched through DTensor
     (the profile's ``tp_optimizer_tensor_us`` per tensor, hwprofiles.schema.EagerHost): under
-    tensor parallelism (t > 1), and where FSDP2 shards them (simulator.cost.zero3.fsdp2_sharded),
+    tensor parallelism (t > 1), and where FSDP2 shards them (simulator.cost.zero3.fsdp2_sharded_by),
     which keeps each sharded parameter as a DTensor (torch/distributed/fsdp/_fully_shard/
     _fsdp_param.py: ``self.sharded_param = nn.Parameter(self.to_sharded_dtensor(...))``).
     Measured on one CPU core (benchmarks/fsdp_host_probe.py): torch's AdamW over FSDP2's
     parameters takes about 5x as long per tensor as over plain ones, as the profile's
-    tp_optimizer_tensor_us / optimizer_tensor_us (223 / 41.7 us) says."""
-    return plan.t > 1 or fsdp2_sharded(plan, runtime)
+    tp_optimizer_tensor_us / optimizer_tensor_us (223 / 41.7 us) says. Numbers or arrays alike."""
+    return (t > 1) | fsdp2_sharded_by(d, zero, runtime)
 
 
 def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
+    """:func:`optimizer_seconds` of ``job``'s plan."""
+    plan = job.plan
+    return optimizer_seconds(
+        job.cluster, psi_local, param_tensors, dtensor_params(plan.t, plan.d, plan.zero, job.runtime)
+    )
+
+
+def optimizer_seconds(cluster: ClusterSpec, psi_local: Any, param_tensors: Any, dtensor: Any) -> Any:
     """The optimizer step of one rank holding ``psi_local`` parameters in ``param_tensors``
-    tensors. With a calibrated eager optimizer (``eager.optimizer_param_ns``):
-        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us for DTensor parameters: :func:`dtensor_params`),
+    tensors (DTensors: ``dtensor``, :func:`dtensor_params`). With a calibrated eager optimizer
+    (``eager.optimizer_param_ns``):
+        host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us for DTensor parameters),
         work = psi_local * optimizer_param_ns,
         step = host + work on a CPU rank, max(host, work) on a GPU (as ops.pass_times);
     otherwise the step streams through HBM OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
@@ -149,17 +180,19 @@ def optimizer_time(job: Job, psi_local: float, param_tensors: int) -> float:
     multiply (4 + 4), Adam (read grad, master, m, v, write master, m, v: 28), fp32 master back
     to the fp16 parameters (4 + 2)); fp32 training (e = 4: no master copy) streams Adam's 28
     bytes; plus per tensor the eager ``optimizer_tensor_us`` when measured, else one launch.
-    Ranks sharing a processor slow each other (stage.compute_slowdown); the device's work runs
-    at the slowest GPU's pace (stage.device_slowdown)."""
-    gpu = job.cluster.gpu
+    Ranks sharing a processor slow each other (block_times.compute_slowdown); the device's work runs
+    at the slowest GPU's pace (block_times.device_slowdown). Numbers or arrays alike."""
+    gpu = cluster.gpu
     eager = gpu.eager
-    dev = device_slowdown(job.cluster)
+    dev = device_slowdown(cluster)
     if eager is not None and eager.optimizer_param_ns is not None:
-        host = param_tensors * eager.optimizer_us(dtensor_params(job.plan, job.runtime)) * 1e-6
+        host = param_tensors * where(dtensor, eager.optimizer_us(True), eager.optimizer_us(False)) * 1e-6
         work = psi_local * eager.optimizer_param_ns * 1e-9 * dev
-        step = max(host, work) if host_async(job.cluster) else host + work
-        return step * compute_slowdown(job.cluster)
+        step = maximum(host, work) if host_async(cluster) else host + work
+        return step * compute_slowdown(cluster)
     per_param = OPTIMIZER_STEP_BYTES_PER_PARAM if dtype_bytes(gpu) <= 2 else ADAM_HBM_BYTES_PER_PARAM
     stream = per_param * psi_local / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency) * dev
-    per_tensor_us = eager.optimizer_us(dtensor_params(job.plan, job.runtime)) if eager else gpu.kernel_launch_us
-    return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(job.cluster)
+    per_tensor_us = (
+        where(dtensor, eager.optimizer_us(True), eager.optimizer_us(False)) if eager else gpu.kernel_launch_us
+    )
+    return (stream + param_tensors * per_tensor_us * 1e-6) * compute_slowdown(cluster)

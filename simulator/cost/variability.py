@@ -10,7 +10,7 @@ the step's compute runs at the slowest GPU's speed. With per-GPU speeds normal a
 median, relative standard deviation ``spread`` (the GPU profile's ``speed_spread``), the slowest
 of n GPUs is expected to run at 1 - spread * z(n), where z(n) is the expected largest of n
 standard normal samples; the device's work takes 1 / (1 - spread * z(n)) times as long (the
-host that issues it is not slowed: simulator.cost.stage.device_slowdown).
+host that issues it is not slowed: simulator.cost.block_times.device_slowdown).
 
 z(n) by Blom's approximation of normal order statistics (Blom 1958, "Statistical Estimates and
 Transformed Beta-Variables"): z(n) = Phi^-1((n - 0.375) / (n + 0.25)); z(1) = 0, z(8) = 1.434

@@ -82,7 +82,7 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: 
           reduction (e) in two kernels.
     """
     s, h, a = model.seq_length, model.hidden_size, model.num_attention_heads
-    f, kv = model.ffn, model.kv_size
+    kv = model.kv_size
     tok = b * s
     tok_sp = tok / t if sp else tok
     heads = a // t
@@ -99,18 +99,8 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: 
     ]
     if model.num_experts:  # a mixture of experts (simulator.cost.experts)
         ops += moe_mlp_ops(model, b, t, sp, e)
-    elif model.activation == "swiglu":
-        ops += [
-            gemm("fc1", tok, 2 * f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
-            elementwise("swiglu", tok * f / t, 3 * e, 6, bwd_kernels=1, bwd_bytes_per_element=5 * e),
-            gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
-        ]
     else:
-        ops += [
-            gemm("fc1", tok, f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
-            elementwise("gelu", tok * f / t, 2 * e, 8, bwd_kernels=2, bwd_bytes_per_element=4 * e),
-            gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
-        ]
+        ops += dense_mlp_ops(model, tok, t, e, prec)
     ops += [
         elementwise(
             "dropout_residual2", tok_sp * h, 3 * e + 1, 2, kernels=2, bwd_kernels=3, bwd_bytes_per_element=6 * e + 1
@@ -119,6 +109,24 @@ def layer_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: 
     if prec == Precision.FP8:
         ops.append(fp8_cast_op(model, b, t, e))
     return ops
+
+
+def dense_mlp_ops(model: ModelSpec, tok: int, t: int, e: int, prec: str) -> list[Op]:
+    """Forward ops of a dense MLP over ``tok`` tokens on one TP rank (:func:`layer_forward_ops`):
+    SwiGLU (fc1 computing the gate and up projections, the fused swiglu) or GELU (fc1, the fused
+    bias-gelu), then fc2."""
+    h, f = model.hidden_size, model.ffn
+    if model.activation == "swiglu":
+        return [
+            gemm("fc1", tok, 2 * f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
+            elementwise("swiglu", tok * f / t, 3 * e, 6, bwd_kernels=1, bwd_bytes_per_element=5 * e),
+            gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
+        ]
+    return [
+        gemm("fc1", tok, f // t, h, e, dtype=gemm_dtype(prec, "fc1")),
+        elementwise("gelu", tok * f / t, 2 * e, 8, bwd_kernels=2, bwd_bytes_per_element=4 * e),
+        gemm("fc2", tok, h, f // t, e, dtype=gemm_dtype(prec, "fc2")),
+    ]
 
 
 def layer_backward_extra_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, params_per_rank: float) -> list[Op]:

@@ -31,7 +31,7 @@ at the contention price of simulator.cost.overlap:
     forward:  g + overlap_cost(C_f, G - g) + copy_out
     backward: g + r + overlap_cost(C_b, G_b + R - g - r) + copy_out
 with G_b = G (FSDP2) or G * (1 + fully recomputed fraction) (DeepSpeed).
-FSDP2's ZeRO-2 (``reshard_after_forward=False``, simulator.job.Runtime.zero2) prices the same way
+FSDP2's ZeRO-2 (``reshard_after_forward=False``, simulator.runtime_spec.Runtime.zero2) prices the same way
 with one pass of gathers (the forward's), its backward then ``r + overlap_cost(C_b, R - r)``.
 On a CPU rank (gloo) FSDP2 overlaps nothing: its streams are no-ops there, each forward waits
 for its unit's gather and each reduce-scatter is issued blocking, and its hooks' Python runs on
@@ -41,20 +41,36 @@ the rank's thread; the pass grows by all its traffic and copies plus :func:`fsdp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.cost import collectives, layout
 from simulator.cost.overlap import overlap_cost
-from simulator.cost.stage import StageCost
-from simulator.job import Runtime
+from simulator.cost.stage_memory import StageLike
+from simulator.numeric import maximum, where
 from simulator.plan import Plan
+from simulator.runtime_spec import Runtime
 
 
 def reduce_bytes(runtime: Runtime, e: int) -> int:
     """Bytes per gradient element of a ZeRO-2/3 reduce-scatter: the runtime's reduce dtype,
     never below the training dtype's (a fp32 run reduces in fp32)."""
     return max(e, runtime.sharded_reduce_bytes)
+
+
+class ShardedCollectives(Protocol):
+    """The collectives of a plan's sharded states: over the shard group (``n`` ranks), and the
+    all-reduce across the replicas of hybrid sharding (0 without). :class:`ShardLinks` for one
+    plan; the batch estimate's figures for many (numbers or arrays)."""
+
+    @property
+    def n(self) -> Any: ...
+
+    def all_gather(self, size_bytes: Any) -> Any: ...
+
+    def reduce_scatter(self, size_bytes: Any) -> Any: ...
+
+    def replica_all_reduce(self, size_bytes: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,20 @@ class ShardLinks:
     n: int
     replica: collectives.GroupLink | None
     replicas: int
+
+    def all_gather(self, size_bytes: float) -> float:
+        """An all-gather of ``size_bytes`` (the gathered buffer) over the shard group."""
+        return collectives.all_gather_time(size_bytes, self.n, self.shard)
+
+    def reduce_scatter(self, size_bytes: float) -> float:
+        """A reduce-scatter of ``size_bytes`` (the input buffer) over the shard group."""
+        return collectives.reduce_scatter_time(size_bytes, self.n, self.shard)
+
+    def replica_all_reduce(self, size_bytes: float) -> float:
+        """An all-reduce of ``size_bytes`` across the replicas; 0 without hybrid sharding."""
+        if self.replica is None:
+            return 0.0
+        return collectives.all_reduce_time(size_bytes, self.replicas, self.replica)
 
 
 def shard_links(cluster: ClusterSpec, plan: Plan) -> ShardLinks:
@@ -79,13 +109,10 @@ def shard_links(cluster: ClusterSpec, plan: Plan) -> ShardLinks:
     return ShardLinks(shard, plan.shard_group, replica, plan.replicas)
 
 
-def sharded_reduce_time(size_bytes: float, links: ShardLinks) -> float:
+def sharded_reduce_time(size_bytes: Any, links: ShardedCollectives) -> Any:
     """Reduce a gradient buffer of ``size_bytes`` into shards: a reduce-scatter over the shard
     group, then (hybrid sharding) an all-reduce of the 1/n shard across the replicas."""
-    out = collectives.reduce_scatter_time(size_bytes, links.n, links.shard)
-    if links.replica is not None:
-        out += collectives.all_reduce_time(size_bytes / links.n, links.replicas, links.replica)
-    return out
+    return links.reduce_scatter(size_bytes) + links.replica_all_reduce(size_bytes / links.n)
 
 
 def copy_out_time(gathered: float, runtime: Runtime, gpu: GpuProfile) -> float:
@@ -97,10 +124,10 @@ def copy_out_time(gathered: float, runtime: Runtime, gpu: GpuProfile) -> float:
     return 2 * gathered / (gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_efficiency)
 
 
-def regather_fraction(runtime: Runtime, full_layers: int, layers: int) -> float:
+def regather_fraction(runtime: Runtime, full_layers: Any, layers: Any) -> Any:
     """The backward's extra gathers, as a fraction of one pass's: DeepSpeed gathers each fully
-    recomputed layer once more (full_layers / layers); FSDP2 none."""
-    return full_layers / max(layers, 1) if runtime.zero3 == "deepspeed" else 0.0
+    recomputed layer once more (full_layers / layers); FSDP2 none. Numbers or arrays alike."""
+    return full_layers / maximum(layers, 1) if runtime.zero3 == "deepspeed" else 0.0
 
 
 def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
@@ -117,13 +144,14 @@ def fsdp2_sharded_by(d: Any, zero: Any, runtime: Runtime) -> Any:
     return (d > 1) & (((zero >= 3) & (runtime.zero3 == "fsdp2")) | ((zero == 2) & (runtime.zero2 == "fsdp2")))
 
 
-def gathers_per_microbatch(zero: int) -> int:
+def gathers_per_microbatch(zero: Any) -> Any:
     """All-gathers of each unit per microbatch: ZeRO-3 (``reshard_after_forward=True``) gathers
     before the forward and again before the backward, 2; FSDP2's ZeRO-2
     (``reshard_after_forward=False``) keeps the unsharded parameters from the forward to the
     backward and reshards after it, 1 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
-    ``post_forward`` reshards only with a ``post_forward_mesh_info``, ``post_backward`` always)."""
-    return 2 if zero >= 3 else 1
+    ``post_forward`` reshards only with a ``post_forward_mesh_info``, ``post_backward`` always).
+    Numbers or arrays alike."""
+    return where(zero >= 3, 2, 1)
 
 
 #: FSDP2's host time per unit and microbatch on a CPU rank, in units of the host's per-op time
@@ -136,7 +164,7 @@ def gathers_per_microbatch(zero: int) -> int:
 FSDP2_HOST_OPS: dict[int, tuple[float, float]] = {2: (151.0, 14.5), 1: (184.0, 9.0)}
 
 
-def fsdp2_host_time(units: int, tensors: int, gathers: int, per_op_s: float) -> float:
+def fsdp2_host_time(units: Any, tensors: Any, gathers: Any, per_op_s: float) -> Any:
     """Seconds of FSDP2's hooks per microbatch on a synchronous (CPU) rank, for ``units`` units
     holding ``tensors`` parameter tensors in all:
         units * FIXED + tensors * PER_TENSOR, in op units of ``per_op_s``.
@@ -150,37 +178,40 @@ def fsdp2_host_time(units: int, tensors: int, gathers: int, per_op_s: float) -> 
     fixed part per unit and a part per tensor. On a GPU the host runs ahead of the kernels and
     this time hides behind them; on a CPU rank it adds to the step. Measured on one gloo rank
     (collectives trivial) as the forward+backward time over the plain model's
-    (benchmarks/fsdp_host_probe.py): :data:`FSDP2_HOST_OPS`."""
-    fixed, per_tensor = FSDP2_HOST_OPS[gathers]
+    (benchmarks/fsdp_host_probe.py): :data:`FSDP2_HOST_OPS`. Numbers or arrays alike."""
+    (fixed2, per_tensor2), (fixed1, per_tensor1) = FSDP2_HOST_OPS[2], FSDP2_HOST_OPS[1]
+    fixed, per_tensor = where(gathers == 2, fixed2, fixed1), where(gathers == 2, per_tensor2, per_tensor1)
     return (units * fixed + tensors * per_tensor) * per_op_s
 
 
-def units(cost: StageCost) -> int:
-    """Sharded units of a stage: one per layer, plus the root unit (embedding, final norm, head)
-    on a stage that holds them."""
-    return cost.layers + (1 if cost.first or cost.last else 0)
+def units(layers: Any, first: Any, last: Any) -> Any:
+    """Sharded units of a stage of ``layers`` layers: one per layer, plus the root unit (embedding,
+    final norm, head) on a stage that holds them (``first`` or ``last``); at least 1 (the batch
+    estimate's padding stages hold nothing). Numbers or arrays alike."""
+    return maximum(layers + (first | last), 1)
 
 
 @dataclass(frozen=True)
 class Zero3Pass:
     """One microbatch's sharded-parameter traffic on one stage, seconds: ZeRO-3, or FSDP2's
-    ZeRO-2 (``gathers`` = 1: the forward's gathers only, :func:`gathers_per_microbatch`)."""
+    ZeRO-2 (``gathers`` = 1: the forward's gathers only, :func:`gathers_per_microbatch`).
+    Numbers, or arrays in the batch estimate."""
 
-    units: int
-    gather: float  # all units' all-gathers, one pass
-    scatter: float  # all units' gradient reduce-scatters
-    regather: float  # DeepSpeed: the recompute forward's gathers, in backward
-    copy_out: float  # FSDP2: copying one pass's gathered parameters out, on the compute stream
-    gathers: int = 2  # passes that gather: forward and backward (ZeRO-3), forward only (FSDP2 ZeRO-2)
-    host: float = 0.0  # FSDP2's hooks on a synchronous (CPU) rank (fsdp2_host_time)
+    units: Any
+    gather: Any  # all units' all-gathers, one pass
+    scatter: Any  # all units' gradient reduce-scatters
+    regather: Any  # DeepSpeed: the recompute forward's gathers, in backward
+    copy_out: Any  # FSDP2: copying one pass's gathered parameters out, on the compute stream
+    gathers: Any = 2  # passes that gather: forward and backward (ZeRO-3), forward only (FSDP2 ZeRO-2)
+    host: Any = 0.0  # FSDP2's hooks on a synchronous (CPU) rank (fsdp2_host_time)
     serial: bool = False  # a synchronous rank: every collective waited for where it is issued
 
     @property
-    def traffic(self) -> float:
+    def traffic(self) -> Any:
         """Network seconds per microbatch: the passes' gathers, the re-gathers and the scatters."""
         return self.gathers * self.gather + self.regather + self.scatter
 
-    def exposed(self, forward: float, backward: float, sigma: float) -> float:
+    def exposed(self, forward: Any, backward: Any, sigma: float) -> Any:
         """Seconds the microbatch's passes grow by (module docstring). On a synchronous rank
         (``serial``: a CPU rank, where FSDP2's streams are no-ops, its forward waits for each
         unit's gather before that unit's compute and its reduce-scatters are issued blocking,
@@ -190,32 +221,33 @@ class Zero3Pass:
             return self.traffic + copies + self.host
         g, r = self.gather / self.units, self.scatter / self.units
         fwd = g + overlap_cost(forward, self.gather - g, sigma)
-        g_b = g if self.gathers == 2 else 0.0  # the backward's first gather, when it gathers
+        g_b = where(self.gathers == 2, g, 0.0)  # the backward's first gather, when it gathers
         behind = (self.gathers - 1) * self.gather + self.regather + self.scatter - g_b - r
         bwd = g_b + r + overlap_cost(backward, behind, sigma)
         return fwd + bwd + copies + self.host
 
 
 def zero3_pass(
-    cost: StageCost,
-    links: ShardLinks,
+    cost: StageLike,
+    links: ShardedCollectives,
     e: int,
-    gathered: float,
+    gathered: Any,
     runtime: Runtime,
     gpu: GpuProfile,
-    zero: int = 3,
+    zero: Any = 3,
     host_op_s: float | None = None,
-    tensors: int = 0,
+    tensors: Any = 0,
 ) -> Zero3Pass:
     """The sharded-parameter traffic of stage ``cost`` for one microbatch over the plan's shard
     links; ``gathered``: the bytes of one pass's gathers (simulator.cost.precision.gathered_bytes);
     ``zero``: 3, or 2 for FSDP2's ZeRO-2. ``host_op_s``: on a synchronous (CPU) rank, its per-op
     host time with the node's cores shared (kernel_launch_us x simulator.cost.stage.
     compute_slowdown), where FSDP2 serializes its collectives and its hooks take
-    :func:`fsdp2_host_time` for the stage's ``tensors`` parameter tensors; None on a GPU."""
-    u = units(cost)
+    :func:`fsdp2_host_time` for the stage's ``tensors`` parameter tensors; None on a GPU.
+    ``cost`` and the rest: numbers, or arrays of many plans' stages (the batch estimate)."""
+    u = units(cost.layers, cost.first, cost.last)
     n = gathers_per_microbatch(zero)
-    gather = u * collectives.all_gather_time(gathered / u, links.n, links.shard)
+    gather = u * links.all_gather(gathered / u)
     scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
     regather = gather * regather_fraction(runtime, cost.full_layers, cost.layers)
     copy_out = copy_out_time(gathered, runtime, gpu)

@@ -120,8 +120,8 @@ def measure() -> None:
 
     from hwprofiles.load import load_cluster
     from simulator.des.simulate import simulate_des
+    from simulator.model_files import load_model
     from simulator.plan import parse_plan
-    from simulator.specs import load_model
 
     for model_name, cluster_name, nodes, seq, batch, plan_text in REFERENCE_RUNS:
         model = load_model(model_name, seq)

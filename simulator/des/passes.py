@@ -1,6 +1,6 @@
 """The compute work of one pass of a microbatch through a pipeline chunk, layer by layer.
 
-Times come from :func:`simulator.cost.stage.block_times` (the roofline op model of
+Times come from :func:`simulator.cost.block_times.block_times` (the roofline op model of
 :mod:`simulator.cost.ops` on :mod:`simulator.cost.workload`'s op lists, Megatron's padded vocabulary,
 backward-only ops, host launch overhead): the same numbers the analytic estimator uses.
 Per layer and microbatch on one TP rank:
@@ -34,6 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.cost.block_times import (
+    TP_EMBEDDING,
+    TP_HEAD,
+    block_times,
+    tp_backward,
+    tp_forward,
+    tp_per_full_recompute,
+)
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.memory import (
     embedding_activation_bytes,
@@ -50,7 +58,6 @@ from simulator.cost.params import (
     layer_sharded_extra,
 )
 from simulator.cost.precision import casts_every_forward, gathered_bytes, linear_input_bytes
-from simulator.cost.stage import TP_EMBEDDING, TP_HEAD, block_times, tp_backward, tp_forward, tp_per_full_recompute
 from simulator.cost.stage_memory import layer_activations
 from simulator.cost.step import param_gather_bytes
 from simulator.cost.workload import padded_vocab_size
@@ -68,7 +75,7 @@ class Costs:
     attn_core: float
     tp_all_reduce: float  # one TP all-reduce of b*s*h (0 when t = 1 or communication is free)
     tp_all_reduce_bytes: float  # bytes one rank sends for it: 2(t-1)/t * b*s*h*e
-    tp_fwd: float  # a layer's TP all-reduces forward (stage.tp_forward), backward, and in a full recompute
+    tp_fwd: float  # a layer's TP all-reduces forward (block_times.tp_forward), backward, and in a full recompute
     tp_bwd: float
     tp_rec: float
     ep_a2a: float  # a layer's token all-to-alls per pass (expert parallelism; 0 without)
@@ -233,68 +240,78 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
     if kind == "W":
         return weight_items(c, len(modes), first, last)
     n = len(modes)
+    out: list[Item] = []
+    for i in range(n) if kind == "F" else reversed(range(n)):
+        has_emb, has_head = first and i == 0, last and i == n - 1
+        params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
+        if kind == "F":
+            out.append(forward_item(c, modes[i], has_emb, has_head, params))
+        else:
+            out.append(backward_item(c, modes[i], has_emb, has_head, params, split))
+    return out
+
+
+def forward_item(c: Costs, mode: str, has_emb: bool, has_head: bool, params: float) -> Item:
+    """One layer's forward (with the embedding before it / the head after it): its compute,
+    context-ring, all-to-all and TP segments, and the activations (and logits) it allocates."""
+    tp = c.tp_all_reduce
+    ar = c.tp_all_reduce_bytes
+    segs: list[tuple[str, float]] = []
+    tp_bytes = c.tp_fwd * ar
+    if has_emb:
+        segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
+        tp_bytes += TP_EMBEDDING * ar
+    segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_fwd * tp)]
+    if has_head:
+        segs.append(("fwd", c.head_f))
+    return Item(
+        merge_segs(segs),
+        alloc_act=c.act[mode] + (c.emb_act if has_emb else 0.0),
+        alloc_buf=c.logits if has_head else 0.0,
+        params=params,
+        gathered=c.gathered(params),
+        tp_bytes=tp_bytes,
+        tp_layer_all_reduces=c.tp_fwd,
+    )
+
+
+def backward_item(c: Costs, mode: str, has_emb: bool, has_head: bool, params: float, split: bool) -> Item:
+    """One layer's backward (the head's first / the embedding's last): its recomputation as
+    ``mode`` says, its backward (less the weight-gradient share when ``split``), the transient
+    it needs, and what it frees (less the linears' inputs the W pass keeps when ``split``)."""
     keep = c.w_act if split else 0.0  # the linears' inputs stay for the W pass
     tp = c.tp_all_reduce
     ar = c.tp_all_reduce_bytes
-    out: list[Item] = []
-    for i in range(n) if kind == "F" else reversed(range(n)):
-        mode = modes[i]
-        stored = c.act[mode]
-        has_emb, has_head = first and i == 0, last and i == n - 1
-        params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
-        segs: list[tuple[str, float]] = []
-        if kind == "F":
-            tp_bytes = c.tp_fwd * ar
-            if has_emb:
-                segs += [("fwd", c.emb_f), ("tp", TP_EMBEDDING * tp)]
-                tp_bytes += TP_EMBEDDING * ar
-            segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_fwd * tp)]
-            if has_head:
-                segs.append(("fwd", c.head_f))
-            out.append(
-                Item(
-                    merge_segs(segs),
-                    alloc_act=stored + (c.emb_act if has_emb else 0.0),
-                    alloc_buf=c.logits if has_head else 0.0,
-                    params=params,
-                    gathered=c.gathered(params),
-                    tp_bytes=tp_bytes,
-                    tp_layer_all_reduces=c.tp_fwd,
-                )
-            )
-            continue
-        tp_bytes = c.tp_bwd * ar
-        n_ar = c.tp_bwd
-        work = 0.0
-        if has_head:
-            segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
-            tp_bytes += TP_HEAD * ar
-        if mode == "full":
-            segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_rec * tp)]
-            tp_bytes += c.tp_rec * ar
-            n_ar += c.tp_rec
-            work = c.act["none"]
-        elif mode == "selective":
-            segs += [("recompute", c.attn_core), ("cp", c.cp_f)]
-        segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("ep", c.ep_a2a), ("tp", c.tp_bwd * tp)]
-        if has_emb:
-            segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
-        out.append(
-            Item(
-                merge_segs(segs),
-                work=work,
-                work_buf=c.logits_backward if has_head else 0.0,
-                free_act=stored + (c.emb_act if has_emb else 0.0) - keep,
-                free_buf=c.logits if has_head else 0.0,
-                params=params,
-                gathered=c.gathered(params),
-                tp_bytes=tp_bytes,
-                tp_layer_all_reduces=n_ar,
-                rec_full=int(mode == "full"),
-                rec_sel=int(mode == "selective"),
-            )
-        )
-    return out
+    segs: list[tuple[str, float]] = []
+    tp_bytes = c.tp_bwd * ar
+    n_ar = c.tp_bwd
+    work = 0.0
+    if has_head:
+        segs += [("bwd", c.head_b - (c.head_bw if split else 0.0)), ("tp", TP_HEAD * tp)]
+        tp_bytes += TP_HEAD * ar
+    if mode == "full":
+        segs += [("recompute", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_rec * tp)]
+        tp_bytes += c.tp_rec * ar
+        n_ar += c.tp_rec
+        work = c.act["none"]
+    elif mode == "selective":
+        segs += [("recompute", c.attn_core), ("cp", c.cp_f)]
+    segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("ep", c.ep_a2a), ("tp", c.tp_bwd * tp)]
+    if has_emb:
+        segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
+    return Item(
+        merge_segs(segs),
+        work=work,
+        work_buf=c.logits_backward if has_head else 0.0,
+        free_act=c.act[mode] + (c.emb_act if has_emb else 0.0) - keep,
+        free_buf=c.logits if has_head else 0.0,
+        params=params,
+        gathered=c.gathered(params),
+        tp_bytes=tp_bytes,
+        tp_layer_all_reduces=n_ar,
+        rec_full=int(mode == "full"),
+        rec_sel=int(mode == "selective"),
+    )
 
 
 def weight_items(c: Costs, n: int, first: bool, last: bool) -> list[Item]:

@@ -81,6 +81,75 @@ class DesRecord:
     breakdowns: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
+@dataclass
+class _Iteration:
+    """One simulated iteration: the topology, flow network, engine and task graph it ran on, the
+    step time and each simulated rank's memory timeline."""
+
+    topo: Topology
+    net: Network
+    eng: Engine
+    prog: Program
+    step: float
+    memory: list[RankMemory]
+
+
+def _run_iteration(job: Job, full: bool, trace: bool, opts: DesOptions) -> _Iteration:
+    """Build the topology, network, engine and program of ``job`` and run the iteration."""
+    topo = topology_for(job.cluster)
+    net = Network(topo.cap, record=opts.record_links or trace)
+    eng = Engine(net)
+    with paused_gc():  # task records by the ten thousand, no cycles among them
+        prog = build_program(job, topo, eng, full, opts)
+        step = eng.run()
+        memory = prog.mem.replay(eng.start, eng.end)
+    return _Iteration(topo, net, eng, prog, step, memory)
+
+
+def _critical_rank(it: _Iteration) -> tuple[int, dict[str, float], float]:
+    """The rank that finishes last (by its last task): its index, its time breakdown and its
+    bubble fraction (bubble / (compute + recompute + tp_comm + cp_comm + ep_comm))."""
+    eng = it.eng
+    final_task = max(range(eng.num_tasks), key=lambda t: (eng.end[t], -t))
+    crit = eng.info[final_task].device
+    breakdown = rank_breakdown(eng, it.prog.devices[crit].streams["compute"], final_task)
+    busy = sum(breakdown[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm"))
+    bubble_fraction = breakdown["bubble"] / busy if busy > 0 else 0.0
+    return crit, breakdown, bubble_fraction
+
+
+def _des_record(
+    job: Job,
+    it: _Iteration,
+    util: dict[int, float],
+    crit: int,
+    breakdown: dict[str, float],
+    full: bool,
+    opts: DesOptions,
+    wall: float,
+) -> DesRecord:
+    """What the trace and plot writers keep of the iteration (``extra['_des']``)."""
+    return DesRecord(
+        engine=it.eng,
+        topology=it.topo,
+        devices=it.prog.devices,
+        lanes=it.prog.lanes,
+        memory=it.memory,
+        link_series=it.net.series,
+        link_utilization=util,
+        step_time=it.step,
+        critical_rank=crit,
+        counters=dict(it.prog.counters),
+        wall_s=wall,
+        full=full,
+        schedule=job.plan.schedule,
+        num_microbatches=job.m,
+        links_recorded=it.net.record,
+        options=opts,
+        breakdowns={crit: breakdown},
+    )
+
+
 def simulate_des(job: Job, full: bool = False, trace: bool = False, options: DesOptions | None = None) -> SimResult:
     """Simulate one iteration of ``job``. ``full`` simulates every rank instead of one
     pipeline; ``trace`` keeps link-utilization series for the Perfetto trace (task records
@@ -92,54 +161,18 @@ def simulate_des(job: Job, full: bool = False, trace: bool = False, options: Des
         return dataclasses.replace(simulate_des(view, full, trace, options), job=job)
     t0 = time.perf_counter()
     opts = options or DesOptions()
-    topo = topology_for(job.cluster)
-    net = Network(topo.cap, record=opts.record_links or trace)
-    eng = Engine(net)
-    with paused_gc():  # task records by the ten thousand, no cycles among them
-        prog = build_program(job, topo, eng, full, opts)
-        step = eng.run()
-        memory = prog.mem.replay(eng.start, eng.end)
-
-    # the rank that finishes last, and its last task
-    final_task = max(range(eng.num_tasks), key=lambda t: (eng.end[t], -t))
-    crit = eng.info[final_task].device
-    crit_dev = prog.devices[crit]
-    breakdown = rank_breakdown(eng, crit_dev.streams["compute"], final_task)
-    busy = sum(breakdown[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm"))
-    bubble_fraction = breakdown["bubble"] / busy if busy > 0 else 0.0
-
-    peak_rank = max(range(len(memory)), key=lambda r: (memory[r].peak, -r))
-    pm = memory[peak_rank]
-
-    plan = job.plan
+    it = _run_iteration(job, full, trace, opts)
+    crit, breakdown, bubble_fraction = _critical_rank(it)
+    pm = it.memory[max(range(len(it.memory)), key=lambda r: (it.memory[r].peak, -r))]
     model_flops = model_flops_per_iteration(job.model, job.global_batch)
-    executed = _executed_flops(job, prog, model_flops)
-    util = net.utilization(step)
-    extra = _summary(prog, topo, eng, util, crit_dev)
-    wall = time.perf_counter() - t0
-    extra["_des"] = DesRecord(
-        engine=eng,
-        topology=topo,
-        devices=prog.devices,
-        lanes=prog.lanes,
-        memory=memory,
-        link_series=net.series,
-        link_utilization=util,
-        step_time=step,
-        critical_rank=crit,
-        counters=dict(prog.counters),
-        wall_s=wall,
-        full=full,
-        schedule=plan.schedule,
-        num_microbatches=job.m,
-        links_recorded=net.record,
-        options=opts,
-        breakdowns={crit: breakdown},
-    )
-    fits_host = _host_memory_fits(job, prog, extra)
+    executed = _executed_flops(job, it.prog, model_flops)
+    util = it.net.utilization(it.step)
+    extra = _summary(it.prog, it.topo, it.eng, util, it.prog.devices[crit])
+    extra["_des"] = _des_record(job, it, util, crit, breakdown, full, opts, wall=time.perf_counter() - t0)
+    fits_host = _host_memory_fits(job, it.prog, extra)
     return SimResult(
         job=job,
-        step_time=step,
+        step_time=it.step,
         peak_memory=pm.peak,
         memory_capacity=job.cluster.gpu.usable_memory_bytes,
         time_breakdown=breakdown,
@@ -204,6 +237,9 @@ def _host_memory_fits(job: Job, prog: Program, extra: dict[str, Any]) -> bool:
         return True
     psi = max(prog.device_params(dev) for dev in prog.devices)
     psi_sharded = max(prog.device_sharded_params(dev) for dev in prog.devices)
-    host = host_state_bytes(job, local_params(psi, job.plan, psi_sharded))
+    plan = job.plan
+    host = host_state_bytes(
+        job.cluster.gpus_per_node, local_params(psi, plan.zero, plan.shard_group, psi_sharded), plan.zero
+    )
     extra["host_memory_gib"] = host / GiB
-    return host_fits(job, host)
+    return bool(host_fits(job.cluster.node, host, True, plan.offload == "nvme"))

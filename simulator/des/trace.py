@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.des.simulate import des_record
+from simulator.des.simulate import DesRecord, des_record
+from simulator.plan import Plan
 from simulator.result import GiB, SimResult
 
 # lane -> (thread id, thread name)
@@ -59,10 +60,9 @@ def _task_name(kind: str, info: Any) -> str:
     return f"{info.label} mb{info.microbatch}" if info.microbatch >= 0 else info.label
 
 
-def trace_events(result: SimResult) -> list[dict[str, Any]]:
-    """The trace events of a DES result (see module docstring)."""
-    rec = des_record(result, trace=True)
-    eng = rec.engine
+def _metadata_events(rec: DesRecord, plan: Plan) -> list[dict[str, Any]]:
+    """Each simulated GPU's process name and order, and its lanes' thread names and order (the
+    TP, CP and EP lanes whenever the plan has those collectives)."""
     ev: list[dict[str, Any]] = []
     for dev in rec.devices:
         pid = dev.idx + 1
@@ -70,12 +70,42 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
             {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"GPU {dev.gpu} ({dev.name})"}}
         )
         ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": dev.idx}})
-        plan = result.job.plan
         lanes = set(dev.streams) | {k for k, on in (("tp", plan.t > 1), ("cp", plan.cp > 1), ("ep", plan.ep > 1)) if on}
         for lane in sorted(lanes, key=lambda x: THREADS[x][0]):
             tid, tname = THREADS[lane]
             ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
             ev.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return ev
+
+
+def _segment_events(info: Any, pid: int, tid: int, start: float, dur: float) -> list[dict[str, Any]]:
+    """A compute task's segments, one complete event each, nested inside the task (the TP, CP
+    and EP segments on their own lanes)."""
+    ev: list[dict[str, Any]] = []
+    t = start * US
+    stop = t + max(dur, 0.0) * US
+    for seg, d in info.segments:
+        d = min(d * US, stop - t)  # nest inside the task despite rounding
+        ev.append(
+            {
+                "ph": "X",
+                "name": SEGMENT_NAMES[seg],
+                "cat": seg,
+                "pid": pid,
+                "tid": THREADS[seg][0] if seg in ("tp", "cp", "ep") else tid,
+                "ts": t,
+                "dur": max(d, 0.0),
+            }
+        )
+        t += d
+    return ev
+
+
+def _task_events(rec: DesRecord) -> list[dict[str, Any]]:
+    """Every task of every stream as a complete event on its lane, each compute task followed by
+    its segments."""
+    eng = rec.engine
+    ev: list[dict[str, Any]] = []
     for s, (didx, lane) in rec.lanes.items():
         pid = didx + 1
         tid = THREADS[lane][0]
@@ -95,22 +125,14 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
             )
             if lane != "compute":
                 continue
-            t = start * US
-            stop = t + max(dur, 0.0) * US
-            for seg, d in info.segments:
-                d = min(d * US, stop - t)  # nest inside the task despite rounding
-                ev.append(
-                    {
-                        "ph": "X",
-                        "name": SEGMENT_NAMES[seg],
-                        "cat": seg,
-                        "pid": pid,
-                        "tid": THREADS[seg][0] if seg in ("tp", "cp", "ep") else tid,
-                        "ts": t,
-                        "dur": max(d, 0.0),
-                    }
-                )
-                t += d
+            ev += _segment_events(info, pid, tid, start, dur)
+    return ev
+
+
+def _counter_events(rec: DesRecord) -> list[dict[str, Any]]:
+    """Each GPU's memory counter, then (when link series were recorded) the "network" process
+    with one utilization counter per link."""
+    ev: list[dict[str, Any]] = []
     for dev, mem in zip(rec.devices, rec.memory):
         for t, total in zip(mem.times, mem.totals):
             ev.append(
@@ -125,6 +147,12 @@ def trace_events(result: SimResult) -> list[dict[str, Any]]:
             for t, u in rec.link_series[lid]:
                 ev.append({"ph": "C", "name": name, "pid": npid, "tid": 0, "ts": t * US, "args": {"util": u}})
     return ev
+
+
+def trace_events(result: SimResult) -> list[dict[str, Any]]:
+    """The trace events of a DES result (see module docstring)."""
+    rec = des_record(result, trace=True)
+    return _metadata_events(rec, result.job.plan) + _task_events(rec) + _counter_events(rec)
 
 
 def write_trace(result: SimResult, path: str | Path) -> None:

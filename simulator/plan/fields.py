@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, get_args
 
+from simulator.numeric import maximum, where
+
 
 class Recompute(StrEnum):
     """Activation recomputation of a layer (Korthikanti et al. 2022)."""
@@ -110,13 +112,13 @@ class Plan:
 
     @property
     def shard_group(self) -> int:
-        """Ranks that share one copy of the sharded states: hsdp, or all of the grad group."""
-        return self.hsdp or self.grad_group
+        """Ranks that share one copy of the sharded states (:func:`shard_group_of`)."""
+        return shard_group_of(self.hsdp, self.grad_group)
 
     @property
     def replicas(self) -> int:
-        """Copies of the sharded states (hybrid sharding's replicate groups): grad_group / shard_group."""
-        return max(1, self.grad_group // self.shard_group)
+        """Copies of the sharded states (:func:`replicas_of`)."""
+        return replicas_of(self.grad_group, self.shard_group)
 
     @property
     def split_backward(self) -> bool:
@@ -210,4 +212,22 @@ class Plan:
 
 
 def num_microbatches(plan: Plan, global_batch: int) -> int:
-    return global_batch // (plan.d * plan.mb)
+    """:func:`microbatches` of ``plan``."""
+    return microbatches(global_batch, plan.d, plan.mb)
+
+
+def microbatches(global_batch: int, d: Any, mb: Any) -> Any:
+    """Microbatches per pipeline per iteration: B / (d * mb). Numbers or arrays alike."""
+    return global_batch // (d * mb)
+
+
+def shard_group_of(hsdp: Any, grad_group: Any) -> Any:
+    """Ranks that share one copy of the sharded states: hsdp (hybrid sharding), or all of the
+    ``grad_group`` ranks holding the same weights (d * cp). Numbers or arrays alike."""
+    return where(hsdp > 0, hsdp, grad_group)
+
+
+def replicas_of(grad_group: Any, shard_group: Any) -> Any:
+    """Copies of the sharded states (hybrid sharding's replicate groups): grad_group / shard_group,
+    at least 1. Numbers or arrays alike."""
+    return maximum(1, grad_group // shard_group)

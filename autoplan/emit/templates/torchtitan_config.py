@@ -49,6 +49,7 @@ MODEL: dict[str, Any] = {
     "n_layers": 2,
     "n_heads": 4,
     "n_kv_heads": 4,
+    "head_dim": 16,
     "ffn_hidden_dim": 256,
     "vocab_size": 128,
     "rope_theta": 10000.0,
@@ -98,11 +99,16 @@ def mlp() -> dict[str, Any]:
 
 def model_spec() -> ModelSpec:
     """A Llama-style decoder (SwiGLU, RMSNorm, RoPE, FlexAttention) with the model file's sizes;
-    with experts, torchtitan's Qwen3 decoder classes (their blocks take an MoE layer) without QK norms."""
-    dim, heads = MODEL["dim"], MODEL["n_heads"]
+    with experts, torchtitan's Qwen3 decoder classes (their blocks take an MoE layer) without QK norms.
+    The Qwen3 decoder's attention names its head size: ``Qwen3Model.Config.get_nparams_and_flops``
+    (models/qwen3/model.py), which ``Trainer.__init__`` calls, asserts
+    ``self.layers[0].attention.head_dim is not None``, and torchtitan's own Qwen3 MoE flavors pass
+    ``head_dim`` to ``make_gqa_config`` (models/qwen3/__init__.py, ``_build_qwen3_moe_layers``); the
+    Llama3 decoder counts with ``dim // n_heads`` and is left to derive it (``GQAttention``)."""
+    dim, heads, head_dim = MODEL["dim"], MODEL["n_heads"], MODEL["head_dim"]
     moe = bool(MODEL["num_experts"])
     block, decoder = (Qwen3TransformerBlock, Qwen3Model) if moe else (Llama3TransformerBlock, Llama3Model)
-    rope = ComplexRoPE.Config(dim=dim // heads, max_seq_len=MODEL["max_seq_len"], theta=MODEL["rope_theta"])
+    rope = ComplexRoPE.Config(dim=head_dim, max_seq_len=MODEL["max_seq_len"], theta=MODEL["rope_theta"])
     layers = [
         block.Config(
             attention_norm=RMSNorm.Config(normalized_shape=dim, eps=NORM_EPS, param_init=_NORM_INIT),
@@ -111,6 +117,7 @@ def model_spec() -> ModelSpec:
                 dim=dim,
                 n_heads=heads,
                 n_kv_heads=MODEL["n_kv_heads"],
+                head_dim=head_dim if moe else None,
                 wqkv_param_init=_INIT,
                 wo_param_init=_INIT,
                 inner_attention=get_attention_config("flex"),

@@ -23,7 +23,9 @@ from simulator.des.program.state import Device, Program, Send, TaskInfo
 
 
 def add_step(prog: Program, dev: Device) -> None:
-    shard = local_params(prog.device_params(dev), prog.plan, prog.device_sharded_params(dev))
+    shard = local_params(
+        prog.device_params(dev), prog.plan.zero, prog.plan.shard_group, prog.device_sharded_params(dev)
+    )
     deps = prog.dp_done[dev.idx] + [prog.pieces_of[dev.idx][-1]]
     sync = 0.0 if prog.opt.free_comm else step_sync_time(prog.job)
     if sync > 0:

@@ -1,0 +1,153 @@
+"""The analytic estimate of many plans of one rank view, over (plans x stages) arrays: the rules of
+the scalar estimate (simulator.analytic), each called once with arrays, and the reductions over
+each plan's stages (its critical stage, its sums over devices, its peak)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hwprofiles.schema import ClusterSpec
+from simulator.analytic.batch.links import BatchLinks
+from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.batch.stages import StageArrays, column, schedule_counts, stage_activations, stage_arrays
+from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, sharded_exposed
+from simulator.analytic.offload import offload_time, zero_infinity_exposed
+from simulator.analytic.pipeline import (
+    ScheduleKind,
+    p2p_exposed,
+    p2p_sends,
+    pipeline_bubble,
+    skipped_recompute,
+    stage_microbatch,
+    steady_seconds,
+    tied_embedding_time,
+    weight_fill,
+)
+from simulator.cost import memory, params
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
+from simulator.cost.stage_memory import (
+    flight_buffer_bytes,
+    sharding_buffer_bytes,
+    stage_peak,
+    weight_copies_held,
+)
+from simulator.cost.step import (
+    dp_step_exposed,
+    dtensor_params,
+    host_fits,
+    host_state_bytes,
+    local_params,
+    optimizer_seconds,
+    optimizer_tensors,
+    step_end_seconds,
+    step_seconds,
+    step_sync_time,
+)
+from simulator.cost.workload import padded_vocab_size
+from simulator.cost.zero3 import fsdp2_sharded_by
+from simulator.job import Job
+from simulator.plan import Plan
+from simulator.runtime_spec import Runtime
+from simulator.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class BatchEstimate:
+    """Per plan: analytic step time (inf when the plan does not fit in GPU memory, as the
+    planner scores it), peak GPU memory, and whether GPU and host memory both fit."""
+
+    step_time: np.ndarray
+    peak_memory: np.ndarray
+    fits: np.ndarray
+
+
+def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageArrays, runtime: Runtime) -> np.ndarray:
+    """simulator.cost.stage_memory.stage_memory of each plan's stages, its worst stage's total."""
+    e = dtype_bytes(cluster.gpu)
+    zero, shard = column(P.zero), column(P.shard_group)
+    offloaded = column(~P.is_("offload", "none"))
+    by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
+    pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
+    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params)
+    counts = schedule_counts(P, S)
+    working_set = P.per_plan(
+        ("t",), lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t))
+    )
+    sharding = sharding_buffer_bytes(S.params, column(P.d > 1) | offloaded, zero == 3, column(working_set))
+    logits = P.per_plan(
+        ("t", "mb"), lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t))
+    )
+    pipe = P.per_plan(
+        ("mb", "p"), lambda q, i: memory.pipeline_buffer_bytes(q.mb, model.seq_length, model.hidden_size, e, q.p)
+    )
+    flight = flight_buffer_bytes(S.last, column(logits), counts.head_in_flight, runtime.cross_entropy, e, column(pipe))
+    fp8_layer = P.per_plan(
+        ("t", "prec", "fp8ag"), lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e)
+    )
+    fp8 = fp8_copies_bytes(column(fp8_layer), S.layers, zero, column(P.fp8ag), S.layer_params_each, e, shard)
+    activations = stage_activations(model, cluster, P, S, counts)
+    peak = stage_peak(
+        states, activations, sharding, flight, weight_copies_held(runtime.weight_copy_bytes, S.params), fp8
+    )
+    return np.where(S.valid, peak.total, -np.inf).max(axis=1)
+
+
+def estimate_view(
+    model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan], global_batch: int, runtime: Runtime
+) -> BatchEstimate:
+    """The step time, peak memory and fit of plans without context or expert parallelism (or of
+    their rank view: simulator.cost.rank_view)."""
+    P = PlanColumns(plans, global_batch)
+    S = stage_arrays(model, cluster, P, runtime.layer_kernels)
+    links = BatchLinks(cluster, P)
+    gpu, node = cluster.gpu, cluster.node
+    e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
+    job_of = lambda q: Job(model, cluster, q, global_batch, runtime)
+    offloaded, nvme = ~P.is_("offload", "none"), P.is_("offload", "nvme")
+    fsdp2 = fsdp2_sharded_by(P.d, P.zero, runtime)
+    dp = DpPlan(column(P.zero), column(P.d), column(P.fp8ag), column(fsdp2))
+    valid, rows = S.valid, np.arange(len(plans))
+
+    # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
+    p2p = column(P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q))))
+    sharded = sharded_exposed(model, S, dp, links, runtime, cluster)
+    sharded = sharded + zero_infinity_exposed(node, S, dp.d, dp.zero, column(offloaded), column(nvme))
+    casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)
+    sends = p2p_sends(column(P.p), column(P.v), S.first, S.last, S.turn)
+    per_mb = np.where(valid, stage_microbatch(S.total, casts, sends, p2p, sharded), -np.inf)
+    crit = per_mb.argmax(axis=1)
+    worst = per_mb[rows, crit]
+    total = (np.where(valid, per_mb, 0.0) * S.count).sum(axis=1)
+    schedule = P.is_("schedule", "interleaved"), P.is_("schedule", "zbh1"), P.is_("schedule", "zbv")
+    kind = ScheduleKind.from_flags(*schedule, P.is_("schedule", "gpipe"), P.v, P.m)
+    saved = skipped_recompute(kind, S.recompute[rows, crit])
+    fill = weight_fill(column(kind.zbv), S.backward_weight, S.forward_span)
+    total_fill = (np.where(valid, fill, 0.0) * S.count).sum(axis=1)
+    pipe = steady_seconds(P.m, worst, saved) + pipeline_bubble(worst, total, kind, P.v, fill[rows, crit], total_fill)
+
+    # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure)
+    times = dp_step_times(S, dp, links, e)
+    behind = S.dev * (S.backward_span + p2p)
+    exposed = dp_exposed(times, S.backward_span, behind, runtime.dp_overlap, sigma)
+    dp_exposed_s = np.maximum(0.0, np.where(valid, exposed, 0.0).max(axis=1))
+    gather_after = np.where(valid, times.gather, 0.0).max(axis=1)
+
+    # ---- step end (simulator.analytic.step_end)
+    psi = np.where(valid, S.params, -np.inf).max(axis=1)
+    psi_local = local_params(psi, P.zero, P.shard_group, np.where(valid, S.sharded_params, -np.inf).max(axis=1))
+    tensors = optimizer_tensors(model, np.where(valid, S.layers, 0).max(axis=1))
+    optimizer = optimizer_seconds(cluster, psi_local, tensors, dtensor_params(P.t, P.d, P.zero, runtime))
+    opt, off = step_end_seconds(offloaded, optimizer, offload_time(node, psi_local, offloaded, P.zero, nvme))
+    tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)))
+    sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)))
+    step = step_seconds(pipe, dp_step_exposed(dp_exposed_s, tied, sync), gather_after, opt, off)
+
+    # ---- fit (SimResult.fits)
+    peak = peak_memory(model, cluster, P, S, runtime)
+    host_ok = host_fits(node, host_state_bytes(node.gpus_per_node, psi_local, P.zero), offloaded, nvme)
+    gpu_ok = peak <= gpu.usable_memory_bytes
+    return BatchEstimate(np.where(gpu_ok, step, np.inf), peak, gpu_ok & host_ok)

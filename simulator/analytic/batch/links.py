@@ -1,0 +1,79 @@
+"""The data-parallel collectives of many plans at once (simulator.analytic.data_parallel.
+DpCollectives over arrays): each plan's group links' figures, computed once per (t, d, hsdp) by
+the scalar rules that place the groups (data_parallel.dp_link, simulator.cost.zero3.shard_links),
+and the collective times by the one alpha-beta rule (simulator.cost.collectives.ring_seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hwprofiles.algorithms import Collective, latency_steps
+from hwprofiles.schema import ClusterSpec
+from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.data_parallel import dp_link
+from simulator.cost.collectives import GroupLink, ring_seconds
+from simulator.cost.step import gradient_reduction
+from simulator.cost.zero3 import shard_links
+from simulator.numeric import where
+from simulator.plan import Plan
+
+AR, AG, RS = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+#: (group, collective) of each figure: ``dp`` all d ranks (ZeRO 0-2's gradient reduction),
+#: ``shard`` the shard group (hsdp or d ranks), ``replica`` the replicate group of hybrid sharding
+_ROLES = [("dp", AR), ("dp", RS), ("shard", AG), ("shard", RS), ("replica", AR)]
+
+
+def _figures(cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
+    """(bus bytes/s, latency steps x per-step latency) of each role's collective; (1, 0) where the
+    group has one rank (ring_seconds gives 0 there)."""
+    links = shard_links(cluster, plan)
+    where_: dict[str, tuple[GroupLink | None, int]] = {
+        "dp": (dp_link(cluster, plan), plan.d),
+        "shard": (links.shard, links.n),
+        "replica": (links.replica, links.replicas),
+    }
+    out = []
+    for role, op in _ROLES:
+        link, n = where_[role]
+        if link is None or n <= 1:
+            out.append((1.0, 0.0))
+            continue
+        bw, lat = link.figures(op)
+        out.append((bw, latency_steps(n, op, link.trees) * lat))
+    return out
+
+
+class BatchLinks:
+    """Per plan (as columns beside the stages), the figures of each collective its data-parallel
+    traffic uses, and those collectives' times (simulator.analytic.data_parallel.DpCollectives)."""
+
+    def __init__(self, cluster: ClusterSpec, P: PlanColumns):
+        per, inv = P.per_key(("t", "d", "hsdp"), lambda q, i: _figures(cluster, q))
+        self._table = np.array(per)[inv][:, :, :, None]  # plans x role x (bandwidth, latency) x 1
+        self._index = {key: j for j, key in enumerate(_ROLES)}
+        self._ranks = {"dp": P.d[:, None], "shard": P.shard_group[:, None], "replica": P.replicas[:, None]}
+
+    def _time(self, role: str, op: Collective, size: Any, n: Any | None = None) -> Any:
+        fig = self._table[:, self._index[(role, op)]]
+        return ring_seconds(op, size, self._ranks[role] if n is None else n, fig[:, 0], fig[:, 1])
+
+    @property
+    def n(self) -> np.ndarray:
+        return self._ranks["shard"]
+
+    def reduce_gradients(self, zero: Any, size_bytes: Any) -> Any:
+        """The gradient reduction of each plan's ZeRO stage (simulator.cost.step.gradient_reduction)
+        over its d ranks."""
+        zero0, sharded = gradient_reduction(0), gradient_reduction(1)
+        return where(zero == 0, self._time("dp", zero0, size_bytes), self._time("dp", sharded, size_bytes))
+
+    def all_gather(self, size_bytes: Any) -> Any:
+        return self._time("shard", AG, size_bytes)
+
+    def reduce_scatter(self, size_bytes: Any) -> Any:
+        return self._time("shard", RS, size_bytes)
+
+    def replica_all_reduce(self, size_bytes: Any) -> Any:
+        return self._time("replica", AR, size_bytes)

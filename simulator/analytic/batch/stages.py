@@ -1,0 +1,225 @@
+"""Each plan's distinct pipeline stages as (plans x G) arrays, G the most any plan has: the batch
+estimate's form of simulator.cost.stage.stage_groups, with the stages' activations at their peak.
+
+What depends on few plan fields is computed once per distinct key by the scalar rule that owns it
+and broadcast: the kinds of a layout's devices (stage.device_kinds, stage.kind_groups; key p, v,
+schedule, ckpt, layer split), the layer-level times (block_times.block_times; key t, sp, mb, prec), the
+schedule's in-flight counts (simulator.cost.memory, plus m). The stages' times and activations are
+then the shared rules over arrays: simulator.cost.stage.stage_times, simulator.cost.params.
+stage_params, simulator.cost.stage_memory.held_activations and activation_bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from hwprofiles.schema import ClusterSpec
+from simulator.analytic.batch.plans import PlanColumns
+from simulator.cost import memory, params
+from simulator.cost.block_times import BlockTimes, block_times
+from simulator.cost.ops import PassTimes, dtype_bytes
+from simulator.cost.precision import linear_input_bytes
+from simulator.cost.stage import StageSpans, device_kinds, kind_groups, stage_groups, stage_times
+from simulator.cost.stage_memory import activation_bytes, activation_peak, held_activations, layer_activations
+from simulator.cost.workload import padded_vocab_size
+from simulator.plan import Plan
+from simulator.runtime_spec import LayerKernels
+from simulator.specs import ModelSpec
+
+#: what a plan's pipeline devices' kinds depend on (simulator.cost.stage.device_kinds)
+SPLIT_KEY = ("p", "v", "ckpt", "layers", "recompute", "schedule")
+#: what the layer-level times depend on (simulator.cost.block_times.block_times)
+BLOCK_KEY = ("t", "sp", "mb", "prec")
+_BLOCK_FIELDS = attrgetter(
+    "layer.forward",
+    "layer.backward",
+    "layer.backward_weight",
+    "layer.attention_core",
+    "embedding.forward",
+    "embedding.backward",
+    "embedding.backward_weight",
+    "head.forward",
+    "head.backward",
+    "head.backward_weight",
+    "tp_all_reduce",
+    "cp_forward",
+    "cp_backward",
+    "fp8_weight_cast",
+    "ep_all_to_all",
+)
+
+
+def column(values: Any) -> Any:
+    """A per-plan array as a column beside the stages (plans x 1)."""
+    return values[:, None]
+
+
+@dataclass(frozen=True)
+class StageArrays(StageSpans):
+    """Each plan's distinct stages (simulator.cost.stage.StageCost's fields as plans x G arrays;
+    ``total``, ``forward_span`` and ``backward_span`` from StageSpans), the first device of each
+    (``dev``), the devices it stands for (``count``) and which slots are real (``valid``)."""
+
+    valid: np.ndarray
+    dev: np.ndarray
+    count: np.ndarray
+    layers: np.ndarray
+    full_layers: np.ndarray
+    selective_layers: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    turn: np.ndarray
+    params: np.ndarray
+    sharded_params: np.ndarray
+    layer_params: np.ndarray  # the stage's transformer layers' parameters on one rank
+    layer_params_each: np.ndarray  # one layer's (plans x 1)
+    forward: np.ndarray
+    backward: np.ndarray
+    backward_weight: np.ndarray
+    recompute: np.ndarray
+    tp_comm: np.ndarray
+    cp_comm: np.ndarray
+    ep_comm: np.ndarray
+    forward_comm: np.ndarray
+    weight_cast: np.ndarray
+
+
+def _block_arrays(times: np.ndarray) -> BlockTimes:
+    """BlockTimes whose fields are the plans' columns (``times``: field x plans x 1)."""
+    lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep = times
+    return BlockTimes(
+        layer=PassTimes(lf, lb, lac, lbw),
+        embedding=PassTimes(ef, eb, 0.0, ebw),
+        head=PassTimes(hf, hb, 0.0, hbw),
+        tp_all_reduce=ar,
+        act_bytes=0.0,
+        cp_forward=cpf,
+        cp_backward=cpb,
+        fp8_weight_cast=cast,
+        ep_all_to_all=ep,
+    )
+
+
+def _rank_params(model: ModelSpec, t: int) -> tuple[float, float, float]:
+    """A layer's parameters on one TP rank, the experts' states it shards beyond them, the
+    embedding's (simulator.cost.params, with Megatron's padded vocabulary)."""
+    vocab = padded_vocab_size(model, t)
+    return (
+        params.layer_params_per_rank(model, t),
+        params.layer_sharded_extra(model, t),
+        params.embedding_params_per_rank(model, t, vocab),
+    )
+
+
+def stage_arrays(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, kernels: LayerKernels) -> StageArrays:
+    """Each plan's distinct stages (module docstring): the devices' kinds of each split, the
+    layer-level times of each (t, sp, mb, prec), combined by simulator.cost.stage.stage_times."""
+    L = model.num_layers
+    groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)))
+    width = max(map(len, groups))
+    key, slot = np.array([(k, j) for k, gs in enumerate(groups) for j in range(len(gs))]).T
+    table = np.zeros((8, len(groups), width))  # dev, count, and the kind's six fields
+    table[:, key, slot] = np.array([(dev, count, *kind) for gs in groups for dev, kind, count in gs], dtype=float).T
+    valid = np.zeros((len(groups), width), dtype=bool)
+    valid[key, slot] = True
+    dev, count, n, full, sel, first, last, turn = table[:, split_of]
+    first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
+    blocks, block_of = P.per_key(
+        BLOCK_KEY, lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels))
+    )
+    bt = _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
+    times = stage_times(model, bt, n, full, sel, first, last)
+    per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t))
+    layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float)[t_of].T[:, :, None]
+    head_p = P.per_plan(
+        ("t", "p"), lambda q, i: params.head_params_per_rank(model, q.t, q.p, padded_vocab_size(model, q.t))
+    )
+    stage_p = params.stage_params(n, first, last, layer_p, emb_p, head_p[:, None])
+    return StageArrays(
+        valid=valid[split_of],
+        dev=dev,
+        count=count,
+        layers=n,
+        full_layers=full,
+        selective_layers=sel,
+        first=first,
+        last=last,
+        turn=turn,
+        params=stage_p,
+        sharded_params=stage_p + n * sharded_extra,  # StageShape.sharded_params
+        layer_params=n * layer_p,
+        layer_params_each=layer_p,
+        **times._asdict(),
+    )
+
+
+@dataclass(frozen=True)
+class ScheduleCounts:
+    """Per plan and stage, what its pipeline schedule fixes (simulator.cost.memory): the
+    microbatches in flight, the weight gradients owed at that peak (ZB-H1), and the embedding's
+    and the head's chunk's microbatches in flight."""
+
+    in_flight: np.ndarray
+    weight_grads_pending: np.ndarray
+    embedding_in_flight: np.ndarray
+    head_in_flight: np.ndarray
+
+
+def schedule_counts(P: PlanColumns, S: StageArrays) -> ScheduleCounts:
+    """:class:`ScheduleCounts` of each plan's stages, computed per split and m."""
+    width, groups = S.valid.shape[1], S.valid.sum(axis=1)
+
+    def counts(q: Plan, i: int) -> list[tuple[float, float, float, float]]:
+        m, out = int(P.m[i]), []
+        for dev in S.dev[i, : int(groups[i])].astype(int).tolist():
+            out.append(
+                (
+                    memory.in_flight_microbatches(q.schedule, dev, q.p, m, q.v),
+                    memory.weight_grads_pending(q.schedule, dev, q.p, m),
+                    memory.end_chunk_in_flight(q.schedule, dev, q.p, m, q.v, 0),
+                    memory.end_chunk_in_flight(q.schedule, dev, q.p, m, q.v, q.v - 1),
+                )
+            )
+        return out + [(0.0, 0.0, 0.0, 0.0)] * (width - len(out))
+
+    per, inv = P.per_key((*SPLIT_KEY, "m"), counts)
+    return ScheduleCounts(*np.array(per, dtype=float)[inv].transpose(2, 0, 1))
+
+
+def stage_activations(
+    model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageArrays, counts: ScheduleCounts
+) -> np.ndarray:
+    """simulator.cost.stage_memory.activation_peak of each plan's stages. Equal chunks (the
+    search's plans): its rules over arrays (held_activations, activation_bytes); chunks that
+    differ (v > 1 with an explicit split): the scalar rule, plan by plan."""
+    e = dtype_bytes(cluster.gpu)
+    s, h = model.seq_length, model.hidden_size
+
+    def per_layer(q: Plan, i: int) -> tuple[float, ...]:
+        sp = bool(q.sp)
+        li = linear_input_bytes(q.prec, e)
+        return (
+            *layer_activations(model, q.mb, q.t, sp, e, q.prec),
+            memory.weight_grad_input_bytes(model, q.mb, q.t, sp, li),  # stage_memory.pending_weight_inputs
+            memory.embedding_activation_bytes(q.mb, s, h, q.t, sp),
+        )
+
+    per, inv = P.per_key(("t", "sp", "mb", "prec"), per_layer)
+    pf, ps, pn, w_in, emb = (a[:, None] for a in np.array(per, dtype=float)[inv].T)
+    n, full, sel = S.layers, S.full_layers, S.selective_layers
+    occupied = held_activations(counts.in_flight, n, full, sel, pf, ps, pn)
+    gpipe_kept = (P.is_("schedule", "gpipe") & (P.m > 1))[:, None]
+    pending = counts.weight_grads_pending * w_in  # stage_memory.pending_weight_inputs
+    act = activation_bytes(
+        occupied, n, full, sel, (pf, ps, pn), gpipe_kept, pending, S.first, counts.embedding_in_flight * emb
+    )
+    uneven = (P.v > 1) & ~(P.is_("layers", None) & P.is_("recompute", None))
+    for i in np.flatnonzero(uneven).tolist():
+        q, m = P.plans[i], int(P.m[i])
+        for j, (dev, c, _) in enumerate(stage_groups(model, cluster, q)):
+            act[i, j] = activation_peak(model, cluster, q, m, dev, c)
+    return np.where(S.valid, act, 0.0)

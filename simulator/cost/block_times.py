@@ -1,0 +1,181 @@
+"""The layer-level times of one microbatch on one TP rank (:class:`BlockTimes`): a transformer
+layer's, the embedding's and the head's passes, and the tensor-parallel, context-parallel and
+expert-parallel communication inside them; with the slowdowns of ranks that share a processor or
+wait for the slowest GPU. Cached per (model, cluster, t, sp, mb, precision, kernels): the search
+asks for the same ones thousands of times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwprofiles.schema import ClusterSpec
+from simulator.cost import collectives, context, experts, layout, params
+from simulator.cost.attention import attention_ops
+from simulator.cost.cache import IdentityCache
+from simulator.cost.eager_layer import eager_layer_ops
+from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
+from simulator.cost.precision import FP8, weight_cast_op
+from simulator.cost.rank_view import context_parallel
+from simulator.cost.variability import slowest_gpu_factor
+from simulator.cost.workload import (
+    embedding_backward_extra_ops,
+    embedding_forward_ops,
+    head_backward_extra_ops,
+    head_forward_ops,
+    layer_backward_extra_ops,
+    layer_forward_ops,
+    padded_vocab_size,
+)
+from simulator.runtime_spec import EAGER, LayerKernels
+from simulator.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Seconds per microbatch on one TP rank: a transformer layer, the embedding, the head;
+    and one TP all-reduce of the b*s*h activation (an all-gather + reduce-scatter with SP)."""
+
+    layer: PassTimes
+    embedding: PassTimes
+    head: PassTimes
+    tp_all_reduce: float
+    act_bytes: float  # b*s*h*e: one boundary activation
+    cp_forward: float = 0.0  # context parallelism: what the K/V ring adds to a layer's forward attention
+    cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
+    fp8_weight_cast: float = 0.0  # prec=fp8: one forward's cast of a layer's weights, where not cached
+    ep_all_to_all: float = 0.0  # expert parallelism: one token all-to-all (simulator.cost.experts)
+
+
+# Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
+# sequence parallelism each is an all-gather + reduce-scatter pair, Korthikanti et al. 2022):
+def tp_forward(model: ModelSpec) -> float:
+    """Per layer forward: after attention and after the MLP (the g operators): 2; a mixture of
+    experts' MLP moves its k routed copies (simulator.cost.experts.mlp_tensor_collectives)."""
+    return 1 + experts.mlp_tensor_collectives(model)
+
+
+def tp_backward(model: ModelSpec) -> float:
+    """Per layer backward: the f operators' conjugates, as many as forward."""
+    return tp_forward(model)
+
+
+def tp_per_layer(model: ModelSpec) -> float:
+    return tp_forward(model) + tp_backward(model)
+
+
+def tp_per_full_recompute(model: ModelSpec) -> float:
+    """A fully recomputed layer runs its forward's again."""
+    return tp_forward(model)
+
+
+TP_EMBEDDING = 1  # the vocab-parallel embedding's forward
+TP_HEAD = 1  # the vocab-parallel LM head's backward
+
+_BLOCKS = IdentityCache(4096)
+
+
+def compute_slowdown(cluster: ClusterSpec) -> float:
+    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots at that
+    many ranks)."""
+    slots = cluster.node.slots_for(cluster.gpus_per_node)
+    return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+
+
+def device_slowdown(cluster: ClusterSpec) -> float:
+    """How much longer the device's work takes than one GPU's kernels alone: the job runs at its
+    slowest GPU's pace (simulator.cost.variability, the GPU profile's ``speed_spread`` over the
+    cluster's GPUs). The host's issuing of kernels is not slowed."""
+    return slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread)
+
+
+def host_async(cluster: ClusterSpec) -> bool:
+    """Does the device run asynchronously to its host? True for GPUs (NCCL nodes): the host
+    enqueues kernels ahead; False for CPU ranks (gloo nodes), which execute their own ops."""
+    return cluster.node.backend != "gloo"
+
+
+def block_times(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    t: int,
+    sp: bool,
+    mb: int,
+    prec: str = "bf16",
+    kernels: LayerKernels = "fused",
+) -> BlockTimes:
+    """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
+    The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
+    plan's precision (fp8 linear layers, simulator.cost.precision); ``kernels``: the kernels a
+    layer runs (simulator.runtime_spec.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops)."""
+    return _BLOCKS.get_or_make(
+        (model, cluster), (t, sp, mb, prec, kernels), lambda: _block_times(model, cluster, t, sp, mb, prec, kernels)
+    )
+
+
+def _block_times(
+    model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels
+) -> BlockTimes:
+    gpu = cluster.gpu
+    e = dtype_bytes(gpu)
+    slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
+    act = mb * model.seq_length * model.hidden_size * e
+    link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    asy = host_async(cluster)
+    vocab = padded_vocab_size(model, t)
+    layer_params = params.layer_params_per_rank(model, t)
+    layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
+    eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
+    eager = gpu.eager
+    cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
+    cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
+    bt = BlockTimes(
+        layer=pass_times(
+            layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
+            gpu,
+            slow,
+            layer_extra,
+            asy,
+            eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None,
+            dev,
+        ),
+        embedding=pass_times(
+            embedding_forward_ops(model, mb, t, sp, e),
+            gpu,
+            slow,
+            embedding_backward_extra_ops(model, t, e, vocab),
+            asy,
+            (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
+            dev,
+        ),
+        head=pass_times(
+            head_forward_ops(model, mb, t, sp, e, vocab),
+            gpu,
+            slow,
+            head_backward_extra_ops(model, t, e, vocab),
+            asy,
+            (eager.head_forward_us, eager.head_backward_us) if eager else None,
+            dev,
+        ),
+        tp_all_reduce=collectives.all_reduce_time(act, t, link),
+        act_bytes=act,
+        cp_forward=cp_f,
+        cp_backward=cp_b,
+        fp8_weight_cast=cast,
+        ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
+    )
+    return bt
+
+
+def _ring_exposure(
+    model: ModelSpec, cluster: ClusterSpec, t: int, mb: int, e: int, slow: float, asy: bool, dev: float
+) -> tuple[float, float]:
+    """Context parallelism's ring beside one layer's attention (forward, backward), priced
+    against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1. A
+    CPU rank (not ``asy``) runs its own ops and collectives one after another: nothing overlaps."""
+    if context_parallel(model) == 1:
+        return 0.0, 0.0
+    if not asy:
+        return context.ring_times(model, cluster, t, mb, e)
+    heads = model.num_attention_heads // t
+    attn = pass_times(attention_ops(model, mb, heads, e), cluster.gpu, slow, (), asy, None, dev)
+    return context.ring_exposure(model, cluster, t, mb, e, (attn.forward, attn.backward))
