@@ -3,7 +3,9 @@ interleaved, GPipe, ZeRO 0-3, offload, hybrid sharding, uneven and explicit laye
 mixed recomputation (issue 15's matrix), NVIDIA's GPT-3 fp8 recipe, fp8 under FSDP, fp8 parameters,
 the zero-bubble schedule, context parallelism and experts (issue 18), context parallelism without
 tensor parallelism (Megatron's CUDA_DEVICE_MAX_CONNECTIONS rule) and experts without expert
-parallelism (torchtitan's Qwen3 head_dim)."""
+parallelism (torchtitan's Qwen3 head_dim); issue 34: ZB-H1 over microbatches torch's zero-bubble
+rounds do not divide, ZB-V without model parallelism and with fewer than 2p microbatches
+(DeepSpeed's DualPipeV), experts in a pipeline without expert parallelism."""
 
 from __future__ import annotations
 
@@ -55,6 +57,9 @@ CASES = [
     Case("llama3-8b", "dgx-h100", 2, 64, "t=2,p=1,mb=1,zero=3,ckpt=full,prec=fp8,fp8ag=1"),  # gathered in fp8
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=4,mb=1,zero=1,schedule=zbh1"),  # zero bubble
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=4,mb=1,zero=1,schedule=zbv,ckpt=full"),  # zero bubble in a V
+    Case("llama2-7b", "dgx-a100-80gb", 1, 9, "t=2,p=4,mb=1,zero=1,schedule=zbh1"),  # m=9: not a multiple of m // p
+    Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=4,mb=1,zero=0,schedule=zbv"),  # a V without model parallelism
+    Case("llama2-7b", "dgx-a100-80gb", 1, 6, "t=1,p=4,mb=1,zero=1,schedule=zbv"),  # m=3 < 2p: no DualPipeV
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=2,mb=1,zero=1,ckpt=selective,sp=1"),  # context parallel
     Case("llama3-8b", "dgx-h100", 2, 32, "t=1,cp=4,p=1,mb=1,zero=3,ckpt=full"),  # cp under FSDP
     Case("llama3-8b", "dgx-h100", 2, 32, "t=2,cp=2,p=1,mb=1,zero=0"),  # cp without sharding
@@ -64,6 +69,7 @@ CASES = [
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=1,ep=8,mb=1,zero=3"),  # experts under Megatron-FSDP
     Case("mixtral-8x7b", "dgx-h100", 8, 64, "t=1,p=2,ep=4,mb=1,zero=0,ckpt=full"),  # ep with data-parallel replicas
     Case("mixtral-8x7b", "dgx-h100", 4, 64, "t=1,p=1,mb=1,zero=3,ckpt=full"),  # experts sharded by FSDP, no ep
+    Case("mixtral-8x7b", "dgx-h100", 4, 64, "t=1,p=2,mb=1,zero=1,ckpt=full"),  # experts in a pipeline, no ep
     Case("llama2-7b", "dgx-a100-80gb", 1, 64, "t=1,p=1,mb=2,zero=0"),
     Case("llama2-7b", "dgx-a100-80gb", 2, 64, "t=2,p=2,mb=1,zero=1,v=2,schedule=interleaved,layers=7/9/8/8"),
     Case("gpt-1t", "dgx-a100-80gb", 16, 256, "t=8,p=1,mb=1,zero=3,offload=nvme,ckpt=full"),

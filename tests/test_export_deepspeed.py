@@ -26,6 +26,7 @@ from torch import nn
 
 from autoplan.emit.deepspeed import export_deepspeed
 from autoplan.runtime.config import TrainSettings
+from simulator.cost.schedules import rank_chunks
 from simulator.plan import num_microbatches
 
 deepspeed = pytest.importorskip("deepspeed")
@@ -92,8 +93,9 @@ def emitted(request, tmp_path):
     case: Case = request.param
     job = job_of(case)
     export = export_deepspeed(job, TrainSettings())
-    if job.model.num_experts:  # DeepSpeed-MoE runs the model's own MoE layers
-        assert export.refused and "mixture of experts" in export.refused
+    if export.refused:  # experts AutoEP cannot run: with t > 1, or split ep ways over a pipeline
+        assert job.model.num_experts and (job.plan.t > 1 or (job.plan.p > 1 and job.plan.ep > 1))
+        assert "auto_ep" in export.refused
         pytest.skip(export.refused)
     assert export.refused is None and export.written is not None
     for name, text in export.files.items():
@@ -145,18 +147,22 @@ def test_pipeline_module_has_the_plans_stages_and_recomputation(emitted):
             module = setup.pipeline_module(toy_layers(n), Block)
             module._precompute_checkpointable_values()
         assert module.stage_id == stage
-        blocks = [f for f in module.forward_funcs if isinstance(f, Block)]
-        assert len(blocks) == sizes[stage]
-        interval = module.activation_checkpoint_interval
-        recomputed = [
-            f
-            for start, ok in zip(
-                range(0, len(module.forward_funcs), max(interval, 1)), module.is_checkpointable_results
-            )
-            if ok
-            for f in module.forward_funcs[start : start + interval]
-        ]
-        assert recomputed == blocks[: full[stage]]
+        # the rank's chunks: its stage, or under zbv DualPipeVModule's two phases (stages r and 2p-1-r)
+        for phase, chunk in enumerate(rank_chunks(plan.schedule, plan.p, plan.v)[stage]):
+            if plan.v > 1:
+                module.activate_phase(phase)
+            blocks = [f for f in module.forward_funcs if isinstance(f, Block)]
+            assert len(blocks) == sizes[chunk]
+            interval = module.activation_checkpoint_interval
+            recomputed = [
+                f
+                for start, ok in zip(
+                    range(0, len(module.forward_funcs), max(interval, 1)), module.is_checkpointable_results
+                )
+                if ok
+                for f in module.forward_funcs[start : start + interval]
+            ]
+            assert recomputed == blocks[: full[chunk]]
         assert module.mpu().get_data_parallel_world_size() == plan.d
 
 
@@ -176,3 +182,165 @@ def test_recompute_blocks_without_a_pipeline(emitted):
     x.sum().backward()
     full = plan.chunk_recompute(n)[0][0]
     assert [b.runs for b in blocks] == [2] * full + [1] * (n - full)
+
+
+ZBV = next(c for c in CASES if "schedule=zbv" in c.plan and not job_of(c).model.num_experts)
+
+
+def test_zbv_runs_as_dualpipev(tmp_path):
+    """schedule=zbv is written for DeepSpeed's DualPipeV (deepspeed/runtime/pipe/dualpipev.py):
+    ``pipeline_module`` builds a ``DualPipeVModule``, so ``deepspeed.initialize`` picks
+    ``DualPipeVEngine`` (``engine_cls = DualPipeVEngine if isinstance(model, DualPipeVModule)``,
+    deepspeed/__init__.py), every rank r holding the plan's stages r and 2p-1-r; what that engine's
+    ``__init__`` asserts holds for what ``DeepSpeedConfig`` reads (gradient_accumulation_steps >=
+    2 x stages, no pipe_partitioned / grad_partitioned under model parallelism); and its
+    ``DualPipeVSchedule`` runs every microbatch forward and backward through both of the rank's
+    stages. The export changes nothing and notes that the weight gradients are not deferred."""
+    from deepspeed.pipe import DualPipeVModule
+    from deepspeed.runtime.pipe import schedule as ds_schedule
+
+    job = job_of(ZBV)
+    export = export_deepspeed(job, TrainSettings())
+    assert export.refused is None and export.exact and export.written == job.plan
+    assert any("DualPipeVSchedule keeps the weight gradients inside BackwardPass" in n for n in export.notes)
+    for name, text in export.files.items():
+        (tmp_path / name).write_text(text)
+    plan, n = export.written, job.model.num_layers
+    setup = load_setup(tmp_path / "deepspeed_setup.py")
+    sizes = plan.chunk_layers(n)
+    for stage in range(plan.p):
+        with as_rank(plan.gpus, stage * plan.d * plan.t):
+            module = setup.pipeline_module(toy_layers(n), Block)
+        assert isinstance(module, DualPipeVModule) and module.num_stages == 2 * plan.p
+        for phase, chunk in enumerate((stage, 2 * plan.p - 1 - stage)):
+            module.activate_phase(phase)
+            assert sum(isinstance(f, Block) for f in module.forward_funcs) == sizes[chunk]
+        with as_rank(plan.gpus, stage * plan.d * plan.t):
+            cfg = DeepSpeedConfig(json.loads((tmp_path / "ds_config.json").read_text()), mpu=module.mpu())
+        micro_batches = cfg.gradient_accumulation_steps
+        assert micro_batches == job.m >= 2 * plan.p  # DualPipeVEngine: "DualPipeV needs gradient_accumulation_steps"
+        assert (module.mpu().model_parallel_size > 1) == (plan.t > 1)  # PipelineEngine's is_model_parallel
+        assert not (cfg.pipeline["pipe_partitioned"] or cfg.pipeline["grad_partitioned"])
+        steps = [c for step in ds_schedule.DualPipeVSchedule(micro_batches, plan.p, stage).steps() for c in step]
+        for phase in (0, 1):
+            forward = [c for c in steps if isinstance(c, ds_schedule.ForwardPass) and c.kwargs["phase"] == phase]
+            backward = [c for c in steps if isinstance(c, ds_schedule.BackwardPass) and c.kwargs["phase"] == phase]
+            assert len(forward) == len(backward) == micro_batches
+
+
+EXPERTS = [c for c in CASES if job_of(c).model.num_experts and "t=1,p=1," in c.plan]
+
+
+@pytest.mark.parametrize("case", EXPERTS, ids=lambda c: c.id)
+def test_experts_run_with_autoep(case):
+    """A mixture of experts with t = 1 and p = 1 is written for DeepSpeed (no longer refused): with
+    ep > 1 ds_config.json enables AutoEP, and what ``DeepSpeedEngine._configure_expert_parallel``
+    (runtime/engine.py) does with it before it touches the model runs here on what
+    ``DeepSpeedConfig`` read: ``validate_autoep_config``, ``build_folding_spec`` and
+    ``validate_folding_global`` (module_inject/auto_ep_config.py, auto_ep_folding.py) accept it,
+    and ``groups._create_expert_and_data_parallel`` (utils/groups.py) makes expert groups of ep
+    ranks, every rank of the plan's world in one, each holding E / ep experts."""
+    from deepspeed.module_inject.auto_ep_config import validate_autoep_config
+    from deepspeed.module_inject.auto_ep_folding import build_folding_spec, validate_folding_global
+    from deepspeed.utils import groups
+
+    job = job_of(case)
+    export = export_deepspeed(job, TrainSettings())
+    assert export.refused is None and export.exact and export.written == job.plan
+    plan, m = export.written, job.model
+    with as_rank(plan.gpus):
+        cfg = DeepSpeedConfig(json.loads(export.files["ds_config.json"]))
+    ep_cfg = cfg.expert_parallel_config
+    assert ep_cfg.enabled == (plan.ep > 1)
+    if plan.ep == 1:
+        return  # every rank holds every expert: the model's own MoE layers, data parallel
+    assert (ep_cfg.autoep_size, ep_cfg.top_k, ep_cfg.score_func, ep_cfg.route_norm) == (
+        plan.ep,
+        m.moe_router_topk,
+        "softmax",
+        True,
+    )
+    tp = max(cfg.tensor_parallel_config.autotp_size, 1)
+    validate_autoep_config(ep_cfg, plan.gpus, 1, tp, 1)
+    spec = build_folding_spec(world_size=plan.gpus, pp_size=1, tp_size=tp, ep_size=plan.ep, etp_size=1, mp_mode="sp")
+    validate_folding_global(spec, zero_stage=cfg.zero_optimization_stage, autoep_enabled=True)
+    saved = (dict(groups._EXPERT_PARALLEL_GROUP), dict(groups._EXPERT_DATA_PARALLEL_GROUP))
+    try:
+        with as_rank(plan.gpus), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ds_comm, "is_initialized", lambda: True)
+            groups._create_expert_and_data_parallel(ep_cfg.autoep_size, mp_size=1, pp_size=1)
+            ep_group = groups._get_expert_parallel_group(f"ep_size_{plan.ep}")
+            edp_group = groups._get_expert_data_parallel_group(f"ep_size_{plan.ep}")
+        assert len(ep_group.ranks) == plan.ep and len(edp_group.ranks) == plan.gpus // plan.ep
+        assert m.num_experts % plan.ep == 0  # AutoEP: E / ep whole experts per rank
+    finally:
+        groups._EXPERT_PARALLEL_GROUP.clear()
+        groups._EXPERT_PARALLEL_GROUP.update(saved[0])
+        groups._EXPERT_DATA_PARALLEL_GROUP.clear()
+        groups._EXPERT_DATA_PARALLEL_GROUP.update(saved[1])
+
+
+def _dualpipev_rank(rank: int, world: int, out: str, port: int) -> None:
+    """One rank of a DualPipeV training step from the emitted files (deepspeed_setup.py's
+    ``pipeline_module`` and ``initialize``, ds_config.json) on gloo."""
+    import math
+
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    setup = load_setup(Path(out) / "deepspeed_setup.py")
+    torch.manual_seed(0)
+    layers = [nn.Linear(4, 4), *(Block() for _ in range(sum(setup.STAGE_LAYERS))), nn.LayerNorm(4), nn.Linear(4, 4)]
+    model = setup.pipeline_module(layers, Block, loss_fn=nn.functional.mse_loss)
+    engine, *_ = setup.initialize(model)
+    assert isinstance(engine, DualPipeVEngine)
+    data = iter([(torch.randn(1, 4), torch.randn(1, 4)) for _ in range(engine.micro_batches)])
+    assert math.isfinite(float(engine.train_batch(data_iter=data)))
+
+
+@pytest.mark.slow
+def test_zbv_dualpipev_takes_a_training_step(tmp_path):
+    """The emitted files start DeepSpeed's DualPipeVEngine and run a step: a small Llama-style
+    model's zbv plan (t=1, p=2, m=4 = 2p microbatches) on the 4 ranks of ``localhost-cpu``, four
+    gloo processes, each calling the emitted ``pipeline_module`` and ``initialize``. On CPU the
+    config's bf16 and its fused AdamW (a CUDA kernel) are swapped for fp32 and torch's Adam."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from hwprofiles.load import load_cluster
+    from simulator.job import Job
+    from simulator.plan import parse_plan
+    from simulator.specs import ModelSpec
+
+    model = ModelSpec(
+        name="small",
+        num_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=96,
+        vocab_size=256,
+        seq_length=64,
+        activation="swiglu",
+        tie_embeddings=False,
+        position_embedding_type="rope",
+        normalization="RMSNorm",
+    )
+    cluster = load_cluster("localhost-cpu", 1)
+    plan, _ = parse_plan("t=1,p=2,mb=1,zero=1,schedule=zbv", model, cluster.num_gpus, 8)
+    export = export_deepspeed(Job(model, cluster, plan, 8), TrainSettings())
+    assert export.exact and export.written is not None and export.written.schedule == "zbv"
+    for name, text in export.files.items():
+        (tmp_path / name).write_text(text)
+    cfg = json.loads((tmp_path / "ds_config.json").read_text())
+    del cfg["bf16"]
+    cfg["optimizer"] = {"type": "Adam", "params": {**cfg["optimizer"]["params"], "torch_adam": True}}
+    (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_dualpipev_rank, args=(cluster.num_gpus, str(tmp_path), port), nprocs=cluster.num_gpus)

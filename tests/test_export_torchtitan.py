@@ -221,3 +221,141 @@ def test_torchtitan_model_has_the_parameters_autoplan_prices(tmp_path, experts):
     with torch.device("meta"):
         built = cfg.model_spec.model.build()
     assert sum(p.numel() for p in built.parameters()) == total_params(model)
+
+
+ZBH1 = next(c for c in CASES if "schedule=zbh1" in c.plan)
+
+
+def _zbh1_export(tmp_path):
+    """The matrix's ZB-H1 case as torchtitan reads it: the export, the plan it runs and the config."""
+    job = job_of(ZBH1)
+    export = export_torchtitan(job, TrainSettings())
+    assert not export.refused and export.written is not None
+    (tmp_path / "torchtitan_config_zbh1.py").write_text(export.files["torchtitan_config.py"])
+    return job, export, load(tmp_path, "torchtitan_config_zbh1")
+
+
+def test_torchtitan_builds_zbh1_with_one_stage_per_rank(tmp_path):
+    """schedule=zbh1 runs as written: torchtitan's ``_build_pipeline_schedule``
+    (distributed/pipeline_parallel.py) builds torch's ``ScheduleInterleavedZeroBubble`` over each
+    rank's one stage (``_get_pp_rank_to_stage_indices_mapping`` over the p parts), and the order it
+    computes is ZB-H1's: every microbatch's backward split into input (I) and weight (W) passes,
+    rank r running r + 1 input passes before its first weight pass (the later the stage, the
+    longer its weight passes wait to fill the bubble). Only ZeRO-1 changes (FSDP2 replicate)."""
+    from collections import Counter
+
+    from torch import nn
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+    job, export, cfg = _zbh1_export(tmp_path)
+    plan, par = export.written, cfg.parallelism
+    assert plan.schedule == "zbh1" and plan.v == 1 and [c.key for c in export.changes] == ["zero"]
+    assert par.pipeline_parallel_schedule == "InterleavedZeroBubble"
+    parts = par.module_fqns_per_model_part
+    assert len(parts) == plan.p and par.pipeline_parallel_layers_per_stage is None
+    for rank in range(plan.p):
+        mine = pipeline_parallel._get_pp_rank_to_stage_indices_mapping(
+            rank, plan.p, par.pipeline_parallel_schedule, len(parts)
+        )
+        assert mine == (rank,)
+        stages = [
+            types.SimpleNamespace(
+                submod=nn.Linear(1, 1),
+                stage_index=s,
+                num_stages=len(parts),
+                group_size=plan.p,
+                group_rank=rank,
+                is_first=s == 0,
+                is_last=s == len(parts) - 1,
+            )
+            for s in mine
+        ]
+        schedule = pipeline_parallel._build_pipeline_schedule(
+            parallelism=par, local_batch_size=cfg.training.local_batch_size, stages=stages, loss_fn=lambda *a: a
+        )
+        assert isinstance(schedule, ScheduleInterleavedZeroBubble) and schedule.n_local_stages == 1
+        assert schedule._n_microbatches == job.m
+        ops = [a.computation_type.value for a in schedule.pipeline_order[rank] if a is not None]
+        assert Counter(ops) == {"F": job.m, "I": job.m, "W": job.m}
+        assert ops[: ops.index("W")].count("I") == rank + 1
+
+
+def test_torchtitan_zbh1_rounds_that_do_not_divide_run_1f1b(tmp_path):
+    """With m microbatches that its rounds (m // p) do not divide, the export writes 1F1B:
+    torch's ``ScheduleInterleavedZeroBubble.__init__``, built by torchtitan's
+    ``_build_pipeline_schedule`` from the emitted config with the schedule set back to ZB-H1,
+    raises "Zero bubble requires the number of microbatches to be a multiple of the number of rounds"."""
+    import dataclasses
+
+    from torch import nn
+
+    case = next(c for c in CASES if "schedule=zbh1" in c.plan and job_of(c).m % max(1, job_of(c).m // job_of(c).plan.p))
+    job = job_of(case)
+    export = export_torchtitan(job, TrainSettings())
+    assert export.written is not None and export.written.schedule == "1f1b"
+    assert any(c.key == "schedule" and "multiple of the number of rounds" in c.why for c in export.changes)
+    (tmp_path / "torchtitan_config_rounds.py").write_text(export.files["torchtitan_config.py"])
+    cfg = load(tmp_path, "torchtitan_config_rounds")
+    par = dataclasses.replace(cfg.parallelism, pipeline_parallel_schedule="InterleavedZeroBubble")
+    stage = types.SimpleNamespace(
+        submod=nn.Linear(1, 1), stage_index=0, num_stages=job.plan.p, group_size=job.plan.p, group_rank=0
+    )
+    with pytest.raises(ValueError, match="multiple of the number of rounds"):
+        pipeline_parallel._build_pipeline_schedule(
+            parallelism=par, local_batch_size=cfg.training.local_batch_size, stages=[stage], loss_fn=lambda *a: a
+        )
+
+
+def _zbh1_rank(rank: int, world: int, init: str, par: object, local_batch: int) -> None:
+    """One pipeline rank of a real ZB-H1 step on gloo: torchtitan's schedule builder over one
+    ``PipelineStage`` (a small block); the gradients must be those of the unsplit model."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+
+    def blocks() -> list[torch.nn.Module]:
+        torch.manual_seed(0)
+        return [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(world)]
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.nn.functional.mse_loss(out, target, reduction="sum"), None
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        mine = blocks()[rank]
+        stage = PipelineStage(mine, rank, world, torch.device("cpu"))
+        schedule = pipeline_parallel._build_pipeline_schedule(
+            parallelism=par, local_batch_size=local_batch, stages=[stage], loss_fn=loss_fn
+        )
+        torch.manual_seed(1)
+        x, target = torch.randn(local_batch, 8), torch.randn(local_batch, 8)
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=target)
+        else:
+            schedule.step()
+        whole = torch.nn.Sequential(*blocks())
+        loss_fn(whole(x), target)[0].backward()
+        for got, want in zip(mine.parameters(), whole[rank].parameters(), strict=True):
+            torch.testing.assert_close(got.grad, want.grad, atol=1e-5, rtol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_torchtitan_zbh1_step_runs_with_one_stage_per_rank(tmp_path):
+    """The emitted ZB-H1 pipeline takes a training step: p gloo processes on CPU, each building
+    its schedule with torchtitan's ``_build_pipeline_schedule`` from the emitted parallelism
+    config and local batch (torch's ``ScheduleInterleavedZeroBubble``, one ``PipelineStage`` per
+    rank, the plan's m microbatches), give the gradients of the unsplit model."""
+    import torch.multiprocessing as mp
+
+    _, export, cfg = _zbh1_export(tmp_path)
+    assert export.written is not None and export.written.schedule == "zbh1"
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(
+        _zbh1_rank,
+        args=(export.written.p, init, cfg.parallelism, cfg.training.local_batch_size),
+        nprocs=export.written.p,
+    )

@@ -163,10 +163,16 @@ def test_bad_input_and_exports(schedule):
         parse_plan(f"t=8,p=4,zero=3,schedule={schedule}", GPT, 128, 128)
     plan, _ = parse_plan(f"t=8,p=16,mb=1,zero=1,sp=1,schedule={schedule}", GPT, 128, 128)
     job = Job(GPT, A100, plan, 128)
-    for export in (export_megatron(job, TrainSettings()), export_deepspeed(job, TrainSettings())):
+    megatron, deepspeed = export_megatron(job, TrainSettings()), export_deepspeed(job, TrainSettings())
+    # Megatron-LM runs neither; DeepSpeed runs ZB-V's placement as DualPipeV (m = 128 >= 2p), not ZB-H1
+    changed = [megatron] if schedule == "zbv" else [megatron, deepspeed]
+    for export in changed:
         assert export.written is not None and (export.written.schedule, export.written.v) == ("1f1b", 1)
         assert any(c.key == "schedule" and c.planned == schedule for c in export.changes)
         assert export.written.chunk_layers(96) == (6,) * 16  # ZB-V: each rank's two chunks as one stage
+    if schedule == "zbv":
+        assert deepspeed.written is not None and deepspeed.written.schedule == "zbv"
+        assert not any(c.key == "schedule" for c in deepspeed.changes)
 
 
 # ---------------------------------------------------------------------------------------- ZB-V

@@ -9,6 +9,15 @@ What DeepSpeed 0.19.8 reads, from its source (``deepspeed/runtime/...``):
   are ignored (the ``autoplan`` record below).
 - ``pipe/engine.py``: a pipeline runs ZeRO-0/1 only ("ZeRO-2 and ZeRO-3 are incompatible with
   pipeline parallelism"), one stage per rank with its 1F1B ``TrainSchedule``.
+- ``pipe/dualpipev.py``: ZB-V's placement, two stages per rank in a V (rank r: stages r and
+  2p-1-r), is ``DualPipeVModule``, which ``deepspeed.initialize`` runs with ``DualPipeVEngine``
+  (``engine_cls = DualPipeVEngine if isinstance(model, DualPipeVModule) else PipelineEngine``,
+  ``deepspeed/__init__.py``). ``DualPipeVEngine.__init__`` asserts "DualPipeV needs
+  gradient_accumulation_steps >= 2 * {num_stages}" and "DualPipeV does not support
+  pipe_partitioned or grad_partitioned" (both on by default, ``runtime/config.py``, and in effect
+  with model parallelism: ``ds_config.json`` turns them off). Its ``DualPipeVSchedule``
+  (``pipe/schedule.py``) "keeps them [the weight gradients] inside ``BackwardPass``": the V runs,
+  without ZB-V's deferred weight passes (noted).
 - ``pipe/module.py``: stages, layer split and recomputation come from the ``PipelineModule``
   (``partition_method`` cannot give an explicit split; ``activation_checkpoint_interval``
   recomputes every layer of a stage): ``deepspeed_setup.py`` builds it for the plan.
@@ -16,7 +25,26 @@ What DeepSpeed 0.19.8 reads, from its source (``deepspeed/runtime/...``):
   ZeRO stage; AutoTP does not combine with the pipeline engine, so t > 1 with p > 1 needs
   tensor-parallel layers of the model's own (Megatron-DeepSpeed).
 
-Closest runnable plan: ZeRO-2/3 with a pipeline -> ZeRO-1; interleaved -> one stage per rank;
+- A mixture of experts (the model's own MoE layers, e.g. a Hugging Face Mixtral): ep > 1 is
+  AutoEP (``expert_parallel`` in the config, read by ``runtime/config.py``
+  ``get_expert_parallel_config``; ``DeepSpeedEngine._configure_expert_parallel``, ``engine.py``,
+  replaces the MoE layers with ``AutoEPMoELayer`` over expert groups of ``autoep_size`` ranks cut
+  from the data-parallel ranks, ``utils/groups.py`` ``_create_expert_and_data_parallel``), the
+  routing set to autoplan's (softmax, top k, renormalized). Refused where AutoEP cannot run the
+  plan: t > 1, which AutoEP runs only as AutoEP+AutoTP folding with p = 1, each expert whole on
+  an expert group spanning the tensor lanes (``module_inject/auto_ep_folding.py``
+  ``validate_folding_global``: "AutoEP+AutoTP folding requires expert_parallel.autoep_size > 1",
+  "AutoEP+AutoTP folding currently supports pp_size=1 only"; ``engine.py``
+  ``_configure_expert_parallel``: "AutoEP does not currently support tensor model parallelism from
+  mpu") where autoplan prices Megatron's split of every expert over the t ranks; and ep > 1 with
+  p > 1, since ``AutoEP.ep_parser`` (``module_inject/auto_ep.py``) finds MoE layers only by a
+  module name that fullmatches the preset's ``moe_layer_pattern`` (Mixtral's
+  ``r"model\\.layers\\.\\d+\\.mlp"``, ``module_inject/auto_ep_presets/mixtral.py``) and reads the
+  expert count from ``model.config``, while a ``PipelineModule`` names its layers by index
+  (``PipelineModule._build``, ``pipe/module.py``: ``name = str(layer_idx)``) and has no config.
+
+Closest runnable plan: ZeRO-2/3 with a pipeline -> ZeRO-1; interleaved (and zbv with fewer than
+2p microbatches) -> one stage per rank;
 GPipe -> 1F1B; hsdp -> sharding over all d; selective recomputation -> full (DeepSpeed
 recomputes whole layers); AutoTP without sequence parallelism; prec=fp8 -> bf16; cp -> 1 (the cp
 ranks become data-parallel ones).
@@ -37,20 +65,54 @@ NVME_PATH = "/local_nvme"
 
 
 def _decide(job: Job) -> Draft:
-    plan, n = job.plan, job.model.num_layers
+    """The closest plan DeepSpeed runs (module docstring): its pipeline, its sharding and
+    precision, its recomputation, and the notes on what it runs differently."""
     d = Draft(job)
+    _pipeline_draft(job, d)
+    _sharding_draft(job, d)
+    _recompute_draft(job, d)
+    _notes_draft(job, d)
+    return d
+
+
+def _pipeline_draft(job: Job, d: Draft) -> None:
+    """ZeRO-0/1 under the pipeline engine; ZB-V as DualPipeV (or one stage per rank with too few
+    microbatches); interleaved as one stage per rank; GPipe and ZB-H1 as 1F1B."""
+    plan, n = job.plan, job.model.num_layers
     if plan.p > 1 and plan.zero >= 2:
         also: dict[str, Any] = {"hsdp": 0}
         if plan.offload == "nvme":
             also["offload"] = "cpu"  # ZeRO-Infinity's NVMe needs stage 3
         d.change("zero", 1, "DeepSpeed's PipelineEngine runs ZeRO-0/1 only (runtime/pipe/engine.py)", **also)
-    if plan.p > 1 and plan.v > 1:
+    m = num_microbatches(plan.replace(d=plan.grad_group) if plan.cp > 1 else plan, job.global_batch)
+    if plan.schedule == "zbv" and m >= 2 * plan.p:
+        d.notes.append(
+            "schedule=zbv: DeepSpeed's DualPipeVModule/DualPipeVEngine run the V (rank r: stages r and 2p-1-r), "
+            "but its DualPipeVSchedule keeps the weight gradients inside BackwardPass (runtime/pipe/schedule.py): "
+            "no deferred weight passes fill the bubble, which autoplan prices as ZB-V's"
+        )
+    elif plan.schedule == "zbv":
+        d.change(
+            "v",
+            1,
+            f"DeepSpeed's DualPipeVEngine.__init__ (runtime/pipe/dualpipev.py) asserts 'DualPipeV needs "
+            f"gradient_accumulation_steps >= 2 * {plan.p}' ({m} microbatches); its PipelineEngine runs one stage "
+            "per rank",
+            **one_stage_per_rank(plan, n),
+        )
+        d.changes.append(Change("schedule", plan.schedule, "1f1b", "its only schedule with one stage per rank"))
+    elif plan.p > 1 and plan.v > 1:
         d.change("v", 1, "DeepSpeed's PipelineEngine runs one stage per rank", **one_stage_per_rank(plan, n))
         d.changes.append(Change("schedule", plan.schedule, "1f1b", "its only schedule with one stage per rank"))
     elif plan.p > 1 and plan.schedule == "gpipe":
         d.change("schedule", "1f1b", "DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule): same bubble, less memory")
     elif plan.schedule == "zbh1":
         d.change("schedule", "1f1b", "DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule) only: a larger bubble")
+
+
+def _sharding_draft(job: Job, d: Draft) -> None:
+    """No hybrid sharding, no ring attention, no fp8, no sequence parallelism under AutoTP."""
+    plan = job.plan
     if plan.hsdp and "hsdp" not in d.updates:
         why = "DeepSpeed 0.19 removed MiCS (runtime/config.py rejects mics_shard_size)" if plan.zero == 3 else ""
         d.change("hsdp", 0, why or "DeepSpeed has no hybrid ZeRO-2: it shards over all d ranks")
@@ -68,6 +130,24 @@ def _decide(job: Job) -> Draft:
         )
     if plan.p == 1 and plan.t > 1 and plan.sp:
         d.change("sp", 0, "AutoTP splits the linear layers only; sequence parallelism is Megatron-DeepSpeed model code")
+
+
+def _recompute_draft(job: Job, d: Draft) -> None:
+    """Selective recomputation as full: DeepSpeed recomputes whole layers."""
+    written = d.plan()
+    rec = written.chunk_recompute(job.model.num_layers)
+    if any(s for _, s in rec):
+        why = "DeepSpeed recomputes whole layers; it has no selective (attention-only) recomputation"
+        if written.recompute is None:
+            d.change_recompute("full", None, why)
+        else:
+            d.change_recompute(written.ckpt, tuple((f + s, 0) for f, s in rec), why)
+
+
+def _notes_draft(job: Job, d: Draft) -> None:
+    """What the files need from the user's model code or machine: tensor-parallel pipeline blocks,
+    the model's own MoE layers, the NVMe path."""
+    plan = job.plan
     if plan.p > 1 and plan.t > 1:
         d.notes.append(
             f"t={plan.t} with a pipeline: DeepSpeed's AutoTP does not combine with its pipeline engine; the blocks "
@@ -75,19 +155,50 @@ def _decide(job: Job) -> Draft:
             + (", --sequence-parallel" if plan.sp else "")
             + "); deepspeed_setup.py places them on the topology"
         )
-    written = d.plan()
-    rec = written.chunk_recompute(n)
-    if any(s for _, s in rec):
-        why = "DeepSpeed recomputes whole layers; it has no selective (attention-only) recomputation"
-        if written.recompute is None:
-            d.change_recompute("full", None, why)
-        else:
-            d.change_recompute(written.ckpt, tuple((f + s, 0) for f, s in rec), why)
+    if job.model.num_experts:
+        d.notes.append(
+            "mixture of experts: the model's own MoE layers (a Hugging Face Mixtral, transformers >= 5: AutoEP's "
+            "preset); "
+            + (
+                f"AutoEP splits the {job.model.num_experts} experts over ep={plan.ep} ranks (ds_config.json "
+                "expert_parallel: softmax router, top k renormalized), with all-to-all token exchange"
+                if plan.ep > 1
+                else "ep=1: every rank holds every expert"
+            )
+            + f"; autoplan prices Megatron-core's all-to-all dispatcher with "
+            f"moe_load_imbalance={job.model.moe_load_imbalance}"
+        )
     if d.plan().offload == "nvme":
         d.notes.append(
             f"offload=nvme: set zero_optimization.offload_*.nvme_path (written: {NVME_PATH}) to a local NVMe"
         )
-    return d
+
+
+def experts_refusal(job: Job) -> str | None:
+    """Why DeepSpeed 0.19.8's AutoEP cannot run this mixture-of-experts plan, or None (dense, or it can)."""
+    m, plan = job.model, job.plan
+    if not m.num_experts:
+        return None
+    if plan.t > 1:
+        return (
+            f"{m.name} is a mixture of experts with t={plan.t}: DeepSpeed combines its expert parallelism (AutoEP) "
+            "with tensor parallelism only as AutoEP+AutoTP folding, each expert whole on an expert group spanning "
+            "the tensor lanes, where autoplan prices Megatron's split of every expert over the t ranks; and "
+            "module_inject/auto_ep_folding.py validate_folding_global raises 'AutoEP+AutoTP folding requires "
+            "expert_parallel.autoep_size > 1' (ep=1) and 'AutoEP+AutoTP folding currently supports pp_size=1 only' "
+            "(p > 1), runtime/engine.py _configure_expert_parallel 'AutoEP does not currently support tensor model "
+            "parallelism from mpu' (a pipeline's tensor ranks); plan with t=1"
+        )
+    if plan.p > 1 and plan.ep > 1:
+        return (
+            f"{m.name} with ep={plan.ep} and p={plan.p}: DeepSpeed's AutoEP.ep_parser (module_inject/auto_ep.py) "
+            "skips every module whose name does not fullmatch the preset's moe_layer_pattern (Mixtral's "
+            "'model\\.layers\\.\\d+\\.mlp', module_inject/auto_ep_presets/mixtral.py) and reads the expert count "
+            "from model.config, while a PipelineModule names its layers by index (PipelineModule._build, "
+            "runtime/pipe/module.py: 'name = str(layer_idx)') and has no config: the experts would stay whole on "
+            "every rank; plan with p=1, or ep=1"
+        )
+    return None
 
 
 def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[str]) -> dict[str, Any]:
@@ -125,6 +236,16 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
     }
     if plan.p == 1 and plan.t > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.t}
+    if job.model.num_experts and plan.ep > 1:  # AutoEP, with autoplan's (Mixtral's) routing
+        cfg["expert_parallel"] = {
+            "enabled": True,
+            "autoep_size": plan.ep,
+            "top_k": job.model.moe_router_topk,
+            "score_func": "softmax",
+            "route_norm": True,
+        }
+    if plan.schedule == "zbv":  # DualPipeVEngine: "DualPipeV does not support pipe_partitioned or grad_partitioned"
+        cfg["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     cfg["autoplan"] = {"about": header, "plan": job.plan.to_dict(job.m), "runs": plan.to_dict(m)}
     return cfg
 
@@ -138,18 +259,15 @@ def deepspeed_setup(job: Job, plan: Plan, header: list[str]) -> str:
         "DATA": str(plan.d),
         "STAGE_LAYERS: tuple[int, ...]": repr(tuple(plan.chunk_layers(n))),
         "FULL_RECOMPUTE: tuple[int, ...]": repr(tuple(f for f, _ in plan.chunk_recompute(n))),
+        "DUALPIPEV": repr(plan.schedule == "zbv"),
     }
     return fill_template("deepspeed_setup.py", values, header)
 
 
 def export_deepspeed(job: Job, train: TrainSettings) -> Export:
-    if job.model.num_experts:
-        return refuse(
-            "deepspeed",
-            RELEASE,
-            f"{job.model.name} is a mixture of experts: DeepSpeed-MoE runs the model's own MoE layers "
-            "(deepspeed.moe.layer.MoE), and deepspeed_setup.py builds dense blocks",
-        )
+    why = experts_refusal(job)
+    if why:
+        return refuse("deepspeed", RELEASE, why)
 
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {

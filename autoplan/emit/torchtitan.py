@@ -24,7 +24,18 @@ torchtitan 0.3 reads a Python function returning ``Trainer.Config`` (``--module`
   with the plan's split as ``module_fqns_per_model_part`` (p*v stages, rank r running r, r+p, ...:
   the looped placement autoplan plans, or for zbv rank r running r and 2p-1-r, torchtitan's "v"
   style; no ``*_less_layers`` defaults involved); schedule -> ``1F1B`` / ``GPipe`` /
-  ``Interleaved1F1B`` / ``ZBVZeroBubble``; mb -> ``pipeline_parallel_microbatch_size``.
+  ``Interleaved1F1B`` / ``InterleavedZeroBubble`` (zbh1) / ``ZBVZeroBubble``; mb ->
+  ``pipeline_parallel_microbatch_size``.
+- zbh1 with one stage per rank: torch's ``ScheduleInterleavedZeroBubble`` (the ZB1P schedule,
+  torch/distributed/pipelining/schedules.py) takes any number of local stages
+  (``n_local_stages = len(stages)``) and with one per rank is ZB-H1 (its weight passes ``W``
+  deferred p-1-r slots on rank r). torchtitan's "Multi-stage schedule requires at least 2 stages
+  per rank" (``_get_pipeline_metadata``, distributed/pipeline_parallel.py) is raised only when it
+  derives the stages from ``pipeline_parallel_layers_per_stage``; with ``module_fqns_per_model_part``
+  of p parts ``_get_pp_rank_to_stage_indices_mapping`` gives rank r stage r and
+  ``_build_pipeline_schedule`` passes it to the schedule. The schedule's ``__init__`` raises
+  "Zero bubble requires the number of microbatches to be a multiple of the number of rounds"
+  (rounds = max(1, m // p)): such a plan runs 1f1b.
 - Batch: the trainer accumulates ``global / (local x dp)`` steps and, with a pipeline, splits
   ``local`` into ``local / mb`` microbatches; so local = mb (no pipeline: m accumulation steps)
   or mb x m (pipeline: m microbatches, one step).
@@ -54,7 +65,13 @@ from simulator.job import Job
 from simulator.plan import Plan
 
 RELEASE = "torchtitan 0.3.0"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
+SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "Interleaved1F1B",
+    "zbh1": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+}
 
 
 def architecture_refusal(job: Job) -> str | None:
@@ -112,16 +129,31 @@ def _context_draft(d: Draft) -> None:
         )
 
 
+def _schedule_draft(d: Draft) -> None:
+    """ZB-H1 runs as torch's ScheduleInterleavedZeroBubble with one stage per rank, unless its
+    rounds (m // p) do not divide the m microbatches (then 1F1B)."""
+    plan = d.job.plan
+    rounds = max(1, d.job.m // plan.p)
+    if plan.schedule == "zbh1" and d.job.m % rounds:
+        d.change(
+            "schedule",
+            "1f1b",
+            f"torch's ScheduleInterleavedZeroBubble.__init__ (torch/distributed/pipelining/schedules.py) raises "
+            f"'Zero bubble requires the number of microbatches to be a multiple of the number of rounds' "
+            f"({d.job.m} microbatches, {rounds} rounds = m // p)",
+        )
+
+
 def _sharding_draft(d: Draft) -> None:
     """The ZeRO stage torchtitan's FSDP2 meshes can run: ZeRO-1 has no equivalent (ZeRO-2, or
-    replicated under ZB-V), nor has ZeRO-0 with expert parallelism (ZeRO-2)."""
-    plan = d.job.plan
-    if plan.zero == 1 and plan.schedule == "zbv":
+    replicated under a zero-bubble schedule), nor has ZeRO-0 with expert parallelism (ZeRO-2)."""
+    plan = d.plan()  # its schedule as _schedule_draft left it
+    if plan.zero == 1 and plan.schedule in ("zbh1", "zbv"):
         d.change(
             "zero",
             0,
-            "torchtitan has no optimizer-only sharding, and ZB-V with sharded gradients (its ZeRO-2) is not "
-            "modelled: the states replicated (FSDP2 replicate)",
+            f"torchtitan has no optimizer-only sharding, and {plan.schedule} with sharded gradients (its ZeRO-2) is "
+            "not modelled: the states replicated (FSDP2 replicate)",
             hsdp=0,
         )
     elif plan.zero == 1:
@@ -138,18 +170,11 @@ def _sharding_draft(d: Draft) -> None:
 
 
 def _feature_draft(d: Draft) -> None:
-    """The plan's features torchtitan 0.3 lacks (NVMe offload, ZB-H1, fp8 all-gather) replaced,
-    and its own fp8 recipe named."""
+    """The plan's features torchtitan 0.3 lacks (NVMe offload, fp8 all-gather) replaced, and its
+    own fp8 recipe named."""
     plan = d.job.plan
     if plan.offload == "nvme":
         d.change("offload", "cpu", "torchtitan has no NVMe offload")
-    if plan.schedule == "zbh1":
-        d.change(
-            "schedule",
-            "1f1b",
-            "torchtitan runs torch's zero-bubble schedules with 2 or more stages per rank only "
-            "(distributed/pipeline_parallel.py: 'Multi-stage schedule requires at least 2 stages per rank')",
-        )
     if plan.fp8ag:
         d.change(
             "fp8ag",
@@ -188,8 +213,9 @@ def _written_plan_notes(d: Draft) -> None:
 
 
 def _decide(job: Job) -> Draft:
-    """torchtitan's closest plan to the job's (sharding, context, features, recomputation) and its notes."""
+    """torchtitan's closest plan to the job's (schedule, sharding, context, features, recomputation) and its notes."""
     d = Draft(job)
+    _schedule_draft(d)
     _sharding_draft(d)
     if job.plan.cp > 1:
         _context_draft(d)

@@ -10,7 +10,7 @@ checks the batch against comes from the ``mpu`` given to ``deepspeed.initialize`
 Use it from the training script::
 
     import deepspeed_setup as planned
-    model = planned.pipeline_module(layers, block_class=MyBlock, loss_fn=loss_fn)  # p > 1
+    model = planned.pipeline_module(layers, block_class=MyBlock, loss_fn=loss_fn)  # p > 1 (zbv: DualPipeV)
     planned.recompute_blocks(model.blocks)                                        # p = 1
     engine, optimizer, _, _ = planned.initialize(model)
 """
@@ -31,6 +31,7 @@ PIPELINE = 1
 DATA = 1
 STAGE_LAYERS: tuple[int, ...] = (1,)
 FULL_RECOMPUTE: tuple[int, ...] = (0,)
+DUALPIPEV = False
 # ---- end of the plan ----
 
 CONFIG = Path(__file__).with_name("ds_config.json")
@@ -56,13 +57,20 @@ def pipeline_module(
     ``PipelineModule._partition_layers`` and ``_is_checkpointable``, the hooks DeepSpeed's own
     ``DualPipeVModule`` overrides. Tensor parallelism (TENSOR > 1) must be inside the blocks
     themselves (Megatron-DeepSpeed's ``ParallelTransformerLayerPipe``): the topology only places them.
+
+    DUALPIPEV (schedule=zbv): the module is DeepSpeed's ``DualPipeVModule``
+    (``deepspeed/runtime/pipe/dualpipev.py``), whose engine ``deepspeed.initialize`` picks for it
+    (``DualPipeVEngine``, the DualPipeV schedule): 2 x PIPELINE stages, rank r running stage r
+    (phase 0) and stage 2 x PIPELINE - 1 - r (phase 1), as ``DualPipeVModule._partition_layers``
+    places them; STAGE_LAYERS and FULL_RECOMPUTE then list the 2 x PIPELINE stages in model order.
     """
-    from deepspeed.pipe import PipelineModule
+    from deepspeed.pipe import DualPipeVModule, PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     block = block_class if isinstance(block_class, str) else block_class.__name__
+    base = DualPipeVModule if DUALPIPEV else PipelineModule
 
-    class PlannedPipelineModule(PipelineModule):
+    class PlannedPipelineModule(base):  # type: ignore[valid-type,misc]
         def _partition_layers(self, method: str = "uniform") -> None:
             blocks = [i for i, layer in enumerate(self._layer_specs) if _type_name(layer) == block]
             if len(blocks) != sum(STAGE_LAYERS):
@@ -71,10 +79,19 @@ def pipeline_module(
             self.parts = [0, *starts, len(self._layer_specs)]
             stage = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+            if DUALPIPEV:  # as DualPipeVModule._partition_layers: 2p stages, the second one mirrored
+                self.num_stages *= 2
+                mirror = self.num_stages - 1 - stage
+                self.phase_bounds = [
+                    (self.parts[stage], self.parts[stage + 1]),
+                    (self.parts[mirror], self.parts[mirror + 1]),
+                ]
 
         def _is_checkpointable(self, funcs: list[Any]) -> bool:
             local_blocks = [f for f in self.forward_funcs if _type_name(f) == block]
-            recomputed = local_blocks[: FULL_RECOMPUTE[self.stage_id]]
+            phase = getattr(self, "active_phase", 0)  # DualPipeVModule.activate_phase
+            chunk = 2 * PIPELINE - 1 - self.stage_id if DUALPIPEV and phase == 1 else self.stage_id
+            recomputed = local_blocks[: FULL_RECOMPUTE[chunk]]
             return all(any(f is r for r in recomputed) for f in funcs)
 
     topology = PipeModelDataParallelTopology(num_pp=PIPELINE, num_mp=TENSOR, num_dp=DATA)
