@@ -16,6 +16,7 @@ from hwprofiles.load import load_cluster
 from simulator.job import Job
 from simulator.model_files import load_model
 from simulator.plan import parse_plan
+from simulator.specs import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,23 @@ def job_of(case: Case) -> Job:
     cluster = load_cluster(case.cluster, case.nodes)
     plan, _ = parse_plan(case.plan, model, cluster.num_gpus, case.batch)
     return Job(model, cluster, plan, case.batch)
+
+
+def small_llama(num_layers: int, num_experts: int | None = None) -> ModelSpec:
+    """A small Llama-style decoder (SwiGLU, RMSNorm, RoPE, GQA, untied embeddings) that the tools'
+    own code builds and steps on CPU in seconds; with ``num_experts``, a mixture of experts."""
+    return ModelSpec(
+        name="small",
+        num_layers=num_layers,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=96,
+        vocab_size=256,
+        seq_length=64,
+        activation="swiglu",
+        tie_embeddings=False,
+        position_embedding_type="rope",
+        normalization="RMSNorm",
+        num_experts=num_experts,
+    )

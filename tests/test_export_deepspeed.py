@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from export_matrix import CASES, Case, job_of
+from export_matrix import CASES, Case, job_of, small_llama
 from torch import nn
 
 from autoplan.emit.deepspeed import export_deepspeed
@@ -314,22 +314,8 @@ def test_zbv_dualpipev_takes_a_training_step(tmp_path):
     from hwprofiles.load import load_cluster
     from simulator.job import Job
     from simulator.plan import parse_plan
-    from simulator.specs import ModelSpec
 
-    model = ModelSpec(
-        name="small",
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_query_groups=2,
-        ffn_hidden_size=96,
-        vocab_size=256,
-        seq_length=64,
-        activation="swiglu",
-        tie_embeddings=False,
-        position_embedding_type="rope",
-        normalization="RMSNorm",
-    )
+    model = small_llama(4)
     cluster = load_cluster("localhost-cpu", 1)
     plan, _ = parse_plan("t=1,p=2,mb=1,zero=1,schedule=zbv", model, cluster.num_gpus, 8)
     export = export_deepspeed(Job(model, cluster, plan, 8), TrainSettings())

@@ -21,7 +21,7 @@ import sys
 import types
 
 import pytest
-from export_matrix import CASES, Case, job_of
+from export_matrix import CASES, Case, job_of, small_llama
 
 from autoplan.emit.torchtitan import export_torchtitan
 from autoplan.runtime.config import TrainSettings
@@ -195,23 +195,8 @@ def test_torchtitan_model_has_the_parameters_autoplan_prices(tmp_path, experts):
     from simulator.cost.params import total_params
     from simulator.job import Job
     from simulator.plan import parse_plan
-    from simulator.specs import ModelSpec
 
-    model = ModelSpec(
-        name="small",
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_query_groups=2,
-        ffn_hidden_size=96,
-        vocab_size=256,
-        seq_length=64,
-        activation="swiglu",
-        tie_embeddings=False,
-        position_embedding_type="rope",
-        normalization="RMSNorm",
-        num_experts=experts or None,
-    )
+    model = small_llama(2, experts or None)
     cluster = load_cluster("dgx-h100", 1)
     plan, _ = parse_plan("t=1,p=1,mb=1,zero=3" + (",ep=2" if experts else ""), model, cluster.num_gpus, 8)
     export = export_torchtitan(Job(model, cluster, plan, 8), TrainSettings())

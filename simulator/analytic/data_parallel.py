@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from hwprofiles.schema import ClusterSpec, GpuProfile
+from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout, memory, zero3
 from simulator.cost.block_times import compute_slowdown, host_async
 from simulator.cost.cache import IdentityCache
@@ -117,10 +117,10 @@ def stage_tensors(model: ModelSpec, cost: StageLike) -> Any:
     )
 
 
-def fsdp2_host_op_seconds(cluster: ClusterSpec, gpu: GpuProfile) -> float | None:
+def fsdp2_host_op_seconds(cluster: ClusterSpec) -> float | None:
     """The per-op host time FSDP2's hooks take on a synchronous (CPU) rank, the node's cores
     shared (simulator.cost.zero3.zero3_pass ``host_op_s``); None on a GPU, whose host runs ahead."""
-    return None if host_async(cluster) else gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster)
+    return None if host_async(cluster) else cluster.gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster)
 
 
 def sharded_exposed(
@@ -147,7 +147,7 @@ def sharded_exposed(
         out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
     if any_of(sharded):
         gathered = stage_gathered_bytes(cost, fp8ag, e)
-        host_op_s = fsdp2_host_op_seconds(cluster, gpu)
+        host_op_s = fsdp2_host_op_seconds(cluster)
         tensors = stage_tensors(model, cost) if host_op_s is not None else 0
         z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors)
         out = where(sharded, z3.exposed(cost.forward_span, cost.backward_span, sigma), out)

@@ -1,6 +1,6 @@
 """The data-parallel collectives of many plans at once (simulator.analytic.data_parallel.
 DpCollectives over arrays): each plan's group links' figures, computed once per (t, d, hsdp) by
-the scalar rules that place the groups (data_parallel.dp_link, simulator.cost.zero3.shard_links),
+the one plan's links (data_parallel.dp_links: the groups as dp_link and simulator.cost.zero3.shard_links place them),
 and the collective times by the one alpha-beta rule (simulator.cost.collectives.ring_seconds)."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import numpy as np
 from hwprofiles.algorithms import Collective, latency_steps
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.data_parallel import dp_link
+from simulator.analytic.data_parallel import dp_links
 from simulator.cost.collectives import GroupLink, ring_seconds
 from simulator.cost.step import gradient_reduction
-from simulator.cost.zero3 import shard_links
 from simulator.numeric import where
 from simulator.plan import Plan
 
@@ -28,11 +27,11 @@ _ROLES = [("dp", AR), ("dp", RS), ("shard", AG), ("shard", RS), ("replica", AR)]
 def _figures(cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
     """(bus bytes/s, latency steps x per-step latency) of each role's collective; (1, 0) where the
     group has one rank (ring_seconds gives 0 there)."""
-    links = shard_links(cluster, plan)
+    links = dp_links(cluster, plan)
     where_: dict[str, tuple[GroupLink | None, int]] = {
-        "dp": (dp_link(cluster, plan), plan.d),
-        "shard": (links.shard, links.n),
-        "replica": (links.replica, links.replicas),
+        "dp": (links.dp, plan.d),
+        "shard": (links.shards.shard, links.shards.n),
+        "replica": (links.shards.replica, links.shards.replicas),
     }
     out = []
     for role, op in _ROLES:
