@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 from autoplan import __version__
 from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK, HANDLERS
 from autoplan.emit.export import TARGETS, Target
+from autoplan.frameworks import FRAMEWORKS
 from hwprofiles.errors import AutoplanError, InputError
 from hwprofiles.headroom import MemoryHeadroom
 from simulator.model_files import builtin_models
@@ -129,18 +130,30 @@ def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
     if plan_required:
         p.add_argument("--plan", required=True, help="plan string, e.g. t=8,p=8,mb=1,zero=1,ckpt=full,schedule=1f1b")
     p.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        help="the training stack that runs the plan (default: the cluster file's framework:, else autoplan, "
+        "autoplan's own program): only plans it runs, priced as it runs them "
+        "(autoplan/frameworks/profiles/<name>.yaml)",
+    )
+    p.add_argument(
         "--no-dp-overlap",
         action="store_true",
-        help="model a program that reduces gradients after the last backward instead of overlapping "
-        "bucketed reductions with it (Megatron-LM 2021 local DDP, Megatron-DeepSpeed without bucketing)",
+        help="the framework reduces gradients after the last backward instead of overlapping bucketed reductions "
+        "with it (Megatron-LM 2021 local DDP, Megatron-DeepSpeed without bucketing): overrides its profile",
     )
     p.add_argument(
         "--zero3-runtime",
         choices=("fsdp2", "deepspeed"),
-        default="fsdp2",
-        help="which ZeRO-2/3 program to model: fsdp2 (autoplan's own program and torchtitan: fp32 gradient "
-        "reduction, parameters copied out of each all-gather) or deepspeed (DeepSpeed stage 3: bf16 reduction, "
-        "a fully recomputed layer gathered once more in backward)",
+        help="how ZeRO-3 runs, overriding the framework's profile: fsdp2 (PyTorch fully_shard: parameters copied "
+        "out of each all-gather) or deepspeed (DeepSpeed stage 3: bf16 reduction, a fully recomputed layer "
+        "gathered once more in backward)",
+    )
+    p.add_argument(
+        "--reduce-dtype",
+        choices=("fp32", "bf16"),
+        help="the dtype of ZeRO-2/3 gradient reduce-scatters, overriding the framework's profile (FSDP "
+        "MixedPrecision reduce_dtype, torchtitan mixed_precision_reduce, DeepSpeed communication_data_type)",
     )
 
 

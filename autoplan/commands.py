@@ -18,10 +18,14 @@ from autoplan.outputs import check_output_file, check_run_dir
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
 if TYPE_CHECKING:
-    from hwprofiles.schema import NodeProfile
+    from autoplan.emit.export import Target
+    from autoplan.frameworks import Framework
+    from hwprofiles.schema import ClusterSpec, NodeProfile
     from simulator import Fidelity
     from simulator.job import Job
+    from simulator.plan import Plan
     from simulator.runtime_spec import Runtime
+    from simulator.specs import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +44,71 @@ def _load_job_inputs(a: argparse.Namespace):
     return model, a.memory_headroom.apply(cluster) if a.memory_headroom else cluster
 
 
-def _make_job(a: argparse.Namespace):
-    from simulator.job import Job
+def _make_job(a: argparse.Namespace) -> tuple[Job, Framework]:
+    """The job of ``--plan`` priced as its framework runs it; PlanError when the framework does
+    not run the plan (autoplan.frameworks.check_plan)."""
+    from autoplan.frameworks import check_plan
+
+    model, cluster, plan = _plan_inputs(a)
+    fw = _framework(a, cluster)
+    job = _priced(a, fw, model, cluster, plan)  # the hardware's rules first (simulator.job.Job)
+    check_plan(fw, model, plan)
+    return job, fw
+
+
+def _plan_inputs(a: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Plan]:
     from simulator.plan import parse_plan
 
     model, cluster = _load_job_inputs(a)
     plan, _ = parse_plan(a.plan, model, cluster.num_gpus, a.global_batch)
-    return Job(model, cluster, plan, a.global_batch, _runtime(a))
+    return model, cluster, plan
 
 
-def _runtime(a: argparse.Namespace) -> Runtime:
-    """The program the prediction models (simulator.runtime_spec.Runtime): --no-dp-overlap, --zero3-runtime."""
+def _priced(a: argparse.Namespace, fw: Framework, model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Job:
+    """The job of ``plan`` with the runtime ``fw`` runs it with (the command line's overrides applied)."""
+    from autoplan.frameworks.pricing import plan_runtime
+    from simulator.job import Job
+
+    return Job(model, cluster, plan, a.global_batch, plan_runtime(fw, _runtime(a, fw), plan, cluster.node.backend))
+
+
+def _framework(a: argparse.Namespace, cluster: ClusterSpec) -> Framework:
+    """--framework, else the cluster file's ``framework:``, else autoplan's program."""
+    from autoplan.frameworks import DEFAULT, load_framework
+
+    return _framework_named(a, cluster) or load_framework(DEFAULT)
+
+
+def _framework_named(a: argparse.Namespace, cluster: ClusterSpec) -> Framework | None:
+    """The framework --framework or the cluster file's ``framework:`` names, or None."""
+    from autoplan.frameworks import load_framework
+
+    if a.framework:
+        return load_framework(a.framework)
+    if cluster.framework:
+        try:
+            return load_framework(cluster.framework)
+        except InputError as e:
+            raise InputError(f"cluster {cluster.name}: framework: {e}") from None
+    return None
+
+
+def _runtime(a: argparse.Namespace, fw: Framework) -> Runtime:
+    """The framework's runtime (simulator.runtime_spec.Runtime) with the command line's overrides
+    of its properties: --no-dp-overlap, --zero3-runtime, --reduce-dtype."""
     import dataclasses
 
-    from simulator.runtime_spec import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED
-
-    base = NO_DP_OVERLAP if a.no_dp_overlap else OVERLAPPED
-    if a.zero3_runtime == "deepspeed":
-        return dataclasses.replace(
-            base,
-            name=f"{base.name}-deepspeed",
-            zero3="deepspeed",
-            sharded_reduce_bytes=DEEPSPEED_ZERO3.sharded_reduce_bytes,
-        )
-    return base
+    runtime, changed = fw.base_runtime(), list[str]()
+    if a.no_dp_overlap:
+        runtime, changed = dataclasses.replace(runtime, dp_overlap=False), [*changed, "no-dp-overlap"]
+    if a.zero3_runtime:
+        reduce = 2 if a.zero3_runtime == "deepspeed" else runtime.sharded_reduce_bytes  # DeepSpeed reduces in bf16
+        runtime = dataclasses.replace(runtime, zero3=a.zero3_runtime, sharded_reduce_bytes=reduce)
+        changed.append(f"zero3-{a.zero3_runtime}")
+    if a.reduce_dtype:
+        runtime = dataclasses.replace(runtime, sharded_reduce_bytes=2 if a.reduce_dtype == "bf16" else 4)
+        changed.append(f"reduce-{a.reduce_dtype}")
+    return dataclasses.replace(runtime, name="+".join([fw.name, *changed])) if changed else runtime
 
 
 def _emit_json(obj: Any) -> None:
@@ -105,7 +150,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from simulator import simulate
 
     _check_picture_outputs(a)
-    job = _make_job(a)
+    job, _ = _make_job(a)
     if a.full and a.fidelity != "des":
         raise InputError("--full needs --fidelity des")
     fidelity, fallback = _fidelity_within_budget(job, a)
@@ -184,6 +229,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
     _check_picture_outputs(a)
     model, cluster = _load_job_inputs(a)
+    fw = _framework(a, cluster)
     opts = SearchOptions(
         fix=a.fix,
         top=a.top,
@@ -191,7 +237,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         objective=a.objective,
         fidelity=a.fidelity,
         progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
-        runtime=_runtime(a),
+        runtime=_runtime(a, fw),
+        framework=fw,
         keep_timeline=bool(a.plot or a.trace),
     )
     found = search(model, cluster, a.global_batch, opts)  # nothing fits: FitError (exit 3)
@@ -206,42 +253,67 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_emit(a: argparse.Namespace) -> int:
+    """Write the run dir: the named framework's files (and autoplan's program where it runs the
+    plan), or with --target the tools named; each tool's prediction priced as its framework runs it."""
     from autoplan.emit.export import TARGETS
-    from autoplan.emit.writer import build_exports, export_summary, write_run_dir
+    from autoplan.emit.writer import EXPORTERS, export_summary, write_run_dir
+    from autoplan.frameworks import check_plan, framework_of_target
     from autoplan.runtime.config import TrainSettings
-    from autoplan.runtime.support import program_job, unsupported_reason
+    from autoplan.runtime.support import unsupported_reason
     from simulator import simulate
 
     check_run_dir(a.out, a.force)
-    tools_job = job = _make_job(a)  # the frameworks' predictions: the runtime the command line names
-    if "torch" in a.target:  # autoplan's own program: it must run the plan, and the prediction is for it
-        reason = unsupported_reason(job.model, job.plan, job.m)
-        if reason:
+    model, cluster, plan = _plan_inputs(a)
+    named = _framework_named(a, cluster)
+    asked = a.target is not TARGETS  # tools named with --target (not the default: all, or the framework's)
+    targets = a.target if asked or named is None else _framework_targets(named)
+    jobs = {t: _priced(a, framework_of_target(t), model, cluster, plan) for t in targets}  # the hardware's rules
+    if named:
+        check_plan(named, model, plan)
+    if "torch" in targets:  # autoplan's own program: it must run the plan, and plan.json's prediction is for it
+        reason = unsupported_reason(model, plan, jobs["torch"].m)
+        if reason and named is not None and not named.program and not asked:  # the framework's files only
+            if len(jobs) == 1:
+                raise InputError(
+                    f"--plan: autoplan writes no {named.name} files, and its own program cannot run this plan: {reason}"
+                )
+            log.info("torch      not written: autoplan's program cannot run this plan: %s", reason)
+            del jobs["torch"]
+        elif reason:
             raise InputError(
                 f"--plan: autoplan's torch program cannot run this plan correctly: {reason} "
                 "(write for the other tools with --target megatron,deepspeed,torchtitan)"
             )
-        job = program_job(job)
+    job = jobs.get("torch") or next(iter(jobs.values()))
     prediction = simulate(job, "analytic").to_dict()
-    exports = build_exports(job, a.out, TrainSettings(), a.target)
+    exports = [EXPORTERS[t](jobs[t], TrainSettings(), a.out) for t in TARGETS if t in jobs]
     files = write_run_dir(job, prediction, a.out, force=a.force, exports=exports)
-    asked = a.target is not TARGETS  # tools named with --target (not the default "all")
     for export in exports:  # what runs differently from the plan, or a tool the user named refusing, is a warning
         level = logging.WARNING if export.changes or (export.refused and asked) else logging.INFO
-        for line in export_summary(export, job if export.target == "torch" else tools_job):
+        for line in export_summary(export, jobs[export.target]):
             log.log(level, "%s", line)
-    if "torch" in a.target and not prediction["fits"]:  # plan.json's prediction is the torch program's
+    if "torch" in jobs and not prediction["fits"]:  # plan.json's prediction is the torch program's
         log.warning(
             "torch      predicted (analytic) for autoplan's program: %.1f GiB per GPU, does NOT fit in %.0f GiB "
             "(it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)",
             prediction["peak_memory_gib"],
             prediction["memory_capacity_gib"],
         )
-    hint = f"; run it with: autoplan run {a.out}" if "torch" in a.target else ""
+    hint = f"; run it with: autoplan run {a.out}" if "torch" in jobs else ""
     log.info("wrote %d files to %s%s", len(files), a.out, hint)
     for f in files:
         print(f)
     return EXIT_OK
+
+
+def _framework_targets(fw: Framework) -> tuple[Target, ...]:
+    """What ``emit --framework NAME`` writes: the framework's files and autoplan's program (which
+    is left out, with a note, where it cannot run the plan); autoplan's program alone for a
+    framework whose files autoplan does not write (said on stderr)."""
+    if fw.export is None:
+        log.warning("autoplan writes no %s files (%s); writing autoplan's program for the plan", fw.name, fw.title)
+        return ("torch",)
+    return tuple(dict.fromkeys((fw.export, "torch")))
 
 
 def cmd_run(a: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autoplan.cpsat import load_cp_model
+from autoplan.frameworks.exports import files_differ
+from autoplan.frameworks.pricing import plan_runtime
 from autoplan.partition import optimize_partition
 from autoplan.scoring import Scored
 from autoplan.workers import SHARED, Pool, progress
@@ -77,13 +79,13 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     """CP-SAT partition/recompute for one finalist (for a zero-bubble one, the lightest
     recomputation that fits: :func:`_lighter_recompute`); keeps it when predicted faster."""
     nodes, plan, step = args
-    model, B, fix, opts = SHARED["model"], SHARED["B"], SHARED["fix"], SHARED["opts"]
+    model, fix, opts = SHARED["model"], SHARED["fix"], SHARED["opts"]
     c = SHARED["clusters"][nodes]
     choose_recompute = "recompute" not in fix and "ckpt" not in fix
     if opts.partition and plan.split_backward and choose_recompute:
         candidates = _lighter_recompute(plan)
     elif opts.partition and _worth_partitioning(model, plan, fix):
-        job = Job(model, c, plan, B, opts.runtime)
+        job = finalist_job(nodes, plan)
         part = optimize_partition(
             model, c, plan, job.m, choose_recompute=choose_recompute, time_limit_s=opts.partition_time_s
         )
@@ -92,7 +94,11 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
         candidates = []
     best: tuple[float, Plan] | None = None
     for refined in candidates:
-        cand = estimate(Job(model, c, refined, B, opts.runtime))
+        if opts.framework and (
+            opts.framework.refusal(model, refined) or files_differ(opts.framework, finalist_job(nodes, refined))
+        ):
+            continue  # a layer split or recomputation its framework does not run
+        cand = estimate(finalist_job(nodes, refined))
         if cand.fits and cand.step_time < (best[0] if best else step * (1 - 1e-6)):
             best = (cand.step_time, refined)
     if best is None:
@@ -125,8 +131,11 @@ def _simulate(args: tuple[int, Plan]) -> SimResult:
 
 
 def finalist_job(nodes: int, plan: Plan) -> Job:
-    """The job of a finalist's plan on ``nodes`` nodes (the search's inputs: :data:`SHARED`)."""
-    return Job(SHARED["model"], SHARED["clusters"][nodes], plan, SHARED["B"], SHARED["opts"].runtime)
+    """The job of a finalist's plan on ``nodes`` nodes (the search's inputs: :data:`SHARED`),
+    with the runtime its framework runs it with (autoplan.frameworks.pricing.plan_runtime)."""
+    opts, cluster = SHARED["opts"], SHARED["clusters"][nodes]
+    runtime = plan_runtime(opts.framework, opts.runtime, plan, cluster.node.backend)
+    return Job(SHARED["model"], cluster, plan, SHARED["B"], runtime)
 
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:

@@ -96,6 +96,7 @@ def format_result(r: dict[str, Any]) -> str:
     head = [
         f"{r['model']} on {r['cluster']} ({r['gpus']} GPUs), global batch {r['global_batch']} x {r['seq_length']} tokens",
         f"plan      {plan_label(plan)}  (m={plan['num_microbatches']} microbatches per pipeline)",
+        f"framework {r.get('runtime', '')}  (autoplan/frameworks/profiles; --framework)",
         f"fidelity  {r['fidelity']}" + (f"  ({r['fidelity_reason']})" if r.get("fidelity_reason") else ""),
         "",
         f"step time        {r['step_time_s']:.4g} s      tokens/s  {r['tokens_per_s']:,.0f}",

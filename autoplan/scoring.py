@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.frameworks.pricing import runtime_groups
 from autoplan.space import Shape, plan_table
 from autoplan.workers import SHARED, Pool, progress
+from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch import estimate_batch
 from simulator.gc_pause import paused_gc
 from simulator.plan import Plan
@@ -97,8 +99,7 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
     """:class:`Scores` of ``plans`` on ``nodes`` nodes (the model, clusters, batch and options
     from :data:`SHARED`)."""
     cluster = SHARED["clusters"][nodes]
-    r = estimate_batch(SHARED["model"], cluster, plans, SHARED["B"], SHARED["opts"].runtime)
-    step, peak, fits = r.step_time, r.peak_memory, r.fits
+    step, peak, fits = _estimates(plans, cluster)
 
     def scored(i: int) -> Scored:
         return Scored(plans[i], nodes, float(step[i]), float(peak[i]), bool(fits[i]))
@@ -119,6 +120,21 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
     )
 
 
+def _estimates(plans: PlanTable, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(step time, peak memory, fits) of every plan, each priced with the runtime its framework
+    runs it with (autoplan.frameworks.pricing.runtime_groups: one batch per runtime)."""
+    opts = SHARED["opts"]
+    groups = runtime_groups(opts.framework, opts.runtime, plans, cluster.node.backend)
+    if len(groups) == 1:
+        r = estimate_batch(SHARED["model"], cluster, plans, SHARED["B"], groups[0][0])
+        return r.step_time, r.peak_memory, r.fits
+    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
+    for runtime, rows in groups:
+        r = estimate_batch(SHARED["model"], cluster, plans.take(rows), SHARED["B"], runtime)
+        step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
+    return step, peak, fits
+
+
 def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:
     """Scores of the plans of shapes ``start:stop`` of those on ``nodes`` nodes
     (:data:`SHARED` ``["shapes"][nodes]``, inherited by the forked workers)."""
@@ -127,7 +143,13 @@ def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:
     layouts = SHARED["shapes"][nodes][start:stop]
     with paused_gc():  # arrays of plans by the ten thousand, no cycles among them
         plans = plan_table(
-            SHARED["model"], layouts, SHARED["fix"], cluster.gpus_per_node, SHARED["precs"], SHARED["offloads"]
+            SHARED["model"],
+            layouts,
+            SHARED["fix"],
+            cluster.gpus_per_node,
+            SHARED["precs"],
+            SHARED["offloads"],
+            SHARED.get("keep"),
         )
         return score_run(plans, nodes, keep, objective)
 

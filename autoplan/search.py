@@ -23,6 +23,9 @@ from typing import Any
 
 from autoplan import space, space_checks
 from autoplan.finalists import finalist_job, prepare, refine_and_simulate_all
+from autoplan.frameworks import Framework
+from autoplan.frameworks import space as framework_space
+from autoplan.frameworks.exports import files_differ
 from autoplan.scoring import Scored, Scores, objective_value, score_all
 from autoplan.workers import SHARED
 from hwprofiles.errors import FitError, PlanError
@@ -55,7 +58,8 @@ class SearchOptions:
     max_finalists: int = 16
     partition: bool = True
     partition_time_s: float = 0.5  # CP-SAT time limit per finalist
-    runtime: Runtime = OVERLAPPED  # how the program reduces gradients (see simulator.specs.Runtime)
+    runtime: Runtime = OVERLAPPED  # how the program runs the plan (simulator.runtime_spec.Runtime)
+    framework: Framework | None = None  # the stack that runs it: only its plans, each priced with its runtime
     keep_timeline: bool = False  # keep each finalist's DES record (for plots and traces; megabytes each)
 
 
@@ -124,18 +128,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         n: (cluster if n == cluster.nodes else with_nodes(cluster, n)) for n in _node_counts(cluster, opts.objective)
     }
     space_checks.check_cluster_size(model, cluster.num_gpus, global_batch)
-    layouts = {n: list(space.shapes(model, c.num_gpus, global_batch, fix)) for n, c in clusters.items()}
-    if not any(layouts.values()):
-        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix))
-    check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
-
-    precs = space.precisions(cluster.gpu, fix)
+    fw = opts.framework
+    precs = space.precisions(cluster.gpu, fix)  # the hardware's rules for the pins first
     offloads = space.offloads(cluster.node, fix)
-    SHARED.update(model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs, offloads=offloads)
+    layouts = _layouts(model, clusters, global_batch, fix, fw)
+    check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
+    rule = framework_space.option_rule(fw, model) if fw else None
+    SHARED.update(
+        model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs, offloads=offloads, keep=rule
+    )
     keep = max(opts.top, opts.max_finalists)
     scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, prepare)
     if not scores.total:
-        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix))
+        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix) + _framework_note(fw))
     log.debug(
         "search: %d candidate plans on %s nodes, %d fit in memory",
         scores.total,
@@ -144,7 +149,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     )
     if not scores.feasible:
         raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scores, fix))
-    leaders = scores.leaders  # the feasible plans first by the objective
+    leaders = _runnable_leaders(scores.leaders, fw)  # the feasible plans first by the objective
     best_val = _objective(leaders[0], opts.objective, gpn)
     finalists = [
         s
@@ -175,6 +180,49 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
         partition_gains=gains,
         nodes_given=cluster.nodes,
     )
+
+
+def _layouts(
+    model: ModelSpec, clusters: dict[int, ClusterSpec], global_batch: int, fix: dict[str, Any], fw: Framework | None
+) -> dict[int, list[space.Shape]]:
+    """The shapes of the plans on each node count that the framework runs; PlanError when a pin
+    is one it does not run, or when the pins leave no shape (saying which rule they break)."""
+    if fw and (why := framework_space.fix_refusal(fw, model, fix)):
+        raise PlanError(f"--fix: {why}")
+    runs = framework_space.shape_rule(fw, model) if fw else None
+    layouts = {
+        n: [s for s in space.shapes(model, c.num_gpus, global_batch, fix) if runs is None or runs(s)]
+        for n, c in clusters.items()
+    }
+    if not any(layouts.values()):
+        gpus = next(iter(clusters.values())).num_gpus
+        raise PlanError(space_checks.explain_empty(model, gpus, global_batch, fix) + _framework_note(fw))
+    return layouts
+
+
+def _runnable_leaders(leaders: list[Scored], fw: Framework | None) -> list[Scored]:
+    """The leaders whose framework's files run them as planned (autoplan.frameworks.exports: the
+    exporters' finer rules, such as DualPipeV's 2p microbatches); NoPlanFits when none is."""
+    if fw is None or fw.export is None:
+        return leaders
+    kept, why = [], ""
+    for s in leaders:
+        why = files_differ(fw, finalist_job(s.nodes, s.plan)) or ""
+        if not why:
+            kept.append(s)
+    if not kept:
+        raise NoPlanFits(
+            f"none of the {len(leaders)} fastest plans that fit runs unchanged in {fw.name}'s files: {why}"
+        )
+    return kept
+
+
+def _framework_note(fw: Framework | None) -> str:
+    """What the framework adds to an empty space's explanation: its plan keys limit it."""
+    if fw is None:
+        return ""
+    only = "" if fw.runs.tensor or fw.runs.pipeline else ": data parallelism only, t = p = 1, d = the GPUs"
+    return f" (with --framework {fw.name}: only the plans it runs{only}; autoplan/frameworks/profiles/{fw.name}.yaml)"
 
 
 def _des_over_budget(finalists: list[Scored], opts: SearchOptions) -> str | None:

@@ -260,6 +260,11 @@ SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(Shape))
 _SHAPE_ROW = attrgetter(*SHAPE_FIELDS)
 
 
+#: a framework's rule for a shape's option rows (autoplan.frameworks.space.option_rule): does the
+#: stack run ``shape`` with the (prec, zero, ckpt, offload, hsdp, fp8ag) ``row``
+OptionRule = Callable[[Shape, tuple[Any, ...]], bool]
+
+
 def plan_table(
     model: ModelSpec,
     layouts: Sequence[Shape],
@@ -267,18 +272,22 @@ def plan_table(
     gpus_per_node: int = 0,
     precs: tuple[PrecisionName, ...] = ("bf16",),
     offloads: tuple[OffloadName, ...] = OFFLOADS,
+    keep: OptionRule | None = None,
 ) -> PlanTable:
     """:func:`plans_of` as a :class:`PlanTable` (what the search's workers score): each shape
-    with each of its :func:`layout_options`, listed once per distinct :data:`_OPTION_KEY`."""
+    with each of its :func:`layout_options`, listed once per distinct :data:`_OPTION_KEY` (and
+    pipeline or not); ``keep``: only the option rows a framework runs with the shape."""
     memory = memory_options(fix, offloads)
     option_rows: dict[tuple[Any, ...], int] = {}
     of_key: dict[tuple[Any, ...], list[int]] = {}
     counts, option_index = [], []
     for s in layouts:
-        key = (*_OPTION_KEY(s), s.schedule in ZERO_BUBBLE_SCHEDULES)
+        key = (*_OPTION_KEY(s), s.schedule in ZERO_BUBBLE_SCHEDULES, s.p > 1)
         ids = of_key.get(key)
         if ids is None:
             found = layout_options(model, s, memory, fix, gpus_per_node, precs)
+            if keep is not None:
+                found = [row for row in found if keep(s, row)]
             ids = of_key[key] = [option_rows.setdefault(o, len(option_rows)) for o in found]
         counts.append(len(ids))
         option_index += ids

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from _accuracy_cli import RowCommand, models_dir, simulate_command
 
 from hwprofiles.load import load_cluster
 from hwprofiles.schema import ClusterSpec, GpuProfile
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 VALIDATION_DIR = Path(os.environ.get("AUTOPLAN_VALIDATION_DIR", REPO / "validation"))
 VTRAIN_FILES = ("ground_truth_single.csv", "ground_truth_multi.csv")
 VTRAIN_CLUSTER = "vtrain-a100"  # hwprofiles/clusters/vtrain-a100.yaml
+VTRAIN_GPUS_PER_NODE = 8  # its nodes (the 2-4 GPU runs use part of one: --gpus-per-node)
 VTRAIN_VOCAB = 50257  # vTrain README / src/config.py: GPT-2 vocabulary
 SELENE_NODE = "dgx-a100-80gb"
 MEGATRON_VOCAB, MEGATRON_SEQ = 51200, 2048  # published.yaml: vocab 51200, seq 2048
@@ -94,30 +96,40 @@ def _cluster_for(base: ClusterSpec, gpus: int) -> ClusterSpec:
     return base.model_copy(update={"node": node, "nodes": gpus // per_node})
 
 
+def vtrain_command(r: dict[str, str]) -> RowCommand:
+    """One vTrain run as the ``autoplan simulate`` command that predicts it: Megatron-LM's model
+    code under Megatron-DeepSpeed with gradient bucketing off (``--framework megatron
+    --no-dp-overlap``), whole nodes of the vTrain cluster or part of one (--gpus-per-node)."""
+    gpus = int(r["# GPUs"])
+    t, d, p = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
+    model = ModelSpec(
+        name=f"gpt-h{r['hidden size']}-l{r['# layers']}-s{r['sequence length']}",
+        num_layers=int(r["# layers"]),
+        hidden_size=int(r["hidden size"]),
+        num_attention_heads=int(r["attention heads"]),
+        vocab_size=VTRAIN_VOCAB,
+        seq_length=int(r["sequence length"]),
+        attention="materialized",  # Megatron-DeepSpeed's fused softmax, no flash attention
+    )
+    per_node = min(VTRAIN_GPUS_PER_NODE, gpus)
+    plan = Plan(t=t, p=p, d=d, mb=int(r["micro batch"]), zero=0, ckpt="full", schedule="1f1b")
+    extra = ["--no-dp-overlap"] + (["--gpus-per-node", str(per_node)] if per_node < VTRAIN_GPUS_PER_NODE else [])
+    return simulate_command(
+        model, models_dir(), VTRAIN_CLUSTER, gpus // per_node, int(r["global batch"]), plan, "megatron", extra
+    )
+
+
 def vtrain_rows(name: str, base: ClusterSpec | None = None) -> list[VTrainRow]:
-    """The runs of one vTrain file as validated jobs on the vTrain cluster."""
-    base = base or load_cluster(VTRAIN_CLUSTER)
-    clusters: dict[int, ClusterSpec] = {}
+    """The runs of one vTrain file as ``autoplan simulate`` builds them (:func:`vtrain_command`);
+    with ``base``, on that cluster instead (the fit's and the comparison's variants)."""
     out = []
     for i, r in enumerate(read_csv(name)):
-        gpus = int(r["# GPUs"])
-        t, d, p = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
-        mb, B = int(r["micro batch"]), int(r["global batch"])
-        model = ModelSpec(
-            name=f"gpt-h{r['hidden size']}-l{r['# layers']}",
-            num_layers=int(r["# layers"]),
-            hidden_size=int(r["hidden size"]),
-            num_attention_heads=int(r["attention heads"]),
-            vocab_size=VTRAIN_VOCAB,
-            seq_length=int(r["sequence length"]),
-            attention="materialized",  # Megatron-DeepSpeed's fused softmax, no flash attention
-        )
-        if gpus not in clusters:
-            clusters[gpus] = _cluster_for(base, gpus)
-        plan = Plan(t=t, p=p, d=d, mb=mb, zero=0, ckpt="full", schedule="1f1b")
-        job = Job.make(model, clusters[gpus], plan, B, source=f"{name} row {i + 2}")
+        job = vtrain_command(r).job()
+        if base is not None:
+            job = Job(job.model, _cluster_for(base, job.plan.gpus), job.plan, job.global_batch, job.runtime)
         size = f"{r['Parameters (billion)']}B " if "Parameters (billion)" in r else ""
-        label = f"{size}h={model.hidden_size} l={model.num_layers} B={B} t={t} d={d} p={p} mb={mb}"
+        p = job.plan
+        label = f"{size}h={job.model.hidden_size} l={job.model.num_layers} B={job.global_batch} t={p.t} d={p.d} p={p.p} mb={p.mb}"
         out.append(VTrainRow(i, job, float(r["iteration time (ms)"]) / 1e3, label))
     return out
 
@@ -168,10 +180,11 @@ SC21_RUNS = {
 }
 
 
-def published_as_run(row: PublishedRow) -> Job:
-    """A published row as Megatron-LM's script ran it (:class:`Sc21Run`): its t and p, zero=0,
-    ckpt=full, sp=0 (sequence parallelism came a year later), the script's microbatch size,
-    schedule and data-parallel runtime."""
+def published_command(row: PublishedRow) -> RowCommand:
+    """A published row as Megatron-LM's script ran it (:class:`Sc21Run`), as the ``autoplan
+    simulate --framework megatron`` command that predicts it: its t and p, zero=0, ckpt=full,
+    sp=0 (sequence parallelism came a year later), the script's microbatch size, schedule and
+    data-parallel implementation (``--no-dp-overlap`` for Megatron-LM's "local" DDP)."""
     run = SC21_RUNS.get((row.model.num_layers, row.model.hidden_size))
     if run is None:
         raise SystemExit(f"accuracy: no Megatron-LM sc21 script settings for the {row.params_B}B row")
@@ -187,7 +200,13 @@ def published_as_run(row: PublishedRow) -> Job:
         schedule="interleaved" if lpvs else "1f1b",
         v=row.model.num_layers // (row.p * lpvs) if lpvs else 1,
     )
-    return Job.make(row.model, selene(row.gpus), plan, row.batch, f"the {row.params_B}B row", run.runtime)
+    extra = [] if run.ddp == "torch" else ["--no-dp-overlap"]
+    return simulate_command(row.model, models_dir(), SELENE_NODE, row.gpus // 8, row.batch, plan, "megatron", extra)
+
+
+def published_as_run(row: PublishedRow) -> Job:
+    """:func:`published_command`'s job."""
+    return published_command(row).job()
 
 
 def selene(gpus: int) -> ClusterSpec:

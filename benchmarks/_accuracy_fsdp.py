@@ -25,34 +25,36 @@ skipped with the reason, never dropped.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from _accuracy_cli import RowCommand, RowError, models_dir, simulate_command
 from _accuracy_data import reference_file
 
-from hwprofiles.load import load_cluster
-from hwprofiles.schema import ClusterSpec
 from simulator.job import Job
 from simulator.plan import Plan
-from simulator.runtime_spec import OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
 
 FILE = "published-fsdp.yaml"
 #: fabric of each source's GPUs (hwprofiles/nodes)
 NODE_OF_GPU = {"A100-40GB": "hgx-a100-40gb-roce", "H100-80GB": "dgx-h100", "A100-80GB": "dgx-a100-80gb"}
 SOURCE_GPU = {"torchtitan_a100_64gpu": "A100-80GB", "dgxc_benchmarking_h100": "H100-80GB"}
-#: llm-foundry (Composer) MPT runs: flash-attn's fused cross-entropy (llm-foundry's default
-#: ``loss_fn: fused_crossentropy``); the A100 tables in bf16/PURE (bf16 gradient reduction)
-# llm-foundry's TE layers (te.LayerNormMLP / te.Linear) are called without is_first_microbatch: their fp8
-# weights are cast again in every forward (simulator.runtime_spec.Runtime.fp8_weight_cache)
-MPT_AMP = dataclasses.replace(OVERLAPPED, name="llm-foundry-amp-bf16", cross_entropy="fused", fp8_weight_cache=False)
-MPT_PURE = dataclasses.replace(MPT_AMP, name="llm-foundry-pure-bf16", sharded_reduce_bytes=2)
-# torchtitan's loss (torchtitan/components/loss.py cross_entropy_loss, 0.3.0): F.cross_entropy(pred.float())
-# torchao float8 (dynamic scaling) casts the weights in every forward
-TORCHTITAN = dataclasses.replace(OVERLAPPED, name="torchtitan", cross_entropy="torch", fp8_weight_cache=False)
+#: the stack each source ran (autoplan/frameworks/profiles): llm-foundry's Composer FSDP with its
+#: fused loss, torchtitan's FSDP2, NeMo's Megatron-core
+FRAMEWORK_OF_SOURCE = {
+    "mosaicml_mpt": "llm-foundry",
+    "torchtitan_a100_64gpu": "torchtitan",
+    "dgxc_benchmarking_h100": "megatron",
+    "nemo_24_07_h100_fp8": "megatron",
+}
+
+
+def _options(source: str, row: dict[str, Any]) -> list[str]:
+    """The row's overrides of its framework's profile: the MPT A100 tables ran ``bf16/PURE``
+    mixed precision (gradients reduced in bf16: --reduce-dtype bf16)."""
+    return ["--reduce-dtype", "bf16"] if source == "mosaicml_mpt" and row.get("prec_mode", "").endswith("PURE") else []
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,14 @@ class FsdpRow:
 
     source: str
     label: str
-    job: Job | None
+    command: RowCommand | None
     tok_s_gpu: float
     skipped: str = ""  # why it cannot be expressed
+
+    @property
+    def job(self) -> Job | None:
+        """The job ``autoplan simulate`` builds from the row's command (None when skipped)."""
+        return self.command.job() if self.command else None
 
     def predicted_tok_s_gpu(self, step_s: float) -> float:
         assert self.job is not None
@@ -103,7 +110,7 @@ def _skip_reason(row: dict[str, Any]) -> str:
     return ""
 
 
-def _row(source: str, row: dict[str, Any], shapes: dict[str, Any], clusters: dict[tuple, ClusterSpec]) -> FsdpRow:
+def _row(source: str, row: dict[str, Any], shapes: dict[str, Any]) -> FsdpRow:
     gpu = row.get("gpu", SOURCE_GPU.get(source, "H100-80GB"))
     seq, gpus = row["seq"], row["gpus"]
     tok = row["tok_s_gpu"] if "tok_s_gpu" in row else row["gbs"] * seq / (row["iter_s"] * gpus)
@@ -134,28 +141,25 @@ def _row(source: str, row: dict[str, Any], shapes: dict[str, Any], clusters: dic
         prec=row.get("prec", "bf16"),
         cp=row.get("cp", 1),
     )
-    key = (gpu, gpus)
-    if key not in clusters:
-        clusters[key] = load_cluster(NODE_OF_GPU[gpu], nodes=max(1, gpus // 8))
-    runtime: Runtime = OVERLAPPED
-    if source == "torchtitan_a100_64gpu":
-        runtime = TORCHTITAN
-    elif source == "mosaicml_mpt":
-        runtime = MPT_PURE if row.get("prec_mode", "").endswith("PURE") else MPT_AMP
-    return FsdpRow(source, label, Job.make(model, clusters[key], plan, row["gbs"], FILE, runtime), tok)
+    nodes = max(1, gpus // 8)
+    command = simulate_command(
+        model,
+        models_dir(),
+        NODE_OF_GPU[gpu],
+        nodes,
+        row["gbs"],
+        plan,
+        FRAMEWORK_OF_SOURCE[source],
+        _options(source, row),
+    )
+    return FsdpRow(source, label, command, tok)
 
 
 def fsdp_rows() -> list[FsdpRow]:
     """Every row of published-fsdp.yaml, in file order."""
     data = yaml.safe_load(reference_file(FILE).read_text())
     shapes = data["models"]
-    clusters: dict[tuple, ClusterSpec] = {}
-    return [
-        _row(source, row, shapes, clusters)
-        for source, body in data.items()
-        if source != "models"
-        for row in body["rows"]
-    ]
+    return [_row(source, row, shapes) for source, body in data.items() if source != "models" for row in body["rows"]]
 
 
 # ------------------------------------------------------------------------------ the section
@@ -231,6 +235,15 @@ def fsdp_section(use_des: bool, out: Callable[[str], None], target: float = 10.0
     oom = errors.oom
     out("")
     res: dict[str, Any] = {"sources": _source_summaries(errors, out), "points": errors.points}
+    res["stack_rows"] = [
+        RowError(
+            FRAMEWORK_OF_SOURCE[r.source],
+            r.source + (" fp8" if r.label.endswith(" fp8") else ""),
+            r.label,
+            100 * (pred / r.tok_s_gpu - 1),
+        )
+        for r, pred in errors.points
+    ]
     every = [x for source, e in errors.analytic.items() if not source.endswith(" fp8") for x in e]
     fp8 = [x for source, e in errors.analytic.items() if source.endswith(" fp8") for x in e]
     res["all"] = _stats(every)

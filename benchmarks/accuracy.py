@@ -37,7 +37,6 @@ and, where simulator.des.simulate is importable, the discrete-event simulator (D
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import tempfile
@@ -49,16 +48,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import _accuracy_cli as cli
 import _accuracy_data as data
 import _accuracy_fsdp as fsdp
+import _accuracy_stacks as stacks
 
 from hwprofiles.load import load_cluster
 from simulator import analytic
 from simulator.job import Job
 from simulator.result import SimResult
-from simulator.runtime_spec import NO_DP_OVERLAP
 
-RUNTIME = NO_DP_OVERLAP  # vTrain's Megatron-DeepSpeed: no bucketed overlap
 #: each section's accuracy target, percent (docs/design.md section 7; issues 6, 19)
 TARGETS = {"published": 10.0, "published_mape": 5.0, "vtrain": 10.0, "fsdp": 10.0, "cpu": 20.0}
 
@@ -74,7 +73,7 @@ def des_available() -> bool:
 def predict(job: Job, fidelity: str) -> SimResult:
     from simulator import simulate
 
-    return simulate(dataclasses.replace(job, runtime=RUNTIME), fidelity)
+    return simulate(job, fidelity)
 
 
 def pct(pred: float, ref: float) -> float:
@@ -130,7 +129,9 @@ def megatron_section(use_des: bool, out: Callable[[str], None]) -> dict[str, Any
         bp = best.job.plan
         chosen = f"mb={bp.mb} {bp.schedule}" + (f" v={bp.v}" if bp.v > 1 else "")
         out(line + f" | {best.tflops_per_gpu:>5.1f} {fmt_pct(be)} {chosen}")
+    labels = [f"{row.params_B}B on {row.gpus} GPUs" for row in data.published_rows()]
     res = {
+        "stack_rows": [cli.RowError("megatron", "megatron_2021", lab, e) for lab, e in zip(labels, errs)],
         "mape": data.mape(e / 100 for e in errs),
         "max": max(abs(e) for e in errs),
         "range": (min(errs), max(errs)),
@@ -151,10 +152,19 @@ def megatron_section(use_des: bool, out: Callable[[str], None]) -> dict[str, Any
 
 def errors_of(rows: list[data.VTrainRow], fidelity: str) -> list[float]:
     if fidelity == "analytic":
-        return [
-            analytic.estimate(dataclasses.replace(r.job, runtime=RUNTIME)).step_time / r.measured_s - 1 for r in rows
-        ]
+        return [analytic.estimate(r.job).step_time / r.measured_s - 1 for r in rows]
     return [predict(r.job, fidelity).step_time / r.measured_s - 1 for r in rows]
+
+
+def _vtrain_stack_rows(name: str, rows: list[data.VTrainRow], errors: list[float]) -> list[cli.RowError]:
+    """The vTrain rows' errors as throughput errors (measured time over predicted, minus one) for
+    the per-stack view: Megatron-LM's model under Megatron-DeepSpeed (--framework megatron --no-dp-overlap)."""
+    source = f"vtrain {name.split('_')[-1].removesuffix('.csv')}"
+    stack = "megatron: vTrain's Megatron-DeepSpeed"
+    return [
+        cli.RowError(stack, source, f"row {r.index + 2} {r.label}", 100 * (1 / (1 + x) - 1))
+        for r, x in zip(rows, errors)
+    ]
 
 
 def vtrain_section(use_des: bool, worst: int, out: Callable[[str], None]) -> dict[str, Any]:
@@ -164,7 +174,7 @@ def vtrain_section(use_des: bool, worst: int, out: Callable[[str], None]) -> dic
     res: dict[str, Any] = {}
     base = load_cluster(data.VTRAIN_CLUSTER)
     for name in data.VTRAIN_FILES:
-        rows = data.vtrain_rows(name, base)
+        rows = data.vtrain_rows(name)
         e = errors_of(rows, "analytic")
         fit = [x for r, x in zip(rows, e) if r.fit_subset]
         held = [x for r, x in zip(rows, e) if not r.fit_subset]
@@ -204,6 +214,7 @@ def vtrain_section(use_des: bool, worst: int, out: Callable[[str], None]) -> dic
                 f"       row {r.index + 2:>4} {tag} {r.label:<52} {r.measured_s:>8.3f}s {pred:>8.3f}s {fmt_pct(100 * e[i])}"
             )
         res[name] = {
+            "stack_rows": _vtrain_stack_rows(name, rows, e),
             "mape": data.mape(e),
             "fit": data.mape(fit) if single else None,
             "held_out": data.mape(held) if single else data.mape(e),
@@ -297,57 +308,13 @@ def run_fit(out: Callable[[str], None]) -> None:
     rows = data.vtrain_rows("ground_truth_single.csv")
     fit = [r for r in rows if r.fit_subset]
     gpu = load_cluster(data.VTRAIN_CLUSTER).gpu
-    launch, eff, m = data.fit_a100(
-        fit, lambda j: analytic.estimate(dataclasses.replace(j, runtime=RUNTIME)).step_time, gpu, log=out
-    )
+    launch, eff, m = data.fit_a100(fit, lambda j: analytic.estimate(j).step_time, gpu, log=out)
     out(f"  fitted: kernel_launch_us = {launch:.1f}, gemm.max_efficiency = {eff:.3f} (fit-subset MAPE {m:.2f}%)")
     out(
         f"  profile hwprofiles/gpus/a100-sxm4-80gb.yaml has kernel_launch_us = {gpu.kernel_launch_us}, "
         f"max_efficiency = {gpu.gemm.max_efficiency}"
     )
     out("")
-
-
-def summary(
-    out: Callable[[str], None], pub: dict[str, Any], vt: dict[str, Any], fs: dict[str, Any], cpu: dict[str, Any]
-) -> None:
-    """Every section's headline figure against its target (docs/design.md section 7)."""
-    single, multi = vt["ground_truth_single.csv"], vt["ground_truth_multi.csv"]
-    out("Summary")
-    lo, hi = pub["range"]
-    both = lo < 0 < hi and pub["mape"] <= TARGETS["published_mape"]
-    out(
-        f"  published Megatron rows: MAPE {pub['mape']:.1f}%, errors {lo:+.1f}% .. {hi:+.1f}% "
-        f"[{'ok' if pub['max'] <= TARGETS['published'] else 'MISSED'}: each <= {TARGETS['published']:.0f}%; "
-        f"{'ok' if both else 'MISSED'}: MAPE <= {TARGETS['published_mape']:.0f}% with errors of both signs]"
-    )
-    out(
-        f"  vTrain single-node: MAPE {single['mape']:.1f}% (held out {single['held_out']:.1f}%) "
-        f"[{'ok' if single['mape'] <= TARGETS['vtrain'] else 'MISSED'}: <= {TARGETS['vtrain']:.0f}%]"
-    )
-    out(
-        f"  vTrain multi-node:  MAPE {multi['mape']:.1f}% "
-        f"[{'ok' if multi['mape'] <= TARGETS['vtrain'] else 'MISSED'}: <= {TARGETS['vtrain']:.0f}%]"
-    )
-    for source, st in fs["sources"].items():
-        out(
-            f"  {source}: MAPE {st['mape']:.1f}%, mean {st['mean']:+.1f}%, range {st['min']:+.1f}% .. {st['max']:+.1f}%"
-        )
-    out(
-        f"  published FSDP/ZeRO-3 bf16 rows: MAPE {fs['all']['mape']:.1f}%, {fs['within_20']} of {fs['rows']} within 20%, "
-        f"{len(fs['oom'])} predicted out of memory "
-        f"[{'ok' if fs['all']['mape'] <= TARGETS['fsdp'] else 'MISSED'}: <= {TARGETS['fsdp']:.0f}%]"
-    )
-    if fs["fp8"]:
-        f8 = fs["fp8"]
-        out(f"  published fp8 rows (prec=fp8): MAPE {f8['mape']:.1f}%, range {f8['min']:+.1f}% .. {f8['max']:+.1f}%")
-    if cpu.get("ran"):
-        out(
-            f"  CPU runs: MAPE {cpu['mape']:.1f}%, worst {cpu['max']:.1f}% "
-            f"[{'ok' if cpu['max'] <= TARGETS['cpu'] else 'MISSED'}: each <= {TARGETS['cpu']:.0f}%]"
-        )
-    else:
-        out("  CPU runs: not measured")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,9 +326,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cpu-runs", action="store_true", help="skip section 3 (launches torchrun on this machine)")
     ap.add_argument("--cpu-repeats", type=int, default=1, help="runs of every CPU plan (section 3)")
     ap.add_argument("--worst", type=int, default=8, help="worst rows listed per vTrain file")
+    ap.add_argument(
+        "--command",
+        metavar="TEXT",
+        help="print the 'autoplan simulate' command of every row whose label contains TEXT (e.g. 'mpt_1b A100', "
+        "'megatron_2021 145.6B', 'vtrain ground_truth_multi.csv row 7'), writing the models they read, and stop",
+    )
+    ap.add_argument(
+        "--models-dir",
+        type=Path,
+        help="where the rows' model YAMLs are written (default: a temporary directory; with --command, "
+        "./validation-models)",
+    )
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     out = lambda s: print(s, flush=True)
+    if a.models_dir or a.command:
+        cli.use_models_dir(a.models_dir or Path("validation-models"))
+    if a.command:
+        return 0 if stacks.print_commands(a.command, out) else 1
     use_des = not a.no_des and des_available()
     des_note = (
         "; DES columns: simulator.des.simulate)"
@@ -387,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.no_cpu_runs:
         out("4. CPU runs: skipped (--no-cpu-runs)")
     out("")
-    summary(out, pub, vt, fs, cpu)
+    rows = pub["stack_rows"] + fs["stack_rows"] + [r for name in data.VTRAIN_FILES for r in vt[name]["stack_rows"]]
+    stacks.stack_summary(rows, out)
+    out("")
+    stacks.summary(out, pub, vt, fs, cpu, TARGETS)
     out(f"  benchmark time {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -7,6 +7,7 @@ with one line naming the file and the key.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import typing
@@ -51,6 +52,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> Any:
+    """The data of a YAML text (a SafeLoader: data only, no objects), parsed once per text: a
+    benchmark that builds a thousand jobs from the command line reads the same profiles each time."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def read_yaml(path: str | Path) -> Any:
     """Parse one YAML (or JSON) file; a missing or malformed file, or a mapping with a key given
     twice, is a SpecError."""
@@ -58,7 +66,7 @@ def read_yaml(path: str | Path) -> Any:
     if not is_file(p):
         raise SpecError(f"{p}: no such file")
     try:
-        return yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader: data only, no objects
+        return copy.deepcopy(_parsed(p.read_text()))  # a copy: callers may change what they read
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from make_docs_sections.command_outputs import (
+    accuracy_stacks,
     calibrate_output,
     emit_launch,
     emit_output,
@@ -52,6 +53,7 @@ from make_docs_sections.command_outputs import (
     long_context,
     modern_plan,
     moe_plan,
+    plan_frameworks,
     plan_output,
     run_output,
     simulate_json,
@@ -69,6 +71,8 @@ MARKER = re.compile(r"<!-- BEGIN: ([a-z0-9-]+) -->\n(.*?)<!-- END: \1 -->", re.S
 
 SECTIONS: dict[str, Callable[[Docs], str]] = {
     "plan-output": plan_output,
+    "plan-frameworks": plan_frameworks,
+    "accuracy-stacks": accuracy_stacks,
     "modern-plan": modern_plan,
     "long-context": long_context,
     "moe-plan": moe_plan,

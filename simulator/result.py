@@ -84,6 +84,7 @@ class SimResult:
             "time_breakdown_s": {k: self.time_breakdown.get(k, 0.0) for k in TIME_KEYS},
             "bubble_fraction": self.bubble_fraction,
             "fidelity": self.fidelity,
+            "runtime": self.job.runtime.name,  # the framework that runs it, with the command line's overrides
             "dp_overlap": self.job.runtime.dp_overlap,
             "zero3_runtime": self.job.runtime.zero3,
             "attention": self.job.model.attention,

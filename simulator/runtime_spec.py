@@ -14,9 +14,11 @@ CrossEntropy = Literal["fp32", "torch", "fused"]
 #: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.memory.program_state_bytes)
 StateLayout = Literal["mixed", "fp32-params"]
 
-#: the kernels a layer runs (:attr:`Runtime.layer_kernels`; simulator.cost.eager_layer)
-LayerKernels = Literal["fused", "eager"]
+#: the kernels a layer runs (:attr:`Runtime.layer_kernels`; simulator.cost.eager_layer,
+#: simulator.cost.block_times.tp_overlapped)
+LayerKernels = Literal["fused", "fused-tp-overlap", "eager"]
 EAGER: LayerKernels = "eager"
+TP_OVERLAP: LayerKernels = "fused-tp-overlap"
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,11 @@ class Runtime:
     torchtitan runs): simulator.cost.precision.weight_cast_op.
 
     ``layer_kernels``: the kernels a layer runs (simulator.cost.eager_layer): "fused" the fused
-    list of simulator.cost.workload (Megatron-LM's kernels, a bf16 residual stream); "eager"
+    list of simulator.cost.workload (Megatron-LM's kernels, a bf16 residual stream);
+    "fused-tp-overlap" the same with Transformer Engine's userbuffers overlap of the
+    sequence-parallel all-gathers and reduce-scatters with the GEMMs beside them (Megatron-LM
+    ``--tp-comm-overlap``, NeMo's ``tp_comm_overlap``; simulator.cost.block_times.tp_overlapped);
+    "eager"
     eager PyTorch under ``torch.autocast`` over fp32 parameters (autoplan's program on a GPU
     without FSDP), which adds an fp32 residual stream, per-Linear input casts and per-forward
     weight casts, fp32 gradient accumulation, and unfused rotary embeddings and GQA repeats

@@ -56,12 +56,11 @@ def test_published_row_predicts():
 def test_published_rows_run_as_megatron_scripts_ran_them():
     """run_table_1.sh: 145B has 80 layers on 8 stages at 5 layers per virtual stage, so v=2 interleaved;
     1T sets no virtual stages (1F1B); 1.7B uses PyTorch DDP (overlapped), 39B Megatron's local DDP."""
-    from simulator.runtime_spec import NO_DP_OVERLAP, OVERLAPPED
-
     jobs = {r.params_B: data.published_as_run(r) for r in data.published_rows()}
     assert (jobs[145.6].plan.schedule, jobs[145.6].plan.v, jobs[145.6].plan.mb) == ("interleaved", 2, 2)
     assert (jobs[1008.0].plan.schedule, jobs[1008.0].plan.v, jobs[1008.0].plan.mb) == ("1f1b", 1, 1)
-    assert jobs[1.7].runtime == OVERLAPPED and jobs[39.1].runtime == NO_DP_OVERLAP
+    assert jobs[1.7].runtime.dp_overlap and not jobs[39.1].runtime.dp_overlap
+    assert jobs[1.7].runtime.name == "megatron" and jobs[39.1].runtime.name == "megatron+no-dp-overlap"
     assert all(j.plan.d * j.plan.t * j.plan.p == j.cluster.num_gpus and j.plan.ckpt == "full" for j in jobs.values())
 
 
@@ -103,3 +102,23 @@ def test_published_fsdp_rows_load_and_one_of_each_source_predicts():
     mpt = next(r for r in rows if r.job is not None and r.job.cluster.gpu.name == "a100-sxm4-40gb")
     assert mpt.job is not None and mpt.job.runtime.sharded_reduce_bytes == 2
     assert mpt.job.runtime.cross_entropy == "fused"
+
+
+def test_a_rows_printed_command_gives_the_benchmarks_prediction(tmp_path):
+    """The benchmark predicts every row through the command line's own parser and job: the command
+    it prints for a row, run as a user would, gives the same step time to the last digit."""
+    import json
+
+    import _accuracy_cli as cli
+
+    from tests.conftest import run_cli
+
+    cli.use_models_dir(tmp_path)
+    for cmd in (
+        data.published_command(data.published_rows()[1]),
+        data.vtrain_command(data.read_csv("ground_truth_multi.csv")[0]),
+    ):
+        done = run_cli(*cmd.args, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["step_time_s"] == analytic.estimate(cmd.job()).step_time
+        assert cmd.shell().startswith("autoplan simulate --model ") and "--framework megatron" in cmd.shell()

@@ -19,6 +19,7 @@ from simulator.plan import parse_plan
 # 4,096 microbatches of one pipeline, each pass split into 32 ZeRO-3 layers: 47 s by the estimate
 OVER = ("llama3-8b", "dgx-h100", 1, None, 65536, "t=1,d=8,mb=2,zero=3,offload=cpu,prec=fp8")
 OVER_ARGS = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch", "65536")
+OVER_STACK = ("--framework", "megatron")  # a stack that runs OVER's plan (fp8 with ZeRO-3 and offload)
 
 
 def _job(model: str, cluster: str, nodes: int, seq: int | None, batch: int, plan: str) -> Job:
@@ -66,21 +67,21 @@ def test_over_budget_says_why_in_one_line():
 
 
 def test_simulate_over_budget_falls_back_to_analytic():
-    proc = run_bounded("simulate", *OVER_ARGS, "--plan", OVER[-1], "--json", deadline_s=60)
+    proc = run_bounded("simulate", *OVER_ARGS, *OVER_STACK, "--plan", OVER[-1], "--json", deadline_s=60)
     assert proc.returncode in (0, 3), proc.stderr
     out = json.loads(proc.stdout)
     assert out["fidelity"] == "analytic"
     assert out["fidelity_reason"].startswith("the DES would take about 4,718,592 events")
     warning = [line for line in proc.stderr.splitlines() if "DES would take" in line]
     assert warning == [f"autoplan: {out['fidelity_reason']}: using the analytic estimate instead (fidelity analytic)"]
-    report = run_bounded("simulate", *OVER_ARGS, "--plan", OVER[-1], deadline_s=60).stdout
+    report = run_bounded("simulate", *OVER_ARGS, *OVER_STACK, "--plan", OVER[-1], deadline_s=60).stdout
     assert f"fidelity  analytic  ({out['fidelity_reason']})" in report
 
 
 @pytest.mark.parametrize("option", ["--full", "--plot"])
 def test_simulate_over_budget_refuses_what_needs_the_des(option, tmp_path):
     extra = [option] if option == "--full" else [option, str(tmp_path / "t.png")]
-    proc = run_bounded("simulate", *OVER_ARGS, "--plan", OVER[-1], *extra, deadline_s=60)
+    proc = run_bounded("simulate", *OVER_ARGS, *OVER_STACK, "--plan", OVER[-1], *extra, deadline_s=60)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "over the 20 s budget" in line and f"{option} needs the DES" in line

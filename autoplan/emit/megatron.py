@@ -187,7 +187,25 @@ def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
         parallel.append("--sequence-parallel")
     parallel += ["--micro-batch-size", str(plan.mb), "--global-batch-size", str(job.global_batch)]
     args = _model_args(job) + parallel + _data_parallel_args(plan) + _recompute_args(job, plan) + _train_args(train)
-    return args + _precision_args(plan)
+    return args + _precision_args(plan) + overlap_args(plan)
+
+
+def overlap_args(plan: Plan) -> list[str]:
+    """The overlaps the prediction assumes (autoplan/frameworks/profiles/megatron.yaml):
+    ``--overlap-grad-reduce`` (bucketed gradient reductions during the backward, the profile's
+    ``dp_overlap``) and, with a sharded optimizer, ``--overlap-param-gather`` (the updated
+    parameters gathered during the next forward), over more than one data-parallel rank;
+    ``--tp-comm-overlap`` (Transformer Engine's userbuffers overlap of the sequence-parallel
+    collectives with the GEMMs, the profile's ``layer_kernels: fused-tp-overlap``) with t > 1 and
+    sequence parallelism, which ``validate_args`` requires for it."""
+    args = []
+    if plan.d * plan.cp > 1:
+        args.append("--overlap-grad-reduce")
+        if plan.zero >= 1:
+            args.append("--overlap-param-gather")
+    if plan.sp and plan.t > 1:
+        args.append("--tp-comm-overlap")
+    return args
 
 
 def _precision_args(plan: Plan) -> list[str]:

@@ -19,31 +19,40 @@ What is supported and how: see ``autoplan.runtime.data_parallel`` (ZeRO), ``pipe
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from simulator.cost.rank_view import rank_plan
 from simulator.job import Job
+from simulator.numeric import where
 from simulator.plan import Plan
-from simulator.runtime_spec import NO_DP_OVERLAP
+from simulator.runtime_spec import Runtime
 from simulator.specs import ModelSpec
+
+#: the data-parallel mechanisms, by the code :func:`dp_mode_code` gives (module docstring)
+DP_MODES = ("fsdp", "ddp", "manual", "none")
+
+
+def dp_mode_code(zero: Any, d: Any, offload_cpu: Any, t: Any, p: Any, ep: Any) -> Any:
+    """The index in :data:`DP_MODES` of the mechanism the program runs (module docstring) for
+    ZeRO stage ``zero`` over ``d`` data-parallel ranks, offloading to the CPU or not, with
+    ``t``, ``p`` and expert parallelism ``ep``: expert parallelism is ``manual`` (its experts'
+    gradients average over other ranks than the rest's, autoplan.runtime.experts); ZeRO-2/3
+    over d > 1 ranks or offloaded is ``fsdp``; d = 1 ``none``; ZeRO-0 without TP or PP ``ddp``;
+    the rest ``manual``. Numbers or arrays alike (the search's plan columns)."""
+    by_layout = where((t == 1) & (p == 1) & (zero == 0), 1, 2)
+    unsharded = where(d == 1, 3, by_layout)
+    return where(ep > 1, 2, where((zero >= 2) & ((d > 1) | offload_cpu), 0, unsharded))
 
 
 def dp_mode(plan: Plan, ep: int = 1) -> str:
-    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring); with expert
-    parallelism ``ep`` > 1 ``manual``: the experts' gradients average over other ranks than the
-    rest's (autoplan.runtime.experts)."""
-    if ep > 1:
-        return "manual"
-    if plan.zero >= 2 and (plan.d > 1 or plan.offload == "cpu"):
-        return "fsdp"
-    if plan.d == 1:
-        return "none"
-    if plan.t == 1 and plan.p == 1 and plan.zero == 0:
-        return "ddp"
-    return "manual"
+    """``fsdp``, ``ddp``, ``manual`` or ``none`` (see the module docstring and :func:`dp_mode_code`);
+    ``plan`` as a rank sees it (d*cp ranks), ``ep`` the user plan's expert parallelism."""
+    return DP_MODES[int(dp_mode_code(plan.zero, plan.d, plan.offload == "cpu", plan.t, plan.p, ep))]
 
 
-def program_job(job: Job) -> Job:
-    """``job`` as the emitted program runs it (simulator.runtime_spec.Runtime):
+def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
+    """``runtime`` as the emitted program runs a plan whose data-parallel mechanism is ``mode``
+    (:data:`DP_MODES`) on a ``backend`` ("nccl" or "gloo") node:
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
       after the last backward (no overlap);
@@ -58,12 +67,10 @@ def program_job(job: Job) -> Job:
     * ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (``zero2="fsdp2"``,
       autoplan.runtime.data_parallel.apply_fsdp), not bucketed reduce-scatters.
     """
-    runtime = job.runtime
-    mode = dp_mode(rank_plan(job.plan), job.plan.ep)  # the program's data-parallel group: d*cp ranks
     if mode == "manual" and runtime.dp_overlap:
-        runtime = NO_DP_OVERLAP
-    autocast = job.cluster.node.backend == "nccl" and mode != "fsdp"
-    runtime = dataclasses.replace(
+        runtime = dataclasses.replace(runtime, dp_overlap=False)
+    autocast = backend == "nccl" and mode != "fsdp"
+    return dataclasses.replace(
         runtime,
         cross_entropy="torch",
         weight_copy_bytes=2.0 if autocast else 0.0,
@@ -71,7 +78,13 @@ def program_job(job: Job) -> Job:
         layer_kernels="eager" if autocast else "fused",
         zero2="fsdp2",
     )
-    return dataclasses.replace(job, runtime=runtime)
+
+
+def program_job(job: Job) -> Job:
+    """``job`` as the emitted program runs it (:func:`program_runtime`), its data-parallel group
+    the d*cp ranks of the rank's plan."""
+    mode = dp_mode(rank_plan(job.plan), job.plan.ep)
+    return dataclasses.replace(job, runtime=program_runtime(job.runtime, mode, job.cluster.node.backend))
 
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:

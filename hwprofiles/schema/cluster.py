@@ -40,6 +40,11 @@ class ClusterSpec(Strict):
     node: NodeProfile
     network: Network = Network()
     measured: date | None = None
+    framework: Name | None = Field(
+        default=None,
+        description="the training stack that runs plans on this cluster (autoplan --framework: autoplan, megatron, "
+        "deepspeed, torchtitan, fsdp, llm-foundry); --framework overrides it",
+    )
 
     @field_validator("node")
     @classmethod

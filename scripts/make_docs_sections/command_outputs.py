@@ -28,13 +28,49 @@ def plan_output(d: Docs) -> str:
     return fence(shown.replace(str(png), rel(png)) + "\n" + out)
 
 
+def plan_frameworks(d: Docs) -> str:
+    """the main job planned for each training stack (--framework): its best plan, step time, throughput
+    and memory, or why the stack has none"""
+    import json
+
+    rows = [("framework", "best plan (des)", "step s", "TFLOP/s", "MFU", "GiB")]
+    notes = []
+    for name in ("autoplan", "megatron", "deepspeed", "torchtitan", "fsdp", "llm-foundry"):
+        _, out = d.autoplan("plan", *MAIN_JOB, "--framework", name, "--top", "3", "--json", allowed=(0, 2, 3))
+        if d.last_code:
+            notes.append(f"{name}: no plan ({d.last_stderr.removeprefix('autoplan: error: ').splitlines()[-1]})")
+            continue
+        best = json.loads(out)["best"]
+        rows.append(
+            (
+                name,
+                _short(best["plan_string"]),
+                f"{best['step_time_s']:.2f}",
+                f"{best['tflops_per_gpu']:.0f}",
+                f"{100 * best['mfu']:.1f}%",
+                f"{best['peak_memory_gib']:.1f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = [("  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in rows]
+    table.insert(1, "  ".join("-" * w for w in widths))
+    shown = "$ autoplan plan " + " ".join(MAIN_JOB) + " --framework NAME"
+    return fence("\n".join([shown, *table, "", *notes]))
+
+
+def _short(plan: str) -> str:
+    """A plan string without the keys at their defaults (offload=none, v=1, sp=0, 1f1b)."""
+    drop = {"offload=none", "v=1", "sp=0", "schedule=1f1b"}
+    return ",".join(k for k in plan.split(",") if k not in drop).replace("schedule=", "")
+
+
 H100_JOB = ["--model", "gpt3-175b", "--cluster", "dgx-h100", "--nodes", "16", "--global-batch", "256", "--top", "4"]
 
 
 def modern_plan(d: Docs) -> str:
     """the plan space on H100: autoplan plan for gpt3-175b on 16 dgx-h100 nodes (fp8 and the zero-bubble
     schedule searched), then the same pinned to bf16; headline and top plans of each"""
-    runs = [d.autoplan("plan", *H100_JOB, *extra) for extra in ([], ["--fix", "prec=bf16"])]
+    runs = [d.autoplan("plan", *H100_JOB, "--framework", "megatron", *extra) for extra in ([], ["--fix", "prec=bf16"])]
     return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "TFLOP/s")) for shown, out in runs))
 
 
@@ -55,7 +91,9 @@ LONG_CONTEXT_JOB += ["--seq-len", "131072", "--top", "3"]
 def long_context(d: Docs) -> str:
     """context parallelism: autoplan plan for llama3-70b at 131,072 tokens on 64 dgx-h100 nodes, then
     the same with cp pinned to 1; headline and top plans of each"""
-    runs = [d.autoplan("plan", *LONG_CONTEXT_JOB, *extra) for extra in ([], ["--fix", "cp=1"])]
+    runs = [
+        d.autoplan("plan", *LONG_CONTEXT_JOB, "--framework", "megatron", *extra) for extra in ([], ["--fix", "cp=1"])
+    ]
     return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "peak memory")) for shown, out in runs))
 
 
@@ -65,7 +103,7 @@ MOE_JOB = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "8", "
 def moe_plan(d: Docs) -> str:
     """mixture of experts: autoplan plan for mixtral-8x7b on 8 dgx-h100 nodes, then the same with ep pinned
     to 1; headline and top plans of each"""
-    runs = [d.autoplan("plan", *MOE_JOB, *extra) for extra in ([], ["--fix", "ep=1"])]
+    runs = [d.autoplan("plan", *MOE_JOB, "--framework", "megatron", *extra) for extra in ([], ["--fix", "ep=1"])]
     return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "TFLOP/s")) for shown, out in runs))
 
 
@@ -84,10 +122,19 @@ def simulate_json(d: Docs) -> str:
 
 
 def emit_output(d: Docs) -> str:
-    """autoplan emit of the main job's best plan"""
+    """autoplan emit of the main job's best plan (every tool's files), then of Megatron-LM's best plan
+    for Megatron-LM (--framework megatron)"""
+    import json
+
     plan = d.best_plan or _best_plan(d)
     shown, out = d.autoplan("emit", *MAIN_JOB, "--plan", plan, "-o", "runs/gpt3-175b")
-    return fence(shown + "\n" + d.last_stderr + "\n" + out)
+    first = shown + "\n" + d.last_stderr + "\n" + out
+    _, best = d.autoplan("plan", *MAIN_JOB, "--framework", "megatron", "--json")
+    megatron = json.loads(best)["best"]["plan_string"]
+    shown, out = d.autoplan(
+        "emit", *MAIN_JOB, "--plan", megatron, "--framework", "megatron", "-o", "runs/gpt3-175b-megatron"
+    )
+    return fence(first + "\n\n" + shown + "\n" + d.last_stderr + "\n" + out)
 
 
 def _best_plan(d: Docs) -> str:
@@ -156,3 +203,22 @@ def gpu_compare(d: Docs) -> str:
     script = REPO / "benchmarks" / "gpu_compare.py"
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=True)
     return fence("$ python benchmarks/gpu_compare.py\n" + d.clean(proc.stdout))
+
+
+def accuracy_stacks(d: Docs) -> str:
+    """benchmarks/accuracy.py's per-stack table (every published row through the command line, without the
+    DES columns and the CPU runs)"""
+    shown = "$ python benchmarks/accuracy.py --no-des --no-cpu-runs"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/accuracy.py", "--no-des", "--no-cpu-runs"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"make_docs: '{shown}' failed with exit code {proc.returncode}:\n{proc.stderr.strip()}")
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Per stack"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].strip())
+    return fence("\n".join([shown, "...", *lines[start:end]]))

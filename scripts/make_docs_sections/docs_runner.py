@@ -22,9 +22,13 @@ class Docs:
         self.work = work
         self.best_plan: str | None = None
         self.last_stderr = ""  # the last command's stderr (emit prints its per-tool summary there)
+        self.last_code = 0
 
-    def autoplan(self, *args: str, cwd: Path | None = None, timeout: float = 900) -> tuple[str, str]:
-        """Run ``python -m autoplan ARGS``; return (the command as shown, stdout). A failure stops the script."""
+    def autoplan(
+        self, *args: str, cwd: Path | None = None, timeout: float = 900, allowed: tuple[int, ...] = (0,)
+    ) -> tuple[str, str]:
+        """Run ``python -m autoplan ARGS``; return (the command as shown, stdout). An exit code not in
+        ``allowed`` stops the script; the code is ``last_code``, stderr ``last_stderr``."""
         cwd = cwd or self.work
         env = {k: v for k, v in os.environ.items() if k != "AUTOPLAN_DEBUG"}
         env["COLUMNS"] = "200"
@@ -34,7 +38,8 @@ class Docs:
         )
         shown = "$ autoplan " + " ".join(args)
         log(f"  {shown}  [exit {proc.returncode}, {time.perf_counter() - t0:.1f} s]")
-        if proc.returncode != 0:
+        self.last_code = proc.returncode
+        if proc.returncode not in allowed:
             raise SystemExit(f"make_docs: '{shown}' failed with exit code {proc.returncode}:\n{proc.stderr.strip()}")
         self.last_stderr = self.clean(proc.stderr)
         return shown, self.clean(proc.stdout)

@@ -4,7 +4,6 @@ the analytic model, error per point."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from .docs_runner import REPO, Docs, fence
@@ -56,12 +55,11 @@ def _megatron_predictions(data) -> list[tuple]:
 def _vtrain_predictions(data) -> dict[str, list[tuple[float, float]]]:
     """(measured, predicted) iteration times of the vTrain runs per group of VTRAIN_GROUP_STYLE."""
     from simulator import analytic
-    from simulator.runtime_spec import NO_DP_OVERLAP
 
     groups: dict[str, list[tuple[float, float]]] = {group: [] for group in VTRAIN_GROUP_STYLE}
     for name in data.VTRAIN_FILES:
         for r in data.vtrain_rows(name):
-            pred = analytic.estimate(dataclasses.replace(r.job, runtime=NO_DP_OVERLAP)).step_time
+            pred = analytic.estimate(r.job).step_time  # as autoplan simulate --framework megatron --no-dp-overlap
             g = (
                 "multi-node (64-512 GPUs)"
                 if "multi" in name

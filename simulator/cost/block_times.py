@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hwprofiles.schema import ClusterSpec
+from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_layer_ops
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
+from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.rank_view import context_parallel
 from simulator.cost.variability import slowest_gpu_factor
@@ -26,7 +27,7 @@ from simulator.cost.workload import (
     layer_forward_ops,
     padded_vocab_size,
 )
-from simulator.runtime_spec import EAGER, LayerKernels
+from simulator.runtime_spec import EAGER, TP_OVERLAP, LayerKernels
 from simulator.specs import ModelSpec
 
 
@@ -128,16 +129,18 @@ def _block_times(
     eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
     cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
+    layer = pass_times(
+        layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
+        gpu,
+        slow,
+        layer_extra,
+        asy,
+        eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None,
+        dev,
+    )
+    layer_fwd = layer.forward / tp_forward(model)  # the compute beside each of the forward's TP collectives
     bt = BlockTimes(
-        layer=pass_times(
-            layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
-            gpu,
-            slow,
-            layer_extra,
-            asy,
-            eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None,
-            dev,
-        ),
+        layer=layer,
         embedding=pass_times(
             embedding_forward_ops(model, mb, t, sp, e),
             gpu,
@@ -156,7 +159,7 @@ def _block_times(
             (eager.head_forward_us, eager.head_backward_us) if eager else None,
             dev,
         ),
-        tp_all_reduce=collectives.all_reduce_time(act, t, link),
+        tp_all_reduce=_tp_all_reduce(collectives.all_reduce_time(act, t, link), t, sp, kernels, asy, gpu, layer_fwd),
         act_bytes=act,
         cp_forward=cp_f,
         cp_backward=cp_b,
@@ -164,6 +167,42 @@ def _block_times(
         ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
     )
     return bt
+
+
+#: the chunks Transformer Engine's userbuffers split a reduce-scatter into, each pipelined with a
+#: GEMM chunk ("pipeline" method, num_splits: 4 in NeMo's H100 GPT-3 configs, NeMo-Framework-Launcher
+#: conf/training/tp_overlap/ub_cfg_h100_h12288_tp4_mbs1_seqlen2048.yaml proj_fprop)
+UB_PIPELINE_SPLITS = 4
+
+
+def tp_overlapped(all_reduce: float, t: int, beside: float, sigma: float) -> float:
+    """The critical-path seconds of one sequence-parallel all-gather + reduce-scatter pair of
+    ``all_reduce`` seconds under Transformer Engine's userbuffers overlap (transformer_engine/
+    pytorch/module/base.py ``initialize_ub``): the all-gather runs as a ring exchange of t chunks,
+    each step's GEMM on the chunk that arrived ("ring_exchange": qkv/fc1 forward, proj/fc2
+    dgrad), the reduce-scatter pipelined in UB_PIPELINE_SPLITS chunks after the GEMM's
+    ("pipeline": proj/fc2 forward), the backward's others in bulk beside the wgrad GEMMs. The
+    first chunk of each cannot hide; the rest runs beside ``beside`` seconds of compute at the
+    contention price (simulator.cost.overlap, ``sigma`` the GPU's comm_overlap_slowdown):
+
+        exposed = A * (1/(2t) + 1/(2 S)) + overlap_cost(beside, A - that, sigma)
+
+    A the pair's time (half each), S = UB_PIPELINE_SPLITS. t = 4, sigma = 0.3, A well under the
+    GEMMs: 0.25 A + 0.3 * 0.75 A = 0.475 A."""
+    exposed = all_reduce * (0.5 / t + 0.5 / UB_PIPELINE_SPLITS)
+    return exposed + overlap_cost(beside, all_reduce - exposed, sigma)
+
+
+def _tp_all_reduce(
+    all_reduce: float, t: int, sp: bool, kernels: LayerKernels, asy: bool, gpu: GpuProfile, beside: float
+) -> float:
+    """One TP all-reduce's seconds on the critical path: all of it, or with the userbuffers
+    overlap (kernels "fused-tp-overlap", which Megatron runs with sequence parallelism only:
+    ``validate_args`` "Tensor parallel communication/GEMM overlap can happen only when sequence
+    parallelism is enabled") :func:`tp_overlapped` on a GPU."""
+    if kernels != TP_OVERLAP or not sp or t == 1 or not asy:
+        return all_reduce
+    return tp_overlapped(all_reduce, t, beside, gpu.comm_overlap_slowdown)
 
 
 def _ring_exposure(

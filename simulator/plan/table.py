@@ -79,6 +79,15 @@ class PlanTable(Sequence[Plan]):
                 return list(code), np.array([code[v] for v in per_row], dtype=np.int64)[f.index]
         return [_DEFAULTS[name]], np.zeros(self._length, dtype=np.int64)
 
+    def take(self, rows: np.ndarray) -> PlanTable:
+        """The plans at positions ``rows`` (an integer array), in that order."""
+        return PlanTable([Factor(f.names, f.rows, f.index[rows]) for f in self.factors])
+
+    def array(self, name: str) -> np.ndarray:
+        """Each plan's value of the field ``name``, as one array."""
+        values, index = self.column(name)
+        return np.asarray(values)[index]
+
     def values(self, name: str) -> list[Any]:
         """The values the field ``name`` takes in some plan (in no set order)."""
         values, index = self.column(name)

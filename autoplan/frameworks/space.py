@@ -1,0 +1,55 @@
+"""A framework's plan keys applied to the search's space (autoplan.space): which parallel
+layouts (shapes) and which of their option rows the stack runs, by the profile's one set of
+rules (:meth:`autoplan.frameworks.Framework.refusals`), with the answers cached per distinct
+key (the search asks for the same few tens of thousands of times)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autoplan.frameworks import Framework
+from autoplan.space import OPTION_FIELDS, OptionRule, Shape
+from simulator.specs import ModelSpec
+
+#: the shape fields the profile's rules read (the rest, d and mb, never change the answer)
+_SHAPE_KEYS = ("t", "p", "cp", "ep", "schedule", "sp")
+
+
+def shape_rule(fw: Framework, model: ModelSpec) -> Callable[[Shape], bool]:
+    """Does ``fw`` run a shape (its layout, before the options)."""
+    cache: dict[tuple[Any, ...], bool] = {}
+
+    def runs(shape: Shape) -> bool:
+        key = tuple(getattr(shape, k) for k in _SHAPE_KEYS)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = next(fw.refusals(model, dict(zip(_SHAPE_KEYS, key))), None) is None
+        return found
+
+    return runs
+
+
+def option_rule(fw: Framework, model: ModelSpec) -> OptionRule:
+    """Does ``fw`` run a shape with an option row (autoplan.space.layout_options' tuples)."""
+    cache: dict[tuple[Any, ...], bool] = {}
+
+    def runs(shape: Shape, row: tuple[Any, ...]) -> bool:
+        key = (shape.t, shape.p > 1, shape.cp, shape.ep, *row)
+        found = cache.get(key)
+        if found is None:
+            fields: Mapping[str, Any] = {**dataclasses.asdict(shape), **dict(zip(OPTION_FIELDS, row))}
+            found = cache[key] = next(fw.refusals(model, fields), None) is None
+        return found
+
+    return runs
+
+
+def fix_refusal(fw: Framework, model: ModelSpec, fix: Mapping[str, Any]) -> str | None:
+    """Why ``fw`` runs no plan with the pinned keys ``fix`` (--fix), or None. A pinned schedule
+    is one of a pipeline (p > 1 unless p is pinned too): one stage runs 1F1B everywhere."""
+    pins = dict(fix)
+    if "schedule" in pins and "p" not in pins:
+        pins["p"] = 2
+    return next(fw.refusals(model, pins), None)
