@@ -34,7 +34,8 @@ SPACES = [  # model, node profile, nodes, global batch
     ("gpt3-175b", "dgx2-v100", 32, 512),
     ("tiny", "localhost-cpu", 1, 16),
 ]
-RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED, PROGRAM]
+TP_OVERLAP = replace(OVERLAPPED, name="tp-overlap", layer_kernels="fused-tp-overlap")  # Megatron's profile
+RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED, PROGRAM, TP_OVERLAP]
 SAMPLE = 600
 
 

@@ -250,3 +250,21 @@ def test_emit_for_a_framework_writes_its_files_and_the_program_where_it_runs_the
     assert "launch.sh" in {p.name for p in (tmp_path / "f").iterdir()}
     done = run_cli(*base, "--plan", "t=1,p=2,d=2,v=2,schedule=zbv", "--framework", "megatron", "-o", tmp_path / "z")
     assert done.returncode == 2 and "megatron does not run schedule=zbv" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "plan", [Plan(t=1, p=1, d=8, zero=3), Plan(t=1, p=1, d=8, zero=2), Plan(t=1, p=2, d=4, zero=1)]
+)
+def test_deepspeed_config_runs_the_reductions_the_prediction_prices(plan):
+    """Flag by flag: ds_config.json overlaps the gradient reductions where the deepspeed profile
+    prices them overlapped, and reduces in the model's dtype (bf16: no communication_data_type,
+    DeepSpeed's default) where the profile prices 2-byte reductions."""
+    from autoplan.emit.deepspeed import export_deepspeed
+
+    fw = load_framework("deepspeed")
+    runtime = fw.base_runtime()
+    job = Job(LLAMA, load_cluster("dgx-h100"), plan, 64, runtime)
+    config = json.loads(export_deepspeed(job, TrainSettings()).files["ds_config.json"])
+    assert config["zero_optimization"]["overlap_comm"] == runtime.dp_overlap
+    assert config["bf16"]["enabled"] and "communication_data_type" not in config
+    assert runtime.sharded_reduce_bytes == 2

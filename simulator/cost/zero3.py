@@ -19,7 +19,8 @@ form one more unit on the stages that hold them) and, per microbatch:
   backward (deepspeed/runtime/zero/parameter_offload.py ``_pre_forward_module_hook``).
 
 Each collective is priced as a ring over the data-parallel group with its own latency steps
-(simulator.cost.collectives): per-unit messages at large d are latency-bound. With hybrid
+(simulator.cost.collectives): per-unit messages at large d are latency-bound, and DeepSpeed, which
+gathers module by module, pays them :func:`gathers_per_layer` times per layer. With hybrid
 sharding (``plan.hsdp``) the gathers and reduce-scatters run inside the shard group of hsdp
 consecutive data-parallel ranks (inside a node when t * hsdp fits one) and each reduced shard
 is then all-reduced across the d / hsdp replicas, every microbatch (FSDP2's ``foreach_reduce``
@@ -184,6 +185,31 @@ def fsdp2_host_time(units: Any, tensors: Any, gathers: Any, per_op_s: float) -> 
     return (units * fixed + tensors * per_tensor) * per_op_s
 
 
+#: the Linear modules of a transformer layer whose weights DeepSpeed stage 3 gathers, one module at a
+#: time, as Megatron-DeepSpeed builds the layer (megatron/model/transformer.py ParallelAttention's
+#: query_key_value and dense, ParallelMLP's dense_h_to_4h (SwiGLU's gate and up fused in it) and
+#: dense_4h_to_h): every weight is far above DeepSpeed's param_persistence_threshold of 1e5 elements
+#: (deepspeed/runtime/zero/config.py), below which norms and biases stay whole on every rank
+DEEPSPEED_LAYER_MODULES = 4
+
+
+def gathers_per_layer(runtime: Runtime) -> int:
+    """All-gathers per layer and pass: FSDP (``fully_shard``, FSDP1's FlatParameter) gathers a unit,
+    one layer, as one flat buffer in one collective; DeepSpeed stage 3 gathers each submodule when
+    its pre-forward hook fetches it (deepspeed/runtime/zero/partitioned_param_coordinator.py
+    ``fetch_sub_module``: one ``all_gather_coalesced`` per module's parameters, prefetching the next
+    module's under the current one's compute), :data:`DEEPSPEED_LAYER_MODULES` per layer."""
+    return DEEPSPEED_LAYER_MODULES if runtime.zero3 == "deepspeed" else 1
+
+
+def gather_collectives(layers: Any, first: Any, last: Any, runtime: Runtime) -> Any:
+    """All-gathers per pass of a stage of ``layers`` layers: :func:`gathers_per_layer` per layer,
+    and one for the root unit (embedding, final norm, head) on a stage that holds them; at least 1.
+    Each pays its ring's latency steps; together they move one pass's gathered bytes. Numbers or
+    arrays alike."""
+    return maximum(layers * gathers_per_layer(runtime) + (first | last), 1)
+
+
 def units(layers: Any, first: Any, last: Any) -> Any:
     """Sharded units of a stage of ``layers`` layers: one per layer, plus the root unit (embedding,
     final norm, head) on a stage that holds them (``first`` or ``last``); at least 1 (the batch
@@ -205,6 +231,7 @@ class Zero3Pass:
     gathers: Any = 2  # passes that gather: forward and backward (ZeRO-3), forward only (FSDP2 ZeRO-2)
     host: Any = 0.0  # FSDP2's hooks on a synchronous (CPU) rank (fsdp2_host_time)
     serial: bool = False  # a synchronous rank: every collective waited for where it is issued
+    collectives: Any = None  # all-gathers per pass (gather_collectives); None: one per unit
 
     @property
     def traffic(self) -> Any:
@@ -219,7 +246,8 @@ class Zero3Pass:
         copies = self.gathers * self.copy_out
         if self.serial:
             return self.traffic + copies + self.host
-        g, r = self.gather / self.units, self.scatter / self.units
+        count = self.units if self.collectives is None else self.collectives
+        g, r = self.gather / count, self.scatter / self.units  # the first gather and the last scatter
         fwd = g + overlap_cost(forward, self.gather - g, sigma)
         g_b = where(self.gathers == 2, g, 0.0)  # the backward's first gather, when it gathers
         behind = (self.gathers - 1) * self.gather + self.regather + self.scatter - g_b - r
@@ -247,10 +275,12 @@ def zero3_pass(
     ``cost`` and the rest: numbers, or arrays of many plans' stages (the batch estimate)."""
     u = units(cost.layers, cost.first, cost.last)
     n = gathers_per_microbatch(zero)
-    gather = u * links.all_gather(gathered / u)
+    count = gather_collectives(cost.layers, cost.first, cost.last, runtime)
+    gather = count * links.all_gather(gathered / count)
     scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
     regather = gather * regather_fraction(runtime, cost.full_layers, cost.layers)
     copy_out = copy_out_time(gathered, runtime, gpu)
     if host_op_s is None or runtime.zero3 != "fsdp2":
-        return Zero3Pass(u, gather, scatter, regather, copy_out, n)
-    return Zero3Pass(u, gather, scatter, regather, copy_out, n, fsdp2_host_time(u, tensors, n, host_op_s), True)
+        return Zero3Pass(u, gather, scatter, regather, copy_out, n, collectives=count)
+    host = fsdp2_host_time(u, tensors, n, host_op_s)
+    return Zero3Pass(u, gather, scatter, regather, copy_out, n, host, True, count)

@@ -24,7 +24,7 @@ from hwprofiles.algorithms import Collective
 from simulator.cost import collectives
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
-from simulator.cost.zero3 import reduce_bytes, sharded_reduce_time
+from simulator.cost.zero3 import gathers_per_layer, reduce_bytes, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import TransferClass
 
@@ -64,7 +64,8 @@ def zero3_gather(
     prog: Program, dev: Device, params: float, gathered: float, pieces: list[int], times: float = 1.0
 ) -> int:
     """All-gather one layer's ``params`` parameters (``gathered`` bytes), at most one layer ahead
-    of the compute; ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
+    of the compute, in :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the
+    other (DeepSpeed: one per module); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
     (simulator.cost.zero3). Its buffer holds the layer's parameters at the gather dtype (fp8
     parameters' difference is in the static fp8 term, simulator.cost.precision.fp8_layer_bytes)."""
     plan, xfer = prog.plan, prog.xfer
@@ -92,8 +93,16 @@ def zero3_gather(
             (dep,),
         )
     cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
-    send = Send("zero", cls, per, size, "zero", "param gather", "dp_bytes")
-    g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: prog.transfer(dev, send, (dep,)), member)
+    k = gathers_per_layer(prog.job.runtime)  # DeepSpeed gathers module by module (simulator.cost.zero3)
+    send = Send("zero", cls, per, size / k, "zero", "param gather", "dp_bytes")
+
+    def gathers() -> int:
+        last = dep
+        for _ in range(k):
+            last = prog.transfer(dev, send, (last,))
+        return last
+
+    g = prog.group_task(dev, ("z3g", len(pieces)), dep, gathers, member)
     prog.mem.add(g, dev.idx, False, "buffers", params * gather_bytes(prog))
     return g
 
