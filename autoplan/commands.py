@@ -98,9 +98,11 @@ def _runtime(a: argparse.Namespace, fw: Framework) -> Runtime:
     of its properties: --no-dp-overlap, --zero3-runtime, --reduce-dtype."""
     import dataclasses
 
-    runtime, changed = fw.base_runtime(), list[str]()
+    runtime = fw.base_runtime()
+    changed: list[str] = []
     if a.no_dp_overlap:
-        runtime, changed = dataclasses.replace(runtime, dp_overlap=False), [*changed, "no-dp-overlap"]
+        runtime = dataclasses.replace(runtime, dp_overlap=False)
+        changed.append("no-dp-overlap")
     if a.zero3_runtime:
         reduce = 2 if a.zero3_runtime == "deepspeed" else runtime.sharded_reduce_bytes  # DeepSpeed reduces in bf16
         runtime = dataclasses.replace(runtime, zero3=a.zero3_runtime, sharded_reduce_bytes=reduce)

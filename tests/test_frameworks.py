@@ -68,6 +68,36 @@ def test_each_stack_refuses_what_it_does_not_run_quoting_its_source(name, plan, 
     assert why is not None and why.startswith(says)
 
 
+def test_every_refusal_cites_the_stacks_source():
+    """Each plan key a profile refuses, probed one at a time (and on a mixture of experts), comes
+    with the citation its profile gives for that key."""
+    moe = load_model("mixtral-8x7b")
+    probes = [
+        Plan(t=2, d=4, sp=1),
+        Plan(p=2, d=4),
+        Plan(cp=2, d=4),
+        Plan(ep=2, d=4),
+        Plan(ep=2, d=4, zero=1),
+        *(
+            Plan(p=2, d=4, schedule=s, v=2 if s in ("zbv", "interleaved") else 1)
+            for s in ("gpipe", "zbh1", "zbv", "interleaved")
+        ),
+        *(Plan(d=8, zero=z) for z in (1, 2, 3)),
+        Plan(p=2, d=4, zero=2),
+        Plan(d=8, zero=1, prec="fp8", fp8ag=1),
+        Plan(d=8, zero=1, offload="cpu"),
+        Plan(d=8, zero=3, offload="nvme"),
+        Plan(d=8, zero=3, hsdp=4),
+        Plan(d=8, ckpt="selective"),
+    ]
+    for name in FRAMEWORKS:
+        fw = load_framework(name)
+        for plan in probes:
+            for model in (LLAMA, moe):
+                for why in fw.refusals(model, plan.to_dict(1)):
+                    assert " (" in why and why.endswith(")"), f"{name}: {why}"
+
+
 def test_what_each_stack_runs_is_refused_by_none():
     plain = Plan(d=8, zero=1)
     for name in ("autoplan", "megatron", "deepspeed"):
