@@ -17,6 +17,7 @@ WHAT_IF_NODES = {
 WHAT_IF_NUDGE = {"dgx-a100-80gb": (0.92, True), "dgx-h100": (1.0, False), "pcie-a100-80gb": (1.08, False)}
 WHAT_IF_GPUS = [16, 32, 64, 128, 256, 512, 1024]
 WHAT_IF_MODEL, WHAT_IF_BATCH = "llama2-70b", 1024
+WHAT_IF_FRAMEWORK = "megatron"  # the hardware compared under one stack: --framework megatron
 TABLE_GPUS = (16, 128, 1024)
 
 
@@ -32,13 +33,22 @@ def gallery_what_if(d: Docs) -> str:
 
 def _best_per_cluster_size() -> dict[tuple[str, int], object]:
     """The analytic search's best result per (node, GPU count), None where no plan fits."""
+    from autoplan.frameworks import load_framework
     from autoplan.search import NoPlanFits, SearchOptions, search
     from hwprofiles.load import load_cluster
     from simulator.model_files import load_model
 
     model = load_model(WHAT_IF_MODEL)
+    stack = load_framework(WHAT_IF_FRAMEWORK)
     opts = SearchOptions(  # bf16 everywhere: the hardware compared at one precision (fp8 runs on H100 only)
-        fix="prec=bf16", fidelity="analytic", top=1, max_finalists=1, partition=False, jobs=os.cpu_count() or 1
+        fix="prec=bf16",
+        fidelity="analytic",
+        top=1,
+        max_finalists=1,
+        partition=False,
+        jobs=os.cpu_count() or 1,
+        framework=stack,
+        runtime=stack.base_runtime(),
     )
     t0 = time.perf_counter()
     best: dict[tuple[str, int], object] = {}
