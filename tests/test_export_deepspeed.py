@@ -325,8 +325,68 @@ def test_zbv_dualpipev_takes_a_training_step(tmp_path):
     cfg = json.loads((tmp_path / "ds_config.json").read_text())
     del cfg["bf16"]
     cfg["optimizer"] = {"type": "Adam", "params": {**cfg["optimizer"]["params"], "torch_adam": True}}
+    cfg["tensorboard"]["output_path"] = str(tmp_path / "tensorboard")  # not the working directory's
     (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_dualpipev_rank, args=(cluster.num_gpus, str(tmp_path), port), nprocs=cluster.num_gpus)
+
+
+def test_the_config_schedules_the_learning_rate_and_logs():
+    """ds_config.json's WarmupCosineLR, built by DeepSpeed from the config's own parameters over a
+    torch optimizer at the peak rate, rises linearly to the peak over the warm-up and ends at the
+    schedule's final rate; TensorBoard logging is on."""
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+
+    from autoplan.emit.schedule import training_schedule
+
+    job = _small_job()  # no published recipe: 10,000 iterations, 100 of warm-up
+    cfg = json.loads(export_deepspeed(job, TrainSettings()).files["ds_config.json"])
+    schedule = training_schedule(job.model, job.global_batch, TrainSettings())
+    assert cfg["scheduler"]["type"] == "WarmupCosineLR" and cfg["tensorboard"]["enabled"]
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=schedule.lr)
+    sched = WarmupCosineLR(opt, **cfg["scheduler"]["params"])
+    lrs = []
+    for _ in range(schedule.decay_iters + 2):
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
+    half = schedule.warmup_iters // 2  # DeepSpeed's step k sets the rate of iteration k - 1
+    assert lrs[half + 1] == pytest.approx(schedule.lr * half / schedule.warmup_iters)
+    assert max(lrs) == pytest.approx(schedule.lr)
+    assert lrs[-1] == pytest.approx(schedule.min_lr)
+
+
+def _small_job() -> Any:
+    """A small Llama-style model's plain data-parallel job on the localhost-cpu node."""
+    from hwprofiles.load import load_cluster
+    from simulator.job import Job
+    from simulator.plan import parse_plan
+
+    model, cluster = small_llama(4), load_cluster("localhost-cpu", 1)
+    return Job(model, cluster, parse_plan("t=1,p=1,zero=1", model, cluster.num_gpus, 8)[0], 8)
+
+
+def test_resume_and_save_checkpoints_where_the_setup_says(tmp_path, monkeypatch):
+    """deepspeed_setup.py's checkpoint helpers: a fresh start resumes at step 0; a save every
+    SAVE_INTERVAL steps and at the last goes to CHECKPOINT_DIR with the step, which resume reads back."""
+    for name, text in export_deepspeed(_small_job(), TrainSettings()).files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("SAVE_INTERVAL", "2")
+    monkeypatch.setenv("TRAIN_ITERS", "5")
+    setup = load_setup(tmp_path / "deepspeed_setup.py")
+
+    class Engine:  # what the helpers call on a DeepSpeedEngine
+        def save_checkpoint(self, save_dir: str, tag: str, client_state: dict) -> None:
+            Path(save_dir).mkdir(parents=True, exist_ok=True)
+            (Path(save_dir) / "latest").write_text(tag)
+            self.saved = client_state
+
+        def load_checkpoint(self, load_dir: str) -> tuple[str, dict]:
+            return load_dir, self.saved
+
+    engine = Engine()
+    assert setup.STEPS == 5 and setup.resume(engine) == 0
+    assert [setup.save_if_due(engine, step) for step in range(1, 6)] == [False, True, False, True, True]
+    assert setup.resume(engine) == 5

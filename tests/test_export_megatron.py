@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +56,37 @@ def launch_env(script: str) -> dict[str, str | None]:
         elif line.startswith("unset "):
             env[line.split()[1]] = None
     return env
+
+
+STAND_IN_TORCHRUN = """#!/usr/bin/env bash
+# a stand-in torchrun: writes the arguments it was given, one per line, to $ARGV_OUT
+printf '%s\\n' "$@" > "$ARGV_OUT"
+"""
+
+
+def launched_argv(files: dict[str, str], tmp: Path, **env: str) -> tuple[int, list[str], str]:
+    """Run the emitted megatron_launch.sh as a node would, with a stand-in torchrun: (its exit
+    code, pretrain_gpt.py's arguments as torchrun would pass them, its stderr)."""
+    run_dir, bin_dir = tmp / "run", tmp / "bin"
+    run_dir.mkdir(exist_ok=True)
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (run_dir / name).write_text(text)
+    (bin_dir / "torchrun").write_text(STAND_IN_TORCHRUN)
+    (bin_dir / "torchrun").chmod(0o755)
+    out = tmp / "argv.txt"
+    base = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "ARGV_OUT": str(out),
+        "MEGATRON_LM": "/opt/megatron-lm",
+        "MASTER_ADDR": "node0",
+    }
+    done = subprocess.run(
+        ["bash", str(run_dir / "megatron_launch.sh")], env={**base, **env}, capture_output=True, text=True, timeout=30
+    )
+    argv = out.read_text().splitlines() if out.is_file() else []
+    script = argv.index("/opt/megatron-lm/pretrain_gpt.py") + 1 if argv else 0
+    return done.returncode, argv[script:], done.stderr
 
 
 def virtual_stages(args: dict[str, Any]) -> int | None:
@@ -194,13 +227,54 @@ def test_megatron_core_reads_the_plan(emitted):
     assert connections_refusal(args, env.get("CUDA_DEVICE_MAX_CONNECTIONS"), gpu_arch) is None
 
 
+def test_the_launcher_starts_a_real_job_or_a_smoke_test_and_nothing_by_default(tmp_path):
+    """megatron_launch.sh as a node runs it: without data it stops with one line naming DATA_PATH
+    (and MOCK_DATA); with DATA_PATH (weights and prefixes) and TOKENIZER it passes Megatron's
+    --data-path, the Hugging Face tokenizer and a validation split; MOCK_DATA=1 runs the mock
+    dataset; both save and resume checkpoints in the run dir and log to TensorBoard there, for the
+    schedule's iterations unless TRAIN_ITERS says otherwise."""
+    job = job_of(CASES[0])
+    files = export_megatron(job, TrainSettings()).files
+    code, argv, err = launched_argv(files, tmp_path)
+    assert code != 0 and not argv and "DATA_PATH" in err and "MOCK_DATA=1" in err
+    code, argv, err = launched_argv(
+        files, tmp_path, DATA_PATH="0.7 /data/a_text_document 0.3 /data/b", TOKENIZER="gpt2"
+    )
+    assert code == 0, err
+    i = argv.index("--data-path")
+    assert argv[i + 1 : i + 5] == ["0.7", "/data/a_text_document", "0.3", "/data/b"]
+    assert argv[argv.index("--tokenizer-type") + 1] == "HuggingFaceTokenizer" and "--mock-data" not in argv
+    assert argv[argv.index("--tokenizer-model") + 1] == "gpt2" and argv[argv.index("--split") + 1] == "99,1,0"
+    run_dir = tmp_path / "run"
+    assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1] == str(run_dir / "checkpoints")
+    assert argv[argv.index("--tensorboard-dir") + 1] == str(run_dir / "tensorboard")
+    code, argv, err = launched_argv(files, tmp_path, MOCK_DATA="1", TRAIN_ITERS="50")
+    assert code == 0 and "--mock-data" in argv and argv[argv.index("--tokenizer-type") + 1] == "NullTokenizer"
+    assert argv[argv.index("--train-iters") + 1] == "50"
+
+
+def test_the_learning_rate_follows_the_models_published_recipe():
+    """GPT-3 175B (Brown et al. 2020): peak 6e-5 down to 6e-6, warm-up over 375M tokens and cosine
+    decay over 260B at 1536 x 2048 = 3,145,728 tokens per iteration: ceil(375e6 / 3,145,728) = 120
+    and ceil(260e9 / 3,145,728) = 82,652 iterations, 300B tokens in ceil(...) = 95,368."""
+    from autoplan.emit.schedule import training_schedule
+    from simulator.model_files import load_model
+
+    s = training_schedule(load_model("gpt3-175b"), 1536, TrainSettings())
+    assert (s.lr, s.min_lr, s.warmup_iters, s.decay_iters, s.train_iters) == (6e-5, 6e-6, 120, 82_652, 95_368)
+    assert "Brown et al. 2020" in s.source
+    tiny = training_schedule(load_model("tiny"), 8, TrainSettings())
+    assert (tiny.lr, tiny.train_iters, tiny.warmup_iters) == (TrainSettings().lr, 10_000, 100)
+
+
 @pytest.mark.skipif(not os.environ.get("MEGATRON_LM_PATH"), reason="MEGATRON_LM_PATH: no Megatron-LM checkout")
-def test_megatron_lm_accepts_the_arguments(emitted):
+def test_megatron_lm_accepts_the_arguments(emitted, tmp_path):
     from megatron_lm import validate_megatron
 
     job, export = emitted
     plan, n = export.written, job.model.num_layers
-    argv = shlex.split(export.files["megatron_args.txt"], comments=True)
+    code, argv, err = launched_argv(export.files, tmp_path, MOCK_DATA="1")  # as megatron_launch.sh passes them
+    assert code == 0, err
     env = {k: v for k, v in launch_env(export.files["megatron_launch.sh"]).items() if v is not None}
     ns = validate_megatron(argv, plan.gpus, env, os.environ["MEGATRON_LM_PATH"])
     assert ns.data_parallel_size == plan.d

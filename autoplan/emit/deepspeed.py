@@ -56,6 +56,7 @@ import json
 from typing import Any
 
 from autoplan.emit.export import Change, Draft, Export, fill_template, one_stage_per_rank, refuse
+from autoplan.emit.schedule import TrainingSchedule, training_schedule
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
 from simulator.plan import Plan, num_microbatches
@@ -230,9 +231,11 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
                 "weight_decay": train.weight_decay,
             },
         },
+        "scheduler": scheduler(training_schedule(job.model, job.global_batch, train)),
         "zero_optimization": zero,
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
+        "tensorboard": {"enabled": True, "output_path": "tensorboard", "job_name": "autoplan"},
     }
     if plan.p == 1 and plan.t > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.t}
@@ -250,7 +253,23 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
     return cfg
 
 
-def deepspeed_setup(job: Job, plan: Plan, header: list[str]) -> str:
+def scheduler(schedule: TrainingSchedule) -> dict[str, Any]:
+    """``WarmupCosineLR`` (deepspeed/runtime/lr_schedules.py) for the training schedule: a linear
+    warm-up from 0 over ``warmup_num_steps``, then the cosine to ``cos_min_ratio`` of the peak at
+    ``total_num_steps`` (DeepSpeed holds it there after)."""
+    return {
+        "type": "WarmupCosineLR",
+        "params": {
+            "total_num_steps": schedule.decay_iters,
+            "warmup_num_steps": schedule.warmup_iters,
+            "warmup_min_ratio": 0.0,
+            "warmup_type": "linear",
+            "cos_min_ratio": schedule.min_lr_share,
+        },
+    }
+
+
+def deepspeed_setup(job: Job, plan: Plan, schedule: TrainingSchedule, header: list[str]) -> str:
     """deepspeed_setup.py: the shipped template with the plan's values and ``header`` in its docstring."""
     n = job.model.num_layers
     values = {
@@ -260,6 +279,7 @@ def deepspeed_setup(job: Job, plan: Plan, header: list[str]) -> str:
         "STAGE_LAYERS: tuple[int, ...]": repr(tuple(plan.chunk_layers(n))),
         "FULL_RECOMPUTE: tuple[int, ...]": repr(tuple(f for f, _ in plan.chunk_recompute(n))),
         "DUALPIPEV": repr(plan.schedule == "zbv"),
+        "TRAIN_ITERS": str(schedule.train_iters),
     }
     return fill_template("deepspeed_setup.py", values, header)
 
@@ -272,7 +292,9 @@ def export_deepspeed(job: Job, train: TrainSettings) -> Export:
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {
             "ds_config.json": json.dumps(deepspeed_config(job, plan, train, header), indent=2) + "\n",
-            "deepspeed_setup.py": deepspeed_setup(job, plan, header),
+            "deepspeed_setup.py": deepspeed_setup(
+                job, plan, training_schedule(job.model, job.global_batch, train), header
+            ),
         }
 
     return _decide(job).finish("deepspeed", RELEASE, render)

@@ -45,6 +45,7 @@ from dataclasses import replace
 from autoplan.emit.export import Draft, Export, one_stage_per_rank
 from autoplan.emit.launch import node_shape, rendezvous_block
 from autoplan.emit.safe_text import comment_lines
+from autoplan.emit.schedule import TrainingSchedule, training_schedule
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
 from simulator.plan import Plan
@@ -72,11 +73,6 @@ def _model_args(job: Job) -> list[str]:
         m.position_embedding_type,
         "--normalization",
         m.normalization,
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        str(m.vocab_size),
-        "--mock-data",
     ]
     if m.position_embedding_type == "rope":
         args += ["--rotary-base", str(int(m.rope_theta))]
@@ -145,13 +141,24 @@ def _recompute_args(job: Job, plan: Plan) -> list[str]:
     return []
 
 
-def _train_args(train: TrainSettings) -> list[str]:
+def _train_args(train: TrainSettings, schedule: TrainingSchedule) -> list[str]:
+    """The optimizer, its learning-rate schedule (autoplan.emit.schedule: warm-up, then cosine decay
+    to ``--min-lr``) and what the run logs; the data, the length and the checkpoints are the
+    launcher's (megatron_launch.sh)."""
     return [
         "--bf16",
         "--optimizer",
         "adam",
         "--lr",
-        str(train.lr),
+        str(schedule.lr),
+        "--min-lr",
+        str(schedule.min_lr),
+        "--lr-decay-style",
+        "cosine",
+        "--lr-warmup-iters",
+        str(schedule.warmup_iters),
+        "--lr-decay-iters",
+        str(schedule.decay_iters),
         "--adam-beta1",
         str(train.betas[0]),
         "--adam-beta2",
@@ -168,10 +175,10 @@ def _train_args(train: TrainSettings) -> list[str]:
         "0",
         "--seed",
         str(train.seed),
-        "--train-iters",
-        "100",
         "--log-interval",
-        "1",
+        "10",
+        "--log-throughput",
+        "--log-timers-to-tensorboard",
     ]
 
 
@@ -186,7 +193,9 @@ def megatron_args(job: Job, plan: Plan, train: TrainSettings) -> list[str]:
     if plan.sp:
         parallel.append("--sequence-parallel")
     parallel += ["--micro-batch-size", str(plan.mb), "--global-batch-size", str(job.global_batch)]
-    args = _model_args(job) + parallel + _data_parallel_args(plan) + _recompute_args(job, plan) + _train_args(train)
+    schedule = training_schedule(job.model, job.global_batch, train)
+    args = _model_args(job) + parallel + _data_parallel_args(plan) + _recompute_args(job, plan)
+    args += _train_args(train, schedule)
     return args + _precision_args(plan) + overlap_args(plan)
 
 
@@ -335,15 +344,21 @@ def megatron_args_text(job: Job, plan: Plan, train: TrainSettings, header: list[
     return "\n".join(lines) + "\n"
 
 
-def megatron_launch(job: Job, plan: Plan, header: list[str]) -> str:
-    """megatron_launch.sh: exports the environment Megatron checks, then torchrun pretrain_gpt.py."""
+def megatron_launch(job: Job, plan: Plan, train: TrainSettings, header: list[str]) -> str:
+    """megatron_launch.sh: exports the environment Megatron checks, sets the job's data, length,
+    checkpoints and logs (:func:`job_block`), then runs torchrun pretrain_gpt.py."""
     nodes, per_node = node_shape(job)
     env = []
     for key, value in megatron_env(plan).items():
         env.append(f"export {key}={value}" if value is not None else f"unset {key}")
     return f"""#!/usr/bin/env bash
 {comment_lines(header)}
-# usage: MEGATRON_LM=<Megatron-LM checkout> bash megatron_launch.sh [more pretrain_gpt.py arguments]
+# usage: MEGATRON_LM=<Megatron-LM checkout> DATA_PATH=<prefix, or "weight prefix ..."> TOKENIZER=<HF tokenizer>
+#        bash megatron_launch.sh [more pretrain_gpt.py arguments]
+#   DATA_PATH: the data files tools/preprocess_data.py wrote (Megatron's --data-path); TOKENIZER: the Hugging Face
+#   tokenizer (name or directory) they were made with; MOCK_DATA=1 instead runs on random tokens (a smoke test).
+#   CHECKPOINT_DIR (default: $RUN_DIR/checkpoints; resumed from when it holds one), SAVE_INTERVAL, TRAIN_ITERS,
+#   TENSORBOARD_DIR (default: $RUN_DIR/tensorboard) change the rest.
 # multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
 set -euo pipefail
 RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -353,16 +368,41 @@ NODE_RANK="${{NODE_RANK:-0}}"
 NPROC_PER_NODE="${{NPROC_PER_NODE:-{per_node}}}"
 {rendezvous_block()}
 {chr(10).join(env)}
+{job_block(job, training_schedule(job.model, job.global_batch, train))}
 mapfile -t ARGS < <(grep -v '^#' "$RUN_DIR/megatron_args.txt" | xargs -n 1)
-exec torchrun "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" "$MEGATRON_LM/pretrain_gpt.py" "${{ARGS[@]}}" "$@"
+exec torchrun "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" "$MEGATRON_LM/pretrain_gpt.py" "${{ARGS[@]}}" \\
+  "${{DATA[@]}}" "${{JOB[@]}}" "$@"
 """
+
+
+#: Megatron's train/validation/test split of the data (--split): a percent held out for validation
+DATA_SPLIT = "99,1,0"
+
+
+def job_block(job: Job, schedule: TrainingSchedule) -> str:
+    """The launcher's job settings, one place to set them: the data and tokenizer (DATA_PATH and
+    TOKENIZER, or MOCK_DATA=1 for Megatron's mock dataset and NullTokenizer; neither is a
+    one-line error), the length (TRAIN_ITERS, default the schedule's), the checkpoints
+    (``--save``/``--load`` CHECKPOINT_DIR every SAVE_INTERVAL iterations) and TensorBoard."""
+    vocab = job.model.vocab_size
+    return f"""if [ "${{MOCK_DATA:-0}}" = 1 ]; then  # a smoke test: random tokens, no tokenizer
+  DATA=(--mock-data --tokenizer-type NullTokenizer --vocab-size {vocab})
+else
+  : "${{DATA_PATH:?set DATA_PATH to your data (the --data-path of Megatron-LM; MOCK_DATA=1 runs a smoke test on random tokens)}}"
+  : "${{TOKENIZER:?set TOKENIZER to the Hugging Face tokenizer your data was made with}}"
+  read -r -a DATA_PREFIXES <<< "$DATA_PATH"
+  DATA=(--data-path "${{DATA_PREFIXES[@]}}" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER" --split {DATA_SPLIT})
+fi
+CHECKPOINT_DIR="${{CHECKPOINT_DIR:-$RUN_DIR/checkpoints}}"
+JOB=(--train-iters "${{TRAIN_ITERS:-{schedule.train_iters}}}" --save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR"
+     --save-interval "${{SAVE_INTERVAL:-1000}}" --tensorboard-dir "${{TENSORBOARD_DIR:-$RUN_DIR/tensorboard}}")"""
 
 
 def export_megatron(job: Job, train: TrainSettings) -> Export:
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {
             "megatron_args.txt": megatron_args_text(job, plan, train, header),
-            "megatron_launch.sh": megatron_launch(job, plan, header),
+            "megatron_launch.sh": megatron_launch(job, plan, train, header),
         }
 
     return _decide(job).finish("megatron", RELEASE, render)

@@ -7,17 +7,24 @@ layer split and which layers recompute live in the ``PipelineModule`` the user b
 checks the batch against comes from the ``mpu`` given to ``deepspeed.initialize``
 (``deepspeed/runtime/config.py``). This file supplies both, from the plan below.
 
-Use it from the training script::
+Use it from the training script, which brings the data (DeepSpeed has no data pipeline of its own:
+a ``DataLoader`` over your tokenized corpus, one microbatch per ``train_batch`` call)::
 
     import deepspeed_setup as planned
     model = planned.pipeline_module(layers, block_class=MyBlock, loss_fn=loss_fn)  # p > 1 (zbv: DualPipeV)
     planned.recompute_blocks(model.blocks)                                        # p = 1
-    engine, optimizer, _, _ = planned.initialize(model)
+    engine, optimizer, _, scheduler = planned.initialize(model)                   # ds_config.json's WarmupCosineLR
+    for step in range(planned.resume(engine), planned.STEPS):
+        engine.train_batch(data_iter)                                             # p > 1; else forward/backward/step
+        planned.save_if_due(engine, step + 1)
+
+ds_config.json logs to TensorBoard (``tensorboard/`` under the working directory).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,9 +39,14 @@ DATA = 1
 STAGE_LAYERS: tuple[int, ...] = (1,)
 FULL_RECOMPUTE: tuple[int, ...] = (0,)
 DUALPIPEV = False
+TRAIN_ITERS = 1
 # ---- end of the plan ----
 
 CONFIG = Path(__file__).with_name("ds_config.json")
+#: where checkpoints go and how often (environment overrides: CHECKPOINT_DIR, SAVE_INTERVAL, TRAIN_ITERS)
+CHECKPOINT_DIR = Path(os.environ.get("CHECKPOINT_DIR", Path(__file__).with_name("checkpoints")))
+SAVE_INTERVAL = int(os.environ.get("SAVE_INTERVAL", "1000"))
+STEPS = int(os.environ.get("TRAIN_ITERS", str(TRAIN_ITERS)))
 
 
 def _type_name(layer: Any) -> str:
@@ -131,3 +143,21 @@ def initialize(model: torch.nn.Module, **kwargs: Any) -> Any:
     mpu = DataParallelSize() if PIPELINE == 1 and TENSOR > 1 else None
     params = [p for p in model.parameters() if p.requires_grad]
     return deepspeed.initialize(model=model, model_parameters=params, config=str(CONFIG), mpu=mpu, **kwargs)
+
+
+def resume(engine: Any) -> int:
+    """Load the latest checkpoint in CHECKPOINT_DIR, if there is one (``engine.load_checkpoint``: the
+    model, optimizer, scheduler and ZeRO shards); the step to continue from (0 on a fresh start)."""
+    if not (CHECKPOINT_DIR / "latest").is_file():
+        return 0
+    _, client_state = engine.load_checkpoint(str(CHECKPOINT_DIR))
+    return int((client_state or {}).get("step", 0))
+
+
+def save_if_due(engine: Any, step: int) -> bool:
+    """Save a checkpoint (``engine.save_checkpoint``, every rank) every SAVE_INTERVAL steps and at the
+    last; whether it saved."""
+    if step % SAVE_INTERVAL and step != STEPS:
+        return False
+    engine.save_checkpoint(str(CHECKPOINT_DIR), tag=f"step{step}", client_state={"step": step})
+    return True
