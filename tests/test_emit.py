@@ -148,6 +148,7 @@ def test_megatron_launch_passes_the_arguments_and_environment(tmp_path, plan_tex
         MEGATRON_LM="/opt/Megatron-LM",
         CUDA_DEVICE_MAX_CONNECTIONS="8",
         MASTER_ADDR="node0",
+        MOCK_DATA="1",
     )
     run = subprocess.run(
         ["bash", str(out / "megatron_launch.sh"), "--exit-interval", "5"],
@@ -159,7 +160,8 @@ def test_megatron_launch_passes_the_arguments_and_environment(tmp_path, plan_tex
     assert run.returncode == 0, run.stderr
     words = run.stdout.splitlines()
     program = words.index("/opt/Megatron-LM/pretrain_gpt.py")
-    assert words[program + 1 : -4] == shlex.split((out / "megatron_args.txt").read_text(), comments=True)
+    args = shlex.split((out / "megatron_args.txt").read_text(), comments=True)
+    assert words[program + 1 : program + 1 + len(args)] == args  # then the data and the job (test_export_megatron)
     assert words[-4:-2] == ["--exit-interval", "5"] and words[-2] == f"CDMC={connections}"
     missing = subprocess.run(
         ["bash", str(out / "megatron_launch.sh")],
@@ -175,22 +177,22 @@ def test_torchtitan_launch_runs_the_config_module(tmp_path):
     _, out = emit(tmp_path, "llama3-8b", "dgx-h100", 2, 64, "t=2,p=2,zero=2")
     run = subprocess.run(
         ["bash", str(out / "torchtitan_launch.sh"), "--training.steps", "7"],
-        env=dict(_fake_tool(tmp_path, "torchrun"), MASTER_ADDR="node0"),
+        env=dict(_fake_tool(tmp_path, "torchrun"), MASTER_ADDR="node0", MOCK_DATA="1", TOKENIZER="/opt/tokenizer"),
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert run.returncode == 0, run.stderr
     words = run.stdout.splitlines()
-    assert words[words.index("-m") + 1 : -2] == [
+    start = words.index("-m") + 1
+    assert words[start : start + 5] == [
         "torchtitan.train",
         "--module",
         "torchtitan_config",
         "--config",
         "autoplan_config",
-        "--training.steps",
-        "7",
     ]
+    assert words[-4:-2] == ["--training.steps", "7"]  # the caller's overrides last: they win
     assert words[-1].startswith(f"PYTHONPATH={out}")
 
 

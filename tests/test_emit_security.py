@@ -157,6 +157,8 @@ def stand_ins(tmp_path: Path) -> dict[str, str]:
         PYTHON=str(bin_dir / "python"),
         CALLS=str(tmp_path / "calls.log"),
         MEGATRON_LM="/opt/Megatron-LM",
+        MOCK_DATA="1",  # the tools' launchers want data and a tokenizer, or the smoke test
+        TOKENIZER="/opt/tokenizer",
         SLURM_NNODES="1",
         SLURM_JOB_NODELIST="node0",
         SLURM_JOB_ID="1",

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
 
+import launchers
 import pytest
 from export_matrix import CASES, Case, job_of
 
@@ -58,35 +58,12 @@ def launch_env(script: str) -> dict[str, str | None]:
     return env
 
 
-STAND_IN_TORCHRUN = """#!/usr/bin/env bash
-# a stand-in torchrun: writes the arguments it was given, one per line, to $ARGV_OUT
-printf '%s\\n' "$@" > "$ARGV_OUT"
-"""
-
-
 def launched_argv(files: dict[str, str], tmp: Path, **env: str) -> tuple[int, list[str], str]:
-    """Run the emitted megatron_launch.sh as a node would, with a stand-in torchrun: (its exit
-    code, pretrain_gpt.py's arguments as torchrun would pass them, its stderr)."""
-    run_dir, bin_dir = tmp / "run", tmp / "bin"
-    run_dir.mkdir(exist_ok=True)
-    bin_dir.mkdir(exist_ok=True)
-    for name, text in files.items():
-        (run_dir / name).write_text(text)
-    (bin_dir / "torchrun").write_text(STAND_IN_TORCHRUN)
-    (bin_dir / "torchrun").chmod(0o755)
-    out = tmp / "argv.txt"
-    base = {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "ARGV_OUT": str(out),
-        "MEGATRON_LM": "/opt/megatron-lm",
-        "MASTER_ADDR": "node0",
-    }
-    done = subprocess.run(
-        ["bash", str(run_dir / "megatron_launch.sh")], env={**base, **env}, capture_output=True, text=True, timeout=30
+    """megatron_launch.sh run with a stand-in torchrun (tests/launchers.py): exit code, the
+    arguments pretrain_gpt.py would get, stderr."""
+    return launchers.launched_argv(
+        files, "megatron_launch.sh", tmp, "/opt/megatron-lm/pretrain_gpt.py", MEGATRON_LM="/opt/megatron-lm", **env
     )
-    argv = out.read_text().splitlines() if out.is_file() else []
-    script = argv.index("/opt/megatron-lm/pretrain_gpt.py") + 1 if argv else 0
-    return done.returncode, argv[script:], done.stderr
 
 
 def virtual_stages(args: dict[str, Any]) -> int | None:

@@ -19,6 +19,7 @@ import importlib.util
 import io
 import sys
 import types
+from typing import Any
 
 import pytest
 from export_matrix import CASES, Case, job_of, small_llama
@@ -344,3 +345,44 @@ def test_torchtitan_zbh1_step_runs_with_one_stage_per_rank(tmp_path):
         args=(export.written.p, init, cfg.parallelism, cfg.training.local_batch_size),
         nprocs=export.written.p,
     )
+
+
+def test_the_launcher_starts_a_real_job_or_a_smoke_test_and_torchtitan_reads_it(tmp_path, monkeypatch):
+    """torchtitan_launch.sh as a node runs it (tests/launchers.py): without a tokenizer or a dataset
+    it stops with one line; with DATASET, DATASET_PATH and TOKENIZER (or MOCK_DATA=1: torchtitan's
+    c4_test sample) torchtitan's own ConfigManager reads the arguments it passes into the job: the
+    data, the tokenizer, the output folder under the run dir, the schedule's steps, checkpoints
+    saved and resumed every SAVE_INTERVAL steps (optimizer included), TensorBoard, and the
+    learning rate's warm-up and cosine decay to its final share."""
+    import launchers
+
+    from autoplan.emit.schedule import training_schedule
+    from hwprofiles.load import load_cluster
+    from simulator.job import Job
+    from simulator.plan import parse_plan
+
+    model, cluster = small_llama(4), load_cluster("localhost-cpu", 1)
+    job = Job(model, cluster, parse_plan("t=1,p=1,zero=3", model, cluster.num_gpus, 8)[0], 8)
+    files = export_torchtitan(job, TrainSettings()).files
+    run = lambda **env: launchers.launched_argv(files, "torchtitan_launch.sh", tmp_path, "torchtitan.train", **env)
+    code, argv, err = run()
+    assert code != 0 and not argv and "TOKENIZER" in err
+    code, argv, err = run(TOKENIZER="/tok")
+    assert code != 0 and not argv and "DATASET" in err and "MOCK_DATA=1" in err
+    code, argv, err = run(TOKENIZER="/tok", DATASET="c4", DATASET_PATH="/data/c4", SAVE_INTERVAL="250")
+    assert code == 0, err
+    monkeypatch.syspath_prepend(str(tmp_path / "run"))
+    sys.modules.pop("torchtitan_config", None)
+    with contextlib.redirect_stderr(io.StringIO()):
+        cfg: Any = ConfigManager().parse_args(argv)
+    schedule = training_schedule(model, job.global_batch, TrainSettings())
+    assert (cfg.dataloader.dataset, cfg.dataloader.dataset_path, cfg.hf_assets_path) == ("c4", "/data/c4", "/tok")
+    assert cfg.dump_folder == str(tmp_path / "run" / "outputs") and cfg.training.steps == schedule.train_iters
+    assert cfg.checkpoint.enable and cfg.checkpoint.interval == 250 and not cfg.checkpoint.last_save_model_only
+    assert cfg.metrics.enable_tensorboard
+    lr = cfg.lr_scheduler
+    assert (lr.warmup_steps, lr.total_steps, lr.decay_type) == (schedule.warmup_iters, schedule.decay_iters, "cosine")
+    assert lr.min_lr_factor == pytest.approx(schedule.min_lr_share)
+    code, argv, err = run(TOKENIZER="/tok", MOCK_DATA="1", TRAIN_ITERS="20")
+    assert code == 0 and argv[argv.index("--dataloader.dataset") + 1] == "c4_test"
+    assert argv[argv.index("--training.steps") + 1] == "20"

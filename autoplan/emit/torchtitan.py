@@ -60,6 +60,7 @@ from typing import Any
 from autoplan.emit.export import Draft, Export, fill_template, refuse
 from autoplan.emit.launch import node_shape, rendezvous_block
 from autoplan.emit.safe_text import comment_lines
+from autoplan.emit.schedule import TrainingSchedule, training_schedule
 from autoplan.runtime.config import TrainSettings
 from simulator.job import Job
 from simulator.plan import Plan
@@ -209,7 +210,10 @@ def _written_plan_notes(d: Draft) -> None:
         )
     if job.model.attention == "materialized":
         d.notes.append("attention=materialized: torchtitan runs FlexAttention (fused, no s x s scores kept)")
-    d.notes.append("set --hf_assets_path to a tokenizer whose vocabulary is the model's (c4_test data)")
+    d.notes.append(
+        "torchtitan_launch.sh needs TOKENIZER (a tokenizer whose vocabulary is the model's) and DATASET, or MOCK_DATA=1 "
+        "for torchtitan's c4_test sample"
+    )
 
 
 def _decide(job: Job) -> Draft:
@@ -262,13 +266,13 @@ def parallelism(job: Job, plan: Plan) -> dict[str, Any]:
     return out
 
 
-def training(job: Job, plan: Plan, train: TrainSettings) -> dict[str, Any]:
-    """``TrainingConfig`` fields for ``plan``."""
+def training(job: Job, plan: Plan, train: TrainSettings, schedule: TrainingSchedule) -> dict[str, Any]:
+    """``TrainingConfig`` fields for ``plan`` (its steps: the schedule's iterations)."""
     return {
         "local_batch_size": plan.mb * (job.m if plan.p > 1 else 1),
         "global_batch_size": job.global_batch,
         "seq_len": job.model.seq_length,
-        "steps": 100,
+        "steps": schedule.train_iters,
         "max_norm": train.max_norm,
         "enable_cpu_offload": plan.offload == "cpu",
         "mixed_precision_param": "bfloat16",
@@ -296,23 +300,37 @@ def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[s
         "num_experts": m.num_experts or 0,  # 0: dense
         "top_k": m.moe_router_topk if m.num_experts else 0,
     }
-    optimizer = {"lr": train.lr, "betas": tuple(train.betas), "eps": train.eps, "weight_decay": train.weight_decay}
+    schedule = training_schedule(m, job.global_batch, train)
+    optimizer = {"lr": schedule.lr, "betas": tuple(train.betas), "eps": train.eps, "weight_decay": train.weight_decay}
+    lr_schedule = {  # warm-up, then the cosine to min_lr over the decay iterations (autoplan.emit.schedule)
+        "warmup_steps": schedule.warmup_iters,
+        "total_steps": schedule.decay_iters,
+        "decay_type": "cosine",
+        "min_lr_factor": schedule.min_lr_share,
+    }
     values = {
         "MODEL: dict[str, Any]": repr(model),
         "PARALLELISM: dict[str, Any]": repr(parallelism(job, plan)),
-        "TRAINING: dict[str, Any]": repr(training(job, plan, train)),
+        "TRAINING: dict[str, Any]": repr(training(job, plan, train, schedule)),
         "OPTIMIZER: dict[str, Any]": repr(optimizer),
+        "LR_SCHEDULE: dict[str, Any]": repr(lr_schedule),
         "ACTIVATION_CHECKPOINT": repr(plan.ckpt),
         "FLOAT8": repr(plan.prec == "fp8"),
     }
     return fill_template("torchtitan_config.py", values, header)
 
 
-def torchtitan_launch(job: Job, header: list[str]) -> str:
+def torchtitan_launch(job: Job, schedule: TrainingSchedule, header: list[str]) -> str:
+    """torchtitan_launch.sh: the job's data and tokenizer (DATASET, DATASET_PATH, TOKENIZER; or
+    MOCK_DATA=1 for torchtitan's bundled c4_test sample, a smoke test), its length and output
+    folder (checkpoints and TensorBoard logs under OUTPUT_DIR), then torchrun torchtitan.train."""
     nodes, per_node = node_shape(job)
     return f"""#!/usr/bin/env bash
 {comment_lines(header)}
-# usage: bash torchtitan_launch.sh [torchtitan overrides, e.g. --hf_assets_path <tokenizer dir>]
+# usage: DATASET=<a dataset torchtitan knows, e.g. c4> [DATASET_PATH=<its local copy>] TOKENIZER=<HF tokenizer dir>
+#        bash torchtitan_launch.sh [more torchtitan overrides]
+#   MOCK_DATA=1 trains on torchtitan's bundled c4_test sample instead (a smoke test; TOKENIZER still needed).
+#   TRAIN_ITERS, SAVE_INTERVAL and OUTPUT_DIR (default: $RUN_DIR/outputs: checkpoint/ and tb/, resumed from) change the rest.
 # multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
 set -euo pipefail
 RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -320,9 +338,19 @@ NNODES="${{NNODES:-{nodes}}}"
 NODE_RANK="${{NODE_RANK:-0}}"
 NPROC_PER_NODE="${{NPROC_PER_NODE:-{per_node}}}"
 {rendezvous_block()}
+: "${{TOKENIZER:?set TOKENIZER to the directory of the Hugging Face tokenizer of your data (the --hf_assets_path of torchtitan)}}"
+if [ "${{MOCK_DATA:-0}}" = 1 ]; then  # a smoke test on the bundled sample
+  DATA=(--dataloader.dataset c4_test)
+else
+  : "${{DATASET:?set DATASET to a dataset torchtitan knows (c4, or one registered in torchtitan.hf_datasets; MOCK_DATA=1 runs a smoke test)}}"
+  DATA=(--dataloader.dataset "$DATASET")
+  if [ -n "${{DATASET_PATH:-}}" ]; then DATA+=(--dataloader.dataset_path "$DATASET_PATH"); fi
+fi
+JOB=(--hf_assets_path "$TOKENIZER" --dump_folder "${{OUTPUT_DIR:-$RUN_DIR/outputs}}"
+     --training.steps "${{TRAIN_ITERS:-{schedule.train_iters}}}" --checkpoint.interval "${{SAVE_INTERVAL:-1000}}")
 export PYTHONPATH="$RUN_DIR${{PYTHONPATH:+:$PYTHONPATH}}"
 exec torchrun "${{RDZV[@]}}" --nproc-per-node "$NPROC_PER_NODE" -m torchtitan.train \\
-  --module torchtitan_config --config autoplan_config "$@"
+  --module torchtitan_config --config autoplan_config "${{DATA[@]}}" "${{JOB[@]}}" "$@"
 """
 
 
@@ -331,10 +359,12 @@ def export_torchtitan(job: Job, train: TrainSettings) -> Export:
     if why:
         return refuse("torchtitan", RELEASE, why)
 
+    schedule = training_schedule(job.model, job.global_batch, train)
+
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {
             "torchtitan_config.py": torchtitan_config(job, plan, train, header),
-            "torchtitan_launch.sh": torchtitan_launch(job, header),
+            "torchtitan_launch.sh": torchtitan_launch(job, schedule, header),
         }
 
     return _decide(job).finish("torchtitan", RELEASE, render)

@@ -8,7 +8,12 @@ every block) and the plan's parallelism, batch and recomputation. Run it with to
 
     PYTHONPATH=<this dir> torchrun ... -m torchtitan.train --module torchtitan_config --config autoplan_config
 
-Command-line overrides still apply (``--training.steps 1000``, ``--hf_assets_path <tokenizer dir>``).
+Command-line overrides still apply (``--training.steps 1000``, ``--hf_assets_path <tokenizer dir>``):
+torchtitan_launch.sh passes the data, the tokenizer, the length and where checkpoints go. Run
+directly, the module trains on torchtitan's bundled ``c4_test`` sample: a smoke test.
+The learning rate warms up linearly and decays with a cosine to ``min_lr_factor`` of the peak
+(the model's published recipe where autoplan knows one); checkpoints (model, optimizer, data
+position) are saved every ``checkpoint.interval`` steps and resumed from; TensorBoard logs.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from functools import partial
 from typing import Any
 
 from torch import nn
+from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 from torchtitan.components.quantization.float8 import Float8LinearConverter
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
@@ -61,6 +68,7 @@ MODEL: dict[str, Any] = {
 PARALLELISM: dict[str, Any] = {}
 TRAINING: dict[str, Any] = {}
 OPTIMIZER: dict[str, Any] = {"lr": 3e-4}
+LR_SCHEDULE: dict[str, Any] = {"warmup_steps": 10, "decay_type": "cosine"}
 ACTIVATION_CHECKPOINT = "none"
 FLOAT8 = False
 # ---- end of the plan ----
@@ -159,10 +167,12 @@ def autoplan_config() -> Trainer.Config:
         model_spec=spec,
         loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"])),
         optimizer=default_adamw(**OPTIMIZER),
-        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=10, decay_type="cosine"),
+        lr_scheduler=LRSchedulersContainer.Config(**LR_SCHEDULE),
         training=TrainingConfig(**TRAINING),
         parallelism=ParallelismConfig(**PARALLELISM),
-        dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),
+        dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test"),  # torchtitan_launch.sh names the real one
+        checkpoint=CheckpointManager.Config(enable=True, interval=1000, last_save_model_only=False),
+        metrics=MetricsProcessor.Config(enable_tensorboard=True, log_freq=10),
         activation_checkpoint=checkpointing,
         compile=CompileConfig(enable=FLOAT8),  # float8's casts and scales fuse into the compiled model
     )
