@@ -171,22 +171,12 @@ def test_megatron_files_ask_for_every_overlap_the_prediction_prices(plan):
     assert ("--tp-comm-overlap" in args) == tp_overlap
 
 
+#: the job the command-line tests plan and simulate: Llama 2 7B on one DGX H100, 64 sequences
+JOB = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--global-batch", "64")
+
+
 def _plan_json(*args: str) -> dict:
-    done = run_cli(
-        "plan",
-        "--model",
-        "llama2-7b",
-        "--cluster",
-        "dgx-h100",
-        "--global-batch",
-        "64",
-        "--fidelity",
-        "analytic",
-        "--top",
-        "4",
-        "--json",
-        *args,
-    )
+    done = run_cli("plan", *JOB, "--fidelity", "analytic", "--top", "4", "--json", *args)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -208,37 +198,13 @@ def test_plan_proposes_only_plans_the_framework_runs(name):
 
 
 def test_a_pin_the_framework_does_not_run_is_one_line():
-    done = run_cli(
-        "plan",
-        "--model",
-        "llama2-7b",
-        "--cluster",
-        "dgx-h100",
-        "--global-batch",
-        "64",
-        "--framework",
-        "megatron",
-        "--fix",
-        "schedule=zbv",
-    )
+    done = run_cli("plan", *JOB, "--framework", "megatron", "--fix", "schedule=zbv")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "--fix: megatron does not run schedule=zbv" in done.stderr
 
 
 def test_simulate_refuses_a_plan_its_framework_does_not_run_naming_those_that_do():
-    done = run_cli(
-        "simulate",
-        "--model",
-        "llama2-7b",
-        "--cluster",
-        "dgx-h100",
-        "--global-batch",
-        "64",
-        "--plan",
-        "t=1,p=1,d=8,prec=fp8",
-        "--fidelity",
-        "analytic",
-    )
+    done = run_cli("simulate", *JOB, "--plan", "t=1,p=1,d=8,prec=fp8", "--fidelity", "analytic")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "autoplan does not run prec=fp8" in done.stderr and "--framework megatron or torchtitan" in done.stderr
 
