@@ -325,7 +325,7 @@ def test_zbv_dualpipev_takes_a_training_step(tmp_path):
     cfg = json.loads((tmp_path / "ds_config.json").read_text())
     del cfg["bf16"]
     cfg["optimizer"] = {"type": "Adam", "params": {**cfg["optimizer"]["params"], "torch_adam": True}}
-    cfg["tensorboard"]["output_path"] = str(tmp_path / "tensorboard")  # not the working directory's
+    cfg["csv_monitor"]["output_path"] = str(tmp_path / "logs")  # not the working directory's
     (tmp_path / "ds_config.json").write_text(json.dumps(cfg))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -336,7 +336,7 @@ def test_zbv_dualpipev_takes_a_training_step(tmp_path):
 def test_the_config_schedules_the_learning_rate_and_logs():
     """ds_config.json's WarmupCosineLR, built by DeepSpeed from the config's own parameters over a
     torch optimizer at the peak rate, rises linearly to the peak over the warm-up and ends at the
-    schedule's final rate; TensorBoard logging is on."""
+    schedule's final rate; the CSV monitor logs each step."""
     from deepspeed.runtime.lr_schedules import WarmupCosineLR
 
     from autoplan.emit.schedule import training_schedule
@@ -344,7 +344,7 @@ def test_the_config_schedules_the_learning_rate_and_logs():
     job = _small_job()  # no published recipe: 10,000 iterations, 100 of warm-up
     cfg = json.loads(export_deepspeed(job, TrainSettings()).files["ds_config.json"])
     schedule = training_schedule(job.model, job.global_batch, TrainSettings())
-    assert cfg["scheduler"]["type"] == "WarmupCosineLR" and cfg["tensorboard"]["enabled"]
+    assert cfg["scheduler"]["type"] == "WarmupCosineLR" and cfg["csv_monitor"]["enabled"]
     opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=schedule.lr)
     sched = WarmupCosineLR(opt, **cfg["scheduler"]["params"])
     lrs = []

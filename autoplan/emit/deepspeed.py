@@ -235,7 +235,9 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
         "zero_optimization": zero,
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
-        "tensorboard": {"enabled": True, "output_path": "tensorboard", "job_name": "autoplan"},
+        # the loss and learning rate per step as CSV files (deepspeed/monitor/csv_monitor.py: no package needed,
+        # where its "tensorboard" monitor fails without the tensorboard package)
+        "csv_monitor": {"enabled": True, "output_path": "logs", "job_name": "autoplan"},
     }
     if plan.p == 1 and plan.t > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.t}

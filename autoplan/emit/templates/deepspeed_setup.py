@@ -18,7 +18,7 @@ a ``DataLoader`` over your tokenized corpus, one microbatch per ``train_batch`` 
         engine.train_batch(data_iter)                                             # p > 1; else forward/backward/step
         planned.save_if_due(engine, step + 1)
 
-ds_config.json logs to TensorBoard (``tensorboard/`` under the working directory).
+ds_config.json logs the loss and learning rate of each step as CSV files (``logs/`` under the working directory).
 """
 
 from __future__ import annotations
