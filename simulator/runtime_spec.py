@@ -84,6 +84,12 @@ class Runtime:
     ``reshard_after_forward=False``: each unit gathered before its forward every microbatch
     and kept to its backward, its gradients reduce-scattered after it; nothing after the step).
 
+    ``dp_bucket_bytes``, ``dp_bucket_bytes_per_rank``: the gradient buckets the runtime reduces
+    (and holds two of) with ZeRO 0-2, max(dp_bucket_bytes, dp_bucket_bytes_per_rank * d) bytes
+    (simulator.cost.memory.bucket_bytes_of): PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's
+    max(40M, 1M * dp) fp32 elements (megatron/core/distributed/distributed_data_parallel.py);
+    DeepSpeed's ``reduce_bucket_size`` of 5e8 bf16 elements (deepspeed/runtime/zero/config.py).
+
     ``states``: how the program keeps its model states in memory
     (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
     weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
@@ -99,6 +105,8 @@ class Runtime:
     fp8_weight_cache: bool = True
     zero2: Literal["bucketed", "fsdp2"] = "bucketed"
     layer_kernels: LayerKernels = "fused"
+    dp_bucket_bytes: float = 25e6
+    dp_bucket_bytes_per_rank: float = 0.0
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

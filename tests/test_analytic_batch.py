@@ -34,7 +34,9 @@ SPACES = [  # model, node profile, nodes, global batch
     ("gpt3-175b", "dgx2-v100", 32, 512),
     ("tiny", "localhost-cpu", 1, 16),
 ]
-TP_OVERLAP = replace(OVERLAPPED, name="tp-overlap", layer_kernels="fused-tp-overlap")  # Megatron's profile
+TP_OVERLAP = replace(  # Megatron's profile: TP overlap, buckets growing with d
+    OVERLAPPED, name="tp-overlap", layer_kernels="fused-tp-overlap", dp_bucket_bytes=160e6, dp_bucket_bytes_per_rank=4e6
+)
 RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED, PROGRAM, TP_OVERLAP]
 SAMPLE = 600
 

@@ -264,3 +264,17 @@ def test_deepspeed_config_runs_the_reductions_the_prediction_prices(plan):
     assert config["zero_optimization"]["overlap_comm"] == runtime.dp_overlap
     assert config["bf16"]["enabled"] and "communication_data_type" not in config
     assert runtime.sharded_reduce_bytes == 2
+    buckets = config["zero_optimization"].get("reduce_bucket_size", 500_000_000)  # DeepSpeed's default
+    assert buckets * 2 == runtime.dp_bucket_bytes  # the bf16 buckets the prediction holds and reduces
+
+
+def test_the_gradient_buckets_are_each_stacks():
+    """PyTorch DDP's 25 MB; Megatron-core's max(40M, 1M x dp) fp32 elements: 160 MB to 40 ranks,
+    4 MB per rank beyond (256 MB at 64); DeepSpeed's 5e8 bf16 elements, 1 GB; numbers or arrays."""
+    from simulator.cost.memory import bucket_bytes_of
+
+    runtime = {name: load_framework(name).base_runtime() for name in ("autoplan", "megatron", "deepspeed")}
+    assert bucket_bytes_of(runtime["autoplan"], 64) == 25e6
+    assert [bucket_bytes_of(runtime["megatron"], d) for d in (8, 40, 64)] == [160e6, 160e6, 256e6]
+    assert bucket_bytes_of(runtime["megatron"], np.array([8, 64])).tolist() == [160e6, 256e6]
+    assert bucket_bytes_of(runtime["deepspeed"], 512) == 1e9

@@ -33,6 +33,7 @@ from simulator.analytic.pipeline import (
     weight_fill,
 )
 from simulator.cost.cache import IdentityCache
+from simulator.cost.memory import bucket_bytes_of
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import FP8, weight_cast_seconds
 from simulator.cost.rank_view import rank_job
@@ -132,7 +133,7 @@ def dp_exposure(job: Job, groups: Groups, links: DpLinks | None, p2p: float) -> 
     sigma = job.cluster.gpu.comm_overlap_slowdown
     exposed, gather_after = 0.0, 0.0
     for i, c, _ in groups:
-        times = dp_step_times(c, dp, links, e)
+        times = dp_step_times(c, dp, links, e, bucket_bytes_of(job.runtime, plan.d))
         behind = i * (c.backward_span + p2p)  # stage i's head start over stage 0
         exposed = max(exposed, dp_exposed(times, c.backward_span, behind, job.runtime.dp_overlap, sigma))
         gather_after = max(gather_after, times.gather)
@@ -222,7 +223,16 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
         (
             i,
             stage_memory(
-                job.model, job.cluster, job.plan, job.m, i, c, rt.cross_entropy, rt.weight_copy_bytes, rt.states
+                job.model,
+                job.cluster,
+                job.plan,
+                job.m,
+                i,
+                c,
+                rt.cross_entropy,
+                rt.weight_copy_bytes,
+                rt.states,
+                bucket_bytes_of(rt, job.plan.d),
             ),
         )
         for i, c, _ in groups

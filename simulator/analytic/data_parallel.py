@@ -154,7 +154,7 @@ def sharded_exposed(
     return out
 
 
-def last_bucket_bytes(grad_bytes: Any, bucket_bytes: float = memory.DP_BUCKET_BYTES) -> Any:
+def last_bucket_bytes(grad_bytes: Any, bucket_bytes: Any = memory.DP_BUCKET_BYTES) -> Any:
     """Bytes of the last gradient bucket to fill: the remainder of whole buckets, in (0, bucket].
     Numbers or arrays alike."""
     rest = fmod(grad_bytes, bucket_bytes)
@@ -172,13 +172,16 @@ class DpStepTimes:
     gather: Any
 
 
-def dp_step_times(cost: StageLike, plan: DpPlan, links: DpCollectives, e: int) -> DpStepTimes:
+def dp_step_times(
+    cost: StageLike, plan: DpPlan, links: DpCollectives, e: int, bucket_bytes: Any = memory.DP_BUCKET_BYTES
+) -> DpStepTimes:
     """:class:`DpStepTimes` of stage ``cost`` for ZeRO 0-2 over d > 1 ranks; 0 for ZeRO-3 and
     FSDP2's ZeRO-2, whose traffic is per microbatch
     (:func:`sharded_exposed`). ZeRO-0 all-reduces and ZeRO-1 reduce-scatters the gradients at
     the end; ZeRO-2 has reduced them per microbatch; ZeRO-1/2 all-gather the updated parameters
-    inside the shard group. The last bucket's reduction is the whole one when the gradients fit
-    in one bucket."""
+    inside the shard group. The last bucket's reduction (buckets of ``bucket_bytes``: the
+    runtime's, simulator.cost.memory.bucket_bytes_of) is the whole one when the gradients fit in
+    one bucket."""
     zero, d, fp8ag, fsdp2 = plan
     active = (d > 1) & (zero < 3) & negate(fsdp2)
     if not any_of(active):
@@ -186,7 +189,7 @@ def dp_step_times(cost: StageLike, plan: DpPlan, links: DpCollectives, e: int) -
     grad_bytes = cost.params * e
     at_end = active & (zero <= 1)  # ZeRO-2 has reduced its gradients per microbatch
     reduce = where(at_end, links.reduce_gradients(zero, grad_bytes), 0.0) if any_of(at_end) else 0.0
-    last = last_bucket_bytes(grad_bytes)
+    last = last_bucket_bytes(grad_bytes, bucket_bytes)
     partial = at_end & (last < grad_bytes)  # gradients in more than one bucket
     last_reduce = where(partial, links.reduce_gradients(zero, last), reduce) if any_of(partial) else reduce
     gathers = active & (zero >= 1)

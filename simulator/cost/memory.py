@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.cost.experts import routed_copies
-from simulator.numeric import minimum, where
-from simulator.runtime_spec import CrossEntropy, StateLayout
+from simulator.numeric import maximum, minimum, where
+from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout
 from simulator.specs import ModelSpec
 
 # Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
@@ -315,7 +315,15 @@ def zero3_working_set_bytes(
 DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``)
 
 
-def gradient_bucket_bytes(psi: Any, bucket_bytes: float = DP_BUCKET_BYTES, grad_bytes: int = GRAD_BYTES) -> Any:
+def bucket_bytes_of(runtime: Runtime, d: Any) -> Any:
+    """The runtime's gradient bucket over ``d`` data-parallel ranks (simulator.runtime_spec.Runtime):
+    max(dp_bucket_bytes, dp_bucket_bytes_per_rank * d); PyTorch DDP 25e6, Megatron-core 40M fp32
+    elements (160e6 bytes) up to 40 ranks and 1M elements (4e6 bytes) per rank beyond. Numbers or
+    arrays alike."""
+    return maximum(runtime.dp_bucket_bytes, runtime.dp_bucket_bytes_per_rank * d)
+
+
+def gradient_bucket_bytes(psi: Any, bucket_bytes: Any = DP_BUCKET_BYTES, grad_bytes: int = GRAD_BYTES) -> Any:
     """Fused gradient buckets for the overlapped all-reduce / reduce-scatter (PyTorch DDP's
     default 25 MB bucket, two in flight), capped by the gradients themselves (numbers or arrays)."""
     return minimum(psi * grad_bytes, 2 * bucket_bytes)

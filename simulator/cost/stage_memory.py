@@ -141,10 +141,11 @@ def stage_buffers(
     last: bool,
     psi: float | None,
     loss: CrossEntropy = "fp32",
+    bucket_bytes: float = memory.DP_BUCKET_BYTES,
 ) -> float:
     """Buffers of one rank of device ``stage`` (module docstring): :func:`sharding_buffers` +
     :func:`flight_buffers`."""
-    return sharding_buffers(model, plan, psi) + flight_buffers(model, cluster, plan, m, stage, last, loss)
+    return sharding_buffers(model, plan, psi, bucket_bytes) + flight_buffers(model, cluster, plan, m, stage, last, loss)
 
 
 def weight_copies_held(weight_copy_bytes: float, stage_params: Any) -> Any:
@@ -160,19 +161,24 @@ def weight_copies_held(weight_copy_bytes: float, stage_params: Any) -> Any:
     return weight_copy_bytes * stage_params
 
 
-def sharding_buffers(model: ModelSpec, plan: Plan, psi: float | None) -> float:
+def sharding_buffers(
+    model: ModelSpec, plan: Plan, psi: float | None, bucket_bytes: float = memory.DP_BUCKET_BYTES
+) -> float:
     """The buffers that data parallelism, ZeRO and offload add (:func:`sharding_buffer_bytes`) to
     a rank of ``psi`` parameters (None: the gradient buckets at their cap, the linear form)."""
     working_set = memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
     buckets = plan.d > 1 or plan.offload != "none"
-    return sharding_buffer_bytes(float("inf") if psi is None else psi, buckets, plan.zero == 3, working_set)
+    psi_ = float("inf") if psi is None else psi
+    return sharding_buffer_bytes(psi_, buckets, plan.zero == 3, working_set, bucket_bytes)
 
 
-def sharding_buffer_bytes(psi: Any, buckets: Any, zero3: Any, working_set: Any) -> Any:
-    """Gradient buckets (``buckets``: d > 1 or offload; simulator.cost.memory.gradient_bucket_bytes
-    of the ``psi`` parameters) and ZeRO-3's gathered layers (``working_set``, with ``zero3``).
-    Numbers or arrays alike."""
-    return where(buckets, memory.gradient_bucket_bytes(psi), 0.0) + where(zero3, working_set, 0.0)
+def sharding_buffer_bytes(
+    psi: Any, buckets: Any, zero3: Any, working_set: Any, bucket_bytes: Any = memory.DP_BUCKET_BYTES
+) -> Any:
+    """Gradient buckets of ``bucket_bytes`` (``buckets``: d > 1 or offload;
+    simulator.cost.memory.gradient_bucket_bytes of the ``psi`` parameters) and ZeRO-3's gathered
+    layers (``working_set``, with ``zero3``). Numbers or arrays alike."""
+    return where(buckets, memory.gradient_bucket_bytes(psi, bucket_bytes), 0.0) + where(zero3, working_set, 0.0)
 
 
 def flight_buffers(
@@ -212,9 +218,11 @@ def stage_memory(
     loss: CrossEntropy = "fp32",
     weight_copy_bytes: float = 0.0,
     state_layout: StateLayout = "mixed",
+    bucket_bytes: float = memory.DP_BUCKET_BYTES,
 ) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss``,
-    ``weight_copy_bytes`` and ``state_layout``: the program's (simulator.runtime_spec.Runtime)."""
+    ``weight_copy_bytes``, ``state_layout`` and ``bucket_bytes``: the program's
+    (simulator.runtime_spec.Runtime, simulator.cost.memory.bucket_bytes_of)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
     states = memory.model_state_bytes(
@@ -223,7 +231,7 @@ def stage_memory(
     return stage_peak(
         states,
         activation_peak(model, cluster, plan, m, stage, shape),
-        sharding_buffers(model, plan, shape.params),
+        sharding_buffers(model, plan, shape.params, bucket_bytes),
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
         weight_copies_held(weight_copy_bytes, shape.params),
         fp8_weight_copies(model, plan, shape.layers, e),

@@ -77,7 +77,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
     working_set = P.per_plan(
         ("t",), lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t))
     )
-    sharding = sharding_buffer_bytes(S.params, column(P.d > 1) | offloaded, zero == 3, column(working_set))
+    bucket = column(memory.bucket_bytes_of(runtime, P.d))
+    sharding = sharding_buffer_bytes(S.params, column(P.d > 1) | offloaded, zero == 3, column(working_set), bucket)
     logits = P.per_plan(
         ("t", "mb"), lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t))
     )
@@ -130,7 +131,7 @@ def estimate_view(
     pipe = steady_seconds(P.m, worst, saved) + pipeline_bubble(worst, total, kind, P.v, fill[rows, crit], total_fill)
 
     # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure)
-    times = dp_step_times(S, dp, links, e)
+    times = dp_step_times(S, dp, links, e, column(memory.bucket_bytes_of(runtime, P.d)))
     behind = S.dev * (S.backward_span + p2p)
     exposed = dp_exposed(times, S.backward_span, behind, runtime.dp_overlap, sigma)
     dp_exposed_s = np.maximum(0.0, np.where(valid, exposed, 0.0).max(axis=1))

@@ -15,7 +15,7 @@ from typing import Literal, NamedTuple
 
 from simulator.cost import collectives, layout
 from simulator.cost.layout import rank_of
-from simulator.cost.memory import DP_BUCKET_BYTES
+from simulator.cost.memory import bucket_bytes_of
 from simulator.cost.schedules import PipeOp, global_chunk
 from simulator.cost.zero3 import ShardLinks, shard_links
 from simulator.des.engine import Engine, Phase
@@ -44,7 +44,9 @@ class DesOptions:
     free_comm: bool = False
     skip_embedding_head: bool = False
     blocking_p2p: bool = True
-    bucket_bytes: float = DP_BUCKET_BYTES
+    bucket_bytes: float | None = (
+        None  # the gradient buckets; None: the runtime's (simulator.cost.memory.bucket_bytes_of)
+    )
     record_links: bool = False
 
 
@@ -112,6 +114,9 @@ class Program:
     def __init__(self, job: Job, topo: Topology, engine: Engine, full: bool, options: DesOptions):
         plan = job.plan
         self.job, self.topo, self.eng, self.full, self.opt = job, topo, engine, full, options
+        self.bucket_bytes = (
+            bucket_bytes_of(job.runtime, job.plan.d) if options.bucket_bytes is None else options.bucket_bytes
+        )
         self.plan = plan
         self.p, self.t, self.d, self.v = plan.p, plan.t, plan.d, plan.v
         self.m = job.m
@@ -208,7 +213,7 @@ class Program:
             if split == "layers":
                 groups = [[i] for i in range(len(items))]
             elif split == "buckets":
-                groups = bucket_groups(items, self.opt.bucket_bytes, self.costs.grad_bytes)
+                groups = bucket_groups(items, self.bucket_bytes, self.costs.grad_bytes)
             else:
                 groups = [list(range(len(items)))]
             got = [make_piece(kind, [items[i] for i in g]) for g in groups]
