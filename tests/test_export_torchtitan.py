@@ -158,8 +158,49 @@ def test_torchtitan_pipeline_stages_are_the_plans(emitted):
             rank, plan.p, par.pipeline_parallel_schedule, len(parts)
         )
         assert list(mine) == rank_chunks(plan.schedule, plan.p, plan.v)[rank]  # looped, or ZB-V's V
+        schedule = pipeline_parallel._build_pipeline_schedule(  # as each pipeline rank builds it
+            parallelism=par,
+            local_batch_size=cfg.training.local_batch_size,
+            stages=[_stub_stage(s, len(parts), plan.p, rank) for s in mine],
+            loss_fn=lambda *a: a,
+        )
+        assert schedule._n_microbatches == job.m  # every microbatch of the step in one schedule
     assert layers == job.model.num_layers
     del stages
+
+
+def _stub_stage(index: int, stages: int, ranks: int, rank: int) -> types.SimpleNamespace:
+    """What torchtitan's ``_build_pipeline_schedule`` reads of a ``PipelineStage``."""
+    from torch import nn
+
+    return types.SimpleNamespace(
+        submod=nn.Linear(1, 1),
+        stage_index=index,
+        num_stages=stages,
+        group_size=ranks,
+        group_rank=rank,
+        is_first=index == 0,
+        is_last=index == stages - 1,
+    )
+
+
+def test_torchtitan_builds_its_device_mesh(emitted):
+    """torchtitan's ``ParallelDims.build_mesh`` on every rank's world, over torch's fake process
+    group (no devices): the mesh's dimensions are the plan's."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    _, export, cfg = emitted
+    plan = export.written
+    dims = ParallelDims.from_config(cfg.parallelism, plan.gpus)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.gpus)
+    try:
+        assert dims.build_mesh().size() == plan.gpus  # build_mesh checks every axis' size itself, too
+        for axis, want in (("tp", plan.t), ("pp", plan.p), ("cp", plan.cp)):
+            mesh = dims.get_optional_mesh(axis)
+            assert (1 if mesh is None else mesh.size()) == want
+    finally:
+        dist.destroy_process_group()
 
 
 def test_torchtitan_trainer_counts_the_experts_model(emitted):
