@@ -163,7 +163,19 @@ def test_pipeline_module_has_the_plans_stages_and_recomputation(emitted):
                 for f in module.forward_funcs[start : start + interval]
             ]
             assert recomputed == blocks[: full[chunk]]
+            _forward_and_backward(module, blocks, full[chunk])
         assert module.mpu().get_data_parallel_world_size() == plan.d
+
+
+def _forward_and_backward(module: nn.Module, blocks: list[Block], recomputed: int) -> None:
+    """One forward and backward of a stage (its phase, under DualPipeV) as the engine runs it: every
+    block runs forward, the recomputed ones once more in backward, and every parameter gets a gradient."""
+    for b in blocks:
+        b.runs = 0
+    x = torch.randn(2, 4, requires_grad=True)
+    module(x).sum().backward()
+    assert [b.runs for b in blocks] == [2] * recomputed + [1] * (len(blocks) - recomputed)
+    assert all(b.fc.weight.grad is not None and torch.isfinite(b.fc.weight.grad).all() for b in blocks)
 
 
 def test_recompute_blocks_without_a_pipeline(emitted):
