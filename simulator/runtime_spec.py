@@ -9,7 +9,7 @@ from typing import Literal
 
 #: how the program computes the cross-entropy (:attr:`Runtime.cross_entropy`;
 #: simulator.cost.memory.logits_bytes_per_element)
-CrossEntropy = Literal["fp32", "torch", "fused"]
+CrossEntropy = Literal["fp32", "torch", "fused", "chunked"]
 
 #: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.memory.program_state_bytes)
 StateLayout = Literal["mixed", "fp32-params"]
@@ -49,7 +49,8 @@ class Runtime:
     (autoplan's program, autoplan.runtime.support.program_job; torchtitan); "fused" keeps only
     the e-byte logits and writes their gradient in place (flash-attn's
     ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default ``loss_fn:
-    fused_crossentropy``).
+    fused_crossentropy``); "chunked" computes the head and the loss chunk by chunk of the
+    sequence, each chunk's backward at once (torchtitan 0.3's ``ChunkedLossWrapper``).
 
     ``weight_copy_bytes``: bytes per parameter of compute-dtype copies of the weights that the
     program holds from a layer's forward to its backward: 2 for ``torch.autocast`` over fp32

@@ -278,3 +278,15 @@ def test_the_gradient_buckets_are_each_stacks():
     assert [bucket_bytes_of(runtime["megatron"], d) for d in (8, 40, 64)] == [160e6, 160e6, 256e6]
     assert bucket_bytes_of(runtime["megatron"], np.array([8, 64])).tolist() == [160e6, 256e6]
     assert bucket_bytes_of(runtime["deepspeed"], 512) == 1e9
+
+
+def test_torchtitans_chunked_loss_holds_an_eighth_of_the_torch_losss_peak():
+    """ChunkedLossWrapper (8 chunks, each chunk's backward at once) keeps no logits between
+    microbatches and at its peak one chunk's bf16 logits with the torch loss's 12 bytes:
+    (2 + 12) / 8 = 1.75 bytes per logit; F.cross_entropy(logits.float()) keeps 4 and peaks 8 higher."""
+    from simulator.cost.memory import logits_buffer_bytes, logits_bytes_per_element
+
+    assert logits_bytes_per_element("chunked", 2) == (0.0, 1.75)
+    assert logits_buffer_bytes(1e9, "chunked", 2, inflight=3) == 1.75e9
+    assert logits_buffer_bytes(1e9, "torch", 2, inflight=3) == 20e9
+    assert load_framework("torchtitan").base_runtime().cross_entropy == "chunked"

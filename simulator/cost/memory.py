@@ -266,6 +266,10 @@ def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_i
     return linear_input * s * b * (h / (t if sp else 1) + (h + k * model.ffn) / t) + mlp
 
 
+#: the sequence chunks of torchtitan's ChunkedLossWrapper (components/loss.py ``num_chunks: int = 8``)
+LOSS_CHUNKS = 8
+
+
 def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:
     """(bytes per logit kept for each in-flight microbatch, bytes per logit more while one
     microbatch's loss backward runs), by how the program computes the cross-entropy:
@@ -278,10 +282,16 @@ def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:
       backward holds the incoming and the outgoing fp32 gradient beside it: (4, 8). Measured on an
       H100 (benchmarks/data/h100-memory-probe.txt): 4.0 kept after the forward, 12.0 at the
       backward's peak (10.0 at the forward's);
-    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: (e, 0).
+    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: (e, 0);
+    * ``chunked``: torchtitan's ``ChunkedLossWrapper`` (torchtitan 0.3, components/loss.py; its
+      llama3 configs' loss) runs the head and ``F.cross_entropy`` over LOSS_CHUNKS chunks of the
+      sequence and each chunk's backward at once: nothing kept, and one chunk's e-byte logits with
+      the torch loss's 12 bytes at its peak: (0, (e + 12) / LOSS_CHUNKS).
     """
     if loss == "fused":
         return float(e), 0.0
+    if loss == "chunked":
+        return 0.0, (e + 12.0) / LOSS_CHUNKS
     if loss == "torch":
         return 4.0, 8.0
     return float(e + 4), 0.0
