@@ -137,6 +137,23 @@ def test_torchtitan_reads_the_plan(emitted):
     float8 = not job.model.num_experts and isinstance(model.layers[0].feed_forward.w1, Float8Linear.Config)
     assert float8 == (plan.prec == "fp8") == cfg.compile.enable  # fp8: the layers' linears, compiled
     assert not isinstance(model.lm_head, Float8Linear.Config)  # the output layer stays bf16
+    _runs_what_the_profile_prices(cfg)
+
+
+def _runs_what_the_profile_prices(cfg: Any) -> None:
+    """Flag by flag, the config runs what autoplan/frameworks/profiles/torchtitan.yaml prices:
+    fp32 gradient reduction, FSDP2's ZeRO-2 as reshard-after-forward "never", the chunked loss with
+    its chunk count."""
+    from torchtitan.components.loss import ChunkedLossWrapper
+
+    from autoplan.frameworks import load_framework
+    from simulator.cost.memory import LOSS_CHUNKS
+
+    runtime = load_framework("torchtitan").base_runtime()
+    assert cfg.training.mixed_precision_reduce == "float32" and runtime.sharded_reduce_bytes == 4
+    assert runtime.zero2 == "fsdp2" and runtime.zero3 == "fsdp2"
+    assert isinstance(cfg.loss, ChunkedLossWrapper.Config) and cfg.loss.num_chunks == LOSS_CHUNKS
+    assert runtime.cross_entropy == "chunked"
 
 
 def test_torchtitan_pipeline_stages_are_the_plans(emitted):
