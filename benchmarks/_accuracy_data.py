@@ -7,7 +7,7 @@ measurements, and the fit of the A100 profile's two fitted numbers.
   ``vtrain/ground_truth_multi.csv`` (109 runs on 64-512 GPUs): Megatron-DeepSpeed iteration
   times on the cluster described by hwprofiles/clusters/vtrain-a100.yaml; GPT with vocabulary
   50257 (padded by the simulator as Megatron does), activation checkpointing on (ckpt=full),
-  1F1B, no gradient bucketing (so the runtime is simulator.specs.NO_DP_OVERLAP), ZeRO off.
+  1F1B, no gradient bucketing (``--framework megatron --no-dp-overlap``), ZeRO off.
 
 The fit split: the rows of ground_truth_single.csv at even 0-based positions in file order
 (720 runs) are the fit subset; the odd rows (720) and all of ground_truth_multi.csv and the
@@ -30,7 +30,7 @@ from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.job import Job
 from simulator.plan import Plan
 from simulator.result import SimResult
-from simulator.runtime_spec import NO_DP_OVERLAP, OVERLAPPED, Runtime
+from simulator.runtime_spec import Runtime
 from simulator.specs import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,10 +165,6 @@ class Sc21Run:
     layers_per_virtual_stage: int | None
     ddp: str
 
-    @property
-    def runtime(self) -> Runtime:
-        return OVERLAPPED if self.ddp == "torch" else NO_DP_OVERLAP
-
 
 #: run_table_1.sh's settings for the published rows, by (layers, hidden size)
 SC21_RUNS = {
@@ -213,21 +209,19 @@ def selene(gpus: int) -> ClusterSpec:
     return load_cluster(SELENE_NODE, nodes=gpus // 8)
 
 
-#: the pipeline schedules Megatron-LM runs (megatron/core/pipeline_parallel/schedules.py: 1F1B with or
-#: without interleaving); the planner's GPipe and zero-bubble plans are not what its rows measured
-MEGATRON_SCHEDULES = ("1f1b", "interleaved")
-
-
 def planner_megatron_best(
     row: PublishedRow, runtime: Runtime, fidelity: str = "analytic", sp: bool = False
 ) -> SimResult:
     """The planner's best plan for a Megatron-LM row: its t and p, zero=0, ckpt=full (sp=0 unless
-    ``sp``), the microbatch size free, among the schedules Megatron-LM runs."""
+    ``sp``), the microbatch size free, among the schedules Megatron-LM runs (its profile's,
+    autoplan/frameworks/profiles/megatron.yaml: the planner's GPipe and zero-bubble plans are not
+    what its rows measured)."""
+    from autoplan.frameworks import load_framework
     from autoplan.search import SearchOptions, search
     from hwprofiles.errors import AutoplanError
 
     found = []
-    for schedule in MEGATRON_SCHEDULES if row.p > 1 else ("1f1b",):
+    for schedule in load_framework("megatron").runs.schedules if row.p > 1 else ("1f1b",):
         fix = f"t={row.t},p={row.p},zero=0,ckpt=full,schedule={schedule}" + ("" if sp else ",sp=0")
         opts = SearchOptions(fix=fix, fidelity=fidelity, top=4, runtime=runtime)
         try:

@@ -202,7 +202,9 @@ def experts_refusal(job: Job) -> str | None:
     return None
 
 
-def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[str]) -> dict[str, Any]:
+def deepspeed_config(
+    job: Job, plan: Plan, train: TrainSettings, schedule: TrainingSchedule, header: list[str]
+) -> dict[str, Any]:
     """ds_config.json for ``plan`` (the closest runnable plan), with what DeepSpeed reads only,
     plus the ignored ``autoplan`` record."""
     zero: dict[str, Any] = {"stage": plan.zero, "overlap_comm": True, "contiguous_gradients": True}
@@ -231,7 +233,7 @@ def deepspeed_config(job: Job, plan: Plan, train: TrainSettings, header: list[st
                 "weight_decay": train.weight_decay,
             },
         },
-        "scheduler": scheduler(training_schedule(job.model, job.global_batch, train)),
+        "scheduler": scheduler(schedule),
         "zero_optimization": zero,
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
@@ -291,12 +293,12 @@ def export_deepspeed(job: Job, train: TrainSettings) -> Export:
     if why:
         return refuse("deepspeed", RELEASE, why)
 
+    schedule = training_schedule(job.model, job.global_batch, train)
+
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {
-            "ds_config.json": json.dumps(deepspeed_config(job, plan, train, header), indent=2) + "\n",
-            "deepspeed_setup.py": deepspeed_setup(
-                job, plan, training_schedule(job.model, job.global_batch, train), header
-            ),
+            "ds_config.json": json.dumps(deepspeed_config(job, plan, train, schedule, header), indent=2) + "\n",
+            "deepspeed_setup.py": deepspeed_setup(job, plan, schedule, header),
         }
 
     return _decide(job).finish("deepspeed", RELEASE, render)

@@ -283,7 +283,7 @@ def training(job: Job, plan: Plan, train: TrainSettings, schedule: TrainingSched
     }
 
 
-def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[str]) -> str:
+def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, schedule: TrainingSchedule, header: list[str]) -> str:
     m = job.model
     model = {
         "name": m.name,
@@ -300,7 +300,6 @@ def torchtitan_config(job: Job, plan: Plan, train: TrainSettings, header: list[s
         "num_experts": m.num_experts or 0,  # 0: dense
         "top_k": m.moe_router_topk if m.num_experts else 0,
     }
-    schedule = training_schedule(m, job.global_batch, train)
     optimizer = {"lr": schedule.lr, "betas": tuple(train.betas), "eps": train.eps, "weight_decay": train.weight_decay}
     lr_schedule = {  # warm-up, then the cosine to min_lr over the decay iterations (autoplan.emit.schedule)
         "warmup_steps": schedule.warmup_iters,
@@ -363,7 +362,7 @@ def export_torchtitan(job: Job, train: TrainSettings) -> Export:
 
     def render(plan: Plan, header: list[str]) -> dict[str, str]:
         return {
-            "torchtitan_config.py": torchtitan_config(job, plan, train, header),
+            "torchtitan_config.py": torchtitan_config(job, plan, train, schedule, header),
             "torchtitan_launch.sh": torchtitan_launch(job, schedule, header),
         }
 

@@ -80,11 +80,14 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
     )
 
 
+def plan_program_runtime(runtime: Runtime, plan: Plan, backend: str) -> Runtime:
+    """:func:`program_runtime` of ``plan``, its data-parallel group the d*cp ranks of the rank's plan."""
+    return program_runtime(runtime, dp_mode(rank_plan(plan), plan.ep), backend)
+
+
 def program_job(job: Job) -> Job:
-    """``job`` as the emitted program runs it (:func:`program_runtime`), its data-parallel group
-    the d*cp ranks of the rank's plan."""
-    mode = dp_mode(rank_plan(job.plan), job.plan.ep)
-    return dataclasses.replace(job, runtime=program_runtime(job.runtime, mode, job.cluster.node.backend))
+    """``job`` as the emitted program runs it (:func:`plan_program_runtime`)."""
+    return dataclasses.replace(job, runtime=plan_program_runtime(job.runtime, job.plan, job.cluster.node.backend))
 
 
 def unsupported_reason(model: ModelSpec, plan: Plan, num_microbatches: int) -> str | None:
