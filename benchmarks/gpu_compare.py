@@ -1,22 +1,20 @@
-"""Single-GPU runs measured on an H100 vs what the current model predicts for them.
+"""Single-GPU runs measured on an H100 or H200 vs what the current model predicts for them.
 
-Reads the runs ``benchmarks/gpu_runs.py`` recorded (default: ``benchmarks/data/h100-runs.jsonl``,
-``autoplan run`` of t = p = d = 1 plans on one H100 80GB HBM3, 2026-11-25, when the program
-stepped torch's default foreach AdamW; and ``h100-runs-fused.jsonl``, the ckpt=full 7B-slice runs
-again once it steps fused AdamW on a GPU, autoplan/runtime/trainer.py), re-predicts each
-with the analytic model as ``autoplan emit`` does (the torch program's job, one GPU of
-``--cluster``), and prints per run the measured and predicted step time and peak memory
+Reads the runs ``benchmarks/gpu_runs.py`` recorded (``autoplan run`` of t = p = d = 1 plans),
+re-predicts each with the analytic model as ``autoplan emit`` does (the torch program's job, one
+GPU of the set's node), and prints per run the measured and predicted step time and peak memory
 (``torch.cuda.max_memory_allocated``) with the signed errors, then the MAPE and the range.
-``--gpu`` swaps the node's GPU profile (a name or a YAML path), e.g. to compare the
-datasheet profile with a calibrated one. Runs on any machine (no GPU needed)::
+Runs on any machine (no GPU needed)::
 
     python benchmarks/gpu_compare.py
-    python benchmarks/gpu_compare.py --gpu benchmarks/data/h100-calibrate.yaml
+    python benchmarks/gpu_compare.py --runs FILE [FILE ...] --cluster hgx-h200 --gpu built-in PROFILE.yaml
 
-By default it reads the runs of benchmarks/data/ (the first session's, and the session of
-benchmarks/gpu_session.sh, 2026-11-26: the independent set again and small microbatches) and
-the independent measurement's (``../shared/gpu/h100-2026-11-26/runs.json``, where present), each
-with the node's built-in profile and with the profile that session's calibration wrote.
+By default it reads two sets, each with its node's built-in GPU profile and with the profile
+its session's ``autoplan calibrate --device cuda`` wrote: the H100 runs of benchmarks/data/ (the
+first session's; the session of benchmarks/gpu_session.sh, 2026-11-26: the independent set
+again and small microbatches; the independent measurement's ``../shared/gpu/h100-2026-11-26/
+runs.json``, where present) on dgx-h100, and the H200 session's (benchmarks/data/
+h200-2026-11-27: the independent set's runs and its offload run) on hgx-h200.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -50,8 +49,33 @@ def model_file(name: str) -> Path | None:
 BUILT_IN = "built-in"  # --gpu's name for the node's own GPU profile
 #: the independent H100 measurement of 2026-11-26 (its runs.json; the models are in benchmarks/models)
 SHARED_RUNS = HERE.parent.parent / "shared" / "gpu" / "h100-2026-11-26" / "runs.json"
-#: the profile ``autoplan calibrate --device cuda`` wrote in the session of benchmarks/gpu_session.sh
-CALIBRATED = DATA / "h100-2026-11-26b" / "h100-calibrated.yaml"
+H100_SESSION, H200_SESSION = DATA / "h100-2026-11-26b", DATA / "h200-2026-11-27"
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """Run files measured on one kind of GPU, the node they were emitted for, and the profile
+    ``autoplan calibrate --device cuda`` wrote on that GPU."""
+
+    runs: list[Path]
+    cluster: str
+    calibrated: Path
+
+
+def default_sets() -> list[RunSet]:
+    """The committed sessions (module docstring). The H100 calibration is the session's with the
+    per-layer eager slopes its probe measured (what calibrate measures since; the session's own
+    file has the one-layer figures it wrote before)."""
+    h100 = [DATA / "h100-runs.jsonl", DATA / "h100-runs-fused.jsonl", H100_SESSION / "runs.jsonl"]
+    h100 += [SHARED_RUNS] * SHARED_RUNS.is_file()
+    return [
+        RunSet(h100, "dgx-h100", H100_SESSION / "h100-calibrated-slopes.yaml"),
+        RunSet(
+            [H200_SESSION / "runs.jsonl", H200_SESSION / "runs2.jsonl"],
+            "hgx-h200",
+            H200_SESSION / "h200-calibrated.yaml",
+        ),
+    ]
 
 
 def read_runs(path: Path) -> list[dict]:
@@ -115,21 +139,24 @@ def _compare(path: Path, cluster: str, gpu: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_runs = [DATA / "h100-runs.jsonl", DATA / "h100-runs-fused.jsonl", DATA / "h100-2026-11-26b" / "runs.jsonl"]
-    ap.add_argument("--runs", type=Path, nargs="+", default=default_runs + [SHARED_RUNS] * SHARED_RUNS.is_file())
-    ap.add_argument("--cluster", default="dgx-h100", help="node the runs were emitted for (default dgx-h100)")
+    ap.add_argument("--runs", type=Path, nargs="+", help="run files (default: the committed sessions, docstring)")
+    ap.add_argument("--cluster", default="dgx-h100", help="node --runs were emitted for (default dgx-h100)")
     ap.add_argument(
         "--gpu",
         nargs="+",
-        help="GPU profiles to predict with (names or YAML paths; 'built-in': the node's own); default: "
-        "built-in and the committed calibration (benchmarks/data/h100-2026-11-26b/h100-calibrated.yaml)",
+        help="GPU profiles to predict --runs with (names or YAML paths; 'built-in': the node's own); default: built-in",
     )
     a = ap.parse_args(argv)
-    refs = a.gpu if a.gpu else [BUILT_IN, str(CALIBRATED)]
-    profiles: list[str | None] = [None if ref == BUILT_IN else ref for ref in refs]
-    for path in a.runs:
-        for gpu in profiles:
-            _compare(path, a.cluster, gpu)
+    if a.runs:
+        sets = [(a.runs, a.cluster, [None if ref == BUILT_IN else ref for ref in a.gpu or [BUILT_IN]])]
+    else:
+        if a.gpu:
+            ap.error("--gpu needs --runs (the default sets use their own sessions' calibrations)")
+        sets = [(s.runs, s.cluster, [None, str(s.calibrated)]) for s in default_sets()]
+    for runs, cluster, profiles in sets:
+        for path in runs:
+            for gpu in profiles:
+                _compare(path, cluster, gpu)
     return 0
 
 

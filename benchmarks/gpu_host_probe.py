@@ -119,11 +119,15 @@ def _offloaded_model(spec: ModelSpec) -> tuple[GPT, torch.optim.Optimizer]:
 
 
 def _timed_step(model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, microbatches: int) -> dict[str, float]:
-    """One training step over ``microbatches`` microbatches of ``x``: wall seconds of its forward,
-    backward, gradient norm and optimizer phases."""
+    """One training step over ``microbatches`` microbatches of ``x`` as the trainer runs it (each
+    microbatch's offloaded gradients summed on the host: autoplan.runtime.data_parallel.
+    HostGradients): wall seconds of its forward, backward, host sum, gradient norm and optimizer
+    phases."""
+    from autoplan.runtime.data_parallel import HostGradients
     from autoplan.runtime.grads import clip_global_norm
 
-    phases: dict[str, float] = {"forward": 0.0, "backward": 0.0}
+    held = HostGradients(list(model.parameters()))
+    phases: dict[str, float] = {"forward": 0.0, "backward": 0.0, "host_sum": 0.0}
     for i in range(microbatches):
         t0 = time.perf_counter()
         loss = lm_loss(model(x[i]), x[i])
@@ -131,8 +135,12 @@ def _timed_step(model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, microba
         t1 = time.perf_counter()
         loss.backward()
         torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        held.take()
         phases["forward"] += t1 - t0
-        phases["backward"] += time.perf_counter() - t1
+        phases["backward"] += t2 - t1
+        phases["host_sum"] += time.perf_counter() - t2
+    held.give_back()
     t2 = time.perf_counter()
     grads = [(p.grad._local_tensor, 1.0) for p in model.parameters() if p.grad is not None]
     clip_global_norm(grads, 1.0, torch.device("cuda"))
@@ -142,6 +150,37 @@ def _timed_step(model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, microba
     torch.cuda.synchronize()
     phases.update(norm=t3 - t2, optimizer=time.perf_counter() - t3)
     return phases
+
+
+def host_transfers(gib: float = 2.0) -> dict[str, float]:
+    """GB/s of what an offloading rank moves, on ``gib`` GiB of fp32: host -> device from pinned
+    memory, device -> host into pinned and into pageable memory (a fresh ``.to("cpu")``, as
+    FSDP2 copies an accumulated gradient), the host add of two such buffers (bytes of one
+    operand per second) and the host gradient norm of them (autoplan.runtime.grads)."""
+    from autoplan.runtime.grads import clip_global_norm
+
+    n = int(gib * 2**30) // 4
+    gpu = torch.randn(n, device="cuda")
+    pinned = torch.empty(n, pin_memory=True)
+
+    def rate(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return n * 4 / (time.perf_counter() - t0) / 1e9
+
+    out = {
+        "h2d_pinned": rate(lambda: gpu.copy_(pinned, non_blocking=True)),
+        "d2h_pinned": rate(lambda: pinned.copy_(gpu, non_blocking=True)),
+        "d2h_pageable": rate(lambda: gpu.to("cpu")),
+    }
+    other = pinned.clone()
+    out["host_add"] = rate(lambda: pinned.add_(other))
+    chunks = [(c, 1.0) for c in pinned.split(n // 64)]
+    out["host_norm"] = rate(lambda: clip_global_norm(chunks, None, torch.device("cuda")))
+    return out
 
 
 def offload_probe(out_dir: Path, microbatches: int) -> dict[str, object]:
@@ -159,7 +198,15 @@ def offload_probe(out_dir: Path, microbatches: int) -> dict[str, object]:
     spec = load_model(str(HERE / "models" / "llama7b-slice.yaml"))
     model, opt = _offloaded_model(spec)
     x = torch.randint(0, spec.vocab_size, (microbatches, 1, spec.seq_length), device="cuda")
-    record: dict[str, object] = {"threads": threads, "torch_threads": torch.get_num_threads(), "steps": []}
+    record: dict[str, object] = {
+        "threads": threads,
+        "torch_threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "microbatches": microbatches,
+        "transfers_GBps": host_transfers(),
+        "steps": [],
+    }
+    print("offload transfers", record["transfers_GBps"], flush=True)
 
     steps = record["steps"]
     assert isinstance(steps, list)

@@ -33,6 +33,7 @@ def main() -> None:
     _try("attention", lambda: measure_attention(s, "bf16", lambda _: None))
     _try("eager", lambda: eager.measure_eager("cuda", 2, lambda _: None))
     _try("host adam GB/s", lambda: host.measure_host_adam(s, lambda _: None))
+    _try("host gradient sum and norm", lambda: host.measure_host_streams(s, lambda _: None))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,14 @@ class Runtime:
     ``states``: how the program keeps its model states in memory
     (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
     weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
-    parameters and gradients, and its own ZeRO-1 buffers)."""
+    parameters and gradients, and its own ZeRO-1 buffers).
+
+    ``offload``: how the runtime offloads (simulator.analytic.offload): "deepspeed"
+    (ZeRO-Offload / ZeRO-Infinity: 2-byte gradients down once a step, the host Adam pipelined
+    over sub-groups) or "fsdp2" (autoplan's program: FSDP2's ``CPUOffloadPolicy``, its fp32
+    parameter shards up for each pass and its fp32 reduced gradient shards down each
+    microbatch, the microbatches' gradients summed on the host, the gradient norm and AdamW
+    on the host)."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
@@ -108,6 +115,7 @@ class Runtime:
     layer_kernels: LayerKernels = "fused"
     dp_bucket_bytes: float = 25e6
     dp_bucket_bytes_per_rank: float = 0.0
+    offload: Literal["deepspeed", "fsdp2"] = "deepspeed"
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

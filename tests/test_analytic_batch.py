@@ -23,7 +23,12 @@ from simulator.runtime_spec import DEEPSPEED_ZERO3, NO_DP_OVERLAP, OVERLAPPED, R
 
 FUSED = replace(OVERLAPPED, name="fused", cross_entropy="fused")
 PROGRAM = replace(  # program_job's
-    NO_DP_OVERLAP, name="torch-program", cross_entropy="torch", weight_copy_bytes=2.0, states="fp32-params"
+    NO_DP_OVERLAP,
+    name="torch-program",
+    cross_entropy="torch",
+    weight_copy_bytes=2.0,
+    states="fp32-params",
+    offload="fsdp2",
 )
 SPACES = [  # model, node profile, nodes, global batch
     ("gpt3-175b", "dgx-a100-80gb", 128, 1536),

@@ -82,3 +82,42 @@ class ManualGradAllReduce:
     def __call__(self) -> None:
         grads = [local(p.grad) for p in self.params if p.grad is not None]
         all_reduce_mean(grads, self.group, self.size)
+
+
+class HostGradients:
+    """Offloaded FSDP2 gradients summed on the host between microbatches, where FSDP2 would copy
+    them down to pageable memory.
+
+    FSDP2 with ``CPUOffloadPolicy`` copies each microbatch's reduced gradient shard to the host.
+    When the parameter already holds a gradient it copies synchronously into pageable memory
+    so that it can add on the host (torch ``_fsdp_collectives.foreach_reduce``: ``non_blocking =
+    pin_memory and not to_accumulate_grad``): 2.55 GB/s on an H100 VM, 86% of an offload step's
+    GPU time (benchmarks/data/h100-2026-11-26b/offload-profile.txt). Taking each microbatch's
+    gradients off the parameters (:meth:`take`) keeps every copy the pinned, asynchronous one
+    FSDP2 overlaps with the backward (it waits for them in ``finalize_backward``); the sum runs
+    here, one add per tensor on the host's threads, and :meth:`give_back` hands the summed
+    gradients back for the norm and the host optimizer step."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        self.held: dict[nn.Parameter, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def take(self) -> None:
+        """Move the gradients of the microbatch just run into the held sums."""
+        for p in self.params:
+            grad = p.grad
+            if grad is None:
+                continue
+            held = self.held.get(p)
+            if held is None:
+                self.held[p] = grad
+            else:
+                local(held).add_(local(grad))
+            p.grad = None
+
+    def give_back(self) -> None:
+        """Set each parameter's gradient to its sum over the step's microbatches."""
+        for p, grad in self.held.items():
+            p.grad = grad
+        self.held = {}

@@ -65,7 +65,9 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
       simulator.cost.eager_layer); FSDP2's
       MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set);
     * ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (``zero2="fsdp2"``,
-      autoplan.runtime.data_parallel.apply_fsdp), not bucketed reduce-scatters.
+      autoplan.runtime.data_parallel.apply_fsdp), not bucketed reduce-scatters;
+    * offload is FSDP2's CPUOffloadPolicy (``offload="fsdp2"``), the microbatches' gradients
+      summed on the host (autoplan.runtime.data_parallel.HostGradients).
     """
     if mode == "manual" and runtime.dp_overlap:
         runtime = dataclasses.replace(runtime, dp_overlap=False)
@@ -77,6 +79,7 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
         states="fp32-params",
         layer_kernels="eager" if autocast else "fused",
         zero2="fsdp2",
+        offload="fsdp2",
     )
 
 

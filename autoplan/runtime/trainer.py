@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from autoplan.runtime.config import RunSpec
 from autoplan.runtime.context_parallel import context_shard
 from autoplan.runtime.data import local_batch
-from autoplan.runtime.data_parallel import ManualGradAllReduce, apply_fsdp, local
+from autoplan.runtime.data_parallel import HostGradients, ManualGradAllReduce, apply_fsdp, local
 from autoplan.runtime.experts import expert_params, expert_shard
 from autoplan.runtime.grads import (
     LocalTiedSum,
@@ -129,6 +129,10 @@ class Trainer:
                 env.device,
                 env.mesh["pp"].get_group(),
             )
+        # offloaded FSDP2 gradients summed on the host (HostGradients); torch's pipeline stages
+        # accumulate FSDP2 gradients unreduced on the GPU instead
+        offloaded = self.mode == "fsdp" and plan.offload == "cpu" and env.cuda and plan.p == 1
+        self.host_grads = HostGradients(self.params) if offloaded else None
         use_autocast = self.bf16 and self.mode != "fsdp"
         self.amp: Callable[[], contextlib.AbstractContextManager] = (
             (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_autocast else contextlib.nullcontext
@@ -275,7 +279,11 @@ class Trainer:
                 with self.amp():
                     loss = lm_loss(model(x[i * mb : (i + 1) * mb]), y[i * mb : (i + 1) * mb])
                 (loss / m).backward()
+            if self.host_grads is not None:
+                self.host_grads.take()
             total += loss.detach().float()
+        if self.host_grads is not None:
+            self.host_grads.give_back()
         return total / m
 
     def step(self, x: torch.Tensor, y: torch.Tensor, max_norm: float | None) -> StepResult:

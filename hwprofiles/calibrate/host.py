@@ -11,6 +11,10 @@ the host optimizer step, memory capacity and the runtime's own footprint, and de
   on a CPU, ``torch.optim.Adam.step`` on the one thread of a CPU rank;
   cpu_adam_GBps = 12 bytes/param (fp32 master, momentum, variance: K=12 of ZeRO, docs/design.md
   section 4) / step time.
+* Host gradient sum and norm: what an FSDP2-offloading rank of autoplan's program does to its
+  fp32 gradients on the host (simulator.cost.offload.fsdp2_host_seconds), over a buffer of
+  ``host_copy_bytes``: ``a += b`` (host_sum_GBps: bytes of one operand per second) and
+  ``torch.nn.utils.get_total_norm`` over it in 64 tensors (host_norm_GBps: bytes read per second).
 """
 
 from __future__ import annotations
@@ -75,6 +79,23 @@ def measure_host_adam(settings: Settings, tick: Callable[[str], None]) -> float:
     t = seconds_per_call(opt.step, "cpu", settings.timing)
     tick("host Adam step")
     return 12.0 * settings.adam_params / t / GB
+
+
+@dataclass(frozen=True)
+class HostStreams:
+    sum_GBps: float
+    norm_GBps: float
+
+
+def measure_host_streams(settings: Settings, tick: Callable[[str], None]) -> HostStreams:
+    """Host gradient sum and norm throughput (module docstring)."""
+    n = settings.host_copy_bytes // 4
+    a, b = torch.randn(n), torch.randn(n)
+    sum_s = seconds_per_call(lambda: a.add_(b), "cpu", settings.timing)
+    tensors = list(a.split(max(1, n // 64)))
+    norm_s = seconds_per_call(lambda: torch.nn.utils.get_total_norm(tensors), "cpu", settings.timing)
+    tick("host gradient sum and norm")
+    return HostStreams(sum_GBps=4 * n / sum_s / GB, norm_GBps=4 * n / norm_s / GB)
 
 
 def host_memory_GiB() -> float:

@@ -353,6 +353,11 @@ def render_node(c: Calibration, name: str, gpu_ref: str) -> str:
             f"cpu_adam_GBps: {num(c.cpu_adam_GBps)}   # {_ADAM[c.device]}, 12 B/param of fp32 state / step time, "
             f"{c.threads} thread(s); {s}"
         ),
+        f"host_sum_GBps: {num(c.host_sum_GBps)}   # fp32 a += b, bytes of one operand / time, {c.threads} thread(s); {s}",
+        (
+            f"host_norm_GBps: {num(c.host_norm_GBps)}   # torch.nn.utils.get_total_norm over 64 fp32 tensors, "
+            f"bytes read / time, {c.threads} thread(s); {s}"
+        ),
     ]
     lines += _node_optional_lines(c, s)
     return "\n".join(lines + _sample_lines(c)) + "\n"

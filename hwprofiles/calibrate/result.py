@@ -44,6 +44,8 @@ class Calibration:
     copy_d2h_GBps: float
     copy_latency_us: float
     cpu_adam_GBps: float
+    host_sum_GBps: float  # host fp32 a += b, bytes of one operand per second
+    host_norm_GBps: float  # host gradient norm, bytes read per second
     host_memory_GiB: float
     cpu_cores: int
     compute_slots: dict[int, float] | None  # busy ranks -> slots, measured by the ranks (CPU); None: not measured

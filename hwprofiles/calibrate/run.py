@@ -46,6 +46,7 @@ class _Benchmarks:
     attention: list[AttentionPoint]
     copies: CopyResult
     adam_GBps: float
+    host_streams: host.HostStreams
     eager: EagerResult  # single-process blocks, median of the rounds
     reserved_GiB: float
     reserved_how: str
@@ -88,6 +89,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         attention = measure_attention(s, default_dtype, tick)
         copies = host.measure_copies(s, tick)
         adam = host.measure_host_adam(s, tick)
+        streams = host.measure_host_streams(s, tick)
         eager_rounds.append(measure_eager(device, s.eager_repeats, tick))
         eager = median_result(eager_rounds)
         reserved, how = _reserved(device, baseline_rss)
@@ -100,7 +102,21 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         torch.set_num_threads(threads)
         bar.close()
     b = _Benchmarks(
-        used_threads, ovh, points, default_dtype, peaks, fit, mem, attention, copies, adam, eager, reserved, how, comm
+        used_threads,
+        ovh,
+        points,
+        default_dtype,
+        peaks,
+        fit,
+        mem,
+        attention,
+        copies,
+        adam,
+        streams,
+        eager,
+        reserved,
+        how,
+        comm,
     )
     return _calibration(device, quick, ranks, load_before, b)
 
@@ -163,6 +179,8 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
         copy_d2h_GBps=copies.d2h_GBps,
         copy_latency_us=copies.latency_us,
         cpu_adam_GBps=b.adam_GBps,
+        host_sum_GBps=b.host_streams.sum_GBps,
+        host_norm_GBps=b.host_streams.norm_GBps,
         host_memory_GiB=host.host_memory_GiB(),
         cpu_cores=host.cpu_cores(),
         compute_slots=comm.compute_slots if comm is not None else None,

@@ -70,12 +70,12 @@ class Settings:
     def compute_items(self) -> int:
         """Progress-bar items of the single-process part (the ticks of calibrate.run.measure before
         the collectives: overhead 2, one per GEMM, memory op x size and attention shape, the
-        copies (CUDA: bandwidth and latency), the host Adam step, the eager blocks' rounds)."""
+        copies (CUDA: bandwidth and latency), the host Adam step, the host gradient sum and norm, the eager blocks' rounds)."""
         overhead = 2
         gemm = len(self.gemm_shapes) * len(self.gemm_dtypes) * self.passes
         memory = len(MEMORY_OPS) * len(self.mem_elements) * self.passes
         copies = 2 if self.device == "cuda" else 1
-        return overhead + gemm + memory + len(self.attention_shapes) + copies + 1 + EAGER_ROUNDS
+        return overhead + gemm + memory + len(self.attention_shapes) + copies + 2 + EAGER_ROUNDS
 
 
 #: memory-bound ops timed at every size of ``mem_elements`` (copy sets memory_bandwidth_GBps)

@@ -91,6 +91,19 @@ class NodeProfile(Strict):
     cpu_adam_GBps: float = Field(
         gt=0, default=20.0, description="host optimizer-step throughput over fp32 optimizer state"
     )
+    host_sum_GBps: float = Field(
+        gt=0,
+        default=39.4,
+        description="host fp32 sum a += b, bytes of one operand per second on the host's threads (an FSDP2-"
+        "offloading rank sums each microbatch's gradients there); default: one rank's 16 threads on a "
+        "16-core VM host of an H200, 2026-11-27 (benchmarks/data/h200-2026-11-27/offload.json)",
+    )
+    host_norm_GBps: float = Field(
+        gt=0,
+        default=10.6,
+        description="host gradient norm (torch.nn.utils.get_total_norm over fp32 tensors), bytes read per "
+        "second; default: measured as host_sum_GBps",
+    )
     nvme: Nvme | None = None
     backend: Literal["nccl", "gloo"] = "nccl"
     compute_slots: float | dict[int, float] | None = Field(
@@ -112,6 +125,14 @@ class NodeProfile(Strict):
         description="per number of ranks on the node: extra one-way latency of a message while the other ranks "
         "compute (CPU ranks that outnumber the cores: a woken rank waits for a core); written by calibrate",
     )
+
+    @property
+    def host_sum_bytes_per_s(self) -> float:
+        return self.host_sum_GBps * 1e9
+
+    @property
+    def host_norm_bytes_per_s(self) -> float:
+        return self.host_norm_GBps * 1e9
 
     @field_validator("busy_latency_us")
     @classmethod

@@ -100,7 +100,9 @@ def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float) 
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
         sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster) if links else 0.0
-        sharded += zero_infinity_exposed(job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme")
+        sharded += zero_infinity_exposed(
+            job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme", job.runtime
+        )
         n_send = p2p_sends(plan.p, plan.v, c.first, c.last, c.turn)
         per_mb.append(stage_microbatch(c.total, weight_casts(job, c), n_send, p2p, sharded))
         z3.append(sharded)
@@ -148,7 +150,7 @@ def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
     offloaded, nvme = plan.offload != "none", plan.offload == "nvme"
     optimizer = optimizer_time(job, psi_local, optimizer_tensors(job.model, max(c.layers for _, c, _ in groups)))
     opt, off = step_end_seconds(
-        offloaded, optimizer, offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme)
+        offloaded, optimizer, offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme, job.runtime, job.m)
     )
     return opt, off, psi_local
 

@@ -1,6 +1,8 @@
 """Closed forms of offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021):
 gradient shards down and parameter shards up over each GPU's PCIe link, Adam on the host CPU
-(all of a node's ranks share it), NVMe reads and writes of the optimizer state.
+(all of a node's ranks share it), NVMe reads and writes of the optimizer state. A runtime
+offloads as DeepSpeed does or as FSDP2's CPUOffloadPolicy in autoplan's program
+(``Runtime.offload``; FSDP2's rules are simulator.cost.offload's, shared with the DES).
 
 Each rule takes numbers (one plan) or arrays (many plans, from the batch estimate) alike.
 """
@@ -11,14 +13,19 @@ from typing import Any
 
 from hwprofiles.schema import NodeProfile
 from simulator.cost import memory
+from simulator.cost.offload import fsdp2_host_seconds, fsdp2_transfer_seconds
 from simulator.cost.stage_memory import StageLike
 from simulator.cost.step import CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS
 from simulator.numeric import any_of, maximum, where
+from simulator.runtime_spec import Runtime
 
 
-def offload_time(node: NodeProfile, psi_local: Any, offloaded: Any, zero: Any, nvme: Any) -> Any:
+def offload_time(
+    node: NodeProfile, psi_local: Any, offloaded: Any, zero: Any, nvme: Any, runtime: Runtime, m: Any
+) -> Any:
     """Exposed offload seconds per step for ``psi_local`` parameters per rank (its 1/d shard) of a
-    plan that offloads (``offloaded``; to NVMe: ``nvme``), else 0.
+    plan that offloads (``offloaded``; to NVMe: ``nvme``) over ``m`` microbatches, else 0:
+    :func:`simulator.cost.offload.fsdp2_host_seconds` for an FSDP2 runtime, else DeepSpeed's step below.
 
     The reduced gradient shard goes down over the rank's PCIe link (2 bytes/param), then the
     step runs pipelined over k = OFFLOAD_SUBGROUPS sub-groups through the phases NVMe read +
@@ -28,6 +35,8 @@ def offload_time(node: NodeProfile, psi_local: Any, offloaded: Any, zero: Any, n
         T = down + sum(phases)/k + (k - 1)/k * max(phases)
     (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021). A phase a plan does
     not run counts 0, which changes neither the sum nor, all phases being positive, the maximum."""
+    if runtime.offload == "fsdp2":
+        return where(offloaded, fsdp2_host_seconds(node, psi_local, m), 0.0)
     pcie = node.pcie.bytes_per_s
     down = psi_local * 2 / pcie + node.pcie.latency_s
     cpu = node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
@@ -61,11 +70,18 @@ def fetch_exposed(fetch: Any, forward: Any, backward: Any, recompute: Any) -> An
     return maximum(0.0, fetch - forward) + maximum(0.0, fetch - backward - recompute)
 
 
-def zero_infinity_exposed(node: NodeProfile, cost: StageLike, d: Any, zero: Any, offloaded: Any, nvme: Any) -> Any:
-    """ZeRO-Infinity's (zero=3 with offload) exposed parameter fetches per microbatch of stage
-    ``cost`` (:func:`offloaded_param_fetch`, :func:`fetch_exposed`); 0 for other plans."""
+def zero_infinity_exposed(
+    node: NodeProfile, cost: StageLike, d: Any, zero: Any, offloaded: Any, nvme: Any, runtime: Runtime
+) -> Any:
+    """ZeRO-3 with offload: the exposed transfers per microbatch of stage ``cost``: under FSDP2
+    what :func:`simulator.cost.offload.fsdp2_transfer_seconds` exceeds the microbatch's compute by, else
+    ZeRO-Infinity's parameter fetches (:func:`offloaded_param_fetch`, :func:`fetch_exposed`); 0
+    for other plans."""
     infinity = offloaded & (zero == 3)
     if not any_of(infinity):
         return 0.0
+    if runtime.offload == "fsdp2":
+        busy = cost.forward + cost.backward + cost.recompute
+        return where(infinity, maximum(0.0, fsdp2_transfer_seconds(node, cost.params, d) - busy), 0.0)
     fetch = offloaded_param_fetch(node, cost.params, d, nvme)
     return where(infinity, fetch_exposed(fetch, cost.forward, cost.backward, cost.recompute), 0.0)

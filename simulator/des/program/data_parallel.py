@@ -22,6 +22,7 @@ import functools
 
 from hwprofiles.algorithms import Collective
 from simulator.cost import collectives
+from simulator.cost.offload import FSDP2_OFFLOAD_BYTES
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
 from simulator.cost.zero3 import gathers_per_layer, reduce_bytes, sharded_reduce_time
@@ -72,6 +73,8 @@ def zero3_gather(
     dep = pieces[-2] if len(pieces) >= 2 else -1
     size = gathered * times
     shard = size / plan.d
+    if prog.job.runtime.offload == "fsdp2":  # FSDP2 copies the fp32 shard up, then casts it
+        shard = params * times * FSDP2_OFFLOAD_BYTES / plan.d
     if plan.offload != "none":
         if plan.offload == "nvme":
             dep = prog.transfer(
@@ -149,12 +152,15 @@ def _across_replicas(prog: Program, dev: Device, reduced: int, size: float, n: i
 
 
 def _grad_down(prog: Program, dev: Device, reduced: int, size: float) -> int:
-    """With offload, this rank's reduced gradient shard goes to host memory over PCIe."""
+    """With offload, this rank's reduced gradient shard goes to host memory over PCIe; under
+    FSDP2 on the link its parameter shards come up by, the two directions one after the other
+    as measured (simulator.analytic.offload.fsdp2_transfer_seconds)."""
     if prog.plan.offload == "none":
         return reduced
+    link = "h2d" if prog.job.runtime.offload == "fsdp2" else "d2h"
     send = Send(
         "d2h",
-        prog.xfer.host_class(dev.pp, "d2h"),
+        prog.xfer.host_class(dev.pp, link),
         "dptp",
         size / prog.plan.d,
         "offload",

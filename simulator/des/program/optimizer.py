@@ -10,6 +10,7 @@ back up over PCIe (ZeRO-3: parameters stay on the host).
 
 from __future__ import annotations
 
+from simulator.cost.offload import fsdp2_host_seconds
 from simulator.cost.step import (
     CPU_ADAM_STATE_BYTES,
     OFFLOAD_SUBGROUPS,
@@ -44,6 +45,8 @@ def add_step(prog: Program, dev: Device) -> None:
 def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -> int:
     """The host step's transfers; returns the last one."""
     plan, xfer = prog.plan, prog.xfer
+    if prog.job.runtime.offload == "fsdp2":
+        return _fsdp2_host_step(prog, dev, shard, deps)
     k = OFFLOAD_SUBGROUPS
     state = shard * prog.costs.optimizer_bytes / k
     nvme = xfer.host_class(dev.pp, "nvme")
@@ -82,3 +85,15 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
                 (cpu,),
             )
     return ups[-1]
+
+
+def _fsdp2_host_step(prog: Program, dev: Device, shard: float, deps: list[int]) -> int:
+    """FSDP2's host work at the step's end (simulator.analytic.offload.fsdp2_host_seconds: the
+    microbatches' gradient sums, the norm, AdamW) as one task on the node's CPU link, at the
+    bytes that take it that long when the node's ranks share the host."""
+    node = prog.job.cluster.node
+    seconds = fsdp2_host_seconds(node, shard, prog.job.m) / node.gpus_per_node
+    send = Send(
+        "cpu", prog.xfer.host_class(dev.pp, "cpu"), "dptp", seconds * node.cpu_adam_GBps * 1e9, "cpu", "host step"
+    )
+    return prog.transfer(dev, send, deps)

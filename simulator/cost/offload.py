@@ -1,0 +1,52 @@
+"""FSDP2's CPUOffloadPolicy as autoplan's program runs it (``Runtime.offload = "fsdp2"``): the
+PCIe traffic of a microbatch and the host's work at the step's end, for the analytic model
+(simulator.analytic.offload) and the DES (simulator.des.program) alike.
+
+Each rule takes numbers (one plan) or arrays (many plans) alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwprofiles.schema import NodeProfile
+from simulator.cost import memory
+
+#: FSDP2's offloaded parameter shards are the fp32 ones (cast to bf16 on the GPU after the copy up)
+#: and its gradients are reduced in fp32 (MixedPrecisionPolicy reduce_dtype, autoplan.runtime.
+#: data_parallel.apply_fsdp): bytes per parameter each way
+FSDP2_OFFLOAD_BYTES = 4
+
+
+def fsdp2_transfer_seconds(node: NodeProfile, params: Any, d: Any) -> Any:
+    """PCIe seconds per microbatch of a stage of ``params`` parameters under FSDP2's
+    CPUOffloadPolicy on d ranks: its fp32 shard up before the forward and again before the
+    backward (ZeRO-3 reshards after the forward; a recomputed forward uses the backward's
+    gather), and the fp32 reduced gradient shard down after it, b = FSDP2_OFFLOAD_BYTES:
+
+        T = 3 * b * params / d / B_pcie
+
+    The two directions count one after the other, as measured: one rank of the 7B-layer slice
+    (1.48e9 parameters, 4 microbatches of 4,096 tokens, H200 VM, 2026-11-27) took 0.133 s of
+    forward and 0.202 s of backward per microbatch with 5.9 GB up per pass and 5.9 GB down,
+    at 55.4 GB/s pinned each way (benchmarks/data/h200-2026-11-27/offload.json):
+    3 * 5.9 / 55.4 = 0.32 s against 0.335 s measured."""
+    return 3 * FSDP2_OFFLOAD_BYTES * params / d / node.pcie.bytes_per_s
+
+
+def fsdp2_host_seconds(node: NodeProfile, psi_local: Any, m: Any) -> Any:
+    """Host seconds of an FSDP2-offloaded step of ``psi_local`` parameters per rank over ``m``
+    microbatches, all of a node's ``g`` ranks sharing the host: the m - 1 sums of a
+    microbatch's fp32 gradients into the held ones (autoplan.runtime.data_parallel.
+    HostGradients), the gradient norm over them (autoplan.runtime.grads.clip_global_norm) and
+    fused AdamW (12 bytes of fp32 state per parameter, as calibrate times ``cpu_adam_GBps``):
+
+        T = g * psi * (4 (m - 1) / B_sum + 4 / B_norm + 12 / B_adam)
+
+    Measured on one rank of the 7B-layer slice (H200 VM, 2026-11-27: benchmarks/data/
+    h200-2026-11-27/offload.json): 0.47 s of sums over 3 microbatches, 0.79 s of norm and
+    clipping, 0.37 s of AdamW; this gives 0.45, 0.56 and 0.35 s with that host's figures."""
+    b = FSDP2_OFFLOAD_BYTES
+    per_param = b * (m - 1) / node.host_sum_bytes_per_s + b / node.host_norm_bytes_per_s
+    per_param = per_param + memory.OPTIMIZER_BYTES_PER_PARAM / (node.cpu_adam_GBps * 1e9)
+    return node.gpus_per_node * psi_local * per_param
