@@ -1,7 +1,11 @@
 """CPU runs of the tiny model over t, p, d in {1, 2, 4} (t*p*d <= 4 ranks) and ZeRO 0-3 on the
 localhost-cpu node: ``autoplan emit`` + ``autoplan run`` of each plan, measured beside predicted.
 
-    python benchmarks/cpu_zero_matrix.py [--repeats N] [--only TEXT] [--steps N]
+    python benchmarks/cpu_zero_matrix.py [--node NODE.yaml] [--repeats N] [--only TEXT] [--steps N]
+
+``--node`` predicts with a node profile of this machine (``autoplan calibrate --device cpu
+--ranks 4 -o CPU.yaml --node-out NODE.yaml``, as a user checks a plan on their own host); the
+default is the built-in localhost-cpu, measured on another host (an AMD EPYC VM, 2026-11-21).
 
 Targets (issue 36): step time within 20% each; peak memory within 30% or 32 MiB, whichever is
 larger (on CPU the measured memory is the busiest rank's peak-RSS growth over its RSS before the
@@ -83,13 +87,13 @@ class Row:
         return abs(te) <= TIME_TARGET_PCT and memory_ok
 
 
-def predict(text: str) -> Row:
+def predict(text: str, node: str = NODE) -> Row:
     """The plan's prediction as ``autoplan run`` makes it (autoplan.verify.cpu_job: the node with
     as many ranks as the plan, autoplan's program), or why it is not run."""
     row = Row(text)
     model = load_model(MODEL)
     ranks = math.prod(int(kv.split("=")[1]) for kv in text.split(",") if kv[0] in "tpd")
-    cluster = load_cluster(NODE, gpus_per_node=ranks)
+    cluster = load_cluster(node, gpus_per_node=ranks)
     plan, _ = parse_plan(text, model, ranks, BATCH)
     reason = unsupported_reason(model, plan, num_microbatches(plan, BATCH))
     if reason:
@@ -149,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs of every plan (each its own row)")
     ap.add_argument("--only", action="append", default=[], help="run only the plans containing this text")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default: about 3 s)")
+    ap.add_argument("--node", default=NODE, help=f"node profile to predict with (default {NODE})")
     a = ap.parse_args(argv)
     texts = [t for t in plan_texts() if not a.only or any(o in t for o in a.only)]
-    rows = [predict(t) for t in texts for _ in range(max(1, a.repeats))]  # all before any run
+    rows = [predict(t, a.node) for t in texts for _ in range(max(1, a.repeats))]  # all before any run
     with tempfile.TemporaryDirectory(prefix="autoplan-zero-matrix-") as tmp:
         for i, row in enumerate(rows):
             if row.job is not None:

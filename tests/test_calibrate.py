@@ -250,6 +250,10 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     assert node.gpu == g and node.gpus_per_node == 2 and node.backend == "gloo"
     assert 1e-3 < node.intra_node.bandwidth_GBps < 1000 and 0 < node.intra_node.latency_us < 1e5
     assert 0 < node.pcie.bandwidth_GBps < 1000 and node.cpu_adam_GBps > 0 and node.host_memory_GiB > 0
+    # the host gradient sum and norm are measured, not the schema's defaults (an H200 VM's figures)
+    text = written[1].read_text()
+    assert "host_sum_GBps:" in text and "host_norm_GBps:" in text
+    assert 0 < node.host_sum_GBps < 1000 and 0 < node.host_norm_GBps < 1000
     assert set(node.compute_slots) == {2} and 1 <= node.compute_slots[2] <= 2  # capped at the busy ranks
     # gloo: each collective gets its own fit, and the simulator prices it with that fit
     assert set(node.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}

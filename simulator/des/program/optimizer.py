@@ -88,7 +88,7 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
 
 
 def _fsdp2_host_step(prog: Program, dev: Device, shard: float, deps: list[int]) -> int:
-    """FSDP2's host work at the step's end (simulator.analytic.offload.fsdp2_host_seconds: the
+    """FSDP2's host work at the step's end (simulator.cost.offload.fsdp2_host_seconds: the
     microbatches' gradient sums, the norm, AdamW) as one task on the node's CPU link, at the
     bytes that take it that long when the node's ranks share the host."""
     node = prog.job.cluster.node
