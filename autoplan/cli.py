@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -37,7 +38,8 @@ EXAMPLES = {
   autoplan plan --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536
   autoplan plan --model llama2-70b --cluster dgx-h100 --nodes 16 --global-batch 512 --fix t=8,zero=1 --top 5
   autoplan plan --model gpt-1t --cluster dgx-a100-80gb --nodes 384 --global-batch 3072 --json > plan.json
-  autoplan plan --model llama3-8b --cluster hgx-h200 --nodes 4 --global-batch 256 --objective cost --plot best.png""",
+  autoplan plan --model llama3-8b --cluster hgx-h200 --nodes 4 --global-batch 256 --objective cost --plot best.png
+  autoplan plan --model gpt3-175b --cluster dgx-h100 --nodes 16:128:16 --global-batch 1536 --tokens 300e9 --deadline 20""",
     "simulate": """examples:
   autoplan simulate --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --global-batch 1536 --plan t=8,p=16,mb=1,ckpt=full
   autoplan simulate --model llama2-7b --cluster dgx-h100 --global-batch 64 --plan t=2,p=2,zero=1 --trace trace.json --plot timeline.png
@@ -89,6 +91,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
 def _memory_headroom(text: str) -> MemoryHeadroom:
     try:
         return MemoryHeadroom.parse(text)
@@ -109,14 +121,22 @@ def _targets(text: str) -> tuple[Target, ...]:
     return tuple(t for t in TARGETS if t in names)
 
 
-def _job_args(p: argparse.ArgumentParser, plan_required: bool) -> None:
+def _job_args(p: argparse.ArgumentParser, plan_required: bool, node_sizes: bool = False) -> None:
     p.add_argument(
         "--model",
         required=True,
         help=f"built-in model name ({', '.join(builtin_models())}), model YAML, or Hugging Face config.json",
     )
     p.add_argument("--cluster", required=True, help="cluster name or file, or a node name/file")
-    p.add_argument("--nodes", type=_positive_int, help="number of nodes (overrides the cluster file)")
+    if node_sizes:
+        p.add_argument(
+            "--nodes",
+            metavar="N|A:B|A:B:S|A,B,C",
+            help="number of nodes (overrides the cluster file); a range A:B (every count), A:B:S (in steps of S) "
+            "or a list A,B,C plans each size and compares them",
+        )
+    else:
+        p.add_argument("--nodes", type=_positive_int, help="number of nodes (overrides the cluster file)")
     p.add_argument("--gpus-per-node", type=_positive_int, help="use only this many GPUs (ranks) of each node")
     p.add_argument("--global-batch", type=_positive_int, required=True, help="global batch B in sequences")
     p.add_argument("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
@@ -170,15 +190,28 @@ def _loudness_args(p: argparse.ArgumentParser, default: Any) -> None:
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
     """``autoplan plan``: the job, then how to search and what to show."""
-    _job_args(p, plan_required=False)
+    _job_args(p, plan_required=False, node_sizes=True)
     p.add_argument("--fix", default="", help="pin plan keys, e.g. t=8,p=8,zero=0,ckpt=full")
     p.add_argument("--top", type=_positive_int, default=8, help="simulate and show the K best candidates (default 8)")
     p.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default: all cores)")
     p.add_argument(
         "--objective",
         choices=("time", "cost"),
-        default="time",
-        help="time: fastest step; cost: fewest GPU-hours per million tokens",
+        help="time: fastest step; cost: fewest GPU-hours per million tokens (default time; with --deadline, cost). "
+        "Over several --nodes sizes: the size that trains fastest or with the fewest GPU-hours",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_positive_float,
+        help="tokens to train (e.g. 2e12): each size's days to train, GPU-hours and cost, interruptions priced in",
+    )
+    p.add_argument(
+        "--gpu-hour-price",
+        type=_positive_float,
+        help="price of one GPU-hour (default: the cluster or node file's gpu_hour_price): each size's cost",
+    )
+    p.add_argument(
+        "--deadline", type=_positive_float, metavar="DAYS", help="with --tokens: the cheapest size that trains in time"
     )
     p.add_argument(
         "--fidelity", choices=("des", "analytic"), default="des", help="how the top K are simulated (default des)"

@@ -20,6 +20,7 @@ from hwprofiles.errors import AutoplanError, FitError, InputError
 if TYPE_CHECKING:
     from autoplan.emit.export import Target
     from autoplan.frameworks import Framework
+    from autoplan.search import SearchOptions
     from hwprofiles.schema import ClusterSpec, NodeProfile
     from simulator import Fidelity
     from simulator.job import Job
@@ -35,12 +36,14 @@ EXIT_BAD_INPUT = InputError.exit_code  # 2
 EXIT_NO_FIT = FitError.exit_code  # 3: also 'simulate' of a plan that does not fit
 
 
-def _load_job_inputs(a: argparse.Namespace):
+def _load_job_inputs(a: argparse.Namespace, nodes: int | None = None):
+    """The model and the cluster of the command line (``nodes``: the plan command's one size of
+    --nodes; the other commands read --nodes itself)."""
     from hwprofiles.load import load_cluster
     from simulator.model_files import load_model
 
     model = load_model(a.model, a.seq_len)
-    cluster = load_cluster(a.cluster, a.nodes, a.gpus_per_node)
+    cluster = load_cluster(a.cluster, nodes if nodes is not None else a.nodes, a.gpus_per_node)
     return model, a.memory_headroom.apply(cluster) if a.memory_headroom else cluster
 
 
@@ -225,24 +228,34 @@ def _no_fit_hint(out: dict[str, Any], host_fits: bool, node: NodeProfile) -> str
     )
 
 
-def cmd_plan(a: argparse.Namespace) -> int:
-    from autoplan.report import format_plan_report
-    from autoplan.search import SearchOptions, search
+def _search_options(a: argparse.Namespace, fw: Framework, objective: str) -> SearchOptions:
+    from autoplan.search import SearchOptions
 
-    _check_picture_outputs(a)
-    model, cluster = _load_job_inputs(a)
-    fw = _framework(a, cluster)
-    opts = SearchOptions(
+    return SearchOptions(
         fix=a.fix,
         top=a.top,
         jobs=a.jobs or os.cpu_count() or 1,
-        objective=a.objective,
+        objective=objective,
         fidelity=a.fidelity,
         progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),
         runtime=_runtime(a, fw),
         framework=fw,
         keep_timeline=bool(a.plot or a.trace),
     )
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from autoplan.report import format_plan_report
+    from autoplan.search import search
+    from autoplan.sizing.sizes import parse_node_counts
+
+    counts = parse_node_counts(a.nodes) if a.nodes else None
+    if (counts and len(counts) > 1) or a.tokens or a.deadline or a.gpu_hour_price:
+        return _cmd_sweep(a, counts)
+    _check_picture_outputs(a)
+    model, cluster = _load_job_inputs(a, counts[0] if counts else None)
+    fw = _framework(a, cluster)
+    opts = _search_options(a, fw, a.objective or "time")
     found = search(model, cluster, a.global_batch, opts)  # nothing fits: FitError (exit 3)
     _write_pictures(found.best_result, a.plot, a.trace)
     out = found.to_dict()
@@ -251,6 +264,35 @@ def cmd_plan(a: argparse.Namespace) -> int:
     else:
         print(format_plan_report(out))
     _warn_bubble(out["best"])
+    return EXIT_OK
+
+
+def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
+    """``plan`` over several sizes, or with --tokens, --deadline or --gpu-hour-price:
+    autoplan.sizing. Each size is searched for its best plan (one finalist per size simulated)."""
+    import dataclasses
+
+    from autoplan.sizing.report import format_sweep, plot_sweep
+    from autoplan.sizing.sweep import Goal, sweep
+
+    if a.trace:
+        raise InputError("--trace: a sweep over sizes has no single timeline; plan one size for its trace")
+    if a.plot and not a.tokens:
+        raise InputError("--plot over several sizes draws days to train against cost: give --tokens")
+    check_output_file(a.plot, "--plot")
+    model, cluster = _load_job_inputs(a, counts[0] if counts else None)
+    fw = _framework(a, cluster)
+    price = a.gpu_hour_price or cluster.price_per_gpu_hour
+    goal = Goal(a.tokens, price, a.deadline, a.objective or ("cost" if a.deadline else "time"))
+    opts = dataclasses.replace(_search_options(a, fw, "time"), top=1, max_finalists=4, keep_timeline=False)
+    found = sweep(model, cluster, a.global_batch, counts or [cluster.nodes], opts, goal)
+    out = found.to_dict()
+    if a.plot:
+        plot_sweep(out, a.plot)
+    if a.json:
+        _emit_json(out)
+    else:
+        print(format_sweep(out))
     return EXIT_OK
 
 

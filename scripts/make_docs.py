@@ -46,6 +46,7 @@ from pathlib import Path
 from make_docs_sections.command_outputs import (
     accuracy_stacks,
     calibrate_output,
+    cluster_sizing,
     emit_launch,
     emit_output,
     emit_slurm,
@@ -76,6 +77,7 @@ SECTIONS: dict[str, Callable[[Docs], str]] = {
     "modern-plan": modern_plan,
     "long-context": long_context,
     "moe-plan": moe_plan,
+    "cluster-sizing": cluster_sizing,
     "simulate-output": simulate_output,
     "simulate-json": simulate_json,
     "gallery-what-if": gallery_what_if,

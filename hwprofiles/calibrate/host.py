@@ -82,20 +82,30 @@ def measure_host_adam(settings: Settings, tick: Callable[[str], None]) -> float:
 
 
 @dataclass(frozen=True)
-class HostStreams:
+class HostRates:
+    """What an offloading rank's host does per step, GB/s (module docstring)."""
+
+    adam_GBps: float
     sum_GBps: float
     norm_GBps: float
 
 
-def measure_host_streams(settings: Settings, tick: Callable[[str], None]) -> HostStreams:
-    """Host gradient sum and norm throughput (module docstring)."""
+def measure_host_rates(settings: Settings, tick: Callable[[str], None]) -> HostRates:
+    """The host Adam step, and the gradient sum and norm (module docstring)."""
+    adam = measure_host_adam(settings, tick)
+    sum_GBps, norm_GBps = measure_host_streams(settings, tick)
+    return HostRates(adam_GBps=adam, sum_GBps=sum_GBps, norm_GBps=norm_GBps)
+
+
+def measure_host_streams(settings: Settings, tick: Callable[[str], None]) -> tuple[float, float]:
+    """Host gradient sum and norm throughput, GB/s (module docstring)."""
     n = settings.host_copy_bytes // 4
     a, b = torch.randn(n), torch.randn(n)
     sum_s = seconds_per_call(lambda: a.add_(b), "cpu", settings.timing)
     tensors = list(a.split(max(1, n // 64)))
     norm_s = seconds_per_call(lambda: torch.nn.utils.get_total_norm(tensors), "cpu", settings.timing)
     tick("host gradient sum and norm")
-    return HostStreams(sum_GBps=4 * n / sum_s / GB, norm_GBps=4 * n / norm_s / GB)
+    return 4 * n / sum_s / GB, 4 * n / norm_s / GB
 
 
 def host_memory_GiB() -> float:

@@ -45,8 +45,7 @@ class _Benchmarks:
     memory: MemoryResult
     attention: list[AttentionPoint]
     copies: CopyResult
-    adam_GBps: float
-    host_streams: host.HostStreams
+    host_rates: host.HostRates  # the host Adam step, gradient sum and norm
     eager: EagerResult  # single-process blocks, median of the rounds
     reserved_GiB: float
     reserved_how: str
@@ -88,8 +87,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         mem = measure_memory(s, default_dtype, tick)
         attention = measure_attention(s, default_dtype, tick)
         copies = host.measure_copies(s, tick)
-        adam = host.measure_host_adam(s, tick)
-        streams = host.measure_host_streams(s, tick)
+        rates = host.measure_host_rates(s, tick)
         eager_rounds.append(measure_eager(device, s.eager_repeats, tick))
         eager = median_result(eager_rounds)
         reserved, how = _reserved(device, baseline_rss)
@@ -102,21 +100,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         torch.set_num_threads(threads)
         bar.close()
     b = _Benchmarks(
-        used_threads,
-        ovh,
-        points,
-        default_dtype,
-        peaks,
-        fit,
-        mem,
-        attention,
-        copies,
-        adam,
-        streams,
-        eager,
-        reserved,
-        how,
-        comm,
+        used_threads, ovh, points, default_dtype, peaks, fit, mem, attention, copies, rates, eager, reserved, how, comm
     )
     return _calibration(device, quick, ranks, load_before, b)
 
@@ -178,9 +162,9 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
         copy_h2d_GBps=copies.h2d_GBps,
         copy_d2h_GBps=copies.d2h_GBps,
         copy_latency_us=copies.latency_us,
-        cpu_adam_GBps=b.adam_GBps,
-        host_sum_GBps=b.host_streams.sum_GBps,
-        host_norm_GBps=b.host_streams.norm_GBps,
+        cpu_adam_GBps=b.host_rates.adam_GBps,
+        host_sum_GBps=b.host_rates.sum_GBps,
+        host_norm_GBps=b.host_rates.norm_GBps,
         host_memory_GiB=host.host_memory_GiB(),
         cpu_cores=host.cpu_cores(),
         compute_slots=comm.compute_slots if comm is not None else None,

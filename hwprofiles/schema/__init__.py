@@ -5,7 +5,7 @@ ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps``
 1e9 bits/s, ``_GiB`` is 2**30 bytes, ``_us`` is microseconds (the multipliers: hwprofiles.units).
 """
 
-from hwprofiles.schema.cluster import ClusterSpec, Network
+from hwprofiles.schema.cluster import ClusterSpec, Network, Reliability
 from hwprofiles.schema.gpu import (
     ELEMENTWISE_KINDS,
     AttentionModel,
@@ -34,4 +34,5 @@ __all__ = [
     "Network",
     "NodeProfile",
     "Nvme",
+    "Reliability",
 ]

@@ -32,6 +32,37 @@ class Network(Strict):
         return 1.0 if nodes <= 4 else (nodes / 4) ** -self.busbw_scaling
 
 
+class Reliability(Strict):
+    """How often a job is interrupted and what a restart costs (autoplan.sizing.failures)."""
+
+    failures_per_gpu_hour: float = Field(
+        gt=0,
+        default=1.97e-5,
+        description="job interruptions per GPU-hour: Llama 3 405B's pre-training saw 419 unexpected "
+        "interruptions in 54 days on up to 16,384 H100 GPUs (Dubey et al. 2024, arXiv:2407.21783, section "
+        "3.3.4): 419 / (54 * 24 * 16384) = 1.97e-5",
+    )
+    checkpoint_GBps_per_gpu: float = Field(
+        gt=0,
+        default=0.122,
+        description="storage bandwidth per GPU for writing and reading checkpoints: Llama 3's storage "
+        "sustained 2 TB/s for 16,384 GPUs (Dubey et al. 2024, section 3.3.1): 2e12 / 16384 = 122 MB/s",
+    )
+    detect_s: float = Field(
+        ge=0,
+        default=300.0,
+        description="seconds until a hung or failed rank is noticed: NeMo's fault tolerance rank heartbeat "
+        "timeout, 300 s by default (docs.nvidia.com/nemo-framework, Resiliency)",
+    )
+    relaunch_s: float = Field(
+        ge=0,
+        default=150.0,
+        description="seconds to restart the job's processes and rebuild its communicators, the checkpoint "
+        "read aside: FlashRecovery restarts 4,800 devices in 150 s (arXiv:2509.03047; an optimized "
+        "system, so a lower bound for most clusters)",
+    )
+
+
 class ClusterSpec(Strict):
     """A cluster: ``nodes`` identical nodes joined by ``network``. ``node`` is resolved."""
 
@@ -40,6 +71,10 @@ class ClusterSpec(Strict):
     node: NodeProfile
     network: Network = Network()
     measured: date | None = None
+    gpu_hour_price: float | None = Field(
+        default=None, gt=0, description="price of one GPU-hour (any currency); overrides the node file's"
+    )
+    reliability: Reliability = Reliability()
     framework: Name | None = Field(
         default=None,
         description="the training stack that runs plans on this cluster (autoplan --framework: autoplan, megatron, "
@@ -59,6 +94,11 @@ class ClusterSpec(Strict):
     @property
     def gpu(self) -> GpuProfile:
         return self.node.gpu  # type: ignore[return-value]  # the loaders resolve names to profiles
+
+    @property
+    def price_per_gpu_hour(self) -> float | None:
+        """The cluster file's ``gpu_hour_price``, else the node file's, else None."""
+        return self.gpu_hour_price if self.gpu_hour_price is not None else self.node.gpu_hour_price
 
     @property
     def num_gpus(self) -> int:

@@ -105,6 +105,7 @@ class NodeProfile(Strict):
         "second; default: measured as host_sum_GBps",
     )
     nvme: Nvme | None = None
+    gpu_hour_price: float | None = Field(default=None, gt=0, description="price of one GPU-hour (any currency)")
     backend: Literal["nccl", "gloo"] = "nccl"
     compute_slots: float | dict[int, float] | None = Field(
         default=None,

@@ -107,6 +107,19 @@ def moe_plan(d: Docs) -> str:
     return fence("\n\n".join(_plan_summary(shown, out, ("plan ", "step time", "TFLOP/s")) for shown, out in runs))
 
 
+SIZING_JOB = ["--model", "gpt3-175b", "--cluster", "dgx-h100", "--nodes", "16:128:16", "--global-batch", "1536"]
+SIZING_GOAL = ["--tokens", "300e9", "--gpu-hour-price", "2.50", "--deadline", "20"]
+
+
+def cluster_sizing(d: Docs) -> str:
+    """cluster sizing: autoplan plan for gpt3-175b over 16 to 128 dgx-h100 nodes, 300B tokens, a
+    20-day deadline, with --plot docs/images/cluster-sizing.png"""
+    png = IMAGES / "cluster-sizing.png"
+    shown, out = d.autoplan("plan", *SIZING_JOB, *SIZING_GOAL, "--plot", str(png))
+    shrink_png(png)
+    return fence(shown.replace(str(png), rel(png)) + "\n" + out)
+
+
 def simulate_output(d: Docs) -> str:
     """autoplan simulate of the t=8,p=16 pipeline plan, with --plot docs/images/timeline-t8p16.png"""
     png = IMAGES / "timeline-t8p16.png"

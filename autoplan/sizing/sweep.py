@@ -1,0 +1,178 @@
+"""The best plan for each cluster size, what training on it takes once interruptions are priced
+in, and the size to choose (``autoplan plan --nodes A:B``).
+
+For each node count the search runs as ``autoplan plan`` does (autoplan.search); its best plan
+gives the step time, tokens/s and MFU. With T tokens to train, a size of G GPUs trains for
+T / (tokens/s) seconds of work; interruptions (autoplan.sizing.failures, the cluster's
+``reliability``) stretch that by the expected wall factor F at Daly's checkpoint interval, with
+checkpoints of the plan's weights and optimizer state written and read at the storage's
+bandwidth. GPU-hours = G * wall hours; cost = GPU-hours * the price of a GPU-hour.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from autoplan.search import SearchOptions, search
+from autoplan.sizing import failures
+from hwprofiles.errors import AutoplanError, InputError
+from hwprofiles.load import with_nodes
+from hwprofiles.schema import ClusterSpec
+from simulator.cost.memory import OPTIMIZER_BYTES_PER_PARAM
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.params import total_params
+from simulator.result import SimResult
+from simulator.specs import ModelSpec
+
+SECONDS_PER_DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the sweep is for: ``tokens`` to train (None: only per-step figures), the price of a
+    GPU-hour (None: GPU-hours only), a deadline in days, and what picks among the sizes."""
+
+    tokens: float | None = None
+    price: float | None = None
+    deadline_days: float | None = None
+    objective: Literal["time", "cost"] = "time"
+
+
+@dataclass(frozen=True)
+class SizeRow:
+    """One cluster size: its best plan and, with tokens, what training on it takes."""
+
+    nodes: int
+    gpus: int
+    plan: str
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    checkpoint_s: float  # one checkpoint's write (and read) time
+    checkpoint_interval_s: float  # work seconds between checkpoints (Daly)
+    mtbf_h: float  # the job's mean time between interruptions
+    goodput: float  # work seconds per wall second with interruptions
+    days: float | None = None  # work days, no interruptions
+    days_with_failures: float | None = None
+    gpu_hours: float | None = None  # with interruptions
+    cost: float | None = None
+    meets_deadline: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checkpoint_bytes(model: ModelSpec, result: SimResult) -> float:
+    """Bytes of one checkpoint: every parameter's weight and its optimizer state, as the plan's
+    runtime keeps them (fp32 weights and Adam's two moments in autoplan's program; e-byte weights,
+    fp32 master weights and moments in mixed precision: simulator.cost.memory)."""
+    job = result.job
+    per_param = (
+        4 + 8 if job.runtime.states == "fp32-params" else dtype_bytes(job.cluster.gpu) + OPTIMIZER_BYTES_PER_PARAM
+    )
+    return float(total_params(model)) * per_param
+
+
+def size_row(model: ModelSpec, cluster: ClusterSpec, result: SimResult, goal: Goal) -> SizeRow:
+    """The row of one size from its best plan (module docstring)."""
+    d = result.to_dict()
+    gpus, rel = cluster.num_gpus, cluster.reliability
+    dump = failures.checkpoint_seconds(checkpoint_bytes(model, result), gpus, rel.checkpoint_GBps_per_gpu)
+    mtbf = failures.job_mtbf_s(rel.failures_per_gpu_hour, gpus)
+    interval = failures.daly_interval_s(dump, mtbf)
+    factor = failures.expected_wall_factor(interval, dump, rel.detect_s + rel.relaunch_s + dump, mtbf)
+    row = SizeRow(
+        nodes=cluster.nodes,
+        gpus=gpus,
+        plan=result.job.plan.to_string(),
+        step_time_s=result.step_time,
+        tokens_per_s=d["tokens_per_s"],
+        mfu=d["mfu"],
+        checkpoint_s=dump,
+        checkpoint_interval_s=interval,
+        mtbf_h=mtbf / 3600.0,
+        goodput=1.0 / factor,
+    )
+    if goal.tokens is None:
+        return row
+    work_s = goal.tokens / row.tokens_per_s
+    wall_days = work_s * factor / SECONDS_PER_DAY
+    gpu_hours = gpus * wall_days * 24.0
+    return replace(
+        row,
+        days=work_s / SECONDS_PER_DAY,
+        days_with_failures=wall_days,
+        gpu_hours=gpu_hours,
+        cost=gpu_hours * goal.price if goal.price is not None else None,
+        meets_deadline=wall_days <= goal.deadline_days if goal.deadline_days is not None else None,
+    )
+
+
+def choose(rows: list[SizeRow], goal: Goal) -> SizeRow | None:
+    """The size the goal picks: among those that meet the deadline (all without one), the
+    shortest time to train with interruptions (objective time) or the fewest GPU-hours of it
+    (objective cost: the same order as the cost at one price); per token when no tokens are given.
+    None when no size meets the deadline."""
+    fit = [r for r in rows if r.meets_deadline is not False]
+    if not fit:
+        return None
+    if goal.objective == "time":
+        return min(fit, key=lambda r: 1.0 / (r.tokens_per_s * r.goodput))
+    return min(fit, key=lambda r: r.gpus / (r.tokens_per_s * r.goodput))
+
+
+@dataclass
+class Sweep:
+    rows: list[SizeRow]
+    skipped: list[dict[str, Any]]  # {"nodes": n, "reason": one line}
+    choice: SizeRow | None
+    goal: Goal
+    search_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sizes": [r.to_dict() for r in self.rows],
+            "choice": self.choice.to_dict() if self.choice else None,
+            "skipped": self.skipped,
+            "goal": asdict(self.goal),
+            "search_time_s": self.search_time_s,
+        }
+
+
+def _sized(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
+    """``cluster`` with ``nodes`` nodes, checked as a cluster file of that size is (a node without
+    NICs makes no cluster of several); InputError otherwise."""
+    try:
+        return ClusterSpec.model_validate(with_nodes(cluster, nodes).model_dump())
+    except ValidationError as e:
+        raise InputError(str(e.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+
+
+def sweep(
+    model: ModelSpec, cluster: ClusterSpec, global_batch: int, counts: list[int], opts: SearchOptions, goal: Goal
+) -> Sweep:
+    """Plan every size of ``counts`` (module docstring). A size no plan can use is skipped with
+    its reason; when none can be planned, the first size's error is raised."""
+    if goal.deadline_days is not None and goal.tokens is None:
+        raise InputError("--deadline needs --tokens (the days to train depend on the tokens)")
+    t0 = time.perf_counter()
+    rows: list[SizeRow] = []
+    skipped: list[dict[str, Any]] = []
+    first_error: AutoplanError | None = None
+    for n in counts:
+        try:
+            size = _sized(cluster, n)
+            found = search(model, size, global_batch, opts)
+        except AutoplanError as e:
+            first_error = first_error or e
+            skipped.append({"nodes": n, "reason": str(e).splitlines()[0]})
+            continue
+        rows.append(size_row(model, size, found.best_result, goal))
+    if not rows:
+        assert first_error is not None
+        raise first_error
+    return Sweep(rows, skipped, choose(rows, goal), goal, time.perf_counter() - t0)
