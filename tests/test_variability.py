@@ -51,3 +51,14 @@ def test_the_slowest_gpu_slows_kernels_not_the_host_that_issues_them():
     assert stream_time(tiny, gpu, 1.05) == stream_time(tiny, gpu)  # launch-bound: 10 launches
     big = [Op("big", "elementwise", flops=1e12, bytes=1e9)]
     assert stream_time(big, gpu, 1.05) == pytest.approx(1.05 * stream_time(big, gpu))
+
+
+def test_busy_multi_gpu_nodes_run_at_their_sustained_clock():
+    # dgx-h100: sustained_clock 0.92, speed_spread 0.011. One GPU per node runs at the measured
+    # (boost) speed; eight per node at 0.92 of it, on top of the slowest-GPU factor
+    one = load_cluster("dgx-h100", 1, 1)
+    eight = load_cluster("dgx-h100", 1)
+    assert one.gpu.sustained_clock == 0.92 and eight.gpus_per_node == 8
+    assert device_slowdown(one) == pytest.approx(slowest_gpu_factor(1, 0.011))
+    assert device_slowdown(eight) == pytest.approx(slowest_gpu_factor(8, 0.011) / 0.92)
+    assert device_slowdown(load_cluster("dgx-a100-80gb", 1)) == pytest.approx(slowest_gpu_factor(8, 0.011))

@@ -139,6 +139,14 @@ class GpuProfile(Strict):
     gemm: GemmModel
     attention: AttentionModel | None = None  # fused attention; None: priced as its two GEMMs' shapes
     kernel_launch_us: float = Field(ge=0, default=5.0)
+    sustained_clock: float = Field(
+        gt=0,
+        le=1,
+        default=1.0,
+        description="the fraction of its measured one-GPU speed a GPU holds while all of its node's GPUs train "
+        "(clocks under the power limit of a busy multi-GPU node, where a one-GPU benchmark runs at boost); "
+        "applied to the device's work of jobs with several GPUs per node (simulator.cost.block_times.device_slowdown)",
+    )
     speed_spread: float = Field(
         ge=0,
         lt=0.2,

@@ -85,8 +85,14 @@ def compute_slowdown(cluster: ClusterSpec) -> float:
 def device_slowdown(cluster: ClusterSpec) -> float:
     """How much longer the device's work takes than one GPU's kernels alone: the job runs at its
     slowest GPU's pace (simulator.cost.variability, the GPU profile's ``speed_spread`` over the
-    cluster's GPUs). The host's issuing of kernels is not slowed."""
-    return slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread)
+    cluster's GPUs), and with several GPUs per node each runs at the clock a busy node holds, the
+    profile's ``sustained_clock`` of its one-GPU speed:
+
+        slowdown = slowest_gpu_factor(N, spread) / (sustained_clock if GPUs per node > 1 else 1)
+
+    The host's issuing of kernels is not slowed."""
+    clock = cluster.gpu.sustained_clock if cluster.gpus_per_node > 1 else 1.0
+    return slowest_gpu_factor(cluster.num_gpus, cluster.gpu.speed_spread) / clock
 
 
 def host_async(cluster: ClusterSpec) -> bool:
