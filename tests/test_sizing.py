@@ -133,3 +133,23 @@ def test_sweep_errors_are_one_line(args, message, tmp_path):
     done = _plan(*[a if a != "x.png" else str(tmp_path / a) for a in args])
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoint_bytes_are_weights_and_optimizer_state():
+    # autoplan's program keeps fp32 weights and Adam's two moments: 4 + 8 = 12 bytes per parameter;
+    # mixed precision (Megatron-LM, DeepSpeed) bf16 weights, fp32 master weights and moments: 2 + 12
+    from autoplan.runtime.support import program_job
+    from autoplan.sizing.sweep import checkpoint_bytes
+    from hwprofiles.load import load_cluster
+    from simulator import simulate
+    from simulator.cost.params import total_params
+    from simulator.job import Job
+    from simulator.model_files import load_model
+    from simulator.plan import parse_plan
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    plan, _ = parse_plan("t=8,p=1,zero=1", model, 8, 64)
+    mixed = Job.make(model, cluster, plan, 64)
+    assert checkpoint_bytes(model, simulate(mixed, "analytic")) == pytest.approx(14 * total_params(model))
+    program = simulate(program_job(mixed), "analytic")
+    assert checkpoint_bytes(model, program) == pytest.approx(12 * total_params(model))

@@ -22,7 +22,7 @@ from autoplan.sizing import failures
 from hwprofiles.errors import AutoplanError, InputError
 from hwprofiles.load import with_nodes
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.memory import OPTIMIZER_BYTES_PER_PARAM
+from simulator.cost.memory import program_state_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.params import total_params
 from simulator.result import SimResult
@@ -68,13 +68,12 @@ class SizeRow:
 
 def checkpoint_bytes(model: ModelSpec, result: SimResult) -> float:
     """Bytes of one checkpoint: every parameter's weight and its optimizer state, as the plan's
-    runtime keeps them (fp32 weights and Adam's two moments in autoplan's program; e-byte weights,
-    fp32 master weights and moments in mixed precision: simulator.cost.memory)."""
+    runtime keeps them (simulator.cost.memory.program_state_bytes without ZeRO-1's working
+    buffers: fp32 weights and Adam's two moments in autoplan's program, 12 bytes; e-byte weights,
+    fp32 master weights and moments in mixed precision, e + 12)."""
     job = result.job
-    per_param = (
-        4 + 8 if job.runtime.states == "fp32-params" else dtype_bytes(job.cluster.gpu) + OPTIMIZER_BYTES_PER_PARAM
-    )
-    return float(total_params(model)) * per_param
+    weight, _, optimizer = program_state_bytes(job.runtime.states, dtype_bytes(job.cluster.gpu), 0)
+    return float(total_params(model)) * (weight + optimizer)
 
 
 def size_row(model: ModelSpec, cluster: ClusterSpec, result: SimResult, goal: Goal) -> SizeRow:
