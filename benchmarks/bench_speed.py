@@ -13,7 +13,10 @@
 3. `autoplan plan` wall time and peak memory (the largest RSS of the main process and of any
    worker) for the main job (gpt3-175b, 128 dgx-a100-80gb nodes, B = 1536) and the 1T job
    (gpt-1t, 384 nodes, B = 3072), as ``python -m autoplan`` runs it (interpreter start to exit),
-   best of --repeat.
+   best of --repeat;
+4. with ``--sizing``: the cluster-size sweeps of issue 35 as ``autoplan plan --nodes A:B`` runs them
+   (gpt3-175b over every node count from 16 to 512, gpt-1t from 64 to 1,024, dgx-a100-80gb
+   nodes), once each. Targets: 5 s and 10 s; today a sweep is one search per size (minutes).
 
 With ``--against REV`` the same figures are measured for the code at git revision REV (checked
 out into a temporary worktree; each measurement runs in a subprocess with that tree first on
@@ -115,6 +118,10 @@ JOBS = {
     "main job": ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128", "--global-batch", "1536"],
     "1T job": ["--model", "gpt-1t", "--cluster", "dgx-a100-80gb", "--nodes", "384", "--global-batch", "3072"],
 }
+SWEEPS = {
+    "sweep 175B, 16..512 nodes": [*JOBS["main job"][:-3], "16:512", "--global-batch", "1536"],
+    "sweep 1T, 64..1024 nodes": [*JOBS["1T job"][:-3], "64:1024", "--global-batch", "3072"],
+}
 DES_RUNS = {
     "DES 175B on 1,024 GPUs": ("gpt3-175b", 128, 1536, "t=8,p=16,ckpt=full"),
     "DES 1T on 3,072 GPUs": ("gpt-1t", 384, 3072, "t=8,p=16,mb=1,zero=1,v=8,schedule=interleaved,sp=1"),
@@ -129,7 +136,7 @@ def _python(root: Path, code: str, args: list[str]) -> subprocess.CompletedProce
     return r
 
 
-def measure(root: Path, repeat: int) -> dict[str, tuple[float, str]]:
+def measure(root: Path, repeat: int, sizing: bool = False) -> dict[str, tuple[float, str]]:
     """{figure: (value, unit)} for the code under ``root``."""
     out: dict[str, tuple[float, str]] = {}
     analytic = root / "simulator" / "analytic"
@@ -150,6 +157,10 @@ def measure(root: Path, repeat: int) -> dict[str, tuple[float, str]]:
             rss.append(json.loads(r.stderr.strip().splitlines()[-1])["rss_kib"])
         out[f"plan {label}"] = (min(walls), "s")
         out[f"plan {label} peak memory"] = (max(rss) / 2**20, "GiB")
+    for label, args in SWEEPS.items() if sizing else ():
+        t0 = time.perf_counter()
+        _python(root, PLAN, args)
+        out[label] = (time.perf_counter() - t0, "s")
     return out
 
 
@@ -163,14 +174,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", metavar="REV", help="also measure the code at this git revision, and the ratio")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each timed figure (the best is reported)")
+    ap.add_argument("--sizing", action="store_true", help="also time the cluster-size sweeps (figure 4; minutes)")
     a = ap.parse_args()
-    now = measure(ROOT, a.repeat)
+    now = measure(ROOT, a.repeat, a.sizing)
     then: dict[str, tuple[float, str]] = {}
     if a.against:
         with tempfile.TemporaryDirectory() as tmp:
             tree = _worktree(a.against, Path(tmp))
             try:
-                then = measure(tree, a.repeat)
+                then = measure(tree, a.repeat, a.sizing)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
     print(f"{'figure':44s} {'this code':>14s}" + (f" {a.against[:12]:>14s} {'ratio':>7s}" if a.against else ""))
