@@ -214,7 +214,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
         "--deadline", type=_positive_float, metavar="DAYS", help="with --tokens: the cheapest size that trains in time"
     )
     p.add_argument(
-        "--fidelity", choices=("des", "analytic"), default="des", help="how the top K are simulated (default des)"
+        "--fidelity",
+        choices=("des", "analytic"),
+        help="how the top K are simulated (default des; over several --nodes sizes analytic, a search per size)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", type=Path, help="write the best plan's timeline PNG")

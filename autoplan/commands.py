@@ -250,7 +250,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from autoplan.sizing.sizes import parse_node_counts
 
     counts = parse_node_counts(a.nodes) if a.nodes else None
-    if (counts and len(counts) > 1) or a.tokens or a.deadline or a.gpu_hour_price:
+    sizing = bool((counts and len(counts) > 1) or a.tokens or a.deadline or a.gpu_hour_price)
+    a = argparse.Namespace(**{**vars(a), "fidelity": a.fidelity or ("analytic" if sizing else "des")})
+    if sizing:
         return _cmd_sweep(a, counts)
     _check_picture_outputs(a)
     model, cluster = _load_job_inputs(a, counts[0] if counts else None)
@@ -269,7 +271,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
     """``plan`` over several sizes, or with --tokens, --deadline or --gpu-hour-price:
-    autoplan.sizing. Each size is searched for its best plan (one finalist per size simulated)."""
+    autoplan.sizing. Each size is searched for its best plan (the finalists within the search's
+    tolerance of the best simulated, analytic unless --fidelity des)."""
     import dataclasses
 
     from autoplan.sizing.report import format_sweep, plot_sweep
@@ -284,7 +287,7 @@ def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
     fw = _framework(a, cluster)
     price = a.gpu_hour_price or cluster.price_per_gpu_hour
     goal = Goal(a.tokens, price, a.deadline, a.objective or ("cost" if a.deadline else "time"))
-    opts = dataclasses.replace(_search_options(a, fw, "time"), top=1, max_finalists=4, keep_timeline=False)
+    opts = dataclasses.replace(_search_options(a, fw, "time"), top=1, keep_timeline=False)
     found = sweep(model, cluster, a.global_batch, counts or [cluster.nodes], opts, goal)
     out = found.to_dict()
     if a.plot:
