@@ -14,7 +14,9 @@ from hwprofiles.calibrate.fit import fit_attention_curve
 from hwprofiles.load import load_gpu
 from hwprofiles.schema import AttentionPoint, EagerHost
 
-H100_CALIBRATED = Path(__file__).resolve().parent.parent / "benchmarks/data/h100-2026-11-26b/h100-calibrated.yaml"
+DATA = Path(__file__).resolve().parent.parent / "benchmarks/data"
+H100_CALIBRATED = DATA / "h100-2026-11-26b/h100-calibrated.yaml"
+H200_CALIBRATED = DATA / "h200-2026-11-27/h200-calibrated.yaml"  # made with the per-layer slope method
 
 
 def test_causal_attention_flops_is_half_the_full_matrix():
@@ -42,8 +44,9 @@ def test_attention_fit_recovers_the_curve_that_made_the_points():
     assert fit.rms_log_error < 0.02
 
 
-def test_the_committed_h100_calibration_has_no_rate_above_its_peaks():
-    g = load_gpu(str(H100_CALIBRATED))
+@pytest.mark.parametrize("profile", [H100_CALIBRATED, H200_CALIBRATED], ids=lambda p: p.parent.name)
+def test_the_committed_gpu_calibrations_have_no_rate_above_their_peaks(profile):
+    g = load_gpu(str(profile))
     for pt in g.gemm.table:
         assert 0 < pt.tflops <= g.peak_tflops[pt.dtype]
     assert {pt.dtype for pt in g.gemm.table} == {"bf16", "fp16", "fp8"}
@@ -85,3 +88,12 @@ def test_an_offloading_gpu_rank_steps_on_its_share_of_the_cores():
     threads = host_threads("cpu", "cuda", 1)
     assert threads is not None and threads >= 1
     assert host_threads("cpu", "cuda", 10**6) == 1
+
+
+@pytest.mark.parametrize("name", ["h100-sxm5-80gb", "h200-sxm-141gb"])
+def test_the_built_in_profiles_measured_tables_stay_below_the_datasheet_peaks(name):
+    g = load_gpu(name)
+    assert {pt.dtype for pt in g.gemm.table} == {"bf16", "fp16", "fp8"}
+    for pt in g.gemm.table:
+        assert 0 < pt.tflops <= g.peak_tflops[pt.dtype]
+    assert 0.8 < g.sustained_clock < 1 and g.eager is not None
