@@ -12,8 +12,10 @@ ZeRO-3 CPU-offload step spends its time. Run on a CUDA machine::
    (embedding, head, loss, the backward call). Written to ``DIR/eager.json``.
 2. Offload: one rank of FSDP2 with CPUOffloadPolicy over the 7B-layer slice
    (benchmarks/models/llama7b-slice.yaml), as ``autoplan run`` builds it, stepping fused AdamW
-   on the host's threads; the time of each phase of a step (forward, backward, gradient norm,
-   optimizer) and torch.profiler's top host ops of the second step. Written to
+   on the host's threads and summing the microbatches' gradients there as the trainer does
+   (autoplan.runtime.data_parallel.HostGradients); the host's transfer and stream rates
+   (:func:`host_transfers`), the time of each phase of a step (forward, backward, host sum,
+   gradient norm, optimizer) and torch.profiler's top host ops of the second step. Written to
    ``DIR/offload.json`` and ``DIR/offload-profile.txt``.
 
 ``--slopes-into PROFILE EAGER_JSON SOURCE`` (no GPU) writes a copy of a calibrated profile whose
@@ -152,35 +154,28 @@ def _timed_step(model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, microba
     return phases
 
 
-def host_transfers(gib: float = 2.0) -> dict[str, float]:
-    """GB/s of what an offloading rank moves, on ``gib`` GiB of fp32: host -> device from pinned
-    memory, device -> host into pinned and into pageable memory (a fresh ``.to("cpu")``, as
-    FSDP2 copies an accumulated gradient), the host add of two such buffers (bytes of one
-    operand per second) and the host gradient norm of them (autoplan.runtime.grads)."""
-    from autoplan.runtime.grads import clip_global_norm
+def host_transfers() -> dict[str, float]:
+    """GB/s of what an offloading rank moves, measured as ``autoplan calibrate`` measures them
+    (hwprofiles.calibrate.host: pinned copies each way, the host gradient sum and norm, on its
+    CUDA buffer), and beside them a device -> host copy into pageable memory (a fresh
+    ``.to("cpu")``, as FSDP2 copies an accumulated gradient)."""
+    from hwprofiles.calibrate import host
+    from hwprofiles.calibrate.settings import settings_for
+    from hwprofiles.calibrate.timing import seconds_per_call
+    from hwprofiles.units import GB
 
-    n = int(gib * 2**30) // 4
-    gpu = torch.randn(n, device="cuda")
-    pinned = torch.empty(n, pin_memory=True)
-
-    def rate(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return n * 4 / (time.perf_counter() - t0) / 1e9
-
-    out = {
-        "h2d_pinned": rate(lambda: gpu.copy_(pinned, non_blocking=True)),
-        "d2h_pinned": rate(lambda: pinned.copy_(gpu, non_blocking=True)),
-        "d2h_pageable": rate(lambda: gpu.to("cpu")),
+    s = settings_for("cuda", False)
+    copies = host.measure_copies(s, lambda _: None)
+    sum_GBps, norm_GBps = host.measure_host_streams(s, lambda _: None)
+    gpu = torch.empty(s.host_copy_bytes // 4, device="cuda")
+    pageable = s.host_copy_bytes / seconds_per_call(lambda: gpu.to("cpu"), "cuda", s.timing) / GB
+    return {
+        "h2d_pinned": copies.h2d_GBps,
+        "d2h_pinned": copies.d2h_GBps,
+        "d2h_pageable": pageable,
+        "host_add": sum_GBps,
+        "host_norm": norm_GBps,
     }
-    other = pinned.clone()
-    out["host_add"] = rate(lambda: pinned.add_(other))
-    chunks = [(c, 1.0) for c in pinned.split(n // 64)]
-    out["host_norm"] = rate(lambda: clip_global_norm(chunks, None, torch.device("cuda")))
-    return out
 
 
 def offload_probe(out_dir: Path, microbatches: int) -> dict[str, object]:

@@ -224,12 +224,14 @@ def _node_cluster_name(node: NodeProfile, nodes: int) -> str:
 
 def with_nodes(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
     """``cluster`` with ``nodes`` nodes, renamed where its name counts them (a node's cluster,
-    :func:`_node_cluster_name`; a cluster file's name is kept)."""
+    :func:`_node_cluster_name`; a cluster file's name is kept), checked as a cluster file of that
+    size is (a node without NICs makes no cluster of several): SpecError otherwise."""
     counted = _node_cluster_name(cluster.node, cluster.nodes)
     name = cluster.name
     if name == counted or name.startswith(f"{counted}-"):  # also <node>-x<N>-<G>gpn (--gpus-per-node)
         name = _node_cluster_name(cluster.node, nodes) + name[len(counted) :]
-    return cluster.model_copy(update={"nodes": nodes, "name": name})
+    data = {**cluster.model_dump(), "nodes": nodes, "name": name}
+    return build(ClusterSpec, data, f"cluster {cluster.name} on {nodes} nodes")
 
 
 def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterSpec:

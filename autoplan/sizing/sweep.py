@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
 from autoplan.search import SearchOptions, search
 from autoplan.sizing import failures
 from hwprofiles.errors import AutoplanError, InputError
@@ -78,7 +76,6 @@ def checkpoint_bytes(model: ModelSpec, result: SimResult) -> float:
 
 def size_row(model: ModelSpec, cluster: ClusterSpec, result: SimResult, goal: Goal) -> SizeRow:
     """The row of one size from its best plan (module docstring)."""
-    d = result.to_dict()
     gpus, rel = cluster.num_gpus, cluster.reliability
     dump = failures.checkpoint_seconds(checkpoint_bytes(model, result), gpus, rel.checkpoint_GBps_per_gpu)
     mtbf = failures.job_mtbf_s(rel.failures_per_gpu_hour, gpus)
@@ -89,8 +86,8 @@ def size_row(model: ModelSpec, cluster: ClusterSpec, result: SimResult, goal: Go
         gpus=gpus,
         plan=result.job.plan.to_string(),
         step_time_s=result.step_time,
-        tokens_per_s=d["tokens_per_s"],
-        mfu=d["mfu"],
+        tokens_per_s=result.tokens_per_s,
+        mfu=result.mfu,
         checkpoint_s=dump,
         checkpoint_interval_s=interval,
         mtbf_h=mtbf / 3600.0,
@@ -142,15 +139,6 @@ class Sweep:
         }
 
 
-def _sized(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
-    """``cluster`` with ``nodes`` nodes, checked as a cluster file of that size is (a node without
-    NICs makes no cluster of several); InputError otherwise."""
-    try:
-        return ClusterSpec.model_validate(with_nodes(cluster, nodes).model_dump())
-    except ValidationError as e:
-        raise InputError(str(e.errors()[0]["msg"]).removeprefix("Value error, ")) from None
-
-
 def sweep(
     model: ModelSpec, cluster: ClusterSpec, global_batch: int, counts: list[int], opts: SearchOptions, goal: Goal
 ) -> Sweep:
@@ -164,7 +152,7 @@ def sweep(
     first_error: AutoplanError | None = None
     for n in counts:
         try:
-            size = _sized(cluster, n)
+            size = cluster if n == cluster.nodes else with_nodes(cluster, n)
             found = search(model, size, global_batch, opts)
         except AutoplanError as e:
             first_error = first_error or e

@@ -127,14 +127,6 @@ class NodeProfile(Strict):
         "compute (CPU ranks that outnumber the cores: a woken rank waits for a core); written by calibrate",
     )
 
-    @property
-    def host_sum_bytes_per_s(self) -> float:
-        return self.host_sum_GBps * 1e9
-
-    @property
-    def host_norm_bytes_per_s(self) -> float:
-        return self.host_norm_GBps * 1e9
-
     @field_validator("busy_latency_us")
     @classmethod
     def _busy_latency_keys(cls, v: dict[int, float] | None) -> dict[int, float] | None:

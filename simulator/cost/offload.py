@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hwprofiles.schema import NodeProfile
+from hwprofiles.units import GB
 from simulator.cost import memory
 
 #: FSDP2's offloaded parameter shards are the fp32 ones (cast to bf16 on the GPU after the copy up)
@@ -47,6 +48,6 @@ def fsdp2_host_seconds(node: NodeProfile, psi_local: Any, m: Any) -> Any:
     h200-2026-11-27/offload.json): 0.47 s of sums over 3 microbatches, 0.79 s of norm and
     clipping, 0.37 s of AdamW; this gives 0.45, 0.56 and 0.35 s with that host's figures."""
     b = FSDP2_OFFLOAD_BYTES
-    per_param = b * (m - 1) / node.host_sum_bytes_per_s + b / node.host_norm_bytes_per_s
-    per_param = per_param + memory.OPTIMIZER_BYTES_PER_PARAM / (node.cpu_adam_GBps * 1e9)
-    return node.gpus_per_node * psi_local * per_param
+    per_param = b * (m - 1) / node.host_sum_GBps + b / node.host_norm_GBps
+    per_param = per_param + memory.OPTIMIZER_BYTES_PER_PARAM / node.cpu_adam_GBps
+    return node.gpus_per_node * psi_local * per_param / GB
