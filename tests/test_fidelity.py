@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from hwprofiles.algorithms import Collective, latency_steps
+from hwprofiles.algorithms import Collective, latency_split, latency_steps
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.cost import attention, collectives, layout, memory, ops, zero3
 from simulator.cost.overlap import overlap_cost, overlapped
 from simulator.cost.stage import StageCost
+from simulator.des import flows
+from simulator.des.topology import Topology
 from simulator.job import Job
 from simulator.model_files import load_model
 from simulator.plan import Plan
@@ -57,6 +59,31 @@ def test_all_gather_and_reduce_scatter_latency_is_a_ring():
     assert latency_steps(1536, Collective.ALL_REDUCE, trees=False) == 2 * 1535
 
 
+def test_a_ring_across_nodes_pays_nccls_split_of_its_steps():
+    # NCCL 2.9.9 tuning.cc: (nsteps - nInterSteps) * intraLat + nInterSteps * interLat, nInterSteps = N - 1
+    assert latency_split(1536, 192, Collective.ALL_GATHER, True, 3e-6, 5e-6) == (1344, 191)
+    assert latency_split(1536, 192, Collective.ALL_REDUCE, False, 3e-6, 5e-6) == (2688, 382)
+    # the tree's 22 steps, the top 2 * ceil(log2 192) = 16 across nodes, cost less than the ring's
+    assert latency_split(1536, 192, Collective.ALL_REDUCE, True, 3e-6, 5e-6) == (6, 16)
+    assert latency_split(8, 1, Collective.ALL_GATHER, True, 3e-6, 5e-6) == (7, 0)
+    assert latency_split(2, 2, Collective.SEND_RECV, True, 3e-6, 5e-6) == (0, 1)
+    # 1536 A100s on 192 DGX nodes: 1344 NVSwitch steps at 3 us and 191 NIC steps at 5 + 3 * 0.13 us
+    c = load_cluster("dgx-a100-80gb", nodes=192)
+    link = collectives.group_link(c, layout.dp_shape(1, 1536, 8))
+    assert link.latency_seconds(Collective.ALL_GATHER, 1536) == pytest.approx(1344 * 3e-6 + 191 * 5.39e-6)
+
+
+def test_the_des_pays_the_same_steps_inside_and_across_nodes():
+    c = load_cluster("dgx-a100-80gb", nodes=4)
+    topo = Topology(c)
+    phases = flows.collective_phases(topo, Collective.ALL_GATHER, list(range(32)), 1.0)
+    # the inter-node rings take the 3 steps across nodes, the rings inside the nodes the other 28
+    assert [ph.steps for ph in phases] == [3, 28]
+    # an all-reduce runs as trees, 2 * ceil(log2 32) = 10 steps, the top 2 * ceil(log2 4) = 4 across nodes
+    reduce = flows.collective_phases(topo, Collective.ALL_REDUCE, list(range(32)), 1.0)
+    assert [ph.steps for ph in reduce] == [3, 4, 3]
+
+
 def test_bus_bandwidth_falls_with_the_nodes_a_ring_spans():
     net = load_cluster("dgx-h100", nodes=128).network
     # NVIDIA/nccl#1229: 360 GB/s at 4 nodes, 260 at 128
@@ -89,11 +116,12 @@ def test_zero3_pass_per_unit_by_hand():
     bwd = g + r + overlap_cost(2.0, z.gather + z.scatter - g - r, sigma) + z.copy_out
     assert z.exposed(1.0, 2.0, sigma) == pytest.approx(fwd + bwd)
     # DeepSpeed gathers module by module, 4 per layer (32 all-gathers of 0.5 GB: the same bytes and 24
-    # more rings' latency, 31 steps each), gathers every fully recomputed layer once more, reduces in
-    # bf16 and copies nothing out
+    # more rings' latency, each 28 steps inside the 4 nodes at NVSwitch's 3 us and 3 across at the NIC's
+    # 5 us plus 3 switches' 0.13 us), gathers every fully recomputed layer once more, reduces in bf16
+    # and copies nothing out
     ds = zero3.zero3_pass(stage, links, 2, 16e9, DEEPSPEED_ZERO3, c.gpu)
     assert ds.gather == pytest.approx(32 * collectives.all_gather_time(0.5e9, 32, link))
-    assert ds.gather - z.gather == pytest.approx(24 * 31 * link.latency)
+    assert ds.gather - z.gather == pytest.approx(24 * (28 * 3e-6 + 3 * 5.39e-6))
     assert ds.regather == pytest.approx(ds.gather) and ds.copy_out == 0.0
     assert ds.scatter == pytest.approx(8 * collectives.reduce_scatter_time(2e9, 32, link))
 

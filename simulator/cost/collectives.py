@@ -2,12 +2,14 @@
 in-pass collectives and receiver all-gathers).
 
 Ring algorithms (Patarasuk & Yuan 2009; Thakur et al. 2005), S = bytes per rank's buffer,
-n = ranks, B = bus bandwidth (bytes/s), a = per-step latency:
-    all-reduce:              2(n-1)/n * S / B + 2(n-1) a
-    reduce-scatter, all-gather: (n-1)/n * S / B + (n-1) a
-    point-to-point:          S / B + a
+n = ranks on N nodes, B = bus bandwidth (bytes/s), a = per-step latency inside a node, A across:
+    all-reduce:              2(n-1)/n * S / B + 2(n-N) a + 2(N-1) A
+    reduce-scatter, all-gather: (n-1)/n * S / B + (n-N) a + (N-1) A
+    point-to-point:          S / B + A (a inside a node)
+(NCCL's split of a ring's steps, hwprofiles.algorithms.latency_split).
 NCCL switches its all-reduce to double binary trees when latency dominates; we take the
-ring bandwidth term with the smaller of the ring and tree latency terms (2*ceil(log2 n) steps);
+ring bandwidth term with the smaller of the ring and tree latency terms (2*ceil(log2 n) steps,
+the top 2*ceil(log2 N) across nodes);
 all-gather and reduce-scatter are rings (n-1 steps) on NCCL and gloo alike, and gloo's
 all-reduce too (hwprofiles.algorithms).
 The bus bandwidth of a group comes from where it sits (simulator.cost.layout): inside a node the
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hwprofiles.algorithms import Collective, latency_steps, uses_trees
+from hwprofiles.algorithms import Collective, latency_seconds, uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost.layout import GroupShape
 from simulator.numeric import where
@@ -32,9 +34,11 @@ from simulator.numeric import where
 @dataclass(frozen=True)
 class GroupLink:
     bandwidth: float  # bytes/s of bus bandwidth per rank
-    latency: float  # seconds per algorithm step
+    latency: float  # seconds per algorithm step (across nodes, for a group that spans several)
     trees: bool = True  # latency-bound collectives run as trees (NCCL; gloo: rings only)
     per_collective: tuple[tuple[str, float, float], ...] = ()  # (name, bytes/s, latency): own fits inside a node
+    nodes: int = 1  # nodes the group spans
+    intra_latency: float = 0.0  # seconds per step inside a node, for a group that spans several
 
     def figures(self, collective: str) -> tuple[float, float]:
         """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.CollectiveName)."""
@@ -42,6 +46,13 @@ class GroupLink:
             if name == collective:
                 return bw, lat
         return self.bandwidth, self.latency
+
+    def latency_seconds(self, collective: str, n: int) -> float:
+        """The latency terms of ``collective`` over the group's ``n`` ranks: its steps inside and
+        across nodes at their per-step latencies (hwprofiles.algorithms.latency_split)."""
+        lat = self.figures(collective)[1]
+        intra = lat if self.nodes <= 1 else self.intra_latency
+        return latency_seconds(n, self.nodes, collective, self.trees, intra, lat)
 
 
 def node_link(cluster: ClusterSpec) -> GroupLink:
@@ -65,7 +76,7 @@ def group_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     lat = node.nic.latency_s + cluster.network.switch_latency_us * 1e-6 * (
         1 if cluster.network.topology == "single-switch" else 3
     )
-    return GroupLink(bw, max(lat, intra.latency_s), trees)
+    return GroupLink(bw, max(lat, intra.latency_s), trees, nodes=shape.nodes, intra_latency=intra.latency_s)
 
 
 def in_pass_wait(cluster: ClusterSpec) -> float:
@@ -88,6 +99,8 @@ def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
         link.latency + wait,
         link.trees,
         tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective),
+        link.nodes,
+        link.intra_latency,
     )
 
 
@@ -103,8 +116,7 @@ def ring_seconds(collective: Collective, size_bytes: Any, n: Any, bandwidth: Any
 
 def _ring(collective: Collective, size_bytes: float, n: int, link: GroupLink) -> float:
     """:func:`ring_seconds` of ``collective`` on ``link``'s figures for it."""
-    bw, lat = link.figures(collective)
-    return ring_seconds(collective, size_bytes, n, bw, latency_steps(n, collective, link.trees) * lat)
+    return ring_seconds(collective, size_bytes, n, link.figures(collective)[0], link.latency_seconds(collective, n))
 
 
 def all_reduce_time(size_bytes: float, n: int, link: GroupLink) -> float:

@@ -17,9 +17,13 @@ Algorithm choice (what NCCL picks for the group's shape):
   Per rank this moves 2(k-1)/k * S + 2(N-1)/N * S/k = 2(kN-1)/(kN) * S: the same volume as
   a flat ring, with the inter-node share split over the node's NICs.
 * irregular shapes (unequal members per node): a flat ring ordered by node.
-Latency: per step the slowest edge's route latency; the number of steps is the ring's, or the
-double binary tree's 2*ceil(log2 n) when that is fewer (NCCL uses trees when latency-bound;
-gloo runs rings only), the same rule as :mod:`simulator.cost.collectives` (hwprofiles.algorithms).
+Latency: per step the slowest edge's route latency; the steps are NCCL's (the same rule as
+:mod:`simulator.cost.collectives`, hwprofiles.algorithms.latency_split): a ring over n ranks on N
+nodes pays n-N steps inside nodes and N-1 across (twice for an all-reduce), or the double binary
+tree's 2*ceil(log2 n) when that costs less (NCCL uses trees when latency-bound; gloo runs rings
+only). A hierarchical collective's inter-node phase pays the steps across nodes and its
+intra-node phases share the rest; a flat ring across nodes pays its steps inside nodes at the
+node's own link latency (:attr:`PhasePlan.intra_steps`).
 Inside a node whose profile fits a collective on its own (gloo: NodeProfile.collectives), that
 collective loads the links and pays latency at its fitted rates (:func:`own_fit`).
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from hwprofiles.algorithms import Collective, latency_steps, uses_trees
+from hwprofiles.algorithms import Collective, latency_split, latency_steps, uses_trees
 from hwprofiles.schema import CollectiveName
 from simulator.des.topology import Topology
 
@@ -38,11 +42,14 @@ from simulator.des.topology import Topology
 class PhasePlan:
     """One phase of a collective: (src GPU, dst GPU, bytes) flows and the number of latency
     steps; ``load``: link time per byte relative to the link's bandwidth (a collective slower
-    than its link, fitted on its own, loads the links with ``load`` times its bytes)."""
+    than its link, fitted on its own, loads the links with ``load`` times its bytes);
+    ``intra_steps``: steps a ring across nodes takes inside a node, each at the node's link
+    latency rather than the slowest route's."""
 
     flows: tuple[tuple[int, int, float], ...]
     steps: float
     load: float = 1.0
+    intra_steps: float = 0.0
 
 
 def own_fit(topo: Topology, op: Collective, gpus: list[int], phases: list[PhasePlan]) -> list[PhasePlan]:
@@ -98,7 +105,16 @@ def ring_phases(op: Collective, order: list[int], size: float, trees: bool = Tru
 
 
 def _loaded(phases: list[PhasePlan], load: float) -> list[PhasePlan]:
-    return [PhasePlan(ph.flows, ph.steps, ph.load * load) for ph in phases] if load != 1.0 else phases
+    return [PhasePlan(ph.flows, ph.steps, ph.load * load, ph.intra_steps) for ph in phases] if load != 1.0 else phases
+
+
+def _split(topo: Topology, op: Collective, n: int, nodes: int, trees: bool) -> tuple[int, int]:
+    """(intra-node, inter-node) latency steps of ``op`` over ``n`` ranks on ``nodes`` nodes, the
+    tree chosen over the ring at the node's link and NIC latencies (hwprofiles.algorithms)."""
+    node = topo.cluster.node
+    intra = node.intra_node.latency_s
+    inter = node.nic.latency_s if node.nic is not None else intra
+    return latency_split(n, nodes, op, trees, intra, inter)
 
 
 def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: float) -> list[PhasePlan]:
@@ -120,28 +136,23 @@ def collective_phases(topo: Topology, op: Collective, gpus: list[int], size: flo
     # a ring across many nodes reaches less bus bandwidth (Network.busbw_factor): its flows
     # load the links with proportionally more time per byte (PhasePlan.load)
     stretch = 1.0 / topo.cluster.network.busbw_factor(len(nodes))
+    in_node, across = _split(topo, op, n, len(nodes), trees)
+    if algo == "flat" and op != Collective.BROADCAST:
+        (ph,) = ring_phases(op, order, size, trees)
+        return [PhasePlan(ph.flows, across, stretch, in_node)]
     if algo != "hierarchical" or op == Collective.BROADCAST:
         return own_fit(topo, op, gpus, _loaded(ring_phases(op, order, size, trees), stretch))
     members = list(nodes.values())
     k = len(members[0])
+    intra_phases = 2 if op == Collective.ALL_REDUCE else 1
 
     def intra(op2: Collective) -> PhasePlan:
-        flows: list[tuple[int, int, float]] = []
-        ph = None
-        for mem in members:
-            ph = ring_phases(op2, mem, size, trees)[0]
-            flows.extend(ph.flows)
-        assert ph is not None
-        return PhasePlan(tuple(flows), ph.steps)
+        flows = [f for mem in members for f in ring_phases(op2, mem, size, trees)[0].flows]
+        return PhasePlan(tuple(flows), in_node / intra_phases)
 
     def inter(op2: Collective) -> PhasePlan:
-        flows: list[tuple[int, int, float]] = []
-        ph = None
-        for j in range(k):
-            ph = ring_phases(op2, [mem[j] for mem in members], size / k, trees)[0]
-            flows.extend(ph.flows)
-        assert ph is not None
-        return PhasePlan(tuple(flows), ph.steps, stretch)
+        flows = [f for j in range(k) for f in ring_phases(op2, [mem[j] for mem in members], size / k, trees)[0].flows]
+        return PhasePlan(tuple(flows), across, stretch)
 
     if op == Collective.ALL_REDUCE:
         return [intra(Collective.REDUCE_SCATTER), inter(Collective.ALL_REDUCE), intra(Collective.ALL_GATHER)]

@@ -170,11 +170,12 @@ class Transfers:
 
     def _routed(self, phases: list[PhasePlan], extra: float = 0.0) -> list[RoutedPhase]:
         route = self.topo.route
+        intra = self.topo.cluster.node.intra_node.latency_s
         return [
             (
                 tuple((s, route(s, d), b) for (s, d, b) in ph.flows),
                 ph.steps,
-                extra if i == len(phases) - 1 else 0.0,
+                (extra if i == len(phases) - 1 else 0.0) + ph.intra_steps * intra,
                 ph.load,
             )
             for i, ph in enumerate(phases)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hwprofiles.algorithms import Collective, latency_steps
+from hwprofiles.algorithms import Collective
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.analytic.data_parallel import dp_links
@@ -25,7 +25,7 @@ _ROLES = [("dp", AR), ("dp", RS), ("shard", AG), ("shard", RS), ("replica", AR)]
 
 
 def _figures(cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
-    """(bus bytes/s, latency steps x per-step latency) of each role's collective; (1, 0) where the
+    """(bus bytes/s, latency seconds: GroupLink.latency_seconds) of each role's collective; (1, 0) where the
     group has one rank (ring_seconds gives 0 there)."""
     links = dp_links(cluster, plan)
     where_: dict[str, tuple[GroupLink | None, int]] = {
@@ -39,8 +39,7 @@ def _figures(cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
         if link is None or n <= 1:
             out.append((1.0, 0.0))
             continue
-        bw, lat = link.figures(op)
-        out.append((bw, latency_steps(n, op, link.trees) * lat))
+        out.append((link.figures(op)[0], link.latency_seconds(op, n)))
     return out
 
 
