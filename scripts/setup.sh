@@ -4,7 +4,8 @@
 #   TORCH_SPEC   the pip requirement for torch   (default: torch==2.13.0, the local CPU build)
 #   TORCH_INDEX  an extra index URL for GPU builds (e.g. https://download.pytorch.org/whl/cu124)
 #   EXTRAS       the optional dependency groups to install (default: test; scripts/test.sh adds
-#                frameworks: DeepSpeed, torchtitan, megatron-core and torchao, for the export tests)
+#                frameworks: DeepSpeed, torchtitan, megatron-core, torchao and transformers, for the
+#                export tests)
 # Everything after torch installs with the installed torch as a constraint, so no extra replaces it.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -244,6 +244,12 @@ def test_the_learning_rate_follows_the_models_published_recipe():
     assert (tiny.lr, tiny.train_iters, tiny.warmup_iters) == (TrainSettings().lr, 10_000, 100)
 
 
+#: the Transformer Engine version Megatron-LM's checks see (its is_te_min_version): the oldest that megatron-core
+#: 0.16.1 installs with (its dev extra: transformer-engine>=2.9.0a0,<2.12.0), so every check that a TE release
+#: must pass is made as on a real node (on CPU, TE is absent and would read as 0.0.0)
+TE_VERSION = "2.9.0"
+
+
 @pytest.mark.skipif(not os.environ.get("MEGATRON_LM_PATH"), reason="MEGATRON_LM_PATH: no Megatron-LM checkout")
 def test_megatron_lm_accepts_the_arguments(emitted, tmp_path):
     from megatron_lm import validate_megatron
@@ -253,7 +259,7 @@ def test_megatron_lm_accepts_the_arguments(emitted, tmp_path):
     code, argv, err = launched_argv(export.files, tmp_path, MOCK_DATA="1")  # as megatron_launch.sh passes them
     assert code == 0, err
     env = {k: v for k, v in launch_env(export.files["megatron_launch.sh"]).items() if v is not None}
-    ns = validate_megatron(argv, plan.gpus, env, os.environ["MEGATRON_LM_PATH"])
+    ns = validate_megatron(argv, plan.gpus, env, os.environ["MEGATRON_LM_PATH"], te_version=TE_VERSION)
     assert ns.data_parallel_size == plan.d
     assert ns._probe["num_microbatches"] == job.m
     assert ns._probe["layers_per_stage"] == planned_layers(plan, n)

@@ -159,7 +159,7 @@ def _notes_draft(job: Job, d: Draft) -> None:
     if job.model.num_experts:
         d.notes.append(
             "mixture of experts: the model's own MoE layers (a Hugging Face Mixtral, transformers >= 5: AutoEP's "
-            "preset); "
+            "preset; below 5.23, whose _CAN_RECORD_REGISTRY.get takes no default, which AutoEP's presets pass); "
             + (
                 f"AutoEP splits the {job.model.num_experts} experts over ep={plan.ep} ranks (ds_config.json "
                 "expert_parallel: softmax router, top k renormalized), with all-to-all token exchange"

@@ -1,0 +1,104 @@
+"""DeepSpeed's engine started from every DeepSpeed export of the matrix (the ``frameworks`` extra:
+deepspeed 0.19.8, transformers for AutoTP and AutoEP), as each node of the plan starts it:
+``deepspeed.initialize`` through the emitted ``initialize`` on the emitted ds_config.json, as the
+first rank of the first and the last pipeline stage, and without a pipeline one training step
+(tests/deepspeed_engines.py says how, and what is swapped for CPU). What the engine runs is compared
+with the plan the export says it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export_matrix import CASES, job_of
+
+from autoplan.emit.deepspeed import export_deepspeed
+from autoplan.runtime.config import TrainSettings
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("transformers")
+from deepspeed_engines import HIDDEN
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
+    """Every case's started ranks by the case's index in CASES, from one process
+    (tests/deepspeed_engines.py)."""
+    out = tmp_path_factory.mktemp("engines") / "engines.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    done = subprocess.run(
+        [sys.executable, str(HERE / "deepspeed_engines.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records: dict[int, list[dict[str, Any]]] = {}
+    for line in out.read_text().splitlines():
+        record = json.loads(line)
+        records.setdefault(record["case"], []).append(record)
+    return records
+
+
+def nvme_refusal(error: str) -> str | None:
+    """Why an NVMe-offloading engine cannot start here: DeepSpeed's async_io op needs libaio, which
+    this machine lacks (deepspeed/ops/op_builder/async_io.py ``is_compatible``); None where it can."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if AsyncIOBuilder().is_compatible(verbose=False):
+        return None
+    return f"DeepSpeed's async_io op (libaio) does not build on this machine: {error}"
+
+
+def expected_engine(plan: Any) -> str:
+    if plan.p == 1:
+        return "DeepSpeedEngine"
+    return "DualPipeVEngine" if plan.schedule == "zbv" else "PipelineEngine"
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c.id for c in CASES])
+def test_deepspeed_starts_the_plan(index: int, engines: dict[int, list[dict[str, Any]]]) -> None:
+    case = CASES[index]
+    export = export_deepspeed(job_of(case), TrainSettings())
+    records = engines[index]
+    if export.refused:
+        assert records == [{"case": index, "refused": export.refused}]
+        pytest.skip(export.refused)
+    plan = export.written
+    assert [r["rank"] for r in records] == [s * plan.d * plan.t for s in sorted({0, plan.p - 1})]
+    for seen in records:
+        if "error" in seen and plan.offload == "nvme" and (why := nvme_refusal(seen["error"])):
+            pytest.skip(why)
+        assert "error" not in seen, seen.get("error")
+        assert seen["engine"] == expected_engine(plan)
+        assert seen["zero"] == plan.zero
+        assert seen["bf16"]
+        assert seen["cpu_offload"] == (plan.offload == "cpu")
+        assert (seen["dp"], seen["mb"]) == (plan.d, plan.mb)
+        assert seen["dp"] * seen["gas"] * seen["mb"] == case.batch
+        assert seen["mp"] == plan.t * plan.p
+        assert seen["scheduler"] == "WarmupCosineLR"
+        if plan.zero == 3:
+            assert seen["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
+        elif plan.zero:
+            assert seen["optimizer"] == "DeepSpeedZeroOptimizer"
+        if plan.p > 1:
+            assert seen["stages"] == plan.p
+            assert seen["stage"] == seen["rank"] // (plan.d * plan.t)
+            continue
+        # AutoTP splits the query projection's rows t ways; AutoEP keeps E / ep whole experts
+        assert seen["q_rows"] == HIDDEN // plan.t
+        experts = job_of(case).model.num_experts
+        if experts:
+            assert seen["experts"] == experts // plan.ep
+        assert math.isfinite(seen["loss"])
