@@ -1,6 +1,6 @@
-"""How autoplan's program runs a layer and a GEMM table: the autocast traffic the eager program
-adds (simulator.cost.eager_layer), the measured GEMM grid used as a table and the measured
-attention points (simulator.cost.ops), each against numbers derived by hand."""
+"""How autoplan's program runs a layer and a GEMM table: the autocast traffic and the activations the
+eager program adds (simulator.cost.eager_layer), the measured GEMM grid used as a table and the
+measured attention points (simulator.cost.ops), each against numbers derived by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from hwprofiles.schema import GpuProfile
 from simulator.cost import ops
-from simulator.cost.eager_layer import eager_layer_ops
+from simulator.cost.eager_layer import eager_activation_bytes, eager_layer_ops
+from simulator.cost.stage_memory import layer_activations
 from simulator.cost.ops import backward_ops
 from simulator.cost.params import layer_params_per_rank
 from simulator.specs import ModelSpec
@@ -70,6 +71,35 @@ def _grid(rate) -> list[dict]:
         for n in (256, 1024)
         for k in (256, 1024)
     ]
+
+
+def test_eager_layers_keep_fp32_norm_inputs_and_a_cast_per_linear_by_hand():
+    # gpt-1.3b at mb=4: 16,777,216 residual-stream elements per layer
+    n = 4 * 2048 * 2048
+    # two fp32 norm inputs (+2 B each), q/k/v's two more bf16 copies (+2 B each), no dropout masks (-2 B)
+    assert eager_activation_bytes(GPT13, 4, 1, False, "none") == 6 * n
+    assert eager_activation_bytes(GPT13, 4, 1, False, "selective") == 6 * n
+    # a fully recomputed layer keeps its fp32 input where the formula counts 2 bytes
+    assert eager_activation_bytes(GPT13, 4, 1, False, "full") == 2 * n
+    # measured on an H100 and an H200 (benchmarks/data/h200-2026-11-27/runs2.jsonl): mb=1, 2 and 4 of
+    # gpt-1.3b peaked 0.65, 1.22 and 2.39 GiB above the fused layer's figure, 24 layers x 6 B a sample:
+    assert 24 * eager_activation_bytes(GPT13, 1, 1, False, "none") / 2**30 == pytest.approx(0.5625)
+    none = layer_activations(GPT13, 4, 1, False, 2)[2]
+    assert layer_activations(GPT13, 4, 1, False, 2, kernels="eager")[2] == none + 6 * n
+
+
+def test_eager_swiglu_keeps_the_silu_output_and_casts_its_input_twice():
+    llama = ModelSpec(
+        name="llama7b-slice", num_layers=6, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=11008,
+        vocab_size=32000, seq_length=4096, activation="swiglu", normalization="RMSNorm",
+        position_embedding_type="rope", tie_embeddings=False,
+    )  # fmt: skip
+    n = 4096 * 4096
+    # +4 (norms) +4 (q, k, v) +2 (gate and up cast apart) -2 (no dropout) = 8 B per element, and the
+    # SiLU output, 2 B per element of the 11,008-wide MLP
+    assert eager_activation_bytes(llama, 1, 1, False, "none") == 8 * n + 2 * 4096 * 11008
+    # with t = 2 and no sequence parallelism the stream terms stay whole, the MLP's halve
+    assert eager_activation_bytes(llama, 1, 2, False, "none") == 8 * n + 4096 * 11008
 
 
 def test_a_full_grid_is_interpolated_in_log_space_between_its_shapes():

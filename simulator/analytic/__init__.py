@@ -235,6 +235,7 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
                 rt.weight_copy_bytes,
                 rt.states,
                 bucket_bytes_of(rt, job.plan.d),
+                rt.layer_kernels,
             ),
         )
         for i, c, _ in groups

@@ -37,6 +37,7 @@ time the measured runs take beyond the fused list (benchmarks/data/h100-2026-11-
 
 from __future__ import annotations
 
+from simulator.cost.memory import DROPOUT_MASK_BYTES
 from simulator.cost.op import Op, elementwise
 from simulator.specs import ModelSpec
 
@@ -57,6 +58,31 @@ def input_casts(model: ModelSpec) -> tuple[int, int]:
     """Linears that cast the attention norm's and the MLP norm's output: q, k, v; fc1 (SwiGLU:
     gate and up)."""
     return 3, 2 if model.activation == "swiglu" else 1
+
+
+def eager_activation_bytes(model: ModelSpec, b: int, t: int, sp: bool, ckpt: str, e: int = 2) -> float:
+    """Bytes one layer of the eager program keeps for backward beyond
+    simulator.cost.memory.activation_bytes_per_layer, per microbatch on one TP rank (s*b*h
+    elements of the residual stream, split by t with sequence parallelism; f the MLP width):
+        none, selective: (2(4 - e) + (c_a - 1 + c_m - 1) e - 2) s*b*h  +  e s*b*f / t (SwiGLU)
+        full:            (4 - e) s*b*h
+    where the two norms save their fp32 inputs (the residual stream is fp32: module docstring),
+    each of the c_a, c_m Linears that cast a norm's output (:func:`input_casts`) saves its own
+    bf16 copy where Megatron's fused QKV and fc1 save one, the program has no dropout (the formula's
+    two 1-byte masks, memory.DROPOUT_MASK_BYTES), and SwiGLU's product ``silu(gate) * up`` saves
+    the SiLU output beside its inputs (Megatron's fused swiglu saves only the inputs); a fully
+    recomputed layer keeps its fp32 input. GPT (GELU, LayerNorm) with e = 2: 6 s*b*h; Llama
+    (SwiGLU): 8 s*b*h + 2 s*b*f. A mixture of experts' MLP is left as the formula has it."""
+    s, h = model.seq_length, model.hidden_size
+    sbh = s * b * h / (t if sp else 1)
+    wide = 4 - e  # an fp32 element beyond the e bytes the formula counts
+    if ckpt == "full":
+        return wide * sbh
+    attn_casts, mlp_casts = input_casts(model)
+    dense = not model.num_experts
+    copies = attn_casts - 1 + (mlp_casts - 1 if dense else 0)
+    silu = e * s * b * model.ffn / t if dense and model.activation == "swiglu" else 0.0
+    return (2 * wide + copies * e - DROPOUT_MASK_BYTES) * sbh + silu
 
 
 #: bytes per element of q and k of the unfused rotate-half rotary embedding, in units of e

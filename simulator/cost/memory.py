@@ -93,6 +93,11 @@ def model_state_bytes(
     return ModelStates(params, grads, opt)
 
 
+#: bytes per residual-stream element of a layer's two dropout masks (attention output and MLP
+#: output, one byte each: Korthikanti et al. 2022, eq. 2), kept by :func:`activation_bytes_per_layer`
+DROPOUT_MASK_BYTES = 2
+
+
 def activation_bytes_per_layer(
     model: ModelSpec, b: int, t: int, sp: bool, ckpt: str, e: int = 2, linear_input: int | None = None
 ) -> float:
@@ -127,7 +132,7 @@ def activation_bytes_per_layer(
     li = e if linear_input is None else linear_input
     f, k = model.ffn, routed_copies(model)
     f_act = 3 * f if model.activation == "swiglu" else 2 * f
-    replicated = (2 * e + li + 2) * sbh / (t if sp else 1) + mlp_input_bytes(model, b, t, sp, e, li)
+    replicated = (2 * e + li + DROPOUT_MASK_BYTES) * sbh / (t if sp else 1) + mlp_input_bytes(model, b, t, sp, e, li)
     split = s * b * (e * (h + 2 * model.kv_size) + li * h + k * (e * (f_act - f) + li * f)) / t
     scores = 0.0 if ckpt == "selective" else attention_core_bytes(model, b, t, e)
     return replicated + split + scores

@@ -32,13 +32,14 @@ from typing import Any, Protocol
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
+from simulator.cost.eager_layer import eager_activation_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_weight_bytes, linear_input_bytes
 from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
 from simulator.numeric import where
 from simulator.plan import Plan
-from simulator.runtime_spec import CrossEntropy, StateLayout
+from simulator.runtime_spec import EAGER, CrossEntropy, LayerKernels, StateLayout
 from simulator.specs import ModelSpec
 
 _ACTIVATIONS = IdentityCache(4096)
@@ -112,17 +113,21 @@ class StageShape:
 
 
 def layer_activations(
-    model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: str = "bf16"
+    model: ModelSpec, b: int, t: int, sp: bool, e: int, prec: str = "bf16", kernels: LayerKernels = "fused"
 ) -> tuple[float, float, float]:
     """(full, selective, none): one layer's activations per microbatch by recompute mode, fp8
-    linears saving 1-byte inputs under ``prec`` fp8 (cached)."""
+    linears saving 1-byte inputs under ``prec`` fp8, and what the eager program keeps beyond the
+    fused layer's under ``kernels`` "eager" (simulator.cost.eager_layer.eager_activation_bytes;
+    Runtime.layer_kernels) (cached)."""
     li = linear_input_bytes(prec, e)
+    eager = kernels == EAGER
+
+    def per_mode(mode: str) -> float:
+        extra = eager_activation_bytes(model, b, t, sp, mode, e) if eager else 0.0
+        return memory.activation_bytes_per_layer(model, b, t, sp, mode, e, li) + extra
+
     return _ACTIVATIONS.get_or_make(
-        (model,),
-        (b, t, sp, e, li),
-        lambda: tuple(
-            memory.activation_bytes_per_layer(model, b, t, sp, mode, e, li) for mode in ("full", "selective", "none")
-        ),
+        (model,), (b, t, sp, e, li, eager), lambda: tuple(per_mode(mode) for mode in ("full", "selective", "none"))
     )
 
 
@@ -219,9 +224,10 @@ def stage_memory(
     weight_copy_bytes: float = 0.0,
     state_layout: StateLayout = "mixed",
     bucket_bytes: float = memory.DP_BUCKET_BYTES,
+    kernels: LayerKernels = "fused",
 ) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss``,
-    ``weight_copy_bytes``, ``state_layout`` and ``bucket_bytes``: the program's
+    ``weight_copy_bytes``, ``state_layout``, ``bucket_bytes`` and ``kernels``: the program's
     (simulator.runtime_spec.Runtime, simulator.cost.memory.bucket_bytes_of)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
@@ -230,7 +236,7 @@ def stage_memory(
     )
     return stage_peak(
         states,
-        activation_peak(model, cluster, plan, m, stage, shape),
+        activation_peak(model, cluster, plan, m, stage, shape, kernels),
         sharding_buffers(model, plan, shape.params, bucket_bytes),
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
         weight_copies_held(weight_copy_bytes, shape.params),
@@ -247,22 +253,31 @@ def stage_peak(
     return StageMemory(states.params, states.grads, states.optimizer, activations, buffers)
 
 
-def activation_peak(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape) -> float:
-    """Activation bytes of one rank of device ``stage`` at its peak (module docstring). They do
-    not depend on d, ZeRO or offload: cached across those variants."""
+def activation_peak(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    m: int,
+    stage: int,
+    shape: StageShape,
+    kernels: LayerKernels = "fused",
+) -> float:
+    """Activation bytes of one rank of device ``stage`` at its peak (module docstring), the
+    layers running ``kernels`` (:func:`layer_activations`). They do not depend on d, ZeRO or
+    offload: cached across those variants."""
     return _ACT_PEAK.get_or_make(
         (shape, model, cluster),
-        (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t, plan.prec),
-        lambda: _activation_peak(model, cluster, plan, m, stage, shape),
+        (plan.schedule, stage, m, plan.v, plan.layers, plan.recompute, plan.sp, plan.mb, plan.t, plan.prec, kernels),
+        lambda: _activation_peak(model, cluster, plan, m, stage, shape, kernels),
     )
 
 
 def _activation_peak(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, shape: StageShape, kernels: LayerKernels
 ) -> float:
     e = dtype_bytes(cluster.gpu)
     sp, b, t = bool(plan.sp), plan.mb, plan.t
-    per_layer = layer_activations(model, b, t, sp, e, plan.prec)
+    per_layer = layer_activations(model, b, t, sp, e, plan.prec, kernels)
     if plan.v == 1 or (plan.layers is None and plan.recompute is None):  # equal chunks
         inflight = memory.in_flight_microbatches(plan.schedule, stage, plan.p, m, plan.v)
         occupied = held_activations(inflight, shape.layers, shape.full_layers, shape.selective_layers, *per_layer)

@@ -141,7 +141,12 @@ class Costs:
             emb_bw=bt.embedding.backward_weight,
             head_bw=bt.head.backward_weight,
             w_act=weight_grad_input_bytes(model, b, t, sp, linear_input_bytes(plan.prec, e)),
-            act=dict(zip(("full", "selective", "none"), layer_activations(model, b, t, sp, e, plan.prec))),
+            act=dict(
+                zip(
+                    ("full", "selective", "none"),
+                    layer_activations(model, b, t, sp, e, plan.prec, job.runtime.layer_kernels),
+                )
+            ),
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
             logits=logits * kept,
             logits_backward=logits * backward,

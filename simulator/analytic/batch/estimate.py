@@ -90,7 +90,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
         ("t", "prec", "fp8ag"), lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e)
     )
     fp8 = fp8_copies_bytes(column(fp8_layer), S.layers, zero, column(P.fp8ag), S.layer_params_each, e, shard)
-    activations = stage_activations(model, cluster, P, S, counts)
+    activations = stage_activations(model, cluster, P, S, counts, runtime.layer_kernels)
     peak = stage_peak(
         states, activations, sharding, flight, weight_copies_held(runtime.weight_copy_bytes, S.params), fp8
     )

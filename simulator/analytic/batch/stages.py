@@ -191,11 +191,17 @@ def schedule_counts(P: PlanColumns, S: StageArrays) -> ScheduleCounts:
 
 
 def stage_activations(
-    model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageArrays, counts: ScheduleCounts
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    P: PlanColumns,
+    S: StageArrays,
+    counts: ScheduleCounts,
+    kernels: LayerKernels = "fused",
 ) -> np.ndarray:
-    """simulator.cost.stage_memory.activation_peak of each plan's stages. Equal chunks (the
-    search's plans): its rules over arrays (held_activations, activation_bytes); chunks that
-    differ (v > 1 with an explicit split): the scalar rule, plan by plan."""
+    """simulator.cost.stage_memory.activation_peak of each plan's stages, the layers running
+    ``kernels``. Equal chunks (the search's plans): its rules over arrays (held_activations,
+    activation_bytes); chunks that differ (v > 1 with an explicit split): the scalar rule, plan by
+    plan."""
     e = dtype_bytes(cluster.gpu)
     s, h = model.seq_length, model.hidden_size
 
@@ -203,7 +209,7 @@ def stage_activations(
         sp = bool(q.sp)
         li = linear_input_bytes(q.prec, e)
         return (
-            *layer_activations(model, q.mb, q.t, sp, e, q.prec),
+            *layer_activations(model, q.mb, q.t, sp, e, q.prec, kernels),
             memory.weight_grad_input_bytes(model, q.mb, q.t, sp, li),  # stage_memory.pending_weight_inputs
             memory.embedding_activation_bytes(q.mb, s, h, q.t, sp),
         )
@@ -221,5 +227,5 @@ def stage_activations(
     for i in np.flatnonzero(uneven).tolist():
         q, m = P.plans[i], int(P.m[i])
         for j, (dev, c, _) in enumerate(stage_groups(model, cluster, q)):
-            act[i, j] = activation_peak(model, cluster, q, m, dev, c)
+            act[i, j] = activation_peak(model, cluster, q, m, dev, c, kernels)
     return np.where(S.valid, act, 0.0)
