@@ -284,9 +284,10 @@ def test_torchtitans_chunked_loss_holds_an_eighth_of_the_torch_losss_peak():
     """ChunkedLossWrapper (8 chunks, each chunk's backward at once) keeps no logits between
     microbatches and at its peak one chunk's bf16 logits with the torch loss's 12 bytes:
     (2 + 12) / 8 = 1.75 bytes per logit; F.cross_entropy(logits.float()) keeps 4 and peaks 8 higher."""
-    from simulator.cost.memory import logits_buffer_bytes, logits_bytes_per_element
+    from simulator.cost.memory import kept_logits_bytes, logits_bytes_per_element, loss_transient_bytes
 
-    assert logits_bytes_per_element("chunked", 2) == (0.0, 1.75)
-    assert logits_buffer_bytes(1e9, "chunked", 2, inflight=3) == 1.75e9
-    assert logits_buffer_bytes(1e9, "torch", 2, inflight=3) == 20e9
+    assert logits_bytes_per_element("chunked", 2) == (0.0, 1.75, 1.75)
+    assert kept_logits_bytes(1e9, "chunked", 2, inflight=3) == 0.0
+    assert loss_transient_bytes(1e9, "chunked", 2) == (1.75e9, 1.75e9)
+    assert kept_logits_bytes(1e9, "torch", 2, inflight=3) + loss_transient_bytes(1e9, "torch", 2)[1] == 20e9
     assert load_framework("torchtitan").base_runtime().cross_entropy == "chunked"

@@ -6,9 +6,11 @@ comments (Korthikanti et al. 2022 for activations; Narayanan et al. 2021 for pip
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from simulator.cost import memory
+from simulator.cost.stage_memory import phase_transient, weight_copies_saved
 from simulator.specs import ModelSpec
 
 
@@ -217,17 +219,38 @@ def test_buffers():
     )
     logits = memory.logits_elements(m, 1, 8)
     assert logits == 2048 * 51200 // 8
-    assert memory.logits_buffer_bytes(logits, "fp32", 2) == 2048 * 51200 // 8 * 6
+    assert memory.kept_logits_bytes(logits, "fp32", 2) == 2048 * 51200 // 8 * 6
+    assert memory.loss_transient_bytes(logits, "fp32", 2) == (0.0, 0.0)  # the gradient over the softmax
     # F.cross_entropy(logits.float()): the fp32 log-softmax output kept per in-flight microbatch (4 B,
-    # measured 4.0 on an H100), its incoming and outgoing gradient beside it in one backward (12.0)
-    assert memory.logits_buffer_bytes(logits, "torch", 2) == 2048 * 51200 // 8 * 12
-    assert memory.logits_buffer_bytes(logits, "torch", 2, inflight=3) == 2048 * 51200 // 8 * (3 * 4 + 8)
-    assert memory.logits_buffer_bytes(logits, "fp32", 2, inflight=3) == 2048 * 51200 // 8 * 3 * 6
-    assert memory.logits_buffer_bytes(logits, "fused", 2) == 2048 * 51200 // 8 * 2  # the bf16 logits alone
-    assert memory.logits_bytes_per_element("fp32", 4) == (8.0, 0.0)  # fp32 logits and their softmax (CPU runs)
+    # measured 4.0 on an H100), the fp32 copy beside it in the forward (10.0 at its peak) and the
+    # incoming and outgoing gradient in the backward (12.0)
+    assert memory.kept_logits_bytes(logits, "torch", 2) == 2048 * 51200 // 8 * 4
+    assert memory.loss_transient_bytes(logits, "torch", 2) == (2048 * 51200 // 8 * 6, 2048 * 51200 // 8 * 8)
+    assert memory.kept_logits_bytes(logits, "torch", 2, inflight=3) == 2048 * 51200 // 8 * 3 * 4
+    assert memory.kept_logits_bytes(logits, "fp32", 2, inflight=3) == 2048 * 51200 // 8 * 3 * 6
+    assert memory.kept_logits_bytes(logits, "fused", 2) == 2048 * 51200 // 8 * 2  # the bf16 logits alone
+    assert memory.logits_bytes_per_element("fp32", 4) == (8.0, 0.0, 0.0)  # fp32 logits and softmax (CPU runs)
     assert memory.zero3_working_set_bytes(1e6) == 4e6
     assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients
     assert memory.gradient_bucket_bytes(1e9) == 50e6  # two 25 MB buckets
+
+
+def test_a_steps_phases_do_not_hold_their_transients_at_once():
+    # forward's end: 10 GB of weight copies and the loss forward's 6; loss backward: the 4 GB of copies
+    # the backward keeps and its 8; recompute: 4 + 3. The forward's end is the largest, all buffers.
+    assert phase_transient(10.0, 4.0, 6.0, 8.0, 3.0) == (0.0, 16.0)
+    # a recompute larger than the loss backward and than the forward's end: its share is activations
+    assert phase_transient(2.0, 2.0, 1.0, 1.0, 5.0) == (5.0, 2.0)
+    # no copies and Megatron's loss (no transient): the recompute alone, as before the phases
+    assert phase_transient(0.0, 0.0, 0.0, 0.0, 3.0) == (3.0, 0.0)
+    act, buf = phase_transient(*(np.array(x) for x in ([10.0, 2.0], [4.0, 2.0], [6.0, 1.0], [8.0, 1.0], [3.0, 5.0])))
+    assert act.tolist() == [0.0, 5.0] and buf.tolist() == [16.0, 2.0]
+
+
+def test_a_fully_recomputed_layer_keeps_no_weight_copy_without_a_pipeline():
+    # 2 bytes per parameter of a 10e9-parameter stage, 4e9 of them in fully recomputed layers
+    assert weight_copies_saved(2.0, 10e9, 4e9, False) == 12e9
+    assert weight_copies_saved(2.0, 10e9, 4e9, True) == 20e9  # autocast spans the pipeline schedule
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])

@@ -114,3 +114,17 @@ def test_device_layers_closed_form_sums_the_chunks(layers, p, v, ckpt):
     assert device_layers(plan, layers) == want
     if (layers, p, v) == (7, 3, 2):
         assert want[0] == [3, 2, 2]
+
+
+@pytest.mark.parametrize("plan", ["t=1,p=1,mb=4,ckpt=full", "t=1,p=1,mb=4,ckpt=none", "t=1,p=2,mb=2,ckpt=full"])
+def test_the_programs_phases_peak_alike_in_the_des_and_the_closed_form(plan):
+    """autoplan's program on one H100 (weight copies under autocast, the torch loss's transients):
+    the DES, which allocates the loss's and the forward's transients with the head's passes, peaks
+    where the closed form's largest phase puts it (stage_memory.phase_transient)."""
+    from autoplan.runtime.support import program_job
+    from simulator.plan import parse_plan
+
+    model, gpus = load_model("llama2-7b"), 2 if "p=2" in plan else 1
+    parsed, _ = parse_plan(plan + ",zero=0", model, gpus, 8)
+    job = program_job(Job.make(model, load_cluster("dgx-h100", 1, gpus), parsed, 8))
+    assert simulate(job, "des").peak_memory == pytest.approx(simulate(job, "analytic").peak_memory, rel=1e-6)

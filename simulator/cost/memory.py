@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from simulator.cost.experts import routed_copies
 from simulator.numeric import maximum, minimum, where
@@ -275,31 +275,42 @@ def weight_grad_input_bytes(model: ModelSpec, b: int, t: int, sp: bool, linear_i
 LOSS_CHUNKS = 8
 
 
-def logits_bytes_per_element(loss: CrossEntropy, e: int) -> tuple[float, float]:
-    """(bytes per logit kept for each in-flight microbatch, bytes per logit more while one
-    microbatch's loss backward runs), by how the program computes the cross-entropy:
+class LogitBytes(NamedTuple):
+    """Bytes per logit of the last stage's loss (:func:`logits_bytes_per_element`): ``kept`` for
+    each in-flight microbatch, and ``forward`` / ``backward`` more while one microbatch's loss
+    forward / backward runs."""
+
+    kept: float
+    forward: float
+    backward: float
+
+
+def logits_bytes_per_element(loss: CrossEntropy, e: int) -> LogitBytes:
+    """Bytes per logit kept for each in-flight microbatch, and more while one microbatch's loss
+    forward and backward run, by how the program computes the cross-entropy:
 
     * ``fp32``: Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
       cross_entropy.py): the e-byte logits and their fp32 softmax, the gradient written over the
-      softmax in place: (e + 4, 0);
+      softmax in place: (e + 4, 0, 0);
     * ``torch``: ``F.cross_entropy(logits.float())`` (autoplan's program, autoplan/runtime/model.py
-      ``lm_loss``; torchtitan's loss): log-softmax keeps its fp32 output for backward, and its
-      backward holds the incoming and the outgoing fp32 gradient beside it: (4, 8). Measured on an
-      H100 (benchmarks/data/h100-memory-probe.txt): 4.0 kept after the forward, 12.0 at the
-      backward's peak (10.0 at the forward's);
-    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: (e, 0);
+      ``lm_loss``; torchtitan's loss): log-softmax keeps its fp32 output for backward, the forward
+      holds the fp32 copy beside it, and the backward holds the incoming and the outgoing fp32
+      gradient: (4, 6, 8). Measured on an H100 (benchmarks/data/h100-memory-probe.txt): 4.0 kept
+      after the forward, 10.0 at the forward's peak, 12.0 at the backward's;
+    * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: (e, 0, 0);
     * ``chunked``: torchtitan's ``ChunkedLossWrapper`` (torchtitan 0.3, components/loss.py; its
       llama3 configs' loss) runs the head and ``F.cross_entropy`` over LOSS_CHUNKS chunks of the
-      sequence and each chunk's backward at once: nothing kept, and one chunk's e-byte logits with
-      the torch loss's 12 bytes at its peak: (0, (e + 12) / LOSS_CHUNKS).
+      sequence and each chunk's backward at once, inside the forward: nothing kept, and one chunk's
+      e-byte logits with the torch loss's 12 bytes at its peak: (0, (e + 12) / LOSS_CHUNKS) twice.
     """
     if loss == "fused":
-        return float(e), 0.0
+        return LogitBytes(float(e), 0.0, 0.0)
     if loss == "chunked":
-        return 0.0, (e + 12.0) / LOSS_CHUNKS
+        chunk = (e + 12.0) / LOSS_CHUNKS
+        return LogitBytes(0.0, chunk, chunk)
     if loss == "torch":
-        return 4.0, 8.0
-    return float(e + 4), 0.0
+        return LogitBytes(4.0, 6.0, 8.0)
+    return LogitBytes(float(e + 4), 0.0, 0.0)
 
 
 def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None) -> float:
@@ -308,12 +319,19 @@ def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None) 
     return b * model.seq_length * (vocab or model.vocab_size) / t
 
 
-def logits_buffer_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2, inflight: Any = 1.0) -> Any:
-    """The last stage's logits at the loss's peak with ``inflight`` microbatches in flight, of
-    ``elements`` logits each (:func:`logits_elements`): elements * (inflight * kept + backward),
-    from :func:`logits_bytes_per_element`. Numbers or arrays alike."""
-    kept, backward = logits_bytes_per_element(loss, e)
-    return elements * (inflight * kept + backward)
+def kept_logits_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2, inflight: Any = 1.0) -> Any:
+    """What the last stage keeps of the logits of ``inflight`` microbatches in flight, of
+    ``elements`` logits each (:func:`logits_elements`): elements * inflight * kept
+    (:func:`logits_bytes_per_element`). Numbers or arrays alike."""
+    return elements * inflight * logits_bytes_per_element(loss, e).kept
+
+
+def loss_transient_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2) -> tuple[Any, Any]:
+    """(forward, backward): what one microbatch's loss holds beyond the kept logits while its
+    forward and its backward run, ``elements`` logits (:func:`logits_bytes_per_element`).
+    Numbers or arrays alike."""
+    per = logits_bytes_per_element(loss, e)
+    return elements * per.forward, elements * per.backward
 
 
 ZERO3_LAYERS_HELD = 2  # ZeRO-3's gathered layers: the one running and the one prefetched

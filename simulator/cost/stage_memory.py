@@ -14,14 +14,17 @@ Terms (all per rank of the device):
     states      = model_state_bytes(psi) (ZeRO 0-3, offload; simulator.cost.memory), psi the
                   stage's parameters with Megatron's padded vocabulary;
     activations = occupancy-weighted per-layer activations for each layer's recompute mode,
-                  plus one layer's full activations while it is recomputed (or, without
-                  recomputation, while its backward runs), plus on the first stage the
-                  embedding dropout mask per in-flight microbatch;
+                  plus on the first stage the embedding dropout mask per in-flight microbatch;
     buffers     = gradient buckets (d > 1 or offload), ZeRO-3 gathered layers, the last
-                  stage's logits per in-flight microbatch (the saved cross-entropy softmax)
-                  and its loss backward's gradients, the pipeline send/receive buffers, and
-                  the program's compute-dtype weight copies (autocast; simulator.runtime_spec.Runtime) and
-                  the fp8 weight copies of prec=fp8 (simulator.cost.precision).
+                  stage's logits per in-flight microbatch (the saved cross-entropy softmax),
+                  the pipeline send/receive buffers and the fp8 weight copies of prec=fp8
+                  (simulator.cost.precision);
+    transient   = what one phase of the step holds besides, the largest of three
+                  (:func:`phase_transient`): the forward's end (the program's compute-dtype
+                  weight copies, simulator.runtime_spec.Runtime.weight_copy_bytes, and the loss
+                  forward's fp32 logits), the loss backward (its gradients) and a fully
+                  recomputed layer's recompute (that layer's full activations), the last two
+                  with the weight copies the backward still holds.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_weight_bytes, linear_input_bytes
 from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
-from simulator.numeric import where
+from simulator.numeric import maximum, where
 from simulator.plan import Plan
 from simulator.runtime_spec import EAGER, CrossEntropy, LayerKernels, StateLayout
 from simulator.specs import ModelSpec
@@ -154,16 +157,54 @@ def stage_buffers(
 
 
 def weight_copies_held(weight_copy_bytes: float, stage_params: Any) -> Any:
-    """The program's compute-dtype weight copies at the stage's peak (simulator.runtime_spec.Runtime.
+    """The program's compute-dtype weight copies at the forward's end (simulator.runtime_spec.Runtime.
     weight_copy_bytes per parameter of the stage). Autocast caches a weight's bf16 copy until
     its context exits: autoplan's program holds one context over the whole pipeline schedule
     (p > 1) and, without a pipeline, one over each microbatch's forward, at whose end every
-    copy is alive beside the checkpoints and the logits; without recomputation the matmuls keep
-    them for backward anyway. Measured on an H100 (benchmarks/data/h100-memory-probe.txt): 2.0
-    bytes per parameter held after an autocast forward, and at its end with recomputation too.
-    The embedding table, which autocast does not cast, is counted as well: V*h*weight_copy_bytes
-    too many on a first stage that does not also hold the tied head."""
+    copy is alive beside the checkpoints and the logits. Measured on an H100
+    (benchmarks/data/h100-memory-probe.txt): 2.0 bytes per parameter held after an autocast
+    forward, and at its end with recomputation too. The embedding table, which autocast does not
+    cast, is counted as well: V*h*weight_copy_bytes too many on a first stage that does not also
+    hold the tied head."""
     return weight_copy_bytes * stage_params
+
+
+def weight_copies_saved(weight_copy_bytes: float, stage_params: Any, full_layer_params: Any, pipelined: Any) -> Any:
+    """The copies of :func:`weight_copies_held` that the backward still holds: those the matmuls
+    saved, all but a fully recomputed layer's (its checkpoint saves none; it casts again when
+    recomputed) once a non-pipelined program's autocast context has exited after the forward;
+    under a pipeline (``pipelined``) the context spans the schedule and keeps them all
+    (autoplan/runtime/trainer.py ``_forward_backward``). ``full_layer_params``: the parameters of
+    the stage's fully recomputed layers. Numbers or arrays alike."""
+    return weight_copy_bytes * where(pipelined, stage_params, stage_params - full_layer_params)
+
+
+def phase_transient(
+    copies_all: Any, copies_saved: Any, loss_forward: Any, loss_backward: Any, recompute: Any
+) -> tuple[Any, Any]:
+    """(activations, buffers) that a device holds at its peak beyond its lasting terms: the
+    largest of the three phases of a microbatch on it,
+        forward's end:  copies_all + loss_forward
+        loss backward:  copies_saved + loss_backward
+        recompute:      copies_saved + recompute
+    with the weight copies (:func:`weight_copies_held`, :func:`weight_copies_saved`), the loss's
+    transient on the last stage (simulator.cost.memory.loss_transient_bytes) and a fully
+    recomputed layer's full activations while it is recomputed and back-propagated
+    (:func:`recompute_working_set`). The loss backward and a layer's recompute never overlap: the
+    head's backward has freed the loss's gradients before the last layer recomputes. The
+    recompute's share is activations, the rest buffers. Numbers or arrays alike."""
+    forward = copies_all + loss_forward
+    backward = copies_saved + maximum(loss_backward, recompute)
+    recomputing = (recompute > loss_backward) & (backward >= forward)
+    activations = where(recomputing, recompute, 0.0)
+    return activations, maximum(forward, backward) - activations
+
+
+def recompute_working_set(full_layers: Any, per_none: Any) -> Any:
+    """One layer's full activations (``per_none``: :func:`layer_activations`) while a fully
+    recomputed layer is recomputed and back-propagated, on a stage that holds any
+    (``full_layers`` > 0). Numbers or arrays alike."""
+    return where(full_layers > 0, per_none, 0.0)
 
 
 def sharding_buffers(
@@ -207,10 +248,10 @@ def flight_buffers(
 
 
 def flight_buffer_bytes(last: Any, logits: Any, inflight: Any, loss: CrossEntropy, e: int, pipe: Any) -> Any:
-    """On the last stage (``last``) its ``logits`` elements at the loss's peak with ``inflight``
-    microbatches in flight (simulator.cost.memory.logits_buffer_bytes), plus the ``pipe`` bytes of
+    """On the last stage (``last``) what it keeps of the ``logits`` elements of ``inflight``
+    microbatches in flight (simulator.cost.memory.kept_logits_bytes), plus the ``pipe`` bytes of
     pipeline buffers. Numbers or arrays alike."""
-    return where(last, memory.logits_buffer_bytes(logits, loss, e, inflight), 0.0) + pipe
+    return where(last, memory.kept_logits_bytes(logits, loss, e, inflight), 0.0) + pipe
 
 
 def stage_memory(
@@ -239,18 +280,47 @@ def stage_memory(
         activation_peak(model, cluster, plan, m, stage, shape, kernels),
         sharding_buffers(model, plan, shape.params, bucket_bytes),
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
-        weight_copies_held(weight_copy_bytes, shape.params),
         fp8_weight_copies(model, plan, shape.layers, e),
+        stage_transient(model, cluster, plan, shape, loss, weight_copy_bytes, kernels),
+    )
+
+
+def stage_transient(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    shape: StageShape,
+    loss: CrossEntropy,
+    weight_copy_bytes: float,
+    kernels: LayerKernels,
+) -> tuple[float, float]:
+    """:func:`phase_transient` of one rank of a device shaped ``shape``."""
+    e = dtype_bytes(cluster.gpu)
+    b, t = plan.mb, plan.t
+    per_none = layer_activations(model, b, t, bool(plan.sp), e, plan.prec, kernels)[2]
+    full_params = shape.full_layers * params.layer_params_per_rank(model, t)
+    logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t)) if shape.last else 0.0
+    return phase_transient(
+        weight_copies_held(weight_copy_bytes, shape.params),
+        weight_copies_saved(weight_copy_bytes, shape.params, full_params, plan.p > 1),
+        *memory.loss_transient_bytes(logits, loss, e),
+        recompute_working_set(shape.full_layers, per_none),
     )
 
 
 def stage_peak(
-    states: memory.ModelStates, activations: Any, sharding: Any, flight: Any, weight_copies: Any, fp8_copies: Any
+    states: memory.ModelStates,
+    activations: Any,
+    sharding: Any,
+    flight: Any,
+    fp8_copies: Any,
+    transient: tuple[Any, Any],
 ) -> StageMemory:
-    """A stage's peak from its terms (module docstring): the model states, the activations, and as
-    buffers the sharding and in-flight buffers and the weight copies. Numbers or arrays alike."""
-    buffers = (sharding + flight) + (weight_copies + fp8_copies)
-    return StageMemory(states.params, states.grads, states.optimizer, activations, buffers)
+    """A stage's peak from its terms (module docstring): the model states, the lasting activations
+    and buffers (sharding, in-flight, fp8 copies), and the ``transient`` (activations, buffers)
+    of its largest phase (:func:`phase_transient`). Numbers or arrays alike."""
+    buffers = (sharding + flight) + (fp8_copies + transient[1])
+    return StageMemory(states.params, states.grads, states.optimizer, activations + transient[0], buffers)
 
 
 def activation_peak(
@@ -325,15 +395,14 @@ def activation_bytes(
     first: Any,
     embedding: Any,
 ) -> Any:
-    """A device's activations at its peak (module docstring) from what its in-flight microbatches
-    hold (``occupied``: :func:`held_activations` at the schedule's worst occupancy): one layer's
-    full activations while it is recomputed (``full`` > 0), GPipe's last microbatch kept whole
-    (``gpipe_kept``), ZB-H1's deferred weight gradients' inputs (``pending_per_layer`` per layer:
-    :func:`pending_weight_inputs`) and on the first stage (``first``) the in-flight embedding
-    masks (``embedding`` bytes). Numbers or arrays alike."""
+    """A device's lasting activations at its peak (module docstring) from what its in-flight
+    microbatches hold (``occupied``: :func:`held_activations` at the schedule's worst occupancy):
+    GPipe's last microbatch kept whole (``gpipe_kept``), ZB-H1's deferred weight gradients' inputs
+    (``pending_per_layer`` per layer: :func:`pending_weight_inputs`) and on the first stage
+    (``first``) the in-flight embedding masks (``embedding`` bytes); a recomputed layer's full
+    activations are a phase's (:func:`recompute_working_set`). Numbers or arrays alike."""
     per_full, per_sel, per_none = per_layer
-    act = occupied + where(full > 0, per_none, 0.0)
-    act = act + where(gpipe_kept, full * (per_none - per_full) + sel * (per_none - per_sel), 0.0)
+    act = occupied + where(gpipe_kept, full * (per_none - per_full) + sel * (per_none - per_sel), 0.0)
     act = act + pending_per_layer * layers
     return act + where(first, embedding, 0.0)
 

@@ -58,7 +58,7 @@ from simulator.cost.params import (
     layer_sharded_extra,
 )
 from simulator.cost.precision import casts_every_forward, gathered_bytes, linear_input_bytes
-from simulator.cost.stage_memory import layer_activations
+from simulator.cost.stage_memory import layer_activations, weight_copies_held, weight_copies_saved
 from simulator.cost.step import param_gather_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
@@ -93,7 +93,9 @@ class Costs:
     act: dict[str, float]  # activations per layer per microbatch by recompute mode
     emb_act: float  # first stage: embedding dropout mask per microbatch
     logits: float  # the last stage's logits kept per in-flight microbatch
-    logits_backward: float  # and more while one microbatch's loss backward runs
+    logits_forward: float  # and more while one microbatch's loss forward runs
+    logits_backward: float  # and more while its loss backward runs
+    copies_unsaved: float  # the weight copies the forward holds and the backward does not (stage_memory)
     layer_params: float
     layer_sharded_extra: float  # the other ep ranks' experts of a layer (StageShape.sharded_extra)
     emb_params: float
@@ -117,7 +119,7 @@ class Costs:
         bt = block_times(model, cluster, t, sp, b, plan.prec, job.runtime.layer_kernels)
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
-        kept, backward = logits_bytes_per_element(job.runtime.cross_entropy, e)
+        per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)
         logits = logits_elements(model, b, t, vocab)
         tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
@@ -148,8 +150,10 @@ class Costs:
                 )
             ),
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
-            logits=logits * kept,
-            logits_backward=logits * backward,
+            logits=logits * per_logit.kept,
+            logits_forward=logits * per_logit.forward,
+            logits_backward=logits * per_logit.backward,
+            copies_unsaved=copies_unsaved(job),
             layer_params=layer_params_per_rank(model, t),
             layer_sharded_extra=layer_sharded_extra(model, t),
             emb_params=embedding_params_per_rank(model, t, vocab),
@@ -162,6 +166,15 @@ class Costs:
         )
 
 
+def copies_unsaved(job: Job) -> float:
+    """The program's weight copies that a rank's forward holds and its backward does not: a
+    non-pipelined rank's fully recomputed layers' (simulator.cost.stage_memory.weight_copies_held
+    less weight_copies_saved); 0 under a pipeline, whose autocast context spans the schedule."""
+    plan, copies = job.plan, job.runtime.weight_copy_bytes
+    full = plan.chunk_recompute(job.model.num_layers)[0][0] * layer_params_per_rank(job.model, plan.t)
+    return weight_copies_held(copies, full) - weight_copies_saved(copies, full, full, plan.p > 1)
+
+
 @dataclass(frozen=True)
 class Item:
     """One layer of one pass (the embedding and head folded into the chunk's end layers)."""
@@ -170,7 +183,7 @@ class Item:
     alloc_act: float = 0.0  # forward: allocated at start
     alloc_buf: float = 0.0
     work: float = 0.0  # backward: transient activations while it runs
-    work_buf: float = 0.0  # backward: transient buffers while it runs (the loss backward's gradients)
+    work_buf: float = 0.0  # transient buffers while it runs (the loss forward's or backward's, weight copies)
     free_act: float = 0.0  # backward: freed at its end
     free_buf: float = 0.0
     params: float = 0.0  # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
@@ -211,14 +224,15 @@ def make_piece(kind: str, its: list[Item]) -> Piece:
     """Forward pieces allocate at their start; backward pieces add their largest transient
     at the start and free everything their items held at the end."""
     segs = merge_segs([s for it in its for s in it.segs])
+    peak = max(its, key=lambda it: it.work + it.work_buf)  # the items run one after another
+    work, work_buf = peak.work, peak.work_buf
     if kind == "F":
         start: Segments = (
             ("activations", sum(it.alloc_act for it in its)),
-            ("buffers", sum(it.alloc_buf for it in its)),
+            ("buffers", sum(it.alloc_buf for it in its) + work_buf),
         )
-        end: Segments = ()
+        end: Segments = (("buffers", -work_buf),)
     else:
-        work, work_buf = max(it.work for it in its), max(it.work_buf for it in its)
         start = (("activations", work), ("buffers", work_buf))
         end = (
             ("activations", -(work + sum(it.free_act for it in its))),
@@ -273,6 +287,7 @@ def forward_item(c: Costs, mode: str, has_emb: bool, has_head: bool, params: flo
         merge_segs(segs),
         alloc_act=c.act[mode] + (c.emb_act if has_emb else 0.0),
         alloc_buf=c.logits if has_head else 0.0,
+        work_buf=c.logits_forward + c.copies_unsaved if has_head else 0.0,
         params=params,
         gathered=c.gathered(params),
         tp_bytes=tp_bytes,
@@ -304,10 +319,11 @@ def backward_item(c: Costs, mode: str, has_emb: bool, has_head: bool, params: fl
     segs += [("bwd", c.bwd - (c.bwd_w if split else 0.0)), ("cp", c.cp_b), ("ep", c.ep_a2a), ("tp", c.tp_bwd * tp)]
     if has_emb:
         segs.append(("bwd", c.emb_b - (c.emb_bw if split else 0.0)))
+    loss = c.logits_backward if has_head else 0.0  # the head's backward runs before the layer recomputes
     return Item(
         merge_segs(segs),
-        work=work,
-        work_buf=c.logits_backward if has_head else 0.0,
+        work=max(work - loss, 0.0),
+        work_buf=loss,
         free_act=c.act[mode] + (c.emb_act if has_emb else 0.0) - keep,
         free_buf=c.logits if has_head else 0.0,
         params=params,

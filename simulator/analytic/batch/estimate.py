@@ -31,9 +31,11 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
 from simulator.cost.stage_memory import (
     flight_buffer_bytes,
+    phase_transient,
     sharding_buffer_bytes,
     stage_peak,
     weight_copies_held,
+    weight_copies_saved,
 )
 from simulator.cost.step import (
     dp_step_exposed,
@@ -90,10 +92,12 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
         ("t", "prec", "fp8ag"), lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e)
     )
     fp8 = fp8_copies_bytes(column(fp8_layer), S.layers, zero, column(P.fp8ag), S.layer_params_each, e, shard)
-    activations = stage_activations(model, cluster, P, S, counts, runtime.layer_kernels)
-    peak = stage_peak(
-        states, activations, sharding, flight, weight_copies_held(runtime.weight_copy_bytes, S.params), fp8
-    )
+    activations, recompute = stage_activations(model, cluster, P, S, counts, runtime.layer_kernels)
+    copies = runtime.weight_copy_bytes
+    saved = weight_copies_saved(copies, S.params, S.full_layers * S.layer_params_each, column(P.p > 1))
+    loss = memory.loss_transient_bytes(np.where(S.last, column(logits), 0.0), runtime.cross_entropy, e)
+    transient = phase_transient(weight_copies_held(copies, S.params), saved, *loss, recompute)
+    peak = stage_peak(states, activations, sharding, flight, fp8, transient)
     return np.where(S.valid, peak.total, -np.inf).max(axis=1)
 
 

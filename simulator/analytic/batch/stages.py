@@ -24,7 +24,13 @@ from simulator.cost.block_times import BlockTimes, block_times
 from simulator.cost.ops import PassTimes, dtype_bytes
 from simulator.cost.precision import linear_input_bytes
 from simulator.cost.stage import StageSpans, device_kinds, kind_groups, stage_groups, stage_times
-from simulator.cost.stage_memory import activation_bytes, activation_peak, held_activations, layer_activations
+from simulator.cost.stage_memory import (
+    activation_bytes,
+    activation_peak,
+    held_activations,
+    layer_activations,
+    recompute_working_set,
+)
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.runtime_spec import LayerKernels
@@ -197,11 +203,11 @@ def stage_activations(
     S: StageArrays,
     counts: ScheduleCounts,
     kernels: LayerKernels = "fused",
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """simulator.cost.stage_memory.activation_peak of each plan's stages, the layers running
-    ``kernels``. Equal chunks (the search's plans): its rules over arrays (held_activations,
-    activation_bytes); chunks that differ (v > 1 with an explicit split): the scalar rule, plan by
-    plan."""
+    ``kernels``, and each stage's recompute working set (stage_memory.recompute_working_set).
+    Equal chunks (the search's plans): its rules over arrays (held_activations, activation_bytes);
+    chunks that differ (v > 1 with an explicit split): the scalar rule, plan by plan."""
     e = dtype_bytes(cluster.gpu)
     s, h = model.seq_length, model.hidden_size
 
@@ -228,4 +234,4 @@ def stage_activations(
         q, m = P.plans[i], int(P.m[i])
         for j, (dev, c, _) in enumerate(stage_groups(model, cluster, q)):
             act[i, j] = activation_peak(model, cluster, q, m, dev, c, kernels)
-    return np.where(S.valid, act, 0.0)
+    return np.where(S.valid, act, 0.0), np.where(S.valid, recompute_working_set(full, pn), 0.0)

@@ -4,8 +4,8 @@ Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`, th
 bytes per parameter: :func:`simulator.cost.memory.program_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
 (:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
-copies (:func:`simulator.cost.stage_memory.weight_copies_held`: held through the passes, so at
-the activation peak, where the static bytes count) and fp8 weight copies
+copies that its backward holds (:func:`simulator.cost.stage_memory.weight_copies_saved`; the
+forward's others are the head's forward transient, simulator.des.passes) and fp8 weight copies
 (:func:`simulator.cost.stage_memory.fp8_weight_copies`): the terms of
 :func:`simulator.cost.stage_memory.stage_memory` that do not change during the step.
 """
@@ -38,7 +38,8 @@ def add_static_memory(prog: Program) -> None:
         if pipe_buffers:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
         if prog.job.runtime.weight_copy_bytes:
-            prog.mem.add_static(dev.idx, "buffers", weight_copies_held(prog.job.runtime.weight_copy_bytes, psi))
+            held = weight_copies_held(prog.job.runtime.weight_copy_bytes, psi)
+            prog.mem.add_static(dev.idx, "buffers", held - c.copies_unsaved)
         fp8 = fp8_weight_copies(model, plan, prog.device_layers(dev), c.e)
         if fp8:
             prog.mem.add_static(dev.idx, "buffers", fp8)
