@@ -101,7 +101,12 @@ class Runtime:
     over sub-groups) or "fsdp2" (autoplan's program: FSDP2's ``CPUOffloadPolicy``, its fp32
     parameter shards up for each pass and its fp32 reduced gradient shards down each
     microbatch, the microbatches' gradients summed on the host, the gradient norm and AdamW
-    on the host)."""
+    on the host).
+
+    ``grads_freed``: the program drops every parameter's ``.grad`` at each step's start (autoplan's
+    program: autoplan/runtime/trainer.py ``step`` sets ``p.grad = None``), so the gradients exist
+    only from the first microbatch's backward on; Megatron-LM and DeepSpeed keep contiguous
+    gradient buffers for the whole run (simulator.cost.stage_memory.gradients_late)."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
@@ -116,6 +121,7 @@ class Runtime:
     dp_bucket_bytes: float = 25e6
     dp_bucket_bytes_per_rank: float = 0.0
     offload: Literal["deepspeed", "fsdp2"] = "deepspeed"
+    grads_freed: bool = False
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from simulator.cost import memory
-from simulator.cost.stage_memory import phase_transient, weight_copies_saved
+from simulator.cost.stage_memory import gradients_late, phase_transient, stage_peak, weight_copies_saved
 from simulator.specs import ModelSpec
 
 
@@ -245,6 +245,21 @@ def test_a_steps_phases_do_not_hold_their_transients_at_once():
     assert phase_transient(0.0, 0.0, 0.0, 0.0, 3.0) == (3.0, 0.0)
     act, buf = phase_transient(*(np.array(x) for x in ([10.0, 2.0], [4.0, 2.0], [6.0, 1.0], [8.0, 1.0], [3.0, 5.0])))
     assert act.tolist() == [0.0, 5.0] and buf.tolist() == [16.0, 2.0]
+
+
+def test_one_microbatchs_gradients_never_meet_its_activations():
+    states = memory.ModelStates(params=7.0, grads=7.0, optimizer=14.0)
+    # the program with m = 1 on one unsharded stage: 20 of activations and 9 of logits before the
+    # gradients exist, the 7 of gradients after them: the peak holds the 29
+    late = stage_peak(states, 20.0, 0.5, 9.0, 0.0, (0.0, 0.0), late_grads=True)
+    assert (late.grads, late.activations, late.buffers, late.total) == (0.0, 20.0, 9.5, 7.0 + 14.0 + 29.5)
+    # activations smaller than the gradients: the backward's end holds the gradients alone
+    small = stage_peak(states, 3.0, 0.5, 1.0, 0.0, (0.0, 0.0), late_grads=True)
+    assert (small.grads, small.activations, small.buffers) == (7.0, 0.0, 0.5)
+    assert stage_peak(states, 20.0, 0.5, 9.0, 0.0, (0.0, 0.0)).total == 7.0 + 7.0 + 14.0 + 29.5
+    assert gradients_late(True, 1, 1, 1, 0) and not gradients_late(True, 2, 1, 1, 0)
+    assert not gradients_late(True, 1, 1, 2, 0) and not gradients_late(False, 1, 1, 1, 0)
+    assert gradients_late(True, np.array([1, 1, 2]), 1, 1, np.array([0, 1, 0])).tolist() == [True, False, False]
 
 
 def test_a_fully_recomputed_layer_keeps_no_weight_copy_without_a_pipeline():

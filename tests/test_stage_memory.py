@@ -116,11 +116,15 @@ def test_device_layers_closed_form_sums_the_chunks(layers, p, v, ckpt):
         assert want[0] == [3, 2, 2]
 
 
-@pytest.mark.parametrize("plan", ["t=1,p=1,mb=4,ckpt=full", "t=1,p=1,mb=4,ckpt=none", "t=1,p=2,mb=2,ckpt=full"])
+@pytest.mark.parametrize(
+    "plan", ["t=1,p=1,mb=4,ckpt=full", "t=1,p=1,mb=4,ckpt=none", "t=1,p=2,mb=2,ckpt=full", "t=1,p=1,mb=8,ckpt=full"]
+)
 def test_the_programs_phases_peak_alike_in_the_des_and_the_closed_form(plan):
-    """autoplan's program on one H100 (weight copies under autocast, the torch loss's transients):
-    the DES, which allocates the loss's and the forward's transients with the head's passes, peaks
-    where the closed form's largest phase puts it (stage_memory.phase_transient)."""
+    """autoplan's program on one H100 (weight copies under autocast, the torch loss's transients;
+    mb=8 is one microbatch, whose gradients come after its activations): the DES, which allocates
+    the loss's and the forward's transients with the head's passes and those gradients at the
+    backward's end, peaks where the closed form's largest phase puts it (stage_memory.phase_transient,
+    gradients_late)."""
     from autoplan.runtime.support import program_job
     from simulator.plan import parse_plan
 

@@ -80,6 +80,7 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
         layer_kernels="eager" if autocast else "fused",
         zero2="fsdp2",
         offload="fsdp2",
+        grads_freed=True,
     )
 
 

@@ -236,6 +236,7 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
                 rt.states,
                 bucket_bytes_of(rt, job.plan.d),
                 rt.layer_kernels,
+                rt.grads_freed,
             ),
         )
         for i, c, _ in groups

@@ -266,10 +266,11 @@ def stage_memory(
     state_layout: StateLayout = "mixed",
     bucket_bytes: float = memory.DP_BUCKET_BYTES,
     kernels: LayerKernels = "fused",
+    grads_freed: bool = False,
 ) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss``,
-    ``weight_copy_bytes``, ``state_layout``, ``bucket_bytes`` and ``kernels``: the program's
-    (simulator.runtime_spec.Runtime, simulator.cost.memory.bucket_bytes_of)."""
+    ``weight_copy_bytes``, ``state_layout``, ``bucket_bytes``, ``kernels`` and ``grads_freed``:
+    the program's (simulator.runtime_spec.Runtime, simulator.cost.memory.bucket_bytes_of)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
     states = memory.model_state_bytes(
@@ -282,6 +283,7 @@ def stage_memory(
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
         fp8_weight_copies(model, plan, shape.layers, e),
         stage_transient(model, cluster, plan, shape, loss, weight_copy_bytes, kernels),
+        gradients_late(grads_freed, m, plan.p, plan.d, plan.zero),
     )
 
 
@@ -315,12 +317,30 @@ def stage_peak(
     flight: Any,
     fp8_copies: Any,
     transient: tuple[Any, Any],
+    late_grads: Any = False,
 ) -> StageMemory:
     """A stage's peak from its terms (module docstring): the model states, the lasting activations
     and buffers (sharding, in-flight, fp8 copies), and the ``transient`` (activations, buffers)
-    of its largest phase (:func:`phase_transient`). Numbers or arrays alike."""
-    buffers = (sharding + flight) + (fp8_copies + transient[1])
-    return StageMemory(states.params, states.grads, states.optimizer, activations + transient[0], buffers)
+    of its largest phase (:func:`phase_transient`). With ``late_grads`` (:func:`gradients_late`)
+    the gradients and what the microbatch holds never meet: the peak is the larger of the two
+    (the backward's end holds every gradient, the activations and the loss's logits freed).
+    Numbers or arrays alike."""
+    act = activations + transient[0]
+    held = flight + transient[1]
+    grads_win = late_grads & (states.grads >= act + held)
+    grads = where(late_grads & ~grads_win, 0.0, states.grads)
+    buffers = (sharding + fp8_copies) + where(grads_win, 0.0, held)
+    return StageMemory(states.params, grads, states.optimizer, where(grads_win, 0.0, act), buffers)
+
+
+def gradients_late(grads_freed: bool, m: Any, p: Any, d: Any, zero: Any) -> Any:
+    """Whether a step's gradients exist only after its microbatch's activations are gone: a
+    program that drops its ``.grad`` each step (simulator.runtime_spec.Runtime.grads_freed) with
+    one microbatch (m = 1) on one unsharded, unreplicated stage (p = 1, d = 1, ZeRO-0), whose
+    single backward allocates each layer's gradients as it frees that layer's activations. With
+    more microbatches the first one's gradients meet the next one's activations; a pipeline's,
+    DDP's buckets and ZeRO's shards are held through the step. Numbers or arrays alike."""
+    return grads_freed & (m == 1) & (p == 1) & (d == 1) & (zero == 0)
 
 
 def activation_peak(

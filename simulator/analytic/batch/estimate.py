@@ -31,6 +31,7 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
 from simulator.cost.stage_memory import (
     flight_buffer_bytes,
+    gradients_late,
     phase_transient,
     sharding_buffer_bytes,
     stage_peak,
@@ -97,7 +98,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
     saved = weight_copies_saved(copies, S.params, S.full_layers * S.layer_params_each, column(P.p > 1))
     loss = memory.loss_transient_bytes(np.where(S.last, column(logits), 0.0), runtime.cross_entropy, e)
     transient = phase_transient(weight_copies_held(copies, S.params), saved, *loss, recompute)
-    peak = stage_peak(states, activations, sharding, flight, fp8, transient)
+    late = column(gradients_late(runtime.grads_freed, P.m, P.p, P.d, P.zero))
+    peak = stage_peak(states, activations, sharding, flight, fp8, transient, late)
     return np.where(S.valid, peak.total, -np.inf).max(axis=1)
 
 

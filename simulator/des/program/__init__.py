@@ -46,6 +46,7 @@ def build_program(job: Job, topo: Topology, engine: Engine, full: bool, options:
     prog.orders = {dev.idx: device_order(plan.schedule, plan.p, job.m, plan.v, dev.pp) for dev in prog.devices}
     for dev in prog.devices:
         compute.add_passes(prog, dev)
+    memory.add_late_gradients(prog)
     for dev in prog.devices:
         pipeline.add_sends(prog, dev)
     data_parallel.add_tied_embedding_all_reduce(prog)

@@ -18,8 +18,26 @@ from simulator.cost.memory import (
     pipeline_buffer_bytes,
     program_state_bytes,
 )
-from simulator.cost.stage_memory import fp8_weight_copies, weight_copies_held
+from simulator.cost.stage_memory import fp8_weight_copies, gradients_late, weight_copies_held
 from simulator.des.program.state import Program
+
+
+def late_gradients(prog: Program) -> bool:
+    """Whether the rank's gradients appear only at its one microbatch's backward's end
+    (simulator.cost.stage_memory.gradients_late); :func:`add_late_gradients` adds them there."""
+    plan = prog.plan
+    return bool(gradients_late(prog.job.runtime.grads_freed, prog.m, plan.p, plan.d, plan.zero))
+
+
+def add_late_gradients(prog: Program) -> None:
+    """With :func:`late_gradients`, each device's gradients at the end of its backward's last task
+    (the activations it freed are gone by then, frees coming before allocations at one instant)."""
+    if not late_gradients(prog):
+        return
+    states = program_state_bytes(prog.job.runtime.states, prog.costs.e, prog.plan.zero)
+    for dev in prog.devices:
+        ms = model_state_bytes(prog.device_params(dev), 1, 0, "none", *states)
+        prog.mem.add(prog.last[(dev.idx, "B", 0, 0)], dev.idx, True, "grads", ms.grads)
 
 
 def add_static_memory(prog: Program) -> None:
@@ -31,7 +49,8 @@ def add_static_memory(prog: Program) -> None:
         psi = prog.device_params(dev)
         ms = model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev))
         prog.mem.add_static(dev.idx, "params", ms.params)
-        prog.mem.add_static(dev.idx, "grads", ms.grads)
+        if not late_gradients(prog):
+            prog.mem.add_static(dev.idx, "grads", ms.grads)
         prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)
         if plan.d > 1 or plan.offload != "none":
             prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.bucket_bytes))
