@@ -9,9 +9,9 @@ import pytest
 from hwprofiles.schema import GpuProfile
 from simulator.cost import ops
 from simulator.cost.eager_layer import eager_activation_bytes, eager_layer_ops
-from simulator.cost.stage_memory import layer_activations
 from simulator.cost.ops import backward_ops
 from simulator.cost.params import layer_params_per_rank
+from simulator.cost.stage_memory import layer_activations
 from simulator.specs import ModelSpec
 
 GPT13 = ModelSpec(
