@@ -106,7 +106,7 @@ class Runtime:
     ``grads_freed``: the program drops every parameter's ``.grad`` at each step's start (autoplan's
     program: autoplan/runtime/trainer.py ``step`` sets ``p.grad = None``), so the gradients exist
     only from the first microbatch's backward on; Megatron-LM and DeepSpeed keep contiguous
-    gradient buffers for the whole run (simulator.cost.stage_memory.gradients_late)."""
+    gradient buffers for the whole run (simulator.cost.phase_memory.gradients_late)."""
 
     name: str = "overlapped"
     dp_overlap: bool = True

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from simulator.cost import memory
-from simulator.cost.stage_memory import gradients_late, phase_transient, stage_peak, weight_copies_saved
+from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_saved
+from simulator.cost.stage_memory import stage_peak
 from simulator.specs import ModelSpec
 
 

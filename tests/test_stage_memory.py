@@ -123,7 +123,7 @@ def test_the_programs_phases_peak_alike_in_the_des_and_the_closed_form(plan):
     """autoplan's program on one H100 (weight copies under autocast, the torch loss's transients;
     mb=8 is one microbatch, whose gradients come after its activations): the DES, which allocates
     the loss's and the forward's transients with the head's passes and those gradients at the
-    backward's end, peaks where the closed form's largest phase puts it (stage_memory.phase_transient,
+    backward's end, peaks where the closed form's largest phase puts it (phase_memory.phase_transient,
     gradients_late)."""
     from autoplan.runtime.support import program_job
     from simulator.plan import parse_plan

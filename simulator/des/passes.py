@@ -57,8 +57,9 @@ from simulator.cost.params import (
     layer_params_per_rank,
     layer_sharded_extra,
 )
+from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import casts_every_forward, gathered_bytes, linear_input_bytes
-from simulator.cost.stage_memory import layer_activations, weight_copies_held, weight_copies_saved
+from simulator.cost.stage_memory import layer_activations
 from simulator.cost.step import param_gather_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
@@ -168,7 +169,7 @@ class Costs:
 
 def copies_unsaved(job: Job) -> float:
     """The program's weight copies that a rank's forward holds and its backward does not: a
-    non-pipelined rank's fully recomputed layers' (simulator.cost.stage_memory.weight_copies_held
+    non-pipelined rank's fully recomputed layers' (simulator.cost.phase_memory.weight_copies_held
     less weight_copies_saved); 0 under a pipeline, whose autocast context spans the schedule."""
     plan, copies = job.plan, job.runtime.weight_copy_bytes
     full = plan.chunk_recompute(job.model.num_layers)[0][0] * layer_params_per_rank(job.model, plan.t)

@@ -28,16 +28,9 @@ from simulator.analytic.pipeline import (
 )
 from simulator.cost import memory, params
 from simulator.cost.ops import dtype_bytes
+from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
-from simulator.cost.stage_memory import (
-    flight_buffer_bytes,
-    gradients_late,
-    phase_transient,
-    sharding_buffer_bytes,
-    stage_peak,
-    weight_copies_held,
-    weight_copies_saved,
-)
+from simulator.cost.stage_memory import flight_buffer_bytes, sharding_buffer_bytes, stage_peak
 from simulator.cost.step import (
     dp_step_exposed,
     dtensor_params,

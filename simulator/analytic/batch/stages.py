@@ -22,15 +22,10 @@ from simulator.analytic.batch.plans import PlanColumns
 from simulator.cost import memory, params
 from simulator.cost.block_times import BlockTimes, block_times
 from simulator.cost.ops import PassTimes, dtype_bytes
+from simulator.cost.phase_memory import recompute_working_set
 from simulator.cost.precision import linear_input_bytes
 from simulator.cost.stage import StageSpans, device_kinds, kind_groups, stage_groups, stage_times
-from simulator.cost.stage_memory import (
-    activation_bytes,
-    activation_peak,
-    held_activations,
-    layer_activations,
-    recompute_working_set,
-)
+from simulator.cost.stage_memory import activation_bytes, activation_peak, held_activations, layer_activations
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
 from simulator.runtime_spec import LayerKernels
@@ -205,7 +200,7 @@ def stage_activations(
     kernels: LayerKernels = "fused",
 ) -> tuple[np.ndarray, np.ndarray]:
     """simulator.cost.stage_memory.activation_peak of each plan's stages, the layers running
-    ``kernels``, and each stage's recompute working set (stage_memory.recompute_working_set).
+    ``kernels``, and each stage's recompute working set (phase_memory.recompute_working_set).
     Equal chunks (the search's plans): its rules over arrays (held_activations, activation_bytes);
     chunks that differ (v > 1 with an explicit split): the scalar rule, plan by plan."""
     e = dtype_bytes(cluster.gpu)

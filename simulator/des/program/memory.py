@@ -4,7 +4,7 @@ Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`, th
 bytes per parameter: :func:`simulator.cost.memory.program_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
 (:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
-copies that its backward holds (:func:`simulator.cost.stage_memory.weight_copies_saved`; the
+copies that its backward holds (:func:`simulator.cost.phase_memory.weight_copies_saved`; the
 forward's others are the head's forward transient, simulator.des.passes) and fp8 weight copies
 (:func:`simulator.cost.stage_memory.fp8_weight_copies`): the terms of
 :func:`simulator.cost.stage_memory.stage_memory` that do not change during the step.
@@ -18,13 +18,14 @@ from simulator.cost.memory import (
     pipeline_buffer_bytes,
     program_state_bytes,
 )
-from simulator.cost.stage_memory import fp8_weight_copies, gradients_late, weight_copies_held
+from simulator.cost.phase_memory import gradients_late, weight_copies_held
+from simulator.cost.stage_memory import fp8_weight_copies
 from simulator.des.program.state import Program
 
 
 def late_gradients(prog: Program) -> bool:
     """Whether the rank's gradients appear only at its one microbatch's backward's end
-    (simulator.cost.stage_memory.gradients_late); :func:`add_late_gradients` adds them there."""
+    (simulator.cost.phase_memory.gradients_late); :func:`add_late_gradients` adds them there."""
     plan = prog.plan
     return bool(gradients_late(prog.job.runtime.grads_freed, prog.m, plan.p, plan.d, plan.zero))
 
