@@ -106,7 +106,13 @@ class Runtime:
     ``grads_freed``: the program drops every parameter's ``.grad`` at each step's start (autoplan's
     program: autoplan/runtime/trainer.py ``step`` sets ``p.grad = None``), so the gradients exist
     only from the first microbatch's backward on; Megatron-LM and DeepSpeed keep contiguous
-    gradient buffers for the whole run (simulator.cost.phase_memory.gradients_late)."""
+    gradient buffers for the whole run (simulator.cost.phase_memory.gradients_late).
+
+    ``dp_buckets``: which of its gradient buckets the runtime holds (simulator.cost.memory.
+    gradient_bucket_bytes): "in-flight" two of them (Megatron-core's buckets are views of its
+    gradient buffer, DeepSpeed fills two of ``reduce_bucket_size``); "all" every one, a copy of
+    every gradient (PyTorch DDP without ``gradient_as_bucket_view``, as autoplan's program runs
+    it: autoplan/runtime/trainer.py)."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
@@ -122,8 +128,10 @@ class Runtime:
     dp_bucket_bytes_per_rank: float = 0.0
     offload: Literal["deepspeed", "fsdp2"] = "deepspeed"
     grads_freed: bool = False
+    dp_buckets: Literal["in-flight", "all"] = "in-flight"
 
 
+DEFAULT_RUNTIME = Runtime()
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)
 NO_DP_OVERLAP = Runtime("no-dp-overlap", dp_overlap=False)
 DEEPSPEED_ZERO3 = Runtime("deepspeed", dp_overlap=True, sharded_reduce_bytes=2, zero3="deepspeed")

@@ -6,6 +6,8 @@ comments (Korthikanti et al. 2022 for activations; Narayanan et al. 2021 for pip
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -261,6 +263,32 @@ def test_one_microbatchs_gradients_never_meet_its_activations():
     assert gradients_late(True, 1, 1, 1, 0) and not gradients_late(True, 2, 1, 1, 0)
     assert not gradients_late(True, 1, 1, 2, 0) and not gradients_late(False, 1, 1, 1, 0)
     assert gradients_late(True, np.array([1, 1, 2]), 1, 1, np.array([0, 1, 0])).tolist() == [True, False, False]
+
+
+def test_pytorch_ddp_holds_a_bucket_copy_of_every_gradient():
+    # two 25 MB buckets in flight, capped by the gradients; PyTorch DDP (no gradient_as_bucket_view)
+    # keeps every bucket: 1e9 fp32 gradients once more
+    assert memory.gradient_bucket_bytes(1e9, 25e6, 4) == 50e6
+    assert memory.gradient_bucket_bytes(1e9, 25e6, 4, every_bucket=True) == 4e9
+    assert memory.gradient_bucket_bytes(np.array([1e6, 1e9]), 25e6, 4, np.array([False, True])).tolist() == [4e6, 4e9]
+
+
+def test_the_programs_ddp_plans_price_every_bucket():
+    from autoplan.runtime.support import program_job
+    from hwprofiles.load import load_cluster
+    from simulator.analytic import estimate
+    from simulator.job import Job
+    from simulator.model_files import load_model
+    from simulator.plan import parse_plan
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-a100-80gb")
+    plan, _ = parse_plan("t=1,p=1,d=8,mb=1,zero=0,ckpt=full", model, 8, 64)
+    job = program_job(Job(model, cluster, plan, 64))
+    assert job.runtime.dp_buckets == "all"
+    two = dataclasses.replace(job, runtime=dataclasses.replace(job.runtime, dp_buckets="in-flight"))
+    psi = 6.74e9  # Llama 2 7B, 32,000-token vocabulary untied
+    extra = estimate(job).memory_breakdown["buffers"] - estimate(two).memory_breakdown["buffers"]
+    assert extra == pytest.approx(4 * psi - 2 * 25e6, rel=0.01)  # every fp32 gradient, less the two buckets
 
 
 def test_a_fully_recomputed_layer_keeps_no_weight_copy_without_a_pipeline():

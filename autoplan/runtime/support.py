@@ -67,7 +67,9 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
     * ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (``zero2="fsdp2"``,
       autoplan.runtime.data_parallel.apply_fsdp), not bucketed reduce-scatters;
     * offload is FSDP2's CPUOffloadPolicy (``offload="fsdp2"``), the microbatches' gradients
-      summed on the host (autoplan.runtime.data_parallel.HostGradients).
+      summed on the host (autoplan.runtime.data_parallel.HostGradients);
+    * every step starts with the gradients dropped (``grads_freed``), and DDP holds a bucket copy
+      of every gradient (``dp_buckets="all"``).
     """
     if mode == "manual" and runtime.dp_overlap:
         runtime = dataclasses.replace(runtime, dp_overlap=False)
@@ -81,6 +83,7 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
         zero2="fsdp2",
         offload="fsdp2",
         grads_freed=True,
+        dp_buckets="all" if mode == "ddp" else "in-flight",
     )
 
 

@@ -220,24 +220,10 @@ def _estimate(job: Job) -> SimResult:
 def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
     """(device, memory) of the first device of each distinct stage: in-flight microbatches
     never grow with the device index, so that device is the peak of its kind."""
-    rt = job.runtime
     return [
         (
             i,
-            stage_memory(
-                job.model,
-                job.cluster,
-                job.plan,
-                job.m,
-                i,
-                c,
-                rt.cross_entropy,
-                rt.weight_copy_bytes,
-                rt.states,
-                bucket_bytes_of(rt, job.plan.d),
-                rt.layer_kernels,
-                rt.grads_freed,
-            ),
+            stage_memory(job.model, job.cluster, job.plan, job.m, i, c, job.runtime),
         )
         for i, c, _ in groups
     ]

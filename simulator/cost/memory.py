@@ -356,10 +356,17 @@ def bucket_bytes_of(runtime: Runtime, d: Any) -> Any:
     return maximum(runtime.dp_bucket_bytes, runtime.dp_bucket_bytes_per_rank * d)
 
 
-def gradient_bucket_bytes(psi: Any, bucket_bytes: Any = DP_BUCKET_BYTES, grad_bytes: int = GRAD_BYTES) -> Any:
-    """Fused gradient buckets for the overlapped all-reduce / reduce-scatter (PyTorch DDP's
-    default 25 MB bucket, two in flight), capped by the gradients themselves (numbers or arrays)."""
-    return minimum(psi * grad_bytes, 2 * bucket_bytes)
+def gradient_bucket_bytes(
+    psi: Any, bucket_bytes: Any = DP_BUCKET_BYTES, grad_bytes: Any = GRAD_BYTES, every_bucket: Any = False
+) -> Any:
+    """Fused gradient buckets for the overlapped all-reduce / reduce-scatter: two in flight of
+    ``bucket_bytes`` (the runtime's, bucket_bytes_of), capped by the gradients themselves; with
+    ``every_bucket`` all of them, a copy of every gradient (PyTorch DDP without
+    ``gradient_as_bucket_view``: its Reducer allocates each bucket's flat ``gradients`` tensor for
+    the whole run and copies the reduced bucket back into the parameters' ``.grad``,
+    torch/csrc/distributed/c10d/reducer.hpp ``Bucket::gradients``, ``copy_bucket_to_grad``).
+    Numbers or arrays alike."""
+    return where(every_bucket, psi * grad_bytes, minimum(psi * grad_bytes, 2 * bucket_bytes))
 
 
 def embedding_activation_bytes(b: int, s: int, h: int, t: int, sp: bool) -> float:

@@ -49,7 +49,7 @@ from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
 from simulator.numeric import where
 from simulator.plan import Plan
-from simulator.runtime_spec import EAGER, CrossEntropy, LayerKernels, StateLayout
+from simulator.runtime_spec import DEFAULT_RUNTIME, EAGER, CrossEntropy, LayerKernels, Runtime
 from simulator.specs import ModelSpec
 
 _ACTIVATIONS = IdentityCache(4096)
@@ -164,23 +164,36 @@ def stage_buffers(
 
 
 def sharding_buffers(
-    model: ModelSpec, plan: Plan, psi: float | None, bucket_bytes: float = memory.DP_BUCKET_BYTES
+    model: ModelSpec,
+    plan: Plan,
+    psi: float | None,
+    bucket_bytes: float = memory.DP_BUCKET_BYTES,
+    every_bucket: bool = False,
+    grad_bytes: int = memory.GRAD_BYTES,
 ) -> float:
     """The buffers that data parallelism, ZeRO and offload add (:func:`sharding_buffer_bytes`) to
     a rank of ``psi`` parameters (None: the gradient buckets at their cap, the linear form)."""
     working_set = memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
     buckets = plan.d > 1 or plan.offload != "none"
     psi_ = float("inf") if psi is None else psi
-    return sharding_buffer_bytes(psi_, buckets, plan.zero == 3, working_set, bucket_bytes)
+    return sharding_buffer_bytes(psi_, buckets, plan.zero == 3, working_set, bucket_bytes, every_bucket, grad_bytes)
 
 
 def sharding_buffer_bytes(
-    psi: Any, buckets: Any, zero3: Any, working_set: Any, bucket_bytes: Any = memory.DP_BUCKET_BYTES
+    psi: Any,
+    buckets: Any,
+    zero3: Any,
+    working_set: Any,
+    bucket_bytes: Any = memory.DP_BUCKET_BYTES,
+    every_bucket: Any = False,
+    grad_bytes: Any = memory.GRAD_BYTES,
 ) -> Any:
     """Gradient buckets of ``bucket_bytes`` (``buckets``: d > 1 or offload;
-    simulator.cost.memory.gradient_bucket_bytes of the ``psi`` parameters) and ZeRO-3's gathered
-    layers (``working_set``, with ``zero3``). Numbers or arrays alike."""
-    return where(buckets, memory.gradient_bucket_bytes(psi, bucket_bytes), 0.0) + where(zero3, working_set, 0.0)
+    simulator.cost.memory.gradient_bucket_bytes of the ``psi`` parameters, ``every_bucket`` and
+    ``grad_bytes`` as there) and ZeRO-3's gathered layers (``working_set``, with ``zero3``).
+    Numbers or arrays alike."""
+    held = memory.gradient_bucket_bytes(psi, bucket_bytes, grad_bytes, every_bucket)
+    return where(buckets, held, 0.0) + where(zero3, working_set, 0.0)
 
 
 def flight_buffers(
@@ -217,29 +230,26 @@ def stage_memory(
     m: int,
     stage: int,
     shape: StageShape,
-    loss: CrossEntropy = "fp32",
-    weight_copy_bytes: float = 0.0,
-    state_layout: StateLayout = "mixed",
-    bucket_bytes: float = memory.DP_BUCKET_BYTES,
-    kernels: LayerKernels = "fused",
-    grads_freed: bool = False,
+    runtime: Runtime = DEFAULT_RUNTIME,
 ) -> StageMemory:
-    """Peak memory of one rank of pipeline device ``stage`` (module docstring); ``loss``,
-    ``weight_copy_bytes``, ``state_layout``, ``bucket_bytes``, ``kernels`` and ``grads_freed``:
-    the program's (simulator.runtime_spec.Runtime, simulator.cost.memory.bucket_bytes_of)."""
+    """Peak memory of one rank of pipeline device ``stage`` (module docstring) as ``runtime`` runs
+    it (simulator.runtime_spec.Runtime: its loss, state layout, weight copies, layer kernels,
+    gradient buckets and when its gradients exist)."""
     e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.program_state_bytes(state_layout, e, plan.zero)
+    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
     states = memory.model_state_bytes(
         shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params
     )
+    loss, kernels = runtime.cross_entropy, runtime.layer_kernels
+    buckets = memory.bucket_bytes_of(runtime, plan.d)
     return stage_peak(
         states,
         activation_peak(model, cluster, plan, m, stage, shape, kernels),
-        sharding_buffers(model, plan, shape.params, bucket_bytes),
+        sharding_buffers(model, plan, shape.params, buckets, runtime.dp_buckets == "all", gb),
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
         fp8_weight_copies(model, plan, shape.layers, e),
-        stage_transient(model, cluster, plan, shape, loss, weight_copy_bytes, kernels),
-        gradients_late(grads_freed, m, plan.p, plan.d, plan.zero),
+        stage_transient(model, cluster, plan, shape, loss, runtime.weight_copy_bytes, kernels),
+        gradients_late(runtime.grads_freed, m, plan.p, plan.d, plan.zero),
     )
 
 

@@ -74,7 +74,9 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
         ("t",), lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t))
     )
     bucket = column(memory.bucket_bytes_of(runtime, P.d))
-    sharding = sharding_buffer_bytes(S.params, column(P.d > 1) | offloaded, zero == 3, column(working_set), bucket)
+    buckets = column(P.d > 1) | offloaded
+    every = runtime.dp_buckets == "all"
+    sharding = sharding_buffer_bytes(S.params, buckets, zero == 3, column(working_set), bucket, every, gb)
     logits = P.per_plan(
         ("t", "mb"), lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t))
     )

@@ -54,7 +54,8 @@ def add_static_memory(prog: Program) -> None:
             prog.mem.add_static(dev.idx, "grads", ms.grads)
         prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)
         if plan.d > 1 or plan.offload != "none":
-            prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.bucket_bytes))
+            every = prog.job.runtime.dp_buckets == "all"
+            prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.bucket_bytes, states[1], every))
         if pipe_buffers:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
         if prog.job.runtime.weight_copy_bytes:
