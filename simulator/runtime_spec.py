@@ -131,7 +131,6 @@ class Runtime:
     dp_buckets: Literal["in-flight", "all"] = "in-flight"
 
 
-DEFAULT_RUNTIME = Runtime()
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)
 NO_DP_OVERLAP = Runtime("no-dp-overlap", dp_overlap=False)
 DEEPSPEED_ZERO3 = Runtime("deepspeed", dp_overlap=True, sharded_reduce_bytes=2, zero3="deepspeed")

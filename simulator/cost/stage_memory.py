@@ -49,7 +49,7 @@ from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
 from simulator.numeric import where
 from simulator.plan import Plan
-from simulator.runtime_spec import DEFAULT_RUNTIME, EAGER, CrossEntropy, LayerKernels, Runtime
+from simulator.runtime_spec import EAGER, OVERLAPPED, CrossEntropy, LayerKernels, Runtime
 from simulator.specs import ModelSpec
 
 _ACTIVATIONS = IdentityCache(4096)
@@ -230,7 +230,7 @@ def stage_memory(
     m: int,
     stage: int,
     shape: StageShape,
-    runtime: Runtime = DEFAULT_RUNTIME,
+    runtime: Runtime = OVERLAPPED,
 ) -> StageMemory:
     """Peak memory of one rank of pipeline device ``stage`` (module docstring) as ``runtime`` runs
     it (simulator.runtime_spec.Runtime: its loss, state layout, weight copies, layer kernels,

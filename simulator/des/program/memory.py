@@ -13,6 +13,7 @@ forward's others are the head's forward transient, simulator.des.passes) and fp8
 from __future__ import annotations
 
 from simulator.cost.memory import (
+    ModelStates,
     gradient_bucket_bytes,
     model_state_bytes,
     pipeline_buffer_bytes,
@@ -20,7 +21,7 @@ from simulator.cost.memory import (
 )
 from simulator.cost.phase_memory import gradients_late, weight_copies_held
 from simulator.cost.stage_memory import fp8_weight_copies
-from simulator.des.program.state import Program
+from simulator.des.program.state import Device, Program
 
 
 def late_gradients(prog: Program) -> bool:
@@ -35,27 +36,34 @@ def add_late_gradients(prog: Program) -> None:
     (the activations it freed are gone by then, frees coming before allocations at one instant)."""
     if not late_gradients(prog):
         return
-    states = program_state_bytes(prog.job.runtime.states, prog.costs.e, prog.plan.zero)
     for dev in prog.devices:
-        ms = model_state_bytes(prog.device_params(dev), 1, 0, "none", *states)
-        prog.mem.add(prog.last[(dev.idx, "B", 0, 0)], dev.idx, True, "grads", ms.grads)
+        prog.mem.add(prog.last[(dev.idx, "B", 0, 0)], dev.idx, True, "grads", device_states(prog, dev).grads)
+
+
+def device_states(prog: Program, dev: Device) -> ModelStates:
+    """The model states one rank of ``dev`` holds (simulator.cost.memory.model_state_bytes), in
+    the program's bytes per parameter."""
+    plan = prog.plan
+    states = program_state_bytes(prog.job.runtime.states, prog.costs.e, plan.zero)
+    psi = prog.device_params(dev)
+    return model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev))
 
 
 def add_static_memory(prog: Program) -> None:
     plan, c = prog.plan, prog.costs
     model = prog.job.model
     pipe_buffers = pipeline_buffer_bytes(plan.mb, model.seq_length, model.hidden_size, c.e, plan.p)
-    states = program_state_bytes(prog.job.runtime.states, c.e, plan.zero)
+    grad_bytes = program_state_bytes(prog.job.runtime.states, c.e, plan.zero)[1]
     for dev in prog.devices:
         psi = prog.device_params(dev)
-        ms = model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev))
+        ms = device_states(prog, dev)
         prog.mem.add_static(dev.idx, "params", ms.params)
         if not late_gradients(prog):
             prog.mem.add_static(dev.idx, "grads", ms.grads)
         prog.mem.add_static(dev.idx, "optimizer", ms.optimizer)
         if plan.d > 1 or plan.offload != "none":
             every = prog.job.runtime.dp_buckets == "all"
-            prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.bucket_bytes, states[1], every))
+            prog.mem.add_static(dev.idx, "buffers", gradient_bucket_bytes(psi, prog.bucket_bytes, grad_bytes, every))
         if pipe_buffers:
             prog.mem.add_static(dev.idx, "buffers", pipe_buffers)
         if prog.job.runtime.weight_copy_bytes:
