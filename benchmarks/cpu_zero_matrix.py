@@ -5,7 +5,8 @@ localhost-cpu node: ``autoplan emit`` + ``autoplan run`` of each plan, measured 
 
 ``--node`` predicts with a node profile of this machine (``autoplan calibrate --device cpu
 --ranks 4 -o CPU.yaml --node-out NODE.yaml``, as a user checks a plan on their own host); the
-default is the built-in localhost-cpu, measured on another host (an AMD EPYC VM, 2026-11-21).
+default is the built-in localhost-cpu (a 2-core Intel Xeon VM, 2026-11-27; before it an AMD EPYC VM,
+2026-11-21).
 
 Targets (issue 36): step time within 20% each; peak memory within 30% or 32 MiB, whichever is
 larger (on CPU the measured memory is the busiest rank's peak-RSS growth over its RSS before the

@@ -174,7 +174,7 @@ def test_importing_hwprofiles_and_calibrate_does_not_import_torch():
 def test_committed_cpu_profiles_are_measured_and_load():
     gpu = load_gpu("cpu")
     assert gpu.name == "cpu" and gpu.default_dtype == "fp32" and "fp32" in gpu.peak_tflops
-    assert gpu.measured is not None and gpu.measured["date"] == "2026-11-21"
+    assert gpu.measured is not None and gpu.measured["date"] == "2026-11-27"
     assert {"device", "torch", "host"} <= set(gpu.measured)
     assert gpu.gemm.table and all(p.dtype == "fp32" for p in gpu.gemm.table)
     # the tiny model's shapes (m = mb*seq = 64..512, n, k = 128..512) are inside the table's range
@@ -206,7 +206,7 @@ def test_committed_cpu_profile_numbers_carry_their_source():
         lines = [ln for ln in numbers.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         with_numbers = [ln for ln in lines if has_number(ln.split("#")[0].strip().lstrip("- "))]
         assert len(with_numbers) >= 5 and all("#" in ln for ln in with_numbers), path
-        assert "measured by autoplan calibrate on 2026-11-21" in text
+        assert "measured by autoplan calibrate on 2026-11-27" in text
 
 
 # --------------------------------------------------------------------------- end to end

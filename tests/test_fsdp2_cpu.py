@@ -87,11 +87,55 @@ def test_program_zero2_gathers_nothing_after_the_step():
 
 def test_optimizer_over_fsdp2_parameters_uses_the_dtensor_figure():
     """localhost-cpu: 50 DTensor tensors and 1e6 parameters on 4 ranks sharing 2 cores:
-    (50 * 223.2 us + 1e6 * 2.529 ns) * 4 / 1.572 = 34.83 ms."""
+    (50 * 41.82 us + 1e6 * 2.114 ns) * 4 / 1.817 = 9.257 ms."""
     model, cluster = load_model("tiny"), load_cluster("localhost-cpu")
     eager = cluster.gpu.eager
-    assert eager is not None and (eager.tp_optimizer_tensor_us, eager.optimizer_param_ns) == (223.2, 2.529)
-    assert cluster.node.slots_for(4) == 1.572
+    assert eager is not None and (eager.tp_optimizer_tensor_us, eager.optimizer_param_ns) == (41.82, 2.114)
+    assert cluster.node.slots_for(4) == 1.817
     job = program_job(Job(model, cluster, _plan("t=1,p=1,d=4,zero=3"), 8))
-    assert optimizer_time(job, 1e6, 50) == pytest.approx((50 * 223.2e-6 + 1e6 * 2.529e-9) * 4 / 1.572)
-    assert optimizer_time(job, 1e6, 50) == pytest.approx(34.83e-3, rel=1e-3)
+    assert optimizer_time(job, 1e6, 50) == pytest.approx((50 * 41.82e-6 + 1e6 * 2.114e-9) * 4 / 1.817)
+    assert optimizer_time(job, 1e6, 50) == pytest.approx(9.257e-3, rel=1e-3)
+
+
+def test_des_mode_of_fsdp2():
+    """The DES runs FSDP2's ZeRO-2 per layer with the forward's gathers only, not as a bucketed
+    ZeRO-2; on a gloo rank serially, on a GPU overlapped."""
+    from simulator.des.program.compute import ReductionMode
+
+    model = load_model("tiny")
+    cpu = program_job(Job(model, load_cluster("localhost-cpu"), _plan("t=1,p=1,d=4,zero=2"), 8))
+    mode = ReductionMode.of(cpu)
+    assert (mode.zero3, mode.backward_gathers, mode.serial, mode.dp_sync, mode.per_mb) == (
+        True,
+        False,
+        True,
+        False,
+        False,
+    )
+    z3 = ReductionMode.of(program_job(Job(model, load_cluster("localhost-cpu"), _plan("t=1,p=1,d=4,zero=3"), 8)))
+    assert (z3.zero3, z3.backward_gathers, z3.serial) == (True, True, True)
+    gpu = ReductionMode.of(program_job(Job(model, load_cluster("dgx-h100", gpus_per_node=4), _plan("t=1,p=1,d=4,zero=2"), 8)))
+    assert (gpu.zero3, gpu.backward_gathers, gpu.serial) == (True, False, False)
+    bucketed = ReductionMode.of(Job(model, load_cluster("localhost-cpu"), _plan("t=1,p=1,d=4,zero=2"), 8))
+    assert (bucketed.zero3, bucketed.per_mb, bucketed.serial) == (False, True, False)
+
+
+@pytest.mark.parametrize(
+    "text", ["t=1,p=1,d=2,mb=2,zero=2", "t=1,p=1,d=2,mb=2,zero=3", "t=1,p=1,d=4,mb=2,zero=3", "t=1,p=2,d=2,mb=2,zero=3"]
+)
+def test_des_prices_fsdp2_on_a_cpu_rank_as_the_closed_form(text):
+    """A gloo rank overlaps nothing: each gather after the previous piece, each reduce-scatter
+    waited for, the hooks' host time on every piece. The DES's step is then within 10% of the
+    closed form's (it was about half of it while the DES prefetched the gathers as on a GPU and
+    left out the hooks: 0.057 against 0.110 s for d=2, ZeRO-3)."""
+    from simulator import simulate
+
+    ranks = 1
+    for kv in text.split(","):
+        if kv[0] in "tpd":
+            ranks *= int(kv.split("=")[1])
+    job = program_job(
+        Job(load_model("tiny"), load_cluster("localhost-cpu", gpus_per_node=ranks), _plan(text, ranks), 8)
+    )
+    analytic, des = simulate(job, "analytic").step_time, simulate(job, "des").step_time
+    assert des == pytest.approx(analytic, rel=0.10)

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplan.runtime.config import RunSpec
@@ -44,6 +43,7 @@ from autoplan.runtime.model import GPT, keep_experts, layer_recompute, lm_loss, 
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from autoplan.runtime.support import dp_mode
 from autoplan.runtime.zero1 import Zero1Optimizer
+from hwprofiles.calibrate.program_optimizer import param_groups, program_adamw
 from simulator.cost.rank_view import rank_plan
 from simulator.plan import Plan
 
@@ -80,13 +80,6 @@ def import_plan_modules(plan: Plan) -> None:
         import autoplan.runtime.tensor_parallel  # noqa: F401
     if dp_mode(plan) == "fsdp":
         import torch.distributed.fsdp  # noqa: F401
-
-
-def _param_groups(params: list[nn.Parameter]) -> list[dict]:
-    """DTensor and plain parameters in separate groups (foreach kernels cannot mix them)."""
-    dt = [p for p in params if isinstance(p, DTensor)]
-    plain = [p for p in params if not isinstance(p, DTensor)]
-    return [{"params": g} for g in (dt, plain) if g]
 
 
 class Trainer:
@@ -189,22 +182,10 @@ class Trainer:
 
         def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
             if kind == "sgd":
-                return torch.optim.SGD(_param_groups(params), lr=tr.check_lr)
-            # fused on a GPU: torch's default there (foreach) allocates one fp32 temporary per
-            # parameter at the step (torch._foreach_sqrt of the second moments), +4 bytes per
-            # parameter over the states that no prediction charges; fused allocates none and
-            # steps 2.2x faster (H100, benchmarks/data/h100-optimizer-probe.txt). Offloaded
-            # (the state on the host): torch's fused CPU AdamW (torch >= 2.4), one multi-threaded
-            # pass per tensor, 6x the foreach step on one core here (28 vs 178 ms for 2^24
-            # parameters, torch 2.13 CPU, 2026-11-26)
-            return torch.optim.AdamW(
-                _param_groups(params),
-                lr=tr.lr,
-                betas=tr.betas,
-                eps=tr.eps,
-                weight_decay=tr.weight_decay,
-                fused=self.env.cuda,
-            )
+                return torch.optim.SGD(param_groups(params), lr=tr.check_lr)
+            return program_adamw(
+                params, lr=tr.lr, betas=tr.betas, eps=tr.eps, weight_decay=tr.weight_decay
+            )  # torch's fused AdamW on every device (hwprofiles.calibrate.program_optimizer)
 
         if self.plan.zero == 1 and self.mode == "manual":
             return None, Zero1Optimizer(self.params, make, self.dp_group)

@@ -26,13 +26,11 @@ time is all host work:
 * tp_optimizer_tensor: the AdamW step over the TP layer's parameters (DTensors where sharded,
   every op a DTensor dispatch) with the norm of their local gradients, per tensor: its ratio
   to the same step over the plain layer's parameters, times optimizer_tensor;
-* optimizer_tensor: one AdamW step (the implementation autoplan's program steps: fused on a GPU,
-  torch's default foreach on a CPU) with the
-  global gradient norm and clipping (``clip_grad_norm_``), over many small tensors, per tensor;
+* optimizer_tensor: one AdamW step (the implementation autoplan's program steps: torch's fused
+  AdamW, on a GPU and on a CPU) with the global gradient norm and clipping
+  (``clip_grad_norm_``), over many small tensors, per tensor;
 * optimizer_param: the same step over a few large tensors, per parameter: on a CPU (4 x 2^18
-  elements) the thread's CPU time less the tensors' share of optimizer_tensor (eager AdamW
-  makes about a dozen passes over each tensor, several times the 28 bytes per parameter of a
-  fused kernel); on a GPU (4 x 2^24 elements) the wall-clock time with the device
+  elements) the thread's CPU time less the tensors' share of optimizer_tensor; on a GPU (4 x 2^24 elements) the wall-clock time with the device
   synchronized (the host's per-tensor work overlaps the kernels there). The GPU tensors must
   be large: at 4 x 2^18 elements an H100's step is its ~20 kernel launches, not its memory
   passes, and the figure came out at 0.36 ns per parameter (benchmarks/data/h100-calibrate.yaml),
@@ -83,6 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hwprofiles.calibrate.program_optimizer import program_adamw
 from hwprofiles.calibrate.reference_layers import HIDDEN, LlamaReferenceLayer, ReferenceLayer, tensor_parallel
 from hwprofiles.calibrate.timing import clock, synchronizer
 
@@ -174,7 +173,7 @@ def _layer_host(layer: nn.Module, device: str, repeats: int) -> tuple[PassHost, 
     passes = time_passes(lambda: layer(x), repeats, device)  # leaves every parameter with a gradient
     params = list(layer.parameters())
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = program_adamw(params, lr=1e-4)
 
     def step() -> None:
         torch.nn.utils.get_total_norm(grads)  # the runtime's norm runs on the local shards
@@ -211,12 +210,11 @@ def head_host(device: str, repeats: int) -> PassHost:
 
 def _optimizer_step(elements: int, tensors: int, device: str) -> Callable[[], None]:
     """AdamW with global-norm clipping over ``tensors`` parameters of ``elements`` each, in the
-    implementation autoplan's program steps (autoplan/runtime/trainer.py): fused on a GPU,
-    torch's default (foreach) on a CPU."""
+    implementation autoplan's program steps (hwprofiles.calibrate.program_optimizer)."""
     params = [torch.zeros(elements, device=device, requires_grad=True) for _ in range(tensors)]
     for p in params:
         p.grad = torch.ones_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=device == "cuda")
+    opt = program_adamw(params, lr=1e-4)
 
     def step() -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)

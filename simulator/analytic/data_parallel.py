@@ -26,14 +26,13 @@ from typing import Any, NamedTuple, Protocol
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout, memory, zero3
-from simulator.cost.block_times import compute_slowdown, host_async
+from simulator.cost.block_times import synchronous_op_seconds
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.stage_memory import StageLike
-from simulator.cost.step import gradient_reduction, optimizer_tensors, param_gather_bytes
-from simulator.cost.workload import layer_param_tensors
+from simulator.cost.step import gradient_reduction, param_gather_bytes, rank_tensors
 from simulator.numeric import any_of, fmod, maximum, minimum, negate, where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
@@ -109,20 +108,6 @@ def stage_gathered_bytes(cost: StageLike, fp8ag: Any, e: int) -> Any:
     return gathered_bytes(cost.params, cost.layer_params, param_gather_bytes(e), fp8ag)
 
 
-def stage_tensors(model: ModelSpec, cost: StageLike) -> Any:
-    """Parameter tensors of one rank of stage ``cost``: its layers' and, on a stage holding the
-    embedding or the head, the non-layer ones (simulator.cost.step.optimizer_tensors)."""
-    return where(
-        cost.first | cost.last, optimizer_tensors(model, cost.layers), cost.layers * layer_param_tensors(model)
-    )
-
-
-def fsdp2_host_op_seconds(cluster: ClusterSpec) -> float | None:
-    """The per-op host time FSDP2's hooks take on a synchronous (CPU) rank, the node's cores
-    shared (simulator.cost.zero3.zero3_pass ``host_op_s``); None on a GPU, whose host runs ahead."""
-    return None if host_async(cluster) else cluster.gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster)
-
-
 def sharded_exposed(
     model: ModelSpec, cost: StageLike, plan: DpPlan, links: DpCollectives, runtime: Runtime, cluster: ClusterSpec
 ) -> Any:
@@ -147,8 +132,8 @@ def sharded_exposed(
         out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
     if any_of(sharded):
         gathered = stage_gathered_bytes(cost, fp8ag, e)
-        host_op_s = fsdp2_host_op_seconds(cluster)
-        tensors = stage_tensors(model, cost) if host_op_s is not None else 0
+        host_op_s = synchronous_op_seconds(cluster)
+        tensors = rank_tensors(model, cost.layers, cost.first, cost.last) if host_op_s is not None else 0
         z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors)
         out = where(sharded, z3.exposed(cost.forward_span, cost.backward_span, sigma), out)
     return out

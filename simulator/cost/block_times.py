@@ -101,6 +101,13 @@ def host_async(cluster: ClusterSpec) -> bool:
     return cluster.node.backend != "gloo"
 
 
+def synchronous_op_seconds(cluster: ClusterSpec) -> float | None:
+    """The host's per-op seconds on a synchronous (CPU) rank, the node's cores shared
+    (kernel_launch_us x :func:`compute_slowdown`): what FSDP2's hooks are priced in there
+    (simulator.cost.zero3.zero3_pass ``host_op_s``); None on a GPU, whose host runs ahead."""
+    return None if host_async(cluster) else cluster.gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster)
+
+
 def block_times(
     model: ModelSpec,
     cluster: ClusterSpec,

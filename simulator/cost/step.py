@@ -73,6 +73,13 @@ def optimizer_tensors(model: ModelSpec, layers: int) -> int:
     return layers * layer_param_tensors(model) + NON_LAYER_TENSORS
 
 
+def rank_tensors(model: ModelSpec, layers: Any, first: Any, last: Any) -> Any:
+    """Parameter tensors of one rank of a stage of ``layers`` layers: its layers' and, on a stage
+    holding the embedding or the head (``first`` or ``last``), the non-layer ones
+    (:func:`optimizer_tensors`). Numbers or arrays alike."""
+    return where(first | last, optimizer_tensors(model, layers), layers * layer_param_tensors(model))
+
+
 def host_state_bytes(gpus_per_node: int, psi_local: Any, zero: Any) -> Any:
     """Host memory of a node under offload: each of its ``gpus_per_node`` ranks keeps
     CPU_ADAM_STATE_BYTES per parameter of its shard, plus the fp16 parameters with ZeRO-3
@@ -153,9 +160,10 @@ def dtensor_params(t: Any, d: Any, zero: Any, runtime: Runtime) -> Any:
     tensor parallelism (t > 1), and where FSDP2 shards them (simulator.cost.zero3.fsdp2_sharded_by),
     which keeps each sharded parameter as a DTensor (torch/distributed/fsdp/_fully_shard/
     _fsdp_param.py: ``self.sharded_param = nn.Parameter(self.to_sharded_dtensor(...))``).
-    Measured on one CPU core (benchmarks/fsdp_host_probe.py): torch's AdamW over FSDP2's
-    parameters takes about 5x as long per tensor as over plain ones, as the profile's
-    tp_optimizer_tensor_us / optimizer_tensor_us (223 / 41.7 us) says. Numbers or arrays alike."""
+    On CPU ranks (torch 2.13, the program's fused AdamW, hwprofiles.calibrate.program_optimizer)
+    a step over FSDP2's parameters takes 4.0x as long per tensor as over plain ones (35.0 / 8.7 us,
+    benchmarks/data/cpu-optimizer-probe.txt), the profile's tp_optimizer_tensor_us /
+    optimizer_tensor_us 3.0x (41.82 / 13.75 us, localhost-cpu, 2026-11-27). Numbers or arrays alike."""
     return (t > 1) | fsdp2_sharded_by(d, zero, runtime)
 
 

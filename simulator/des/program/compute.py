@@ -13,8 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.cost.block_times import host_async, synchronous_op_seconds
 from simulator.cost.schedules import PipeOp
-from simulator.cost.zero3 import copy_out_time, regather_fraction
+from simulator.cost.step import rank_tensors
+from simulator.cost.zero3 import (
+    copy_out_time,
+    fsdp2_host_time,
+    fsdp2_sharded,
+    gathers_per_microbatch,
+    regather_fraction,
+    units,
+)
 from simulator.des.passes import Piece
 from simulator.des.program import data_parallel
 from simulator.des.program.state import Device, Program, Split, pass_info
@@ -25,22 +34,27 @@ from simulator.job import Job
 class ReductionMode:
     """How a rank's gradients and parameters move around its passes."""
 
-    zero3: bool  # per-layer parameter gathers and gradient reduce-scatters
+    zero3: bool  # per-layer parameter gathers and gradient reduce-scatters (ZeRO-3, FSDP2's ZeRO-2)
     overlap: bool  # bucketed reductions overlap the backward
-    per_mb: bool  # reduce every microbatch (ZeRO-2)
-    dp_sync: bool  # any data-parallel gradient reduction (ZeRO 0-2 with d > 1)
+    per_mb: bool  # reduce every microbatch (bucketed ZeRO-2)
+    dp_sync: bool  # a bucketed data-parallel gradient reduction (ZeRO 0-2 with d > 1, not FSDP2's)
+    backward_gathers: bool = True  # gather again before the backward (ZeRO-3; FSDP2's ZeRO-2 keeps them)
+    serial: bool = False  # FSDP2 on a synchronous (CPU) rank: nothing prefetched, nothing overlapped
 
     @staticmethod
     def of(job: Job) -> ReductionMode:
         """The mode of ``job`` as the DES simulates it (its rank view: simulator.cost.rank_view)."""
         plan = job.plan
-        dp_sync = plan.d > 1 and plan.zero < 3
+        fsdp2 = fsdp2_sharded(plan, job.runtime)
+        dp_sync = plan.d > 1 and plan.zero < 3 and not fsdp2
         return ReductionMode(
-            zero3=plan.zero == 3
-            and (plan.d > 1 or plan.offload != "none"),  # offloaded params are fetched even at d = 1
+            zero3=fsdp2
+            or (plan.zero == 3 and (plan.d > 1 or plan.offload != "none")),  # offloaded params are fetched at d = 1
             overlap=dp_sync and job.runtime.dp_overlap,
             per_mb=dp_sync and plan.zero == 2,
             dp_sync=dp_sync,
+            backward_gathers=plan.zero >= 3,
+            serial=fsdp2 and not host_async(job.cluster),
         )
 
 
@@ -93,6 +107,18 @@ def _regather(prog: Program, op: PipeOp, j: int, norec: bool) -> float:
     return 1.0 + regather_fraction(prog.job.runtime, full, layers)
 
 
+def _fsdp2_host(prog: Program, j: int) -> float:
+    """FSDP2's hooks per microbatch on chunk ``j`` of a synchronous rank: its units and
+    parameter tensors priced by simulator.cost.zero3.fsdp2_host_time, as the closed form does."""
+    op_s = synchronous_op_seconds(prog.job.cluster)
+    if op_s is None:
+        return 0.0
+    first, last = prog.embed_head and j == 0, prog.embed_head and j == prog.chunks - 1
+    layers = prog.layers[j]
+    tensors = rank_tensors(prog.job.model, layers, first, last)
+    return float(fsdp2_host_time(units(layers, first, last), tensors, gathers_per_microbatch(prog.plan.zero), op_s))
+
+
 def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
     """TP traffic of the first rank, recomputed layers of one pipeline replica."""
     tp_bytes, tp_n, rec_f, rec_s = prog.totals(op.kind, j, norec)
@@ -120,11 +146,16 @@ def _add_pass(
     cs = prog.stream(dev, "compute")
     regather = _regather(prog, op, j, norec) if mode.zero3 else 1.0
     sigma = prog.job.cluster.gpu.comm_overlap_slowdown
-    for gi, pc in enumerate(prog.pieces(op.kind, j, norec, split)):
-        extra = 0.0  # what the data-parallel traffic beside this piece costs it
+    run = prog.pieces(op.kind, j, norec, split)
+    host = _fsdp2_host(prog, j) / (len(run) * (3 if prog.plan.split_backward else 2)) if mode.serial else 0.0
+    gathers = mode.zero3 and (op.kind == "F" or mode.backward_gathers)
+    for gi, pc in enumerate(run):
+        extra = host  # what the data-parallel traffic beside this piece, and FSDP2's hooks, cost it
         gather = -1
-        if mode.zero3:
-            gather = data_parallel.zero3_gather(prog, dev, pc.first_params, pc.first_gathered, pieces, regather)
+        if gathers:
+            gather = data_parallel.zero3_gather(
+                prog, dev, pc.first_params, pc.first_gathered, pieces, regather, mode.serial, mode.backward_gathers
+            )
             extra += copy_out_time(pc.first_gathered, prog.job.runtime, prog.job.cluster.gpu)
         if mode.zero3 or bucketed:
             params = pc.first_params if mode.zero3 else pc.params
@@ -135,13 +166,19 @@ def _add_pass(
         pieces.append(tid)
         if gather >= 0:
             prog.gate(tid, gather)
+        waits = prog.serial_waits.pop(dev.idx, None)  # the reduce-scatter a synchronous rank waits for
+        if waits is not None:
+            prog.gate(tid, waits)
+        if gather >= 0 and mode.backward_gathers:  # the gathered parameters are freed after this use
             prog.mem.add(tid, dev.idx, True, "buffers", -pc.first_params * data_parallel.gather_bytes(prog))
         prog.mem.add_many(tid, dev.idx, pc.start_mem, pc.end_mem)
         if gi == 0:
             prog.first[(dev.idx, op.kind, op.mb, j)] = tid
         prog.last[(dev.idx, op.kind, op.mb, j)] = tid
         if mode.zero3 and op.kind == "B":
-            data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, tid, nred)
+            scatter = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, tid, nred)
+            if mode.serial:
+                prog.serial_waits[dev.idx] = scatter
             nred += 1
         elif bucketed:
             data_parallel.reduce_gradients(prog, dev, pc.params, tid, nred)

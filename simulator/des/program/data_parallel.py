@@ -25,7 +25,7 @@ from simulator.cost import collectives
 from simulator.cost.offload import FSDP2_OFFLOAD_BYTES
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
-from simulator.cost.zero3 import gathers_per_layer, reduce_bytes, sharded_reduce_time
+from simulator.cost.zero3 import fsdp2_sharded, gathers_per_layer, reduce_bytes, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import TransferClass
 
@@ -62,15 +62,25 @@ def beside(prog: Program, params: float, gathered: float, backward: bool) -> flo
 
 
 def zero3_gather(
-    prog: Program, dev: Device, params: float, gathered: float, pieces: list[int], times: float = 1.0
+    prog: Program,
+    dev: Device,
+    params: float,
+    gathered: float,
+    pieces: list[int],
+    times: float = 1.0,
+    serial: bool = False,
+    buffered: bool = True,
 ) -> int:
     """All-gather one layer's ``params`` parameters (``gathered`` bytes), at most one layer ahead
-    of the compute, in :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the
+    of the compute (``serial``, a synchronous rank: after the previous piece, none ahead), in :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the
     other (DeepSpeed: one per module); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
-    (simulator.cost.zero3). Its buffer holds the layer's parameters at the gather dtype (fp8
-    parameters' difference is in the static fp8 term, simulator.cost.precision.fp8_layer_bytes)."""
+    (simulator.cost.zero3). Its buffer (``buffered``) holds the layer's parameters at the gather
+    dtype (fp8 parameters' difference is in the static fp8 term, simulator.cost.precision.
+    fp8_layer_bytes); FSDP2's ZeRO-2 keeps its unsharded parameters, which the static model
+    states charge (simulator.cost.memory), so its gathers add none."""
     plan, xfer = prog.plan, prog.xfer
-    dep = pieces[-2] if len(pieces) >= 2 else -1
+    ahead = 1 if serial else 2
+    dep = pieces[-ahead] if len(pieces) >= ahead else -1
     size = gathered * times
     shard = size / plan.d
     if prog.job.runtime.offload == "fsdp2":  # FSDP2 copies the fp32 shard up, then casts it
@@ -106,17 +116,20 @@ def zero3_gather(
         return last
 
     g = prog.group_task(dev, ("z3g", len(pieces)), dep, gathers, member)
-    prog.mem.add(g, dev.idx, False, "buffers", params * gather_bytes(prog))
+    if buffered:
+        prog.mem.add(g, dev.idx, False, "buffers", params * gather_bytes(prog))
     return g
 
 
-def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
-    """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction count)."""
+def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> int:
+    """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction
+    count); returns the reduce-scatter's task."""
     size = params * grad_reduce_bytes(prog)
     cls, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
     send = Send("dp", cls, per, size, "dp", "grad reduce-scatter", "dp_bytes")
     rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, rs, size, n), size))
+    return rs
 
 
 def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
@@ -191,8 +204,9 @@ def add_tied_embedding_all_reduce(prog: Program) -> None:
 
 
 def add_param_all_gather(prog: Program) -> None:
-    """ZeRO-1/2: all-gather the updated parameters once every member has stepped."""
-    if prog.plan.zero not in (1, 2) or prog.plan.d == 1:
+    """ZeRO-1/2: all-gather the updated parameters once every member has stepped (not FSDP2's
+    ZeRO-2, which gathers each unit before its next forward: simulator.cost.zero3)."""
+    if prog.plan.zero not in (1, 2) or prog.plan.d == 1 or fsdp2_sharded(prog.plan, prog.job.runtime):
         return
     for dev in prog.devices:
         layers = prog.device_layers(dev) * prog.costs.layer_params

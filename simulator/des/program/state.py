@@ -153,6 +153,7 @@ class Program:
         self.opt_last: dict[int, int] = {}  # device idx -> last task of its optimizer step
         self.piece_index: dict[int, tuple[int, int]] = {}  # compute task -> (device, index in pieces_of)
         self.gates: list[tuple[int, int]] = []  # (compute task, transfer it waits for)
+        self.serial_waits: dict[int, int] = {}  # device idx -> a reduce-scatter its next piece waits for
         self._piece_cache: dict[tuple, list[Piece]] = {}
         self._totals_cache: dict[tuple, tuple[float, float, int, int]] = {}
         self._groups: dict[tuple, int] = {}
