@@ -114,7 +114,9 @@ def test_des_mode_of_fsdp2():
     )
     z3 = ReductionMode.of(program_job(Job(model, load_cluster("localhost-cpu"), _plan("t=1,p=1,d=4,zero=3"), 8)))
     assert (z3.zero3, z3.backward_gathers, z3.serial) == (True, True, True)
-    gpu = ReductionMode.of(program_job(Job(model, load_cluster("dgx-h100", gpus_per_node=4), _plan("t=1,p=1,d=4,zero=2"), 8)))
+    gpu = ReductionMode.of(
+        program_job(Job(model, load_cluster("dgx-h100", gpus_per_node=4), _plan("t=1,p=1,d=4,zero=2"), 8))
+    )
     assert (gpu.zero3, gpu.backward_gathers, gpu.serial) == (True, False, False)
     bucketed = ReductionMode.of(Job(model, load_cluster("localhost-cpu"), _plan("t=1,p=1,d=4,zero=2"), 8))
     assert (bucketed.zero3, bucketed.per_mb, bucketed.serial) == (False, True, False)
