@@ -5,11 +5,12 @@
 * ZeRO-3 (DeepSpeed stage 3 / FSDP): each layer's parameters all-gathered before every
   forward and every backward pass of every microbatch, one layer ahead of the compute (with
   offload the rank's shard first comes up from host memory, or NVMe then host), and its
-  gradients reduce-scattered after every backward pass;
+  gradients reduce-scattered after every backward pass; FSDP2's ZeRO-2 the same, gathering
+  before every forward pass only (simulator.cost.zero3.gathers_per_microbatch);
 * offload: the rank's reduced gradient shard goes down to host memory over PCIe;
 * tied embeddings (p > 1): the word-embedding gradient all-reduced between the first and
   the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
-* ZeRO-1/2: the updated parameters all-gathered once every member has stepped.
+* ZeRO-1/2 (not FSDP2's): the updated parameters all-gathered once every member has stepped.
 Volumes: gradients e bytes per parameter (ZeRO-2/3: the runtime's reduce dtype,
 simulator.cost.zero3.reduce_bytes), parameter gathers :func:`simulator.cost.step.param_gather_bytes`.
 A compute piece with traffic beside it is longer by the contention price of
@@ -45,14 +46,15 @@ def beside(prog: Program, params: float, gathered: float, backward: bool) -> flo
     """Closed-form seconds of the data-parallel traffic that runs beside one compute piece of
     ``params`` parameters (``gathered``: the bytes of all-gathering them), for its contention
     price (simulator.cost.overlap): with ZeRO-3 the next layer's gather (and in backward this
-    layer's reduce-scatter); with ZeRO 0-2 the bucket's reduction. None with free
-    communication (``DesOptions.free_comm``)."""
+    layer's reduce-scatter; FSDP2's ZeRO-2 gathers in the forward only); with bucketed ZeRO 0-2
+    the bucket's reduction. None with free communication (``DesOptions.free_comm``)."""
     plan = prog.plan
     if prog.opt.free_comm:
         return 0.0
-    if plan.zero == 3:
+    if plan.zero == 3 or fsdp2_sharded(plan, prog.job.runtime):
         links = prog.shard_links
-        comm = collectives.all_gather_time(gathered, links.n, links.shard)
+        gathers = plan.zero == 3 or not backward  # FSDP2's ZeRO-2 gathers in the forward only
+        comm = collectives.all_gather_time(gathered, links.n, links.shard) if gathers else 0.0
         if backward:
             comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
