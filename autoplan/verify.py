@@ -11,6 +11,9 @@
 3. The prediction: on CPU, the simulator on the ``localhost-cpu`` node with as many ranks
    as the run (``AUTOPLAN_CPU_NODE`` names another node or cluster profile, e.g. one just
    written by ``autoplan calibrate``); on GPU, the prediction stored in ``plan.json`` at emit time.
+   On CPU, the host's speed against that profile's, measured before and after the run
+   (:mod:`hwprofiles.calibrate.speed`: a shared VM's speed drifts by tens of percent within an
+   hour), and the prediction at that speed beside the profile's.
 
 Progress goes to the ``log`` callable (default: this module's logger at INFO level).
 torch is imported only inside the functions that need it.
@@ -31,6 +34,7 @@ from hwprofiles.errors import InputError, RunError
 from hwprofiles.units import GiB
 
 if TYPE_CHECKING:
+    from hwprofiles.calibrate.speed import HostSpeed
     from simulator.job import Job
 
 logger = logging.getLogger(__name__)
@@ -243,8 +247,15 @@ def run_and_verify(
         raise InputError(f"--timeout: expected a positive number of seconds, got {timeout_s}")
     if check_memory:
         check_host_memory(spec, log)
+    before = measure_host_speed(spec, log)
     out = launch(run_dir, spec, steps, check_steps, timeout_s, log)
     ranks = read_results(out, spec.world_size)
+    after = measure_host_speed(spec, log) if before is not None and ranks[0]["device"] == "cpu" else None
+    speed = None
+    if before is not None and after is not None:
+        from hwprofiles.calibrate import speed as speed_check
+
+        speed = speed_check.HostSpeed.mean([before, after])
     ref = None
     if check_steps:
         from autoplan.runtime.reference import reference_losses
@@ -252,7 +263,43 @@ def run_and_verify(
         log("autoplan run: single-process reference")
         ref = reference_losses(spec, check_steps)
     prediction = predict(spec, ranks[0]["device"], stored, log)
-    return summarize(spec, ranks, ref, prediction)
+    return with_host_speed(summarize(spec, ranks, ref, prediction), speed)
+
+
+def measure_host_speed(spec: RunSpec, log: Callable[[str], None]) -> HostSpeed | None:
+    """This host's speed now against the CPU profile the prediction uses (module docstring,
+    step 3); None where the run's ranks will have GPUs, or where that profile cannot be loaded
+    or holds no such figures."""
+    from autoplan.runtime.train import uses_cuda
+
+    if uses_cuda("auto", spec.world_size):
+        return None
+    job = cpu_job(spec, log)
+    if job is None:
+        return None
+    from hwprofiles.calibrate.speed import host_speed
+
+    log("autoplan run: host speed check")
+    return host_speed(job.cluster.gpu)
+
+
+def with_host_speed(result: dict[str, Any], speed: HostSpeed | None) -> dict[str, Any]:
+    """``result`` with the host speed check's figures and the prediction at the host's speed now:
+    the predicted step divided by the speed factor (hwprofiles.calibrate.speed)."""
+    predicted = result.get("predicted_step_time_s")
+    if speed is None or predicted is None:
+        return result
+    at_speed = predicted / speed.factor
+    return {
+        **result,
+        "host_speed": speed.factor,
+        "host_gemm_tflops": speed.gemm_tflops,
+        "profile_gemm_tflops": speed.profile_gemm_tflops,
+        "host_layer_us": speed.layer_us,
+        "profile_layer_us": speed.profile_layer_us,
+        "predicted_step_time_at_host_speed_s": at_speed,
+        "error_at_host_speed_pct": _pct(result.get("measured_step_time_s"), at_speed),
+    }
 
 
 def _fmt(x: float | None, spec: str, unit: str = "") -> str:
@@ -273,6 +320,15 @@ def format_report(result: dict[str, Any]) -> str:
         f"{'peak memory':12}{_fmt(result['measured_peak_memory_gib'], '.3f', ' GiB'):>12}"
         f"{_fmt(result['predicted_peak_memory_gib'], '.3f', ' GiB'):>12}{_fmt(result['memory_error_pct'], '+.1f', '%'):>10}",
     ]
+    if result.get("host_speed") is not None:
+        lines.insert(
+            -1,
+            f"{'  host now':12}{'':>12}{_fmt(result['predicted_step_time_at_host_speed_s'], '.4f', ' s'):>12}"
+            f"{_fmt(result['error_at_host_speed_pct'], '+.1f', '%'):>10}"
+            f"   (this host now runs {result['host_speed']:.2f}x its profile's speed: GEMM"
+            f" {result['host_gemm_tflops']:.3f} vs {result['profile_gemm_tflops']:.3f} TFLOP/s, eager layer"
+            f" {result['host_layer_us'] / 1e3:.2f} vs {result['profile_layer_us'] / 1e3:.2f} ms)",
+        )
     if result["device"] == "cpu" and result["measured_peak_memory_gib"] is not None:
         lines.append(
             f"            (CPU: growth of the busiest rank's peak RSS over its RSS before the model was built;"

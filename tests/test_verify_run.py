@@ -172,3 +172,7 @@ def test_cli_emit_then_run_json(tmp_path):
             100 * (result["measured_step_time_s"] - result["predicted_step_time_s"]) / result["predicted_step_time_s"]
         )
         assert result["error_pct"] == pytest.approx(expected)
+        # the host speed check: this host now against the node's profile, and the prediction at that speed
+        assert result["host_speed"] > 0 and result["host_gemm_tflops"] > 0 and result["host_layer_us"] > 0
+        at_speed = result["predicted_step_time_s"] / result["host_speed"]
+        assert result["predicted_step_time_at_host_speed_s"] == pytest.approx(at_speed)

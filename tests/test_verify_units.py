@@ -6,9 +6,12 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from autoplan.launch import _failed_rank, _hang_culprit
 from autoplan.runtime.config import RunSpec
-from autoplan.verify import compare, format_report, summarize
+from autoplan.verify import compare, format_report, summarize, with_host_speed
+from hwprofiles.calibrate.speed import HostSpeed
 from simulator.model_files import load_model
 from simulator.plan import Plan
 
@@ -78,3 +81,43 @@ def test_summary_and_report():
     text = format_report(result)
     assert "MISMATCH" in text and "+25.0%" in text
     assert compare([1.0, 2.0], [1.0, 2.0]) == 0.0
+
+
+def test_host_speed_factor_and_the_prediction_at_it():
+    """A host at 0.5x the profile's GEMM rate and 2x its eager layer time runs at sqrt(0.5 x 0.5)
+    = 0.5x its speed: the 0.4 s prediction becomes 0.8 s, and 0.6 s measured is -25% from it."""
+    speed = HostSpeed(gemm_tflops=0.05, profile_gemm_tflops=0.1, layer_us=2000.0, profile_layer_us=1000.0)
+    assert speed.factor == 0.5
+    assert HostSpeed(0.2, 0.1, 1000.0, 1000.0).factor == pytest.approx(2**0.5)  # twice the GEMM rate alone
+    result = with_host_speed({"predicted_step_time_s": 0.4, "measured_step_time_s": 0.6}, speed)
+    assert result["predicted_step_time_at_host_speed_s"] == pytest.approx(0.8)
+    assert result["error_at_host_speed_pct"] == pytest.approx(-25.0)
+    assert with_host_speed({"predicted_step_time_s": None}, speed) == {"predicted_step_time_s": None}
+    assert with_host_speed({"predicted_step_time_s": 0.4}, None) == {"predicted_step_time_s": 0.4}
+    # before and after the run: the mean rate and time, then their factor
+    both = HostSpeed.mean([HostSpeed(0.1, 0.1, 1000.0, 1000.0), speed])
+    assert (both.gemm_tflops, both.layer_us) == (pytest.approx(0.075), 1500.0)
+    assert both.factor == pytest.approx((0.75 / 1.5) ** 0.5)
+
+
+def test_report_shows_the_host_speed_line():
+    spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
+    timed = {"step_time_s": 0.6, "peak_memory_bytes": 2**29, "losses": [6.0]}
+    ranks = [
+        {
+            "rank": r,
+            "device": "cpu",
+            "backend": "gloo",
+            "coords": {"pp": r, "dp": 0, "tp": 0},
+            "has_last_stage": r == 1,
+            "rss_baseline_bytes": 2**28,
+            "timed": timed,
+        }
+        for r in range(2)
+    ]
+    result = summarize(spec, ranks, None, {"plan": {"p": 2}, "step_time_s": 0.4, "peak_memory_gib": 0.25})
+    text = format_report(with_host_speed(result, HostSpeed(0.05, 0.1, 2000.0, 1000.0)))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("host now"))
+    assert lines[at - 1].startswith("step time") and lines[at + 1].startswith("peak memory")
+    assert "0.8000 s" in lines[at] and "-25.0%" in lines[at] and "0.50x its profile's speed" in lines[at]

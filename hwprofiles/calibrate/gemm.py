@@ -50,7 +50,8 @@ def _scaled_mm(m: int, n: int, k: int, device: str, gen: torch.Generator) -> Cal
     return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
-def _mm(m: int, n: int, k: int, dtype: str, device: str, gen: torch.Generator) -> Callable[[], object]:
+def matmul_call(m: int, n: int, k: int, dtype: str, device: str, gen: torch.Generator) -> Callable[[], object]:
+    """One m x k by k x n product in ``dtype`` on ``device`` (fp8: torch._scaled_mm), as a call to time."""
     if dtype == "fp8":
         return _scaled_mm(m, n, k, device, gen)
     a = torch.randn(m, k, device=device, generator=gen).to(TORCH_DTYPES[dtype])
@@ -73,13 +74,15 @@ def measure_gemm(settings: Settings, tick: Callable[[str], None]) -> list[GemmPo
         for dtype in settings.gemm_dtypes:
             if dtype in runnable:
                 tiny = FP8_DISPATCH_DIM if dtype == "fp8" else 1
-                t = raw_seconds(_mm(tiny, tiny, tiny, dtype, settings.device, gen), settings.device, settings.timing)
+                t = raw_seconds(
+                    matmul_call(tiny, tiny, tiny, dtype, settings.device, gen), settings.device, settings.timing
+                )
                 dispatch[dtype] = min(dispatch.get(dtype, float("inf")), t)
             for m, n, k in settings.gemm_shapes:
                 if dtype not in runnable:
                     tick(f"gemm {dtype} unsupported")
                     continue
-                t = raw_seconds(_mm(m, n, k, dtype, settings.device, gen), settings.device, settings.timing)
+                t = raw_seconds(matmul_call(m, n, k, dtype, settings.device, gen), settings.device, settings.timing)
                 raw[(dtype, m, n, k)] = min(raw.get((dtype, m, n, k), float("inf")), t)
                 tick(f"gemm {dtype} {m}x{n}x{k}")
     return [
