@@ -53,10 +53,9 @@ def test_hang_culprit_stale_heartbeat_then_fewest_lines(tmp_path):
     assert _hang_culprit(tmp_path, 4)[1] == "never started"
 
 
-def test_summary_and_report():
-    spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
-    timed = {"step_time_s": 0.5, "peak_memory_bytes": 2**29 + 2**28, "losses": [6.0]}
-    ranks = [
+def _cpu_ranks(timed: dict, check: bool) -> list[dict]:
+    """Two pipeline ranks' results on CPU, with ``timed`` and (``check``) the SGD check's."""
+    return [
         {
             "rank": r,
             "device": "cpu",
@@ -65,10 +64,16 @@ def test_summary_and_report():
             "has_last_stage": r == 1,
             "rss_baseline_bytes": 2**28,
             "timed": timed,
-            "check": {"losses": [6.0, 5.9] if r else [None, None], "grad_norms": [1.0, 0.9]},
+            **({"check": {"losses": [6.0, 5.9] if r else [None, None], "grad_norms": [1.0, 0.9]}} if check else {}),
         }
         for r in range(2)
     ]
+
+
+def test_summary_and_report():
+    spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
+    timed = {"step_time_s": 0.5, "peak_memory_bytes": 2**29 + 2**28, "losses": [6.0]}
+    ranks = _cpu_ranks(timed, check=True)
     ref = {"losses": [6.0, 5.9 * (1 + 2e-4)], "grad_norms": [1.0, 0.9]}
     result = summarize(spec, ranks, ref, {"plan": {"p": 2}, "step_time_s": 0.4, "peak_memory_gib": 0.25})
     assert abs(result["error_pct"] - 25.0) < 1e-9 and abs(result["memory_error_pct"] - 100.0) < 1e-9
@@ -102,19 +107,7 @@ def test_host_speed_factor_and_the_prediction_at_it():
 
 def test_report_shows_the_host_speed_line():
     spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
-    timed = {"step_time_s": 0.6, "peak_memory_bytes": 2**29, "losses": [6.0]}
-    ranks = [
-        {
-            "rank": r,
-            "device": "cpu",
-            "backend": "gloo",
-            "coords": {"pp": r, "dp": 0, "tp": 0},
-            "has_last_stage": r == 1,
-            "rss_baseline_bytes": 2**28,
-            "timed": timed,
-        }
-        for r in range(2)
-    ]
+    ranks = _cpu_ranks({"step_time_s": 0.6, "peak_memory_bytes": 2**29, "losses": [6.0]}, check=False)
     result = summarize(spec, ranks, None, {"plan": {"p": 2}, "step_time_s": 0.4, "peak_memory_gib": 0.25})
     text = format_report(with_host_speed(result, HostSpeed(0.05, 0.1, 2000.0, 1000.0)))
     lines = text.splitlines()
