@@ -70,18 +70,18 @@ def compare(parallel: list[float], reference: list[float]) -> float:
     return max((_rel(a, b) for a, b in zip(parallel, reference)), default=0.0)
 
 
-def predict(
-    spec: RunSpec, device: str, stored: dict[str, Any] | None, log: Callable[[str], None]
-) -> dict[str, Any] | None:
-    """Prediction for this run: the simulator on localhost-cpu (CPU), else the one from emit time."""
-    if device != "cpu":
-        return stored
-    job = cpu_job(spec, log)
-    if job is None:
+def predict(device: str, stored: dict[str, Any] | None, cpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Prediction for this run: on CPU ``cpu`` (:func:`cpu_prediction`), else the one from emit time."""
+    return cpu if device == "cpu" else stored
+
+
+def cpu_prediction(cpu: Job | None) -> dict[str, Any] | None:
+    """The simulator's prediction of the CPU run ``cpu`` (:func:`cpu_job`); None without it."""
+    if cpu is None:
         return None
     from simulator import simulate
 
-    return simulate(job, "analytic").to_dict()
+    return simulate(cpu, "analytic").to_dict()
 
 
 def cpu_job(spec: RunSpec, log: Callable[[str], None]) -> Job | None:
@@ -106,24 +106,17 @@ def cpu_job(spec: RunSpec, log: Callable[[str], None]) -> Job | None:
     return program_job(Job.make(spec.model, cluster, spec.plan, spec.global_batch))
 
 
-def check_host_memory(spec: RunSpec, log: Callable[[str], None]) -> None:
-    """InputError, before anything starts, when the run's ranks will run on this machine's CPU and
-    their predicted memory exceeds what it has available (launched, they would end in the
-    out-of-memory killer): per rank, the tensors of the CPU prediction (:func:`cpu_job`) and the
-    runtime a gloo rank holds besides (the CPU profile's ``memory_reserved_GiB``, measured by
-    ``autoplan calibrate``)."""
-    from autoplan.runtime.train import uses_cuda
-
+def check_host_memory(spec: RunSpec, cpu: Job | None, prediction: dict[str, Any] | None) -> None:
+    """InputError, before anything starts, when the run's ranks will run on this machine's CPU
+    (``cpu``: :func:`cpu_job`, None otherwise) and their predicted memory exceeds what it has
+    available (launched, they would end in the out-of-memory killer): per rank, the tensors of the
+    CPU ``prediction`` (:func:`cpu_prediction`) and the runtime a gloo rank holds besides (the CPU
+    profile's ``memory_reserved_GiB``, measured by ``autoplan calibrate``)."""
     available = available_memory_bytes()
-    if available is None or uses_cuda("auto", spec.world_size):
+    if available is None or cpu is None or prediction is None:
         return
-    job = cpu_job(spec, log)
-    if job is None:
-        return
-    from simulator import simulate
-
-    tensors = simulate(job, "analytic").peak_memory / GiB
-    runtime = job.cluster.gpu.memory_reserved_GiB
+    tensors = prediction["peak_memory_gib"]
+    runtime = cpu.cluster.gpu.memory_reserved_GiB
     per_rank = tensors + runtime
     need = spec.world_size * per_rank
     if need * GiB > available:
@@ -245,12 +238,17 @@ def run_and_verify(
         raise InputError(f"--steps: expected a non-negative number of steps, got {steps}")
     if timeout_s <= 0:
         raise InputError(f"--timeout: expected a positive number of seconds, got {timeout_s}")
+    from autoplan.runtime.train import uses_cuda
+
+    # the ranks take CUDA by this same rule (train.pick_device, one node: local world = world)
+    cpu = None if uses_cuda("auto", spec.world_size) else cpu_job(spec, log)
+    on_cpu = cpu_prediction(cpu)
     if check_memory:
-        check_host_memory(spec, log)
-    before = measure_host_speed(spec, log)
+        check_host_memory(spec, cpu, on_cpu)
+    before = measure_host_speed(cpu, log)
     out = launch(run_dir, spec, steps, check_steps, timeout_s, log)
     ranks = read_results(out, spec.world_size)
-    after = measure_host_speed(spec, log) if before is not None and ranks[0]["device"] == "cpu" else None
+    after = measure_host_speed(cpu, log) if before is not None and ranks[0]["device"] == "cpu" else None
     speed = None
     if before is not None and after is not None:
         from hwprofiles.calibrate import speed as speed_check
@@ -262,25 +260,20 @@ def run_and_verify(
 
         log("autoplan run: single-process reference")
         ref = reference_losses(spec, check_steps)
-    prediction = predict(spec, ranks[0]["device"], stored, log)
+    prediction = predict(ranks[0]["device"], stored, on_cpu)
     return with_host_speed(summarize(spec, ranks, ref, prediction), speed)
 
 
-def measure_host_speed(spec: RunSpec, log: Callable[[str], None]) -> HostSpeed | None:
-    """This host's speed now against the CPU profile the prediction uses (module docstring,
-    step 3); None where the run's ranks will have GPUs, or where that profile cannot be loaded
-    or holds no such figures."""
-    from autoplan.runtime.train import uses_cuda
-
-    if uses_cuda("auto", spec.world_size):
-        return None
-    job = cpu_job(spec, log)
-    if job is None:
+def measure_host_speed(cpu: Job | None, log: Callable[[str], None]) -> HostSpeed | None:
+    """This host's speed now against the CPU profile of ``cpu`` (:func:`cpu_job`), which the
+    prediction uses (module docstring, step 3); None without that job (the ranks have GPUs, or
+    the profile cannot be loaded), or where its profile holds no such figures."""
+    if cpu is None:
         return None
     from hwprofiles.calibrate.speed import host_speed
 
     log("autoplan run: host speed check")
-    return host_speed(job.cluster.gpu)
+    return host_speed(cpu.cluster.gpu)
 
 
 def with_host_speed(result: dict[str, Any], speed: HostSpeed | None) -> dict[str, Any]:

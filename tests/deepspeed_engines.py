@@ -52,6 +52,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from autoplan.emit.deepspeed import export_deepspeed
 from autoplan.runtime.config import TrainSettings
+from simulator.cost.layout import rank_of
+from simulator.job import Job
 
 #: the small models' width, MLP width, heads, key-value heads (as many as the widest tensor group of
 #: the matrix, t = 8, so that AutoTP splits them), vocabulary and tokens per sample
@@ -87,10 +89,10 @@ def hf_model(layers: int, experts: int | None) -> nn.Module:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
 
 
-def write_files(case: Case, root: Path) -> tuple[Any, ModuleType] | str:
-    """The case's DeepSpeed export written under ``root`` (the CPU swaps of the module docstring),
-    and its deepspeed_setup.py loaded; or the export's refusal."""
-    export = export_deepspeed(job_of(case), TrainSettings())
+def write_files(job: Job, root: Path) -> tuple[Any, ModuleType] | str:
+    """The DeepSpeed export of a case's ``job`` written under ``root`` (the CPU swaps of the module
+    docstring), and its deepspeed_setup.py loaded; or the export's refusal."""
+    export = export_deepspeed(job, TrainSettings())
     if export.refused:
         return export.refused
     for name, text in export.files.items():
@@ -118,7 +120,7 @@ def become(rank: int, world: int) -> None:
 
 def start(plan: Any, setup: ModuleType, experts: int | None, stage: int) -> dict[str, Any]:
     """The engine of the first rank of pipeline stage ``stage``, and what it runs."""
-    rank = stage * plan.d * plan.t
+    rank = rank_of(stage, 0, 0, plan.t, plan.d)
     become(rank, plan.gpus)
     torch.manual_seed(0)
     blocks = sum(setup.STAGE_LAYERS)
@@ -176,12 +178,13 @@ def step(engine: Any) -> float:
 
 def run_case(index: int, case: Case) -> list[dict[str, Any]]:
     """One JSON record per started rank of ``case`` (CASES[index]): what its engine runs, or the error."""
+    job = job_of(case)
     with tempfile.TemporaryDirectory() as tmp:
-        got = write_files(case, Path(tmp))
+        got = write_files(job, Path(tmp))
         if isinstance(got, str):
             return [{"case": index, "refused": got}]
         plan, setup = got
-        experts = job_of(case).model.num_experts
+        experts = job.model.num_experts
         out = []
         for stage in sorted({0, plan.p - 1}):
             try:
@@ -190,7 +193,7 @@ def run_case(index: int, case: Case) -> list[dict[str, Any]]:
                 last = traceback.extract_tb(e.__traceback__)[-1]
                 where = f"{Path(last.filename).name}:{last.lineno}"
                 error = f"{type(e).__name__} at {where}: {e}"
-                out.append({"case": index, "rank": stage * plan.d * plan.t, "error": error})
+                out.append({"case": index, "rank": rank_of(stage, 0, 0, plan.t, plan.d), "error": error})
         return out
 
 
