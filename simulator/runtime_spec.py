@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hwprofiles.schema import AttentionKernel
+
 #: how the program computes the cross-entropy (:attr:`Runtime.cross_entropy`;
 #: simulator.cost.memory.logits_bytes_per_element)
 CrossEntropy = Literal["fp32", "torch", "fused", "chunked"]
@@ -78,6 +80,15 @@ class Runtime:
     weight casts, fp32 gradient accumulation, and unfused rotary embeddings and GQA repeats
     (simulator.cost.eager_layer).
 
+    ``attention_kernel``: the fused attention kernel a layer runs, priced at the GPU profile's
+    figures for it (hwprofiles.schema.gpu.GpuProfile.for_attention): "sdpa" torch's
+    ``F.scaled_dot_product_attention`` (autoplan's program, autoplan/runtime/model.py; torchtitan;
+    Hugging Face models, whose default ``attn_implementation`` is "sdpa"); "flash-attn-2" the
+    flash_attn package's kernels (llm-foundry's MPT ``attn_impl: flash``); "te-fused" Transformer
+    Engine's ``DotProductAttention`` (Megatron-LM), which on Hopper prefers cuDNN's fused
+    attention over FlashAttention "for performance reasons" (transformer_engine/pytorch/attention/
+    dot_product_attention/utils.py ``get_attention_backend``).
+
     ``zero2``: how the runtime runs ZeRO-2 (simulator.cost.zero3.fsdp2_sharded): "bucketed"
     (DeepSpeed stage 2, Megatron-LM's distributed optimizer: bucketed reduce-scatters of the
     gradients, the updated parameters all-gathered after the step) or "fsdp2" (autoplan's
@@ -124,6 +135,7 @@ class Runtime:
     fp8_weight_cache: bool = True
     zero2: Literal["bucketed", "fsdp2"] = "bucketed"
     layer_kernels: LayerKernels = "fused"
+    attention_kernel: AttentionKernel = "sdpa"
     dp_bucket_bytes: float = 25e6
     dp_bucket_bytes_per_rank: float = 0.0
     offload: Literal["deepspeed", "fsdp2"] = "deepspeed"

@@ -8,6 +8,7 @@ ignored setting. Units are in the key names: ``_GBps`` is 1e9 bytes/s, ``_Gbps``
 from hwprofiles.schema.cluster import ClusterSpec, Network, Reliability
 from hwprofiles.schema.gpu import (
     ELEMENTWISE_KINDS,
+    AttentionKernel,
     AttentionModel,
     AttentionPoint,
     EagerHost,
@@ -20,6 +21,7 @@ from hwprofiles.schema.node import CollectiveFit, CollectiveName, Link, NodeProf
 
 __all__ = [
     "ELEMENTWISE_KINDS",
+    "AttentionKernel",
     "AttentionModel",
     "AttentionPoint",
     "ClusterSpec",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -124,6 +125,12 @@ class EagerHost(Strict):
         return fwd, bwd
 
 
+#: the fused attention kernels a training stack runs (simulator.runtime_spec.Runtime.attention_kernel):
+#: "sdpa" torch's ``F.scaled_dot_product_attention`` (the backend torch picks; what ``autoplan
+#: calibrate`` measures), "flash-attn-2" the flash_attn package's FlashAttention-2 kernels,
+#: "te-fused" Transformer Engine's ``DotProductAttention`` (cuDNN's fused attention on Hopper)
+AttentionKernel = Literal["sdpa", "flash-attn-2", "te-fused"]
+
 #: elementwise op kinds a profile may give a measured bandwidth for (``elementwise_GBps``)
 ELEMENTWISE_KINDS = ("add", "scale", "gelu", "dropout", "layer_norm", "softmax")
 
@@ -137,7 +144,12 @@ class GpuProfile(Strict):
     memory_bandwidth_GBps: float = Field(gt=0)
     memory_efficiency: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth of elementwise kernels")
     gemm: GemmModel
-    attention: AttentionModel | None = None  # fused attention; None: priced as its two GEMMs' shapes
+    attention: AttentionModel | None = None  # fused attention (sdpa's); None: priced as its two GEMMs' shapes
+    attention_kernels: dict[AttentionKernel, AttentionModel] = Field(
+        default_factory=dict,
+        description="fused attention kernels with figures of their own on this GPU; a kernel without an entry "
+        "runs at ``attention``'s (GpuProfile.for_attention)",
+    )
     kernel_launch_us: float = Field(ge=0, default=5.0)
     sustained_clock: float = Field(
         gt=0,
@@ -203,6 +215,12 @@ class GpuProfile(Strict):
         if self.default_dtype not in self.peak_tflops:
             raise ValueError(f"default_dtype {self.default_dtype!r} has no entry in peak_tflops")
         return self
+
+    def for_attention(self, kernel: AttentionKernel) -> GpuProfile:
+        """This GPU as a layer running attention ``kernel`` sees it: ``attention`` replaced by the
+        kernel's own figures (``attention_kernels``), itself when the kernel has none."""
+        own = self.attention_kernels.get(kernel)
+        return self if own is None else self.model_copy(update={"attention": own})
 
     def peak_flops(self, dtype: str | None = None) -> float:
         return self.peak_tflops[dtype or self.default_dtype] * 1e12

@@ -1,14 +1,15 @@
 """The layer-level times of one microbatch on one TP rank (:class:`BlockTimes`): a transformer
 layer's, the embedding's and the head's passes, and the tensor-parallel, context-parallel and
 expert-parallel communication inside them; with the slowdowns of ranks that share a processor or
-wait for the slowest GPU. Cached per (model, cluster, t, sp, mb, precision, kernels): the search
+wait for the slowest GPU. Cached per (model, cluster, t, sp, mb, precision, kernels, attention
+kernel): the search
 asks for the same ones thousands of times."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hwprofiles.schema import ClusterSpec, GpuProfile
+from hwprofiles.schema import AttentionKernel, ClusterSpec, GpuProfile
 from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
@@ -116,20 +117,32 @@ def block_times(
     mb: int,
     prec: str = "bf16",
     kernels: LayerKernels = "fused",
+    attention: AttentionKernel = "sdpa",
 ) -> BlockTimes:
     """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
     The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
     plan's precision (fp8 linear layers, simulator.cost.precision); ``kernels``: the kernels a
-    layer runs (simulator.runtime_spec.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops)."""
+    layer runs (simulator.runtime_spec.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops);
+    ``attention``: the fused attention kernel it runs, priced at the GPU's figures for it
+    (Runtime.attention_kernel, GpuProfile.for_attention)."""
     return _BLOCKS.get_or_make(
-        (model, cluster), (t, sp, mb, prec, kernels), lambda: _block_times(model, cluster, t, sp, mb, prec, kernels)
+        (model, cluster),
+        (t, sp, mb, prec, kernels, attention),
+        lambda: _block_times(model, cluster, t, sp, mb, prec, kernels, attention),
     )
 
 
 def _block_times(
-    model: ModelSpec, cluster: ClusterSpec, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    t: int,
+    sp: bool,
+    mb: int,
+    prec: str,
+    kernels: LayerKernels,
+    attention: AttentionKernel,
 ) -> BlockTimes:
-    gpu = cluster.gpu
+    gpu = cluster.gpu.for_attention(attention)
     e = dtype_bytes(gpu)
     slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
@@ -140,7 +153,7 @@ def _block_times(
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
     eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
     eager = gpu.eager
-    cp_f, cp_b = _ring_exposure(model, cluster, t, mb, e, slow, asy, dev)
+    cp_f, cp_b = _ring_exposure(model, cluster, gpu, t, mb, e, slow, asy, dev)
     cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
     layer = pass_times(
         layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
@@ -219,15 +232,24 @@ def _tp_all_reduce(
 
 
 def _ring_exposure(
-    model: ModelSpec, cluster: ClusterSpec, t: int, mb: int, e: int, slow: float, asy: bool, dev: float
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpu: GpuProfile,
+    t: int,
+    mb: int,
+    e: int,
+    slow: float,
+    asy: bool,
+    dev: float,
 ) -> tuple[float, float]:
     """Context parallelism's ring beside one layer's attention (forward, backward), priced
-    against that attention's own kernels (simulator.cost.context.ring_exposure); 0 at cp = 1. A
+    against that attention's own kernels (``gpu``: the cluster's GPU as the layer's attention
+    kernel sees it; simulator.cost.context.ring_exposure); 0 at cp = 1. A
     CPU rank (not ``asy``) runs its own ops and collectives one after another: nothing overlaps."""
     if context_parallel(model) == 1:
         return 0.0, 0.0
     if not asy:
         return context.ring_times(model, cluster, t, mb, e)
     heads = model.num_attention_heads // t
-    attn = pass_times(attention_ops(model, mb, heads, e), cluster.gpu, slow, (), asy, None, dev)
+    attn = pass_times(attention_ops(model, mb, heads, e), gpu, slow, (), asy, None, dev)
     return context.ring_exposure(model, cluster, t, mb, e, (attn.forward, attn.backward))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple
 
-from hwprofiles.schema import ClusterSpec
+from hwprofiles.schema import AttentionKernel, ClusterSpec
 from simulator.cost import experts, params
 from simulator.cost.block_times import (
     TP_EMBEDDING,
@@ -104,27 +104,38 @@ def device_layers(plan: Plan, num_layers: int) -> tuple[list[int], list[int], li
     return per_device(sizes), per_device([f for f, _ in rec]), per_device([s for _, s in rec])
 
 
-def stage_costs(model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels = "fused") -> list[StageCost]:
+def stage_costs(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    kernels: LayerKernels = "fused",
+    attention: AttentionKernel = "sdpa",
+) -> list[StageCost]:
     """Cost of each pipeline device per microbatch. TP: tp_forward all-reduces of b*s*h forward
     and tp_backward backward per layer, tp_per_full_recompute more when a layer is fully
     recomputed; the vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward.
 
     Devices with the same work share one StageCost object (see ``unique_stages``). The
-    result does not depend on d, ZeRO or offload, so it is cached across those."""
-    return _stages(model, cluster, plan, kernels)[0]
+    result does not depend on d, ZeRO or offload, so it is cached across those. ``kernels``,
+    ``attention``: the layer's kernels and attention kernel (simulator.cost.block_times)."""
+    return _stages(model, cluster, plan, kernels, attention)[0]
 
 
 def stage_groups(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels = "fused"
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    kernels: LayerKernels = "fused",
+    attention: AttentionKernel = "sdpa",
 ) -> list[tuple[int, StageCost, int]]:
     """(first device index, cost, number of devices) of each distinct stage. Everything that
     grows with the device index is non-increasing (in-flight microbatches; the DP slack is
     larger for later stages), so the first device of a kind bounds its time and memory."""
-    return _stages(model, cluster, plan, kernels)[1]
+    return _stages(model, cluster, plan, kernels, attention)[1]
 
 
 def _stages(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels, attention: AttentionKernel
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     rest = (
         plan.t,
@@ -138,8 +149,9 @@ def _stages(
         plan.prec,
         plan.schedule == "zbv",
         kernels,
+        attention,
     )
-    return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan, kernels))
+    return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan, kernels, attention))
 
 
 class DeviceKind(NamedTuple):
@@ -217,9 +229,9 @@ def stage_times(model: ModelSpec, bt: BlockTimes, n: Any, full: Any, sel: Any, f
 
 
 def _make_stages(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels, attention: AttentionKernel
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels)
+    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention)
     p = plan.p
     layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
     vocab = padded_vocab_size(model, plan.t)

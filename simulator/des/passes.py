@@ -117,7 +117,7 @@ class Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
-        bt = block_times(model, cluster, t, sp, b, plan.prec, job.runtime.layer_kernels)
+        bt = block_times(model, cluster, t, sp, b, plan.prec, job.runtime.layer_kernels, job.runtime.attention_kernel)
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hwprofiles.schema import ClusterSpec
+from hwprofiles.schema import AttentionKernel, ClusterSpec
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.cost import memory, params
 from simulator.cost.block_times import BlockTimes, block_times
@@ -116,9 +116,12 @@ def _rank_params(model: ModelSpec, t: int) -> tuple[float, float, float]:
     )
 
 
-def stage_arrays(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, kernels: LayerKernels) -> StageArrays:
+def stage_arrays(
+    model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, kernels: LayerKernels, attention: AttentionKernel
+) -> StageArrays:
     """Each plan's distinct stages (module docstring): the devices' kinds of each split, the
-    layer-level times of each (t, sp, mb, prec), combined by simulator.cost.stage.stage_times."""
+    layer-level times of each (t, sp, mb, prec) with the layer's kernels and attention kernel,
+    combined by simulator.cost.stage.stage_times."""
     L = model.num_layers
     groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)))
     width = max(map(len, groups))
@@ -130,7 +133,8 @@ def stage_arrays(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, kernels
     dev, count, n, full, sel, first, last, turn = table[:, split_of]
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
     blocks, block_of = P.per_key(
-        BLOCK_KEY, lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels))
+        BLOCK_KEY,
+        lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention)),
     )
     bt = _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
     times = stage_times(model, bt, n, full, sel, first, last)
