@@ -2,8 +2,7 @@
 layer's, the embedding's and the head's passes, and the tensor-parallel, context-parallel and
 expert-parallel communication inside them; with the slowdowns of ranks that share a processor or
 wait for the slowest GPU. Cached per (model, cluster, t, sp, mb, precision, kernels, attention
-kernel): the search
-asks for the same ones thousands of times."""
+kernel): the search asks for the same ones thousands of times."""
 
 from __future__ import annotations
 
