@@ -164,7 +164,7 @@ def _block_times(
         dev,
     )
     layer_fwd = layer.forward / tp_forward(model)  # the compute beside each of the forward's TP collectives
-    bt = BlockTimes(
+    return BlockTimes(
         layer=layer,
         embedding=pass_times(
             embedding_forward_ops(model, mb, t, sp, e),
@@ -191,7 +191,6 @@ def _block_times(
         fp8_weight_cast=cast,
         ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
     )
-    return bt
 
 
 #: the chunks Transformer Engine's userbuffers split a reduce-scatter into, each pipelined with a
