@@ -10,15 +10,13 @@ from typing import Any
 
 from autoplan.cpsat import load_cp_model
 from autoplan.frameworks.exports import files_differ
-from autoplan.frameworks.pricing import plan_runtime
 from autoplan.partition import optimize_partition
 from autoplan.scoring import Scored
-from autoplan.workers import SHARED, Pool, progress
+from autoplan.workers import SHARED, Pool, plan_job, progress
 from simulator import simulate
 from simulator.analytic import estimate
 from simulator.des.budget import estimated_events
 from simulator.gc_pause import paused_gc
-from simulator.job import Job
 from simulator.plan import Plan
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
@@ -40,7 +38,7 @@ def refine_and_simulate_all(
         for i, (nodes, plan, _) in enumerate(refined):
             first.setdefault((nodes, plan.to_string()), i)
         keep = sorted(first.values())
-        order = sorted(keep, key=lambda i: -estimated_events(finalist_job(*refined[i][:2])))
+        order = sorted(keep, key=lambda i: -estimated_events(plan_job(*refined[i][:2])))
         done = _mapped(pool, _simulate, [refined[i][:2] for i in order], show_progress, "simulating finalists")
     by_index = dict(zip(order, done))
     return [g for _, _, g in refined if g], [by_index[i] for i in keep]
@@ -85,7 +83,7 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     if opts.partition and plan.split_backward and choose_recompute:
         candidates = _lighter_recompute(plan)
     elif opts.partition and _worth_partitioning(model, plan, fix):
-        job = finalist_job(nodes, plan)
+        job = plan_job(nodes, plan)
         part = optimize_partition(
             model, c, plan, job.m, choose_recompute=choose_recompute, time_limit_s=opts.partition_time_s
         )
@@ -95,10 +93,10 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     best: tuple[float, Plan] | None = None
     for refined in candidates:
         if opts.framework and (
-            opts.framework.refusal(model, refined) or files_differ(opts.framework, finalist_job(nodes, refined))
+            opts.framework.refusal(model, refined) or files_differ(opts.framework, plan_job(nodes, refined))
         ):
             continue  # a layer split or recomputation its framework does not run
-        cand = estimate(finalist_job(nodes, refined))
+        cand = estimate(plan_job(nodes, refined))
         if cand.fits and cand.step_time < (best[0] if best else step * (1 - 1e-6)):
             best = (cand.step_time, refined)
     if best is None:
@@ -124,18 +122,10 @@ def _lighter_recompute(plan: Plan) -> list[Plan]:
 def _simulate(args: tuple[int, Plan]) -> SimResult:
     """The simulation of one refined finalist."""
     opts = SHARED["opts"]
-    result = simulate(finalist_job(*args), opts.fidelity)
+    result = simulate(plan_job(*args), opts.fidelity)
     if not opts.keep_timeline:  # a DES record is megabytes to send back from a worker; plots re-simulate
         result.extra.pop("_des", None)
     return result
-
-
-def finalist_job(nodes: int, plan: Plan) -> Job:
-    """The job of a finalist's plan on ``nodes`` nodes (the search's inputs: :data:`SHARED`),
-    with the runtime its framework runs it with (autoplan.frameworks.pricing.plan_runtime)."""
-    opts, cluster = SHARED["opts"], SHARED["clusters"][nodes]
-    runtime = plan_runtime(opts.framework, opts.runtime, plan, cluster.node.backend)
-    return Job(SHARED["model"], cluster, plan, SHARED["B"], runtime)
 
 
 def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:

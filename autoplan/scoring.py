@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoplan.frameworks.exports import files_differ
 from autoplan.frameworks.pricing import runtime_groups
 from autoplan.space import Shape, plan_table
-from autoplan.workers import SHARED, Pool, progress
+from autoplan.workers import SHARED, Pool, plan_job, progress
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch import estimate_batch
 from simulator.gc_pause import paused_gc
@@ -32,6 +33,12 @@ from simulator.plan.table import PlanTable
 #: runs of shapes per worker process: enough to balance the workers, few enough that each run's
 #: plans share their per-layout work
 RUNS_PER_JOB = 4
+
+#: the fitting plans of a run, fastest first, whose framework's files a worker checks before it
+#: stops looking for leaders those files run: a file rule can refuse a whole family of plans (torch's
+#: zero-bubble schedule needs m to be a multiple of m // p), and the fastest plans of a size can
+#: all be of that family
+FILES_SCAN = 1024
 
 
 @dataclass
@@ -55,8 +62,10 @@ def objective_value(step_time: float, nodes: int, gpus_per_node: int, objective:
 class Scores:
     """What the search keeps of the scores of a run of plans (module docstring).
 
-    ``leaders``: the fitting plans first by the objective, in enumeration order among equals,
-    at most ``keep``; ``front``: the fitting plans no other beats in both step time and peak
+    ``leaders``: the fitting plans whose framework's files run them as planned
+    (autoplan.frameworks.exports.files_differ) first by the objective, in enumeration order among
+    equals, at most ``keep``; ``refused``: why the fastest fitting plan those files do not run
+    as planned was passed over, if one was (None: none was); ``front``: the fitting plans no other beats in both step time and peak
     memory (:func:`pareto_front`); ``smallest``: the plan with the least peak memory (what
     the no-fit message quotes); ``offload``: whether any plan offloads."""
 
@@ -66,6 +75,7 @@ class Scores:
     front: list[Scored]
     smallest: Scored | None
     offload: bool
+    refused: str | None = None
 
     @staticmethod
     def merge(parts: Sequence[Scores], keep: int, objective: str, gpus_per_node: int) -> Scores:
@@ -80,6 +90,7 @@ class Scores:
             front=pareto_front([s for part in parts for s in part.front]),
             smallest=min(smallest, key=lambda s: s.peak_memory) if smallest else None,
             offload=any(part.offload for part in parts),
+            refused=next((part.refused for part in parts if part.refused), None),
         )
 
 
@@ -106,18 +117,40 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
 
     ok = np.flatnonzero(fits)
     value = step[ok] * nodes * cluster.gpus_per_node if objective == "cost" else step[ok]  # objective_value
-    leaders = ok[np.argsort(value, kind="stable")[:keep]]
+    leaders, refused = _runnable(ok[np.argsort(value, kind="stable")], plans, nodes, keep)
     by_time = ok[np.lexsort((peak[ok], step[ok]))]  # pareto_front's order; lexsort is stable
     least = np.minimum.accumulate(peak[by_time])
     on_front = by_time[np.concatenate(([True], least[1:] < least[:-1]))] if len(by_time) else by_time
     return Scores(
         total=len(plans),
         feasible=len(ok),
-        leaders=[scored(i) for i in leaders.tolist()],
+        leaders=[scored(i) for i in leaders],
         front=[scored(i) for i in on_front.tolist()],
         smallest=scored(int(np.argmin(peak))) if len(plans) else None,
         offload=any(o != "none" for o in plans.values("offload")),
+        refused=refused,
     )
+
+
+def _runnable(ranked: np.ndarray, plans: PlanTable, nodes: int, keep: int) -> tuple[list[int], str | None]:
+    """The first ``keep`` rows of ``ranked`` (plan rows, fastest first) whose framework's files
+    run them as planned, among the first :data:`FILES_SCAN`, and why the first row passed over was
+    (None: none was). Without a framework, or one whose files autoplan does not write, the first
+    ``keep``."""
+    fw = SHARED["opts"].framework
+    if fw is None or fw.export is None:
+        return ranked[:keep].tolist(), None
+    kept: list[int] = []
+    refused = None
+    for i in ranked[:FILES_SCAN].tolist():
+        why = files_differ(fw, plan_job(nodes, plans[i]))
+        if why is None:
+            kept.append(i)
+            if len(kept) == keep:
+                break
+        elif refused is None:
+            refused = why
+    return kept, refused
 
 
 def _estimates(plans: PlanTable, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -22,12 +22,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplan import space, space_checks
-from autoplan.finalists import finalist_job, prepare, refine_and_simulate_all
+from autoplan.finalists import prepare, refine_and_simulate_all
 from autoplan.frameworks import Framework
 from autoplan.frameworks import space as framework_space
-from autoplan.frameworks.exports import files_differ
 from autoplan.scoring import Scored, Scores, objective_value, score_all
-from autoplan.workers import SHARED
+from autoplan.workers import SHARED, plan_job
 from hwprofiles.errors import FitError, PlanError
 from hwprofiles.load import with_nodes
 from hwprofiles.schema import ClusterSpec
@@ -122,34 +121,21 @@ def _objective(s: Scored | SimResult, objective: str, gpus_per_node: int) -> flo
 
 def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: SearchOptions) -> SearchResult:
     t0 = time.perf_counter()
-    fix = space.parse_fix(opts.fix)
     gpn = cluster.gpus_per_node
     clusters = {
         n: (cluster if n == cluster.nodes else with_nodes(cluster, n)) for n in _node_counts(cluster, opts.objective)
     }
-    space_checks.check_cluster_size(model, cluster.num_gpus, global_batch)
-    fw = opts.framework
-    precs = space.precisions(cluster.gpu, fix)  # the hardware's rules for the pins first
-    offloads = space.offloads(cluster.node, fix)
-    layouts = _layouts(model, clusters, global_batch, fix, fw)
-    check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
-    rule = framework_space.option_rule(fw, model) if fw else None
-    SHARED.update(
-        model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs, offloads=offloads, keep=rule
-    )
+    layouts = _share_inputs(model, clusters, global_batch, opts)
     keep = max(opts.top, opts.max_finalists)
     scores = score_all(layouts, keep, opts.objective, opts.jobs, opts.progress, prepare)
-    if not scores.total:
-        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix) + _framework_note(fw))
     log.debug(
         "search: %d candidate plans on %s nodes, %d fit in memory",
         scores.total,
         "/".join(map(str, clusters)),
         scores.feasible,
     )
-    if not scores.feasible:
-        raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scores, fix))
-    leaders = _runnable_leaders(scores.leaders, fw)  # the feasible plans first by the objective
+    _check_scores(model, cluster, global_batch, scores, opts)
+    leaders = scores.leaders  # the feasible plans the framework runs, first by the objective
     best_val = _objective(leaders[0], opts.objective, gpn)
     finalists = [
         s
@@ -182,6 +168,28 @@ def search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, opts: Sear
     )
 
 
+def _share_inputs(
+    model: ModelSpec, clusters: dict[int, ClusterSpec], global_batch: int, opts: SearchOptions
+) -> dict[int, list[space.Shape]]:
+    """Check the search's inputs on ``clusters`` (node count -> cluster, the first the one asked
+    for), put them in :data:`SHARED` for the workers (model, clusters, batch, pins, options,
+    precisions, offload targets, the framework's option rule) and return the shapes of the plans
+    on each node count that the framework runs (PlanError when there are none)."""
+    cluster = next(iter(clusters.values()))
+    fix = space.parse_fix(opts.fix)
+    space_checks.check_cluster_size(model, cluster.num_gpus, global_batch)
+    fw = opts.framework
+    precs = space.precisions(cluster.gpu, fix)  # the hardware's rules for the pins first
+    offloads = space.offloads(cluster.node, fix)
+    layouts = _layouts(model, clusters, global_batch, fix, fw)
+    check_fidelity(opts.fidelity, cluster.num_gpus)  # before the estimates: they take a while at this size
+    rule = framework_space.option_rule(fw, model) if fw else None
+    SHARED.update(
+        model=model, clusters=clusters, B=global_batch, fix=fix, opts=opts, precs=precs, offloads=offloads, keep=rule
+    )
+    return layouts
+
+
 def _layouts(
     model: ModelSpec, clusters: dict[int, ClusterSpec], global_batch: int, fix: dict[str, Any], fw: Framework | None
 ) -> dict[int, list[space.Shape]]:
@@ -200,21 +208,29 @@ def _layouts(
     return layouts
 
 
-def _runnable_leaders(leaders: list[Scored], fw: Framework | None) -> list[Scored]:
-    """The leaders whose framework's files run them as planned (autoplan.frameworks.exports: the
-    exporters' finer rules, such as DualPipeV's 2p microbatches); NoPlanFits when none is."""
-    if fw is None or fw.export is None:
-        return leaders
-    kept, why = [], ""
-    for s in leaders:
-        why = files_differ(fw, finalist_job(s.nodes, s.plan)) or ""
-        if not why:
-            kept.append(s)
-    if not kept:
-        raise NoPlanFits(
-            f"none of the {len(leaders)} fastest plans that fit runs unchanged in {fw.name}'s files: {why}"
-        )
-    return kept
+def _check_scores(
+    model: ModelSpec, cluster: ClusterSpec, global_batch: int, scores: Scores, opts: SearchOptions
+) -> None:
+    """That the scored plans (:data:`SHARED`'s pins) leave a plan to run: PlanError when there
+    were none, NoPlanFits when none fits or when none of the fastest that fit runs unchanged in
+    the framework's files."""
+    fix, fw = SHARED["fix"], opts.framework
+    if not scores.total:
+        raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix) + _framework_note(fw))
+    if not scores.feasible:
+        raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scores, fix))
+    if not scores.leaders:  # plans fit, but none of the fastest runs unchanged in the framework's files
+        assert fw is not None and scores.refused is not None
+        raise NoPlanFits(_unrunnable_message(fw, scores))
+
+
+def _unrunnable_message(fw: Framework, scores: Scores) -> str:
+    """Plans fit, but none of the fastest of them (autoplan.scoring.FILES_SCAN of each worker's
+    run) runs unchanged in the framework's files (autoplan.frameworks.exports): one reason."""
+    return (
+        f"none of the fastest of the {scores.feasible:,} plans that fit runs unchanged in {fw.name}'s files: "
+        f"{scores.refused}"
+    )
 
 
 def _framework_note(fw: Framework | None) -> str:
@@ -232,7 +248,7 @@ def _des_over_budget(finalists: list[Scored], opts: SearchOptions) -> str | None
     the DES: an InputError then."""
     if opts.fidelity != "des":
         return None
-    jobs = [finalist_job(f.nodes, f.plan) for f in finalists]
+    jobs = [plan_job(f.nodes, f.plan) for f in finalists]
     des_only = ("--plot", "--trace") if opts.keep_timeline else ()
     reason = des_within_budget(jobs, min(opts.jobs, len(jobs)), False, des_only)
     if reason:

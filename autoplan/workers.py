@@ -15,10 +15,22 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from autoplan.frameworks.pricing import plan_runtime
 from hwprofiles.errors import AutoplanError
+from simulator.job import Job
+from simulator.plan import Plan
 
 #: the search's inputs, read by the scoring and finalist functions in the workers
 SHARED: dict[str, Any] = {}
+
+
+def plan_job(nodes: int, plan: Plan) -> Job:
+    """The job of ``plan`` on ``nodes`` nodes from the search's inputs (:data:`SHARED`), with the
+    runtime its framework runs it with (autoplan.frameworks.pricing.plan_runtime)."""
+    opts, cluster = SHARED["opts"], SHARED["clusters"][nodes]
+    runtime = plan_runtime(opts.framework, opts.runtime, plan, cluster.node.backend)
+    return Job(SHARED["model"], cluster, plan, SHARED["B"], runtime)
+
 
 #: seconds between two checks that the workers are alive while the parent waits for a result
 WATCH_S = 0.5

@@ -50,7 +50,9 @@ def test_merged_scores_equal_the_exhaustive_ranking(pair, jobs):
     clusters = {n: load_cluster(node, n) for n in counts}
     first = clusters[counts[0]]
     precs, offloads = space.precisions(first.gpu, {}), space.offloads(first.node, {})
-    SHARED.update(model=model, clusters=clusters, B=B, fix={}, opts=SearchOptions(), precs=precs, offloads=offloads)
+    SHARED.update(
+        model=model, clusters=clusters, B=B, fix={}, opts=SearchOptions(), precs=precs, offloads=offloads, keep=None
+    )
     layouts = {n: list(space.shapes(model, c.num_gpus, B, {})) for n, c in clusters.items()}
     got = score_all(layouts, KEEP, objective, jobs, False)
     scored, leaders, front, smallest = _exhaustive(model, clusters, B, objective)

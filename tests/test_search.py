@@ -1,5 +1,6 @@
 """The planner: brute-force agreement, pins, no-fit, pruning safety (analytic vs DES)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -227,3 +228,23 @@ def test_finalists_drop_des_records_and_pictures_simulate_again(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 10_000
     events = trace_events(lean)
     assert any(e["ph"] == "X" for e in events) and any(e["ph"] == "C" for e in events)
+
+
+def test_fastest_plans_the_files_refuse_are_passed_over():
+    """gpt3-175b on 40 DGX A100 nodes (320 GPUs), B = 1536: the fastest plans that fit are ZB-H1
+    plans over p = 20 stages with m = 384 microbatches, which torch's zero-bubble schedule refuses
+    (m // p = 19 rounds, and 384 is no multiple of 19: autoplan.runtime.support.unsupported_reason).
+    The workers pass them over for the fastest plans autoplan's program runs; the search had kept
+    the 16 fastest and then refused the size ("none of the 16 fastest plans ...")."""
+    from autoplan.frameworks import load_framework
+    from autoplan.frameworks.exports import files_differ
+    from simulator.model_files import load_model
+
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", nodes=40)
+    fw = load_framework("autoplan")
+    opts = SearchOptions(top=1, jobs=1, fidelity="analytic", partition=False)
+    unchecked = search(model, cluster, 1536, opts).best_result  # no framework: no file rules
+    assert "zbh1" in (files_differ(fw, unchecked.job) or "")  # the fastest plan: one the program refuses
+    found = search(model, cluster, 1536, dataclasses.replace(opts, jobs=2, framework=fw))
+    assert files_differ(fw, found.best_result.job) is None
+    assert found.best_result.step_time >= unchecked.step_time

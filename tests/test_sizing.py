@@ -3,6 +3,7 @@ hand-derived figures, the node-count syntax, the choice among sizes, and the com
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -153,3 +154,40 @@ def test_checkpoint_bytes_are_weights_and_optimizer_state():
     assert checkpoint_bytes(model, simulate(mixed, "analytic")) == pytest.approx(14 * total_params(model))
     program = simulate(program_job(mixed), "analytic")
     assert checkpoint_bytes(model, program) == pytest.approx(12 * total_params(model))
+
+
+def test_sizes_planned_by_workers_are_the_sizes_planned_in_one_process():
+    """The sweep shares its sizes among worker processes (each size searched whole, jobs = 1
+    inside): the rows and the skipped sizes are those of one process, and a size no plan can use
+    comes back through the pool as its one-line reason (gpt3-175b on 97 DGX A100 nodes: 776 GPUs
+    = 8 * 97, p <= 96 layers, d dividing B = 1536, t dividing the heads: none)."""
+    from autoplan.frameworks import load_framework
+    from autoplan.search import SearchOptions
+    from autoplan.sizing.sweep import sweep
+    from hwprofiles.errors import PlanError
+    from hwprofiles.load import load_cluster
+    from simulator.model_files import load_model
+
+    fw = load_framework("autoplan")
+    opts = SearchOptions(top=1, fidelity="analytic", framework=fw)
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    one, two = (sweep(model, cluster, 64, [1, 2, 3], dataclasses.replace(opts, jobs=j), Goal()) for j in (1, 2))
+    assert [r.to_dict() for r in two.rows] == [r.to_dict() for r in one.rows] and len(one.rows) == 3
+    big = load_model("gpt3-175b")
+    with pytest.raises(PlanError, match="no valid plan for 776 GPUs"):
+        sweep(big, load_cluster("dgx-a100-80gb", 97), 1536, [97, 101], dataclasses.replace(opts, jobs=2), Goal())
+
+
+def test_skipped_sizes_are_one_short_line():
+    """A sweep over hundreds of sizes can skip hundreds (175B over 16..512 nodes: 228 node counts
+    no plan can use); the table's line names the first twelve and gives the first one's reason."""
+    from autoplan.sizing.report import format_sweep
+
+    row = SizeRow(1, 8, "t=1,p=1,d=8,mb=1,zero=0", 1.0, 1e5, 0.5, 10.0, 3600.0, 100.0, 0.99)
+    skipped = [{"nodes": n, "reason": f"no valid plan for {8 * n} GPUs"} for n in range(2, 16)]
+    out = {"sizes": [row.to_dict()], "skipped": skipped, "choice": row.to_dict(), "goal": dataclasses.asdict(Goal())}
+    line = next(x for x in format_sweep({**out, "search_time_s": 1.0}).splitlines() if x.startswith("skipped"))
+    assert line == (
+        "skipped 14 size(s) (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13 and 2 more; --json gives each reason): "
+        "2 nodes: no valid plan for 16 GPUs"
+    )

@@ -47,13 +47,25 @@ def format_sweep(d: dict[str, Any]) -> str:
         rows.append(row)
     lines = [table(headers, rows)]
     if d["skipped"]:
-        lines.append(
-            f"skipped {len(d['skipped'])} size(s): "
-            + "; ".join(f"{s['nodes']} nodes: {s['reason']}" for s in d["skipped"][:3])
-        )
+        lines.append(_skipped_line(d["skipped"]))
     lines.append(_choice_line(d))
     lines.append(f"planned {len(d['sizes'])} sizes in {d['search_time_s']:.1f} s")
     return "\n".join(lines)
+
+
+#: skipped sizes the table's line names before "and N more" (--json gives every size and reason)
+SKIPPED_NAMED = 12
+
+
+def _skipped_line(skipped: list[dict[str, Any]]) -> str:
+    """The sizes no plan can use, the first :data:`SKIPPED_NAMED` named, and the first one's reason."""
+    nodes = [str(s["nodes"]) for s in skipped]
+    more = len(nodes) - SKIPPED_NAMED
+    named = ", ".join(nodes[:SKIPPED_NAMED]) + (f" and {more} more" if more > 0 else "")
+    first = skipped[0]
+    return (
+        f"skipped {len(nodes)} size(s) ({named}; --json gives each reason): {first['nodes']} nodes: {first['reason']}"
+    )
 
 
 def _choice_line(d: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from autoplan.search import SearchOptions, search
 from autoplan.sizing import failures
+from autoplan.workers import Pool, progress
 from hwprofiles.errors import AutoplanError, InputError
 from hwprofiles.load import with_nodes
 from hwprofiles.schema import ClusterSpec
@@ -139,27 +140,50 @@ class Sweep:
         }
 
 
+#: the sweep's inputs, set before its workers fork (each worker plans whole sizes, one at a time)
+_SWEEP: dict[str, Any] = {}
+
+
 def sweep(
     model: ModelSpec, cluster: ClusterSpec, global_batch: int, counts: list[int], opts: SearchOptions, goal: Goal
 ) -> Sweep:
     """Plan every size of ``counts`` (module docstring). A size no plan can use is skipped with
-    its reason; when none can be planned, the first size's error is raised."""
+    its reason; when none can be planned, the first size's error is raised.
+
+    The sizes are shared among ``opts.jobs`` worker processes, each searching a whole size in
+    its own process (``jobs`` = 1 inside): a size's search is too short (about a second) for
+    its own pool to pay, which forks twice per size, and the sizes are independent."""
     if goal.deadline_days is not None and goal.tokens is None:
         raise InputError("--deadline needs --tokens (the days to train depend on the tokens)")
     t0 = time.perf_counter()
+    _SWEEP.update(model=model, cluster=cluster, B=global_batch, opts=replace(opts, jobs=1, progress=False), goal=goal)
     rows: list[SizeRow] = []
     skipped: list[dict[str, Any]] = []
     first_error: AutoplanError | None = None
-    for n in counts:
-        try:
-            size = cluster if n == cluster.nodes else with_nodes(cluster, n)
-            found = search(model, size, global_batch, opts)
-        except AutoplanError as e:
-            first_error = first_error or e
-            skipped.append({"nodes": n, "reason": str(e).splitlines()[0]})
-            continue
-        rows.append(size_row(model, size, found.best_result, goal))
+    bar = progress(len(counts), opts.progress, "planning sizes", "size", least=2)
+    with Pool(min(opts.jobs, len(counts))) as pool:
+        for n, (row, error) in zip(counts, pool.imap(_plan_size, counts)):
+            bar.update(1)
+            if row is not None:
+                rows.append(row)
+                continue
+            assert error is not None
+            first_error = first_error or error
+            skipped.append({"nodes": n, "reason": str(error).splitlines()[0]})
+    bar.close()
     if not rows:
         assert first_error is not None
         raise first_error
     return Sweep(rows, skipped, choose(rows, goal), goal, time.perf_counter() - t0)
+
+
+def _plan_size(n: int) -> tuple[SizeRow | None, AutoplanError | None]:
+    """The row of the size of ``n`` nodes (the sweep's inputs: :data:`_SWEEP`), or why no plan
+    can use it."""
+    cluster = _SWEEP["cluster"]
+    try:
+        size = cluster if n == cluster.nodes else with_nodes(cluster, n)
+        found = search(_SWEEP["model"], size, _SWEEP["B"], _SWEEP["opts"])
+    except AutoplanError as e:
+        return None, e
+    return size_row(_SWEEP["model"], size, found.best_result, _SWEEP["goal"]), None
