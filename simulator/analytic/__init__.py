@@ -32,6 +32,7 @@ from simulator.analytic.pipeline import (
     tied_embedding_time,
     weight_fill,
 )
+from simulator.cost.block_times import busy_ranks
 from simulator.cost.cache import IdentityCache
 from simulator.cost.memory import bucket_bytes_of
 from simulator.cost.ops import dtype_bytes
@@ -97,9 +98,10 @@ def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float) 
     kind = ScheduleKind.of(plan.schedule, plan.v, m)
     dp = DpPlan.of(plan, job.runtime)
     offloaded = plan.offload != "none"
+    busy = busy_ranks(job.cluster, plan, m)
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
-        sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster) if links else 0.0
+        sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster, busy) if links else 0.0
         sharded += zero_infinity_exposed(
             job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme", job.runtime
         )
@@ -164,7 +166,8 @@ def estimate(job: Job) -> SimResult:
 
 def _estimate(job: Job) -> SimResult:
     model, cluster, plan = job.model, job.cluster, job.plan
-    groups = stage_groups(model, cluster, plan, job.runtime.layer_kernels, job.runtime.attention_kernel)
+    busy = busy_ranks(cluster, plan, job.m)
+    groups = stage_groups(model, cluster, plan, job.runtime.layer_kernels, job.runtime.attention_kernel, busy)
     p2p = p2p_exposed(job)
     links = dp_links(cluster, plan) if plan.d > 1 else None
     pipe = pipeline_phase(job, groups, links, p2p)

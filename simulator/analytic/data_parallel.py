@@ -109,7 +109,13 @@ def stage_gathered_bytes(cost: StageLike, fp8ag: Any, e: int) -> Any:
 
 
 def sharded_exposed(
-    model: ModelSpec, cost: StageLike, plan: DpPlan, links: DpCollectives, runtime: Runtime, cluster: ClusterSpec
+    model: ModelSpec,
+    cost: StageLike,
+    plan: DpPlan,
+    links: DpCollectives,
+    runtime: Runtime,
+    cluster: ClusterSpec,
+    busy: Any = None,
 ) -> Any:
     """Exposed seconds per microbatch of the ZeRO stages that keep only a gradient shard and so
     must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3; DeepSpeed and FSDP both
@@ -119,7 +125,8 @@ def sharded_exposed(
     * bucketed ZeRO-2 (DeepSpeed, Megatron's distributed optimizer): a reduce-scatter of the
       stage's gradients, under the backward when the runtime overlaps;
     * ZeRO-3, and FSDP2's ZeRO-2: each unit's gathers, re-gathers and scatters
-      (simulator.cost.zero3.zero3_pass)."""
+      (simulator.cost.zero3.zero3_pass), FSDP2's hooks on a synchronous (CPU) rank at the
+      slowdown of the ``busy`` ranks computing at once (simulator.cost.block_times.busy_ranks)."""
     zero, d, fp8ag, fsdp2 = plan
     gpu = cluster.gpu
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
@@ -132,7 +139,7 @@ def sharded_exposed(
         out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
     if any_of(sharded):
         gathered = stage_gathered_bytes(cost, fp8ag, e)
-        host_op_s = synchronous_op_seconds(cluster)
+        host_op_s = synchronous_op_seconds(cluster, busy)
         tensors = rank_tensors(model, cost.layers, cost.first, cost.last) if host_op_s is not None else 0
         z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors)
         out = where(sharded, z3.exposed(cost.forward_span, cost.backward_span, sigma), out)

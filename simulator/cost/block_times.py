@@ -7,6 +7,9 @@ kernel): the search asks for the same ones thousands of times."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from hwprofiles.schema import AttentionKernel, ClusterSpec, GpuProfile
 from simulator.cost import collectives, context, experts, layout, params
@@ -17,6 +20,7 @@ from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.rank_view import context_parallel
+from simulator.cost.schedules import compute_share
 from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
     embedding_backward_extra_ops,
@@ -27,6 +31,7 @@ from simulator.cost.workload import (
     layer_forward_ops,
     padded_vocab_size,
 )
+from simulator.plan import Plan
 from simulator.runtime_spec import EAGER, TP_OVERLAP, LayerKernels
 from simulator.specs import ModelSpec
 
@@ -75,11 +80,36 @@ TP_HEAD = 1  # the vocab-parallel LM head's backward
 _BLOCKS = IdentityCache(4096)
 
 
-def compute_slowdown(cluster: ClusterSpec) -> float:
-    """Ranks sharing a processor slow each other: max(1, ranks per node / compute slots at that
-    many ranks)."""
-    slots = cluster.node.slots_for(cluster.gpus_per_node)
-    return max(1.0, cluster.gpus_per_node / slots) if slots else 1.0
+def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
+    """Ranks sharing a processor slow each other: max(1, n / compute slots at n ranks) for n
+    ranks computing at once: ``busy`` (:func:`busy_ranks`; a number, or an array of many plans'),
+    by default all the node's. The slots of a fractional n are interpolated linearly between the
+    whole counts around it (NodeProfile.slots_for; one rank alone has one slot)."""
+    gpn = cluster.gpus_per_node
+    slots = [cluster.node.slots_for(k) for k in range(1, gpn + 1)]
+    if busy is None:
+        return max(1.0, gpn / slots[-1]) if slots[-1] else 1.0
+    if not all(slots):
+        return 1.0 if np.ndim(busy) == 0 else np.ones(np.shape(busy))
+    n = np.clip(busy, 1.0, gpn)
+    low = np.floor(n).astype(int)
+    table = np.array([0.0, *slots, slots[-1]], dtype=float)  # by whole rank count, one past gpn
+    at = table[low] + (n - low) * (table[low + 1] - table[low])
+    out = np.maximum(1.0, n / at)
+    return float(out) if np.ndim(busy) == 0 else out
+
+
+def busy_ranks(cluster: ClusterSpec, plan: Plan, m: int) -> float | None:
+    """How many of a node's ranks compute at once, on average, where they share its processor (a
+    synchronous CPU node, :func:`host_async` False): all of them times the share of the step a
+    pipeline rank spends in its passes (simulator.cost.schedules.compute_share). A rank waiting for
+    its pipeline neighbour blocks in gloo's receive and leaves its core to the others: on this
+    project's 2-core VM the 4 ranks of p = 4 with m = 4 stepped in 0.063 s, which all 4 computing
+    at once would have made 0.086 s (benchmarks/cpu_zero_matrix.py, 2026-11-27). None on a GPU
+    node, whose ranks each have their own device."""
+    if host_async(cluster):
+        return None
+    return cluster.gpus_per_node * compute_share(plan.schedule, plan.p, plan.v, m)
 
 
 def device_slowdown(cluster: ClusterSpec) -> float:
@@ -101,11 +131,12 @@ def host_async(cluster: ClusterSpec) -> bool:
     return cluster.node.backend != "gloo"
 
 
-def synchronous_op_seconds(cluster: ClusterSpec) -> float | None:
-    """The host's per-op seconds on a synchronous (CPU) rank, the node's cores shared
-    (kernel_launch_us x :func:`compute_slowdown`): what FSDP2's hooks are priced in there
-    (simulator.cost.zero3.zero3_pass ``host_op_s``); None on a GPU, whose host runs ahead."""
-    return None if host_async(cluster) else cluster.gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster)
+def synchronous_op_seconds(cluster: ClusterSpec, busy: Any = None) -> Any:
+    """The host's per-op seconds on a synchronous (CPU) rank, the node's cores shared by ``busy``
+    ranks at once (kernel_launch_us x :func:`compute_slowdown`): what FSDP2's hooks, which run
+    inside the passes, are priced in there (simulator.cost.zero3.zero3_pass ``host_op_s``); None
+    on a GPU, whose host runs ahead. ``busy``: a number or an array, as compute_slowdown's."""
+    return None if host_async(cluster) else cluster.gpu.kernel_launch_us * 1e-6 * compute_slowdown(cluster, busy)
 
 
 def block_times(
@@ -117,17 +148,19 @@ def block_times(
     prec: str = "bf16",
     kernels: LayerKernels = "fused",
     attention: AttentionKernel = "sdpa",
+    busy: float | None = None,
 ) -> BlockTimes:
     """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
     The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
     plan's precision (fp8 linear layers, simulator.cost.precision); ``kernels``: the kernels a
     layer runs (simulator.runtime_spec.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops);
     ``attention``: the fused attention kernel it runs, priced at the GPU's figures for it
-    (Runtime.attention_kernel, GpuProfile.for_attention)."""
+    (Runtime.attention_kernel, GpuProfile.for_attention); ``busy``: the ranks that compute at once
+    on a node whose ranks share its processor (:func:`busy_ranks`; None: all of them)."""
     return _BLOCKS.get_or_make(
         (model, cluster),
-        (t, sp, mb, prec, kernels, attention),
-        lambda: _block_times(model, cluster, t, sp, mb, prec, kernels, attention),
+        (t, sp, mb, prec, kernels, attention, busy),
+        lambda: _block_times(model, cluster, t, sp, mb, prec, kernels, attention, busy),
     )
 
 
@@ -140,10 +173,11 @@ def _block_times(
     prec: str,
     kernels: LayerKernels,
     attention: AttentionKernel,
+    busy: float | None,
 ) -> BlockTimes:
     gpu = cluster.gpu.for_attention(attention)
     e = dtype_bytes(gpu)
-    slow, dev = compute_slowdown(cluster), device_slowdown(cluster)
+    slow, dev = compute_slowdown(cluster, busy), device_slowdown(cluster)
     act = mb * model.seq_length * model.hidden_size * e
     link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)

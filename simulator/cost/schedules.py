@@ -48,6 +48,17 @@ class PipeOp(NamedTuple):
     chunk: int
 
 
+def compute_share(schedule: str, p: int, v: int, m: int) -> float:
+    """The share of a step a pipeline rank spends in its passes, with uniform stages and free
+    communication (the bubbles above): 1 / (1 + (p - 1) / (v m)) = v m / (v m + p - 1) for GPipe,
+    1F1B (v = 1) and the interleaved schedule; 1 for ZB-H1 and ZB-V, whose weight passes fill
+    their bubble (taken as full), and without a pipeline."""
+    if p == 1 or schedule in ("zbh1", "zbv"):
+        return 1.0
+    chunks = v if schedule == "interleaved" else 1
+    return chunks * m / (chunks * m + p - 1)
+
+
 def gpipe(m: int) -> list[PipeOp]:
     return [PipeOp("F", i, 0) for i in range(m)] + [PipeOp("B", i, 0) for i in reversed(range(m))]
 

@@ -110,6 +110,7 @@ def stage_costs(
     plan: Plan,
     kernels: LayerKernels = "fused",
     attention: AttentionKernel = "sdpa",
+    busy: float | None = None,
 ) -> list[StageCost]:
     """Cost of each pipeline device per microbatch. TP: tp_forward all-reduces of b*s*h forward
     and tp_backward backward per layer, tp_per_full_recompute more when a layer is fully
@@ -117,8 +118,9 @@ def stage_costs(
 
     Devices with the same work share one StageCost object (see ``unique_stages``). The
     result does not depend on d, ZeRO or offload, so it is cached across those. ``kernels``,
-    ``attention``: the layer's kernels and attention kernel (simulator.cost.block_times)."""
-    return _stages(model, cluster, plan, kernels, attention)[0]
+    ``attention``: the layer's kernels and attention kernel; ``busy``: the ranks computing at once
+    where they share a processor (simulator.cost.block_times.busy_ranks; None: all)."""
+    return _stages(model, cluster, plan, kernels, attention, busy)[0]
 
 
 def stage_groups(
@@ -127,15 +129,21 @@ def stage_groups(
     plan: Plan,
     kernels: LayerKernels = "fused",
     attention: AttentionKernel = "sdpa",
+    busy: float | None = None,
 ) -> list[tuple[int, StageCost, int]]:
     """(first device index, cost, number of devices) of each distinct stage. Everything that
     grows with the device index is non-increasing (in-flight microbatches; the DP slack is
     larger for later stages), so the first device of a kind bounds its time and memory."""
-    return _stages(model, cluster, plan, kernels, attention)[1]
+    return _stages(model, cluster, plan, kernels, attention, busy)[1]
 
 
 def _stages(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels, attention: AttentionKernel
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    kernels: LayerKernels,
+    attention: AttentionKernel,
+    busy: float | None,
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     rest = (
         plan.t,
@@ -150,8 +158,11 @@ def _stages(
         plan.schedule == "zbv",
         kernels,
         attention,
+        busy,
     )
-    return _STAGES.get_or_make((model, cluster), rest, lambda: _make_stages(model, cluster, plan, kernels, attention))
+    return _STAGES.get_or_make(
+        (model, cluster), rest, lambda: _make_stages(model, cluster, plan, kernels, attention, busy)
+    )
 
 
 class DeviceKind(NamedTuple):
@@ -229,9 +240,14 @@ def stage_times(model: ModelSpec, bt: BlockTimes, n: Any, full: Any, sel: Any, f
 
 
 def _make_stages(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, kernels: LayerKernels, attention: AttentionKernel
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    kernels: LayerKernels,
+    attention: AttentionKernel,
+    busy: float | None,
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention)
+    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention, busy)
     p = plan.p
     layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
     vocab = padded_vocab_size(model, plan.t)

@@ -38,6 +38,7 @@ from simulator.cost.block_times import (
     TP_EMBEDDING,
     TP_HEAD,
     block_times,
+    busy_ranks,
     tp_backward,
     tp_forward,
     tp_per_full_recompute,
@@ -117,7 +118,9 @@ class Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
-        bt = block_times(model, cluster, t, sp, b, plan.prec, job.runtime.layer_kernels, job.runtime.attention_kernel)
+        runtime = job.runtime
+        busy = busy_ranks(cluster, plan, job.m)
+        bt = block_times(model, cluster, t, sp, b, plan.prec, runtime.layer_kernels, runtime.attention_kernel, busy)
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)

@@ -12,7 +12,14 @@ import numpy as np
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.links import BatchLinks
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.batch.stages import StageArrays, column, schedule_counts, stage_activations, stage_arrays
+from simulator.analytic.batch.stages import (
+    StageArrays,
+    busy_column,
+    column,
+    schedule_counts,
+    stage_activations,
+    stage_arrays,
+)
 from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, sharded_exposed
 from simulator.analytic.offload import offload_time, zero_infinity_exposed
 from simulator.analytic.pipeline import (
@@ -116,7 +123,8 @@ def estimate_view(
 
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
     p2p = column(P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q))))
-    sharded = sharded_exposed(model, S, dp, links, runtime, cluster)
+    busy = busy_column(cluster, P)
+    sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
     sharded = sharded + zero_infinity_exposed(node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime)
     casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)
     sends = p2p_sends(column(P.p), column(P.v), S.first, S.last, S.turn)

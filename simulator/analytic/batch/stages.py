@@ -20,7 +20,7 @@ import numpy as np
 from hwprofiles.schema import AttentionKernel, ClusterSpec
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.cost import memory, params
-from simulator.cost.block_times import BlockTimes, block_times
+from simulator.cost.block_times import BlockTimes, block_times, busy_ranks, host_async
 from simulator.cost.ops import PassTimes, dtype_bytes
 from simulator.cost.phase_memory import recompute_working_set
 from simulator.cost.precision import linear_input_bytes
@@ -35,6 +35,8 @@ from simulator.specs import ModelSpec
 SPLIT_KEY = ("p", "v", "ckpt", "layers", "recompute", "schedule")
 #: what the layer-level times depend on (simulator.cost.block_times.block_times)
 BLOCK_KEY = ("t", "sp", "mb", "prec")
+#: and on a node whose ranks share its processor, how many compute at once (block_times.busy_ranks)
+BUSY_KEY = ("p", "v", "m", "schedule")
 _BLOCK_FIELDS = attrgetter(
     "layer.forward",
     "layer.backward",
@@ -116,6 +118,14 @@ def _rank_params(model: ModelSpec, t: int) -> tuple[float, float, float]:
     )
 
 
+def busy_column(cluster: ClusterSpec, P: PlanColumns) -> np.ndarray | None:
+    """Each plan's ranks computing at once where the node's ranks share its processor
+    (simulator.cost.block_times.busy_ranks, per distinct :data:`BUSY_KEY`); None on a GPU node."""
+    if host_async(cluster):
+        return None
+    return P.per_plan(BUSY_KEY, lambda q, i: busy_ranks(cluster, q, int(P.m[i])) or 0.0)
+
+
 def stage_arrays(
     model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, kernels: LayerKernels, attention: AttentionKernel
 ) -> StageArrays:
@@ -132,9 +142,14 @@ def stage_arrays(
     valid[key, slot] = True
     dev, count, n, full, sel, first, last, turn = table[:, split_of]
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
+    busy = busy_column(cluster, P)  # ranks sharing a processor: the times depend on how many compute at once
     blocks, block_of = P.per_key(
-        BLOCK_KEY,
-        lambda q, i: _BLOCK_FIELDS(block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention)),
+        BLOCK_KEY + (BUSY_KEY if busy is not None else ()),
+        lambda q, i: _BLOCK_FIELDS(
+            block_times(
+                model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention, None if busy is None else busy[i]
+            )
+        ),
     )
     bt = _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
     times = stage_times(model, bt, n, full, sel, first, last)
