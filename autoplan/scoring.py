@@ -64,10 +64,10 @@ class Scores:
 
     ``leaders``: the fitting plans whose framework's files run them as planned
     (autoplan.frameworks.exports.files_differ) first by the objective, in enumeration order among
-    equals, at most ``keep``; ``refused``: why the fastest fitting plan those files do not run
-    as planned was passed over, if one was (None: none was); ``front``: the fitting plans no other beats in both step time and peak
-    memory (:func:`pareto_front`); ``smallest``: the plan with the least peak memory (what
-    the no-fit message quotes); ``offload``: whether any plan offloads."""
+    equals, at most ``keep``; ``refused``: why a fitting plan those files do not run as planned
+    was passed over, if one was; ``front``: the fitting plans no other beats in both step time
+    and peak memory (:func:`pareto_front`); ``smallest``: the plan with the least peak memory
+    (what the no-fit message quotes); ``offload``: whether any plan offloads."""
 
     total: int
     feasible: int

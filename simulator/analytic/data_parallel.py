@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, layout, memory, zero3
+from simulator.cost import collectives, memory, zero3
 from simulator.cost.block_times import synchronous_op_seconds
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
@@ -87,18 +87,13 @@ class DpLinks:
         return self.shards.replica_all_reduce(size_bytes)
 
 
-def dp_link(cluster: ClusterSpec, plan: Plan) -> collectives.GroupLink:
-    """The link of the plan's data-parallel groups."""
-    return collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, cluster.gpus_per_node))
-
-
 def dp_links(cluster: ClusterSpec, plan: Plan) -> DpLinks:
     """The plan's data-parallel group and shard groups (simulator.cost.zero3.shard_links); cached
     per cluster and (t, d, hsdp)."""
     return _DP_LINKS.get_or_make(
         (cluster,),
         (plan.t, plan.d, plan.hsdp),
-        lambda: DpLinks(plan.d, dp_link(cluster, plan), zero3.shard_links(cluster, plan)),
+        lambda: DpLinks(plan.d, collectives.dp_link(cluster, plan.t, plan.d), zero3.shard_links(cluster, plan)),
     )
 
 

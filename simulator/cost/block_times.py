@@ -86,9 +86,10 @@ def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
     by default all the node's. The slots of a fractional n are interpolated linearly between the
     whole counts around it (NodeProfile.slots_for; one rank alone has one slot)."""
     gpn = cluster.gpus_per_node
-    slots = [cluster.node.slots_for(k) for k in range(1, gpn + 1)]
     if busy is None:
-        return max(1.0, gpn / slots[-1]) if slots[-1] else 1.0
+        every = cluster.node.slots_for(gpn)
+        return max(1.0, gpn / every) if every else 1.0
+    slots = [cluster.node.slots_for(k) for k in range(1, gpn + 1)]
     if not all(slots):
         return 1.0 if np.ndim(busy) == 0 else np.ones(np.shape(busy))
     n = np.clip(busy, 1.0, gpn)
@@ -182,10 +183,9 @@ def _block_times(
     link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
     vocab = padded_vocab_size(model, t)
-    layer_params = params.layer_params_per_rank(model, t)
+    layer_params, eager = params.layer_params_per_rank(model, t), gpu.eager
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
     eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
-    eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, gpu, t, mb, e, slow, asy, dev)
     cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
     layer = pass_times(

@@ -27,7 +27,7 @@ from typing import Any
 
 from hwprofiles.algorithms import Collective, latency_seconds, uses_trees
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.layout import GroupShape
+from simulator.cost.layout import GroupShape, dp_shape
 from simulator.numeric import where
 
 
@@ -102,6 +102,15 @@ def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
         link.nodes,
         link.intra_latency,
     )
+
+
+def dp_link(cluster: ClusterSpec, t: int, d: int) -> GroupLink:
+    """The link of a plan's data-parallel groups (d ranks, t apart: layout.dp_shape). Their
+    gradient collectives run between the ranks' computations (DDP's buckets inside the backward,
+    the reduction after each rank's last backward), so on a node whose ranks outnumber its cores
+    each step pays the busy-core wait (:func:`in_pass_link`), as the sharded states' do
+    (simulator.cost.zero3.shard_links)."""
+    return in_pass_link(cluster, dp_shape(t, d, cluster.gpus_per_node))
 
 
 def ring_seconds(collective: Collective, size_bytes: Any, n: Any, bandwidth: Any, latency_s: Any) -> Any:

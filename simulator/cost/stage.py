@@ -161,7 +161,13 @@ def _stages(
         busy,
     )
     return _STAGES.get_or_make(
-        (model, cluster), rest, lambda: _make_stages(model, cluster, plan, kernels, attention, busy)
+        (model, cluster),
+        rest,
+        lambda: _make_stages(
+            model,
+            plan,
+            block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention, busy),
+        ),
     )
 
 
@@ -240,14 +246,9 @@ def stage_times(model: ModelSpec, bt: BlockTimes, n: Any, full: Any, sel: Any, f
 
 
 def _make_stages(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: Plan,
-    kernels: LayerKernels,
-    attention: AttentionKernel,
-    busy: float | None,
+    model: ModelSpec, plan: Plan, bt: BlockTimes
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
-    bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention, busy)
+    """Each device's cost and the distinct ones (:func:`stage_groups`) from the layer-level times ``bt``."""
     p = plan.p
     layer_params, sharded_extra = params.layer_params_per_rank(model, plan.t), params.layer_sharded_extra(model, plan.t)
     vocab = padded_vocab_size(model, plan.t)

@@ -101,12 +101,18 @@ class ShardLinks:
 
 def shard_links(cluster: ClusterSpec, plan: Plan) -> ShardLinks:
     """The plan's shard group (hsdp consecutive data-parallel ranks, or all d) and replicate
-    group (every hsdp-th data-parallel rank) on the cluster (simulator.cost.layout)."""
+    group (every hsdp-th data-parallel rank) on the cluster (simulator.cost.layout). Their
+    collectives run between the ranks' computations (a unit's gathers and reduce-scatters in
+    its forward and backward hooks, ZeRO-1/2's gather after each rank's optimizer step), so on a
+    node whose ranks outnumber its cores each step pays the busy-core wait, as the tensor-parallel
+    ones do (collectives.in_pass_link: on this project's 2-core VM the 4 ranks of d = 4 with
+    ZeRO-3 stepped in 0.175 s against 0.127 s predicted without it, 0.149 s with it,
+    benchmarks/cpu_zero_matrix.py, 2026-11-27); 0 on a GPU node."""
     gpn = cluster.gpus_per_node
-    shard = collectives.group_link(cluster, layout.dp_shape(plan.t, plan.shard_group, gpn))
+    shard = collectives.in_pass_link(cluster, layout.dp_shape(plan.t, plan.shard_group, gpn))
     if plan.replicas == 1:
         return ShardLinks(shard, plan.shard_group, None, 1)
-    replica = collectives.group_link(cluster, layout.group_shape(plan.replicas, plan.t * plan.shard_group, gpn))
+    replica = collectives.in_pass_link(cluster, layout.group_shape(plan.replicas, plan.t * plan.shard_group, gpn))
     return ShardLinks(shard, plan.shard_group, replica, plan.replicas)
 
 

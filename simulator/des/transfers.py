@@ -25,7 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hwprofiles.algorithms import Collective
+from hwprofiles.algorithms import Collective, latency_steps, uses_trees
+from simulator.cost.collectives import in_pass_wait
 from simulator.cost.layout import rank_of
 from simulator.des.engine import FlowSpec, Phase
 from simulator.des.flows import PhasePlan, collective_phases
@@ -183,14 +184,21 @@ class Transfers:
 
     # ------------------------------------------------------------------ class makers
 
+    def _data_parallel(self, op: Collective, gpus: list[int]) -> list[RoutedPhase]:
+        """The routed phases of a data-parallel collective over ``gpus``: inside one node each
+        latency step also pays the busy-core wait (collectives.in_pass_wait), as the closed form's
+        links do (collectives.dp_link, simulator.cost.zero3.shard_links)."""
+        cluster = self.topo.cluster
+        wait = 0.0
+        if len(gpus) > 1 and len({g // cluster.gpus_per_node for g in gpus}) == 1:
+            wait = latency_steps(len(gpus), op, uses_trees(cluster.node.backend)) * in_pass_wait(cluster)
+        return self._routed(collective_phases(self.topo, op, gpus, 1.0), wait)
+
     def dp_class(self, stage: int, op: Collective) -> TransferClass:
         """``op`` over the data-parallel group of each tensor rank of ``stage`` (copy = tp)."""
 
         def make() -> list[list[RoutedPhase]]:
-            return [
-                self._routed(collective_phases(self.topo, op, [self.gpu(stage, dp, tp) for dp in range(self.d)], 1.0))
-                for tp in range(self.t)
-            ]
+            return [self._data_parallel(op, [self.gpu(stage, dp, tp) for dp in range(self.d)]) for tp in range(self.t)]
 
         return TransferClass(("dp", stage, op), make)
 
@@ -200,7 +208,7 @@ class Transfers:
 
         def make() -> list[list[RoutedPhase]]:
             return [
-                self._routed(collective_phases(self.topo, op, [self.gpu(stage, r * n + k, tp) for k in range(n)], 1.0))
+                self._data_parallel(op, [self.gpu(stage, r * n + k, tp) for k in range(n)])
                 for r in range(self.d // n)
                 for tp in range(self.t)
             ]
@@ -213,14 +221,7 @@ class Transfers:
 
         def make() -> list[list[RoutedPhase]]:
             return [
-                self._routed(
-                    collective_phases(
-                        self.topo,
-                        Collective.ALL_REDUCE,
-                        [self.gpu(stage, r * n + k, tp) for r in range(self.d // n)],
-                        1.0,
-                    )
-                )
+                self._data_parallel(Collective.ALL_REDUCE, [self.gpu(stage, r * n + k, tp) for r in range(self.d // n)])
                 for k in range(n)
                 for tp in range(self.t)
             ]

@@ -1,7 +1,8 @@
 """The data-parallel collectives of many plans at once (simulator.analytic.data_parallel.
 DpCollectives over arrays): each plan's group links' figures, computed once per (t, d, hsdp) by
-the one plan's links (data_parallel.dp_links: the groups as dp_link and simulator.cost.zero3.shard_links place them),
-and the collective times by the one alpha-beta rule (simulator.cost.collectives.ring_seconds)."""
+the one plan's links (data_parallel.dp_links: the groups as simulator.cost.collectives.dp_link and
+simulator.cost.zero3.shard_links place them), and the collective times by the one alpha-beta rule
+(simulator.cost.collectives.ring_seconds)."""
 
 from __future__ import annotations
 

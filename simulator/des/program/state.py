@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from simulator.cost import collectives, layout
+from simulator.cost import collectives
 from simulator.cost.layout import rank_of
 from simulator.cost.memory import bucket_bytes_of
 from simulator.cost.schedules import PipeOp, global_chunk
@@ -165,8 +165,7 @@ class Program:
     @functools.cached_property
     def dp_link(self) -> collectives.GroupLink:
         """The data-parallel group's link (closed form, for contention prices)."""
-        cluster = self.job.cluster
-        return collectives.group_link(cluster, layout.dp_shape(self.plan.t, self.plan.d, cluster.gpus_per_node))
+        return collectives.dp_link(self.job.cluster, self.plan.t, self.plan.d)
 
     @functools.cached_property
     def shard_links(self) -> ShardLinks:
