@@ -86,18 +86,15 @@ def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
     by default all the node's. The slots of a fractional n are interpolated linearly between the
     whole counts around it (NodeProfile.slots_for; one rank alone has one slot)."""
     gpn = cluster.gpus_per_node
-    if busy is None:
-        every = cluster.node.slots_for(gpn)
-        return max(1.0, gpn / every) if every else 1.0
+    n = np.clip(gpn if busy is None else busy, 1.0, gpn)
     slots = [cluster.node.slots_for(k) for k in range(1, gpn + 1)]
     if not all(slots):
-        return 1.0 if np.ndim(busy) == 0 else np.ones(np.shape(busy))
-    n = np.clip(busy, 1.0, gpn)
+        return 1.0 if np.ndim(n) == 0 else np.ones(np.shape(n))
     low = np.floor(n).astype(int)
     table = np.array([0.0, *slots, slots[-1]], dtype=float)  # by whole rank count, one past gpn
     at = table[low] + (n - low) * (table[low + 1] - table[low])
     out = np.maximum(1.0, n / at)
-    return float(out) if np.ndim(busy) == 0 else out
+    return float(out) if np.ndim(n) == 0 else out
 
 
 def busy_ranks(cluster: ClusterSpec, plan: Plan, m: int) -> float | None:

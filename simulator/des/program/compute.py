@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.cost.block_times import busy_ranks, host_async, synchronous_op_seconds
+from simulator.cost.block_times import host_async
 from simulator.cost.schedules import PipeOp
 from simulator.cost.step import rank_tensors
 from simulator.cost.zero3 import (
@@ -110,8 +110,7 @@ def _regather(prog: Program, op: PipeOp, j: int, norec: bool) -> float:
 def _fsdp2_host(prog: Program, j: int) -> float:
     """FSDP2's hooks per microbatch on chunk ``j`` of a synchronous rank: its units and
     parameter tensors priced by simulator.cost.zero3.fsdp2_host_time, as the closed form does."""
-    job = prog.job
-    op_s = synchronous_op_seconds(job.cluster, busy_ranks(job.cluster, job.plan, job.m))
+    op_s = prog.host_op_s
     if op_s is None:
         return 0.0
     first, last = prog.embed_head and j == 0, prog.embed_head and j == prog.chunks - 1

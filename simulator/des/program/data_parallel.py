@@ -74,8 +74,9 @@ def zero3_gather(
     buffered: bool = True,
 ) -> int:
     """All-gather one layer's ``params`` parameters (``gathered`` bytes), at most one layer ahead
-    of the compute (``serial``, a synchronous rank: after the previous piece, none ahead), in :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the
-    other (DeepSpeed: one per module); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
+    of the compute (``serial``, a synchronous rank: after the previous piece, none ahead), in
+    :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the other (DeepSpeed: one
+    per module); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
     (simulator.cost.zero3). Its buffer (``buffered``) holds the layer's parameters at the gather
     dtype (fp8 parameters' difference is in the static fp8 term, simulator.cost.precision.
     fp8_layer_bytes); FSDP2's ZeRO-2 keeps its unsharded parameters, which the static model

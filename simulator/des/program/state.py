@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from simulator.cost import collectives
+from simulator.cost.block_times import busy_ranks, synchronous_op_seconds
 from simulator.cost.layout import rank_of
 from simulator.cost.memory import bucket_bytes_of
 from simulator.cost.schedules import PipeOp, global_chunk
@@ -166,6 +167,14 @@ class Program:
     def dp_link(self) -> collectives.GroupLink:
         """The data-parallel group's link (closed form, for contention prices)."""
         return collectives.dp_link(self.job.cluster, self.plan.t, self.plan.d)
+
+    @functools.cached_property
+    def host_op_s(self) -> float | None:
+        """The per-op host seconds FSDP2's hooks take on a synchronous (CPU) rank, the node's
+        cores shared by the ranks computing at once (simulator.cost.block_times.
+        synchronous_op_seconds, busy_ranks); None on a GPU."""
+        job = self.job
+        return synchronous_op_seconds(job.cluster, busy_ranks(job.cluster, job.plan, job.m))
 
     @functools.cached_property
     def shard_links(self) -> ShardLinks:
