@@ -11,7 +11,7 @@ from hwprofiles.schema import AttentionKernel
 
 #: how the program computes the cross-entropy (:attr:`Runtime.cross_entropy`;
 #: simulator.cost.memory.logits_bytes_per_element)
-CrossEntropy = Literal["fp32", "torch", "fused", "chunked"]
+CrossEntropy = Literal["fp32", "torch", "split", "fused", "chunked"]
 
 #: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.memory.program_state_bytes)
 StateLayout = Literal["mixed", "fp32-params"]
@@ -48,7 +48,9 @@ class Runtime:
     ``cross_entropy``: how the program computes the loss, for the memory the logits take at its
     peak (simulator.cost.memory.logits_bytes_per_element): "fp32" Megatron-LM's vocab-parallel
     cross-entropy (fp32 softmax, gradient in place); "torch" ``F.cross_entropy(logits.float())``
-    (autoplan's program, autoplan.runtime.support.program_job; torchtitan); "fused" keeps only
+    (autoplan's program with t = 1, autoplan.runtime.support.program_job); "split" autoplan's
+    program with t > 1: the cross-entropy of each rank's V/t logits (autoplan.runtime.vocab_parallel,
+    fp32 softmax kept, gradient in place); "fused" keeps only
     the e-byte logits and writes their gradient in place (flash-attn's
     ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default ``loss_fn:
     fused_crossentropy``); "chunked" computes the head and the loss chunk by chunk of the

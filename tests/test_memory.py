@@ -233,6 +233,11 @@ def test_buffers():
     assert memory.kept_logits_bytes(logits, "fp32", 2, inflight=3) == 2048 * 51200 // 8 * 3 * 6
     assert memory.kept_logits_bytes(logits, "fused", 2) == 2048 * 51200 // 8 * 2  # the bf16 logits alone
     assert memory.logits_bytes_per_element("fp32", 4) == (8.0, 0.0, 0.0)  # fp32 logits and softmax (CPU runs)
+    # autoplan's program at t > 1 (autoplan.runtime.vocab_parallel): bf16 logits, their fp32 copy and the
+    # shifted copy kept as the softmax (2 + 4 + 4 at the forward's peak), the gradient cast back (2);
+    # fp32 logits on CPU: no copy, no cast
+    assert memory.logits_bytes_per_element("split", 2) == (4.0, 6.0, 2.0)
+    assert memory.logits_bytes_per_element("split", 4) == (4.0, 4.0, 0.0)
     assert memory.zero3_working_set_bytes(1e6) == 4e6
     assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients
     assert memory.gradient_bucket_bytes(1e9) == 50e6  # two 25 MB buckets

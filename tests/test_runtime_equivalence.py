@@ -52,8 +52,9 @@ CASES = [
     ("d=2,zero=3", TINY_LLAMA),
     ("d=4,zero=3,hsdp=2", TINY),  # hybrid sharding: FSDP2 on a (replicate, shard) mesh
     ("d=4,zero=2,hsdp=2,ckpt=full", TINY_LLAMA),  # hybrid ZeRO-2 (parameters kept after forward)
-    ("t=2,p=2,ckpt=full", TINY_LLAMA),
+    ("t=2,p=2,ckpt=full", TINY),  # the tied embedding split over t: its two stages' shards summed
     ("t=2,d=2,sp=1,zero=1", TINY),
+    ("t=2,d=2,zero=3", TINY),  # FSDP2 over the tensor-parallel DTensors, the split embedding among them
     ("p=2,d=2,zero=1", TINY),  # tied embeddings: the last stage's copy weighs 0 in the norm
     # context parallelism: sequence chunks, K/V all-gathered, gradients over the d*cp ranks
     ("cp=2,ckpt=selective", TINY_LLAMA),

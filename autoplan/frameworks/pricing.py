@@ -26,9 +26,14 @@ def runtime_groups(
 ) -> list[tuple[Runtime, np.ndarray]]:
     """The plans grouped by the runtime they run with: (runtime, their positions), one group
     when every plan runs with the same; read from the table's columns (no Plan per candidate),
-    by the rule :func:`plan_runtime` applies to one plan (autoplan.runtime.support.dp_mode_code)."""
+    by the rule :func:`plan_runtime` applies to one plan (autoplan.runtime.support.dp_mode_code,
+    and t > 1: the vocabulary split)."""
     if fw is None or not fw.program:
         return [(runtime, np.arange(len(plans)))]
     col = {k: plans.array(k) for k in ("zero", "d", "cp", "offload", "t", "p", "ep")}
-    codes = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", col["t"], col["p"], col["ep"])
-    return [(program_runtime(runtime, DP_MODES[int(c)], backend), np.flatnonzero(codes == c)) for c in np.unique(codes)]
+    mode = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", col["t"], col["p"], col["ep"])
+    codes = 2 * mode + (col["t"] > 1)  # the vocabulary split over t > 1 ranks changes the loss
+    return [
+        (program_runtime(runtime, DP_MODES[int(c) // 2], backend, bool(c % 2)), np.flatnonzero(codes == c))
+        for c in np.unique(codes)
+    ]

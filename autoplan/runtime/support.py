@@ -50,13 +50,15 @@ def dp_mode(plan: Plan, ep: int = 1) -> str:
     return DP_MODES[int(dp_mode_code(plan.zero, plan.d, plan.offload == "cpu", plan.t, plan.p, ep))]
 
 
-def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
+def program_runtime(runtime: Runtime, mode: str, backend: str, vocab_split: bool = False) -> Runtime:
     """``runtime`` as the emitted program runs a plan whose data-parallel mechanism is ``mode``
-    (:data:`DP_MODES`) on a ``backend`` ("nccl" or "gloo") node:
+    (:data:`DP_MODES`) on a ``backend`` ("nccl" or "gloo") node, its vocabulary split over
+    tensor-parallel ranks or not (``vocab_split``: t > 1):
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
       after the last backward (no overlap);
-    * the loss is ``F.cross_entropy(logits.float())`` (``cross_entropy="torch"``);
+    * the loss is ``F.cross_entropy(logits.float())`` (``cross_entropy="torch"``), with t > 1
+      the cross-entropy of each rank's V/t logits (``"split"``, autoplan.runtime.vocab_parallel);
     * parameters and gradients stay fp32, and ZeRO-1 keeps a full flat buffer and a master
       shard (``states="fp32-params"``, simulator.cost.memory.program_state_bytes);
     * on a GPU without FSDP, ``torch.autocast`` runs bf16 matmuls over fp32 parameters and keeps
@@ -76,7 +78,7 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
     autocast = backend == "nccl" and mode != "fsdp"
     return dataclasses.replace(
         runtime,
-        cross_entropy="torch",
+        cross_entropy="split" if vocab_split else "torch",
         weight_copy_bytes=2.0 if autocast else 0.0,
         states="fp32-params",
         layer_kernels="eager" if autocast else "fused",
@@ -89,7 +91,7 @@ def program_runtime(runtime: Runtime, mode: str, backend: str) -> Runtime:
 
 def plan_program_runtime(runtime: Runtime, plan: Plan, backend: str) -> Runtime:
     """:func:`program_runtime` of ``plan``, its data-parallel group the d*cp ranks of the rank's plan."""
-    return program_runtime(runtime, dp_mode(rank_plan(plan), plan.ep), backend)
+    return program_runtime(runtime, dp_mode(rank_plan(plan), plan.ep), backend, plan.t > 1)
 
 
 def program_job(job: Job) -> Job:

@@ -4,8 +4,16 @@ Column split: q, k, v, fc1 (and the SwiGLU gate); row split: o, fc2. Without seq
 parallelism the residual stream is replicated and each row-parallel output is all-reduced.
 With it the residual stream, layernorms and dropout regions are sharded along the sequence
 (dim 1): the embedding output is scattered, each layer all-gathers before attention / MLP
-and reduce-scatters after, and the head gathers the sequence back. Embedding, final norm and
-output projection stay replicated over the tensor-parallel group.
+and reduce-scatters after, and the head gathers the sequence back.
+
+The vocabulary is split as Megatron-LM splits it (``VocabParallelEmbedding`` and the
+column-parallel output layer, Narayanan et al. 2021 section 3.2; torchtitan shards its
+``tok_embeddings`` and ``output`` the same way): the token embedding row-wise (each rank looks
+up its V/t rows, one all-reduce of the b*s*h output in the forward: autoplan.runtime.vocab_parallel), the output projection
+column-wise (each rank computes its V/t logits; one all-reduce of the input gradient in the
+backward), and the loss reads the split logits (autoplan.runtime.vocab_parallel). A tied
+embedding is one weight split the same way (rows of the table, rows of the projection). The
+final norm and the learned positions stay replicated.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from autoplan.runtime.model import GPT, Block
+from autoplan.runtime.vocab_parallel import VocabParallelEmbedding, VocabParallelOutput
 
 
 def _layer_plan(block: Block, sp: bool) -> dict[str, ParallelStyle]:
@@ -48,10 +57,15 @@ def _layer_plan(block: Block, sp: bool) -> dict[str, ParallelStyle]:
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sp: bool) -> None:
-    """Shard ``model``'s layers over ``tp_mesh`` in place (works on a meta-device model)."""
+    """Shard ``model``'s layers, token embedding and output projection over ``tp_mesh`` in place
+    (works on a meta-device model; tie the weights again after, GPT.tie_weights)."""
     for block in model.layers.values():
         assert isinstance(block, Block)
         parallelize_module(block, tp_mesh, _layer_plan(block, sp))
+    if model.embed is not None:
+        model.embed.tok = VocabParallelEmbedding(model.embed.tok, tp_mesh)
+    if model.head is not None:
+        model.head.out = VocabParallelOutput(model.head.out, tp_mesh)
     if not sp:
         return
     if model.embed is not None:

@@ -97,6 +97,7 @@ class Trainer:
         self.context = context_shard(spec.plan, env.rank)
         self.experts = expert_shard(spec.plan, env.rank)
         self.chunks = [self._build_chunk(c) for c in layout.chunks]
+        self.loss_fn = self._loss_fn()
         self.params = list(dict.fromkeys(p for m in self.chunks for p in m.parameters()))
         # the experts this rank holds alone among its ep group (expert parallelism; none without)
         self.own_experts = set().union(*(expert_params(m) for m in self.chunks)) if self.experts else set()
@@ -118,7 +119,7 @@ class Trainer:
                 layout,
                 plan.schedule,
                 spec.num_microbatches,
-                lm_loss,
+                self.loss_fn,
                 env.device,
                 env.mesh["pp"].get_group(),
             )
@@ -158,6 +159,15 @@ class Trainer:
                 param_dtype=torch.bfloat16 if self.bf16 else None,
             )
         return m
+
+    def _loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The loss of the last chunk's logits: split over the vocabulary with t > 1
+        (autoplan.runtime.vocab_parallel), whole otherwise."""
+        if self.plan.t == 1:
+            return lm_loss
+        from autoplan.runtime.vocab_parallel import vocab_parallel_loss
+
+        return vocab_parallel_loss(self.env.mesh["tp"], self.spec.model.vocab_size)
 
     def _manual_all_reduce(self) -> Callable[[], None]:
         """ZeRO-0's gradient average over the d*cp data-parallel ranks; with expert parallelism
@@ -258,7 +268,7 @@ class Trainer:
             sync_ctx = self.ddp.no_sync() if self.ddp is not None and i < m - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with self.amp():
-                    loss = lm_loss(model(x[i * mb : (i + 1) * mb]), y[i * mb : (i + 1) * mb])
+                    loss = self.loss_fn(model(x[i * mb : (i + 1) * mb]), y[i * mb : (i + 1) * mb])
                 (loss / m).backward()
             if self.host_grads is not None:
                 self.host_grads.take()
@@ -271,9 +281,9 @@ class Trainer:
         for p in self.params:
             p.grad = None
         loss = self._forward_backward(x, y)
+        settle_partial_grads(self.params)  # first: a split embedding's gradient may come back replicated
         if self.tied is not None:
             self.tied()
-        settle_partial_grads(self.params)
         if self.manual_all_reduce is not None:
             self.manual_all_reduce()
         if self.zero1 is not None:

@@ -167,7 +167,8 @@ def estimate(job: Job) -> SimResult:
 def _estimate(job: Job) -> SimResult:
     model, cluster, plan = job.model, job.cluster, job.plan
     busy = busy_ranks(cluster, plan, job.m)
-    groups = stage_groups(model, cluster, plan, job.runtime.layer_kernels, job.runtime.attention_kernel, busy)
+    rt = job.runtime
+    groups = stage_groups(model, cluster, plan, rt.layer_kernels, rt.attention_kernel, busy, rt.cross_entropy)
     p2p = p2p_exposed(job)
     links = dp_links(cluster, plan) if plan.d > 1 else None
     pipe = pipeline_phase(job, groups, links, p2p)
@@ -235,5 +236,8 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
 def memory_only(job: Job) -> float:
     """Peak bytes of the plan's most loaded rank (the planner prunes with this first)."""
     job = rank_job(job)
-    groups = stage_groups(job.model, job.cluster, job.plan, job.runtime.layer_kernels, job.runtime.attention_kernel)
+    rt = job.runtime
+    groups = stage_groups(
+        job.model, job.cluster, job.plan, rt.layer_kernels, rt.attention_kernel, loss=rt.cross_entropy
+    )
     return max(mem.total for _, mem in _stage_memories(job, groups))

@@ -1,8 +1,9 @@
 """The layer-level times of one microbatch on one TP rank (:class:`BlockTimes`): a transformer
 layer's, the embedding's and the head's passes, and the tensor-parallel, context-parallel and
-expert-parallel communication inside them; with the slowdowns of ranks that share a processor or
-wait for the slowest GPU. Cached per (model, cluster, t, sp, mb, precision, kernels, attention
-kernel): the search asks for the same ones thousands of times."""
+expert-parallel communication inside them, and the cross-entropy's collectives over the split
+vocabulary; with the slowdowns of ranks that share a processor or wait for the slowest GPU.
+Cached per (model, cluster, t, sp, mb, precision, kernels, attention kernel, busy ranks, loss):
+the search asks for the same ones thousands of times."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_layer_ops
+from simulator.cost.memory import LOSS_CHUNKS
 from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import FP8, weight_cast_op
@@ -32,7 +34,7 @@ from simulator.cost.workload import (
     padded_vocab_size,
 )
 from simulator.plan import Plan
-from simulator.runtime_spec import EAGER, TP_OVERLAP, LayerKernels
+from simulator.runtime_spec import EAGER, TP_OVERLAP, CrossEntropy, LayerKernels
 from simulator.specs import ModelSpec
 
 
@@ -50,6 +52,7 @@ class BlockTimes:
     cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
     fp8_weight_cast: float = 0.0  # prec=fp8: one forward's cast of a layer's weights, where not cached
     ep_all_to_all: float = 0.0  # expert parallelism: one token all-to-all (simulator.cost.experts)
+    loss_comm: float = 0.0  # the cross-entropy's collectives over the split vocabulary (loss_collectives_time)
 
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
@@ -76,6 +79,37 @@ def tp_per_full_recompute(model: ModelSpec) -> float:
 
 TP_EMBEDDING = 1  # the vocab-parallel embedding's forward
 TP_HEAD = 1  # the vocab-parallel LM head's backward
+LOSS_VALUE_BYTES = 4  # the cross-entropy's per-token statistics are fp32
+
+
+def loss_collectives_time(loss: CrossEntropy, tokens: float, t: int, link: collectives.GroupLink) -> float:
+    """Seconds per microbatch of the collectives a vocab-parallel cross-entropy runs over the
+    ``t`` ranks that split the logits of ``tokens`` tokens (fp32 statistics per token):
+
+    * ``split``, autoplan's program (autoplan/runtime/vocab_parallel.py): one all-gather of each
+      rank's max, sum of exponentials and target logit, 3 values per token from each rank;
+    * ``fp32``, Megatron-LM (megatron/core/tensor_parallel/cross_entropy.py,
+      ``VocabParallelCrossEntropy``): three all-reduces of one value per token (the max, the
+      target's logit, the sum of exponentials);
+    * ``chunked``, torchtitan's loss under torch's ``loss_parallel`` (torch/distributed/tensor/
+      parallel/loss.py: ``_log_softmax`` all-reduces the max and the sum of exponentials,
+      ``_nll_loss_forward`` the target's logit): those three on each of LOSS_CHUNKS chunks of the
+      sequence (simulator.cost.memory);
+    * ``torch``, ``fused``: a loss over the whole vocabulary on each rank, no collective.
+
+    0 with t = 1. Latency-bound: on a GPU tens of microseconds, on gloo ranks sharing cores
+    milliseconds per collective."""
+    if t == 1:
+        return 0.0
+    values = tokens * LOSS_VALUE_BYTES
+    if loss == "split":
+        return collectives.all_gather_time(3 * values * t, t, link)
+    if loss == "fp32":
+        return 3 * collectives.all_reduce_time(values, t, link)
+    if loss == "chunked":
+        return 3 * LOSS_CHUNKS * collectives.all_reduce_time(values / LOSS_CHUNKS, t, link)
+    return 0.0
+
 
 _BLOCKS = IdentityCache(4096)
 
@@ -147,6 +181,7 @@ def block_times(
     kernels: LayerKernels = "fused",
     attention: AttentionKernel = "sdpa",
     busy: float | None = None,
+    loss: CrossEntropy = "fp32",
 ) -> BlockTimes:
     """Per-microbatch times of a layer, the embedding and the head on one TP rank (cached).
     The head's vocabulary is Megatron's padded one (workload.padded_vocab_size); ``prec``: the
@@ -154,11 +189,13 @@ def block_times(
     layer runs (simulator.runtime_spec.Runtime.layer_kernels; "eager" adds simulator.cost.eager_layer's ops);
     ``attention``: the fused attention kernel it runs, priced at the GPU's figures for it
     (Runtime.attention_kernel, GpuProfile.for_attention); ``busy``: the ranks that compute at once
-    on a node whose ranks share its processor (:func:`busy_ranks`; None: all of them)."""
+    on a node whose ranks share its processor (:func:`busy_ranks`; None: all of them); ``loss``:
+    how the program computes the cross-entropy (Runtime.cross_entropy: its collectives,
+    :func:`loss_collectives_time`)."""
     return _BLOCKS.get_or_make(
         (model, cluster),
-        (t, sp, mb, prec, kernels, attention, busy),
-        lambda: _block_times(model, cluster, t, sp, mb, prec, kernels, attention, busy),
+        (t, sp, mb, prec, kernels, attention, busy, loss),
+        lambda: _block_times(model, cluster, t, sp, mb, prec, kernels, attention, busy, loss),
     )
 
 
@@ -172,6 +209,7 @@ def _block_times(
     kernels: LayerKernels,
     attention: AttentionKernel,
     busy: float | None,
+    loss: CrossEntropy,
 ) -> BlockTimes:
     gpu = cluster.gpu.for_attention(attention)
     e = dtype_bytes(gpu)
@@ -179,7 +217,6 @@ def _block_times(
     act = mb * model.seq_length * model.hidden_size * e
     link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
-    vocab = padded_vocab_size(model, t)
     layer_params, eager = params.layer_params_per_rank(model, t), gpu.eager
     layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
     eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
@@ -195,33 +232,47 @@ def _block_times(
         dev,
     )
     layer_fwd = layer.forward / tp_forward(model)  # the compute beside each of the forward's TP collectives
+    embedding, head = _end_passes(model, gpu, t, sp, mb, e, (slow, asy, dev))
     return BlockTimes(
         layer=layer,
-        embedding=pass_times(
-            embedding_forward_ops(model, mb, t, sp, e),
-            gpu,
-            slow,
-            embedding_backward_extra_ops(model, t, e, vocab),
-            asy,
-            (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
-            dev,
-        ),
-        head=pass_times(
-            head_forward_ops(model, mb, t, sp, e, vocab),
-            gpu,
-            slow,
-            head_backward_extra_ops(model, t, e, vocab),
-            asy,
-            (eager.head_forward_us, eager.head_backward_us) if eager else None,
-            dev,
-        ),
+        embedding=embedding,
+        head=head,
         tp_all_reduce=_tp_all_reduce(collectives.all_reduce_time(act, t, link), t, sp, kernels, asy, gpu, layer_fwd),
         act_bytes=act,
         cp_forward=cp_f,
         cp_backward=cp_b,
         fp8_weight_cast=cast,
         ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
+        loss_comm=loss_collectives_time(loss, mb * model.seq_length, t, link),
     )
+
+
+def _end_passes(
+    model: ModelSpec, gpu: GpuProfile, t: int, sp: bool, mb: int, e: int, pace: tuple[Any, bool, float]
+) -> tuple[PassTimes, PassTimes]:
+    """The embedding's and the head's passes on one TP rank over Megatron's padded vocabulary;
+    ``pace``: the compute slowdown, whether the host runs ahead, the device slowdown."""
+    slow, asy, dev = pace
+    vocab, eager = padded_vocab_size(model, t), gpu.eager
+    embedding = pass_times(
+        embedding_forward_ops(model, mb, t, sp, e),
+        gpu,
+        slow,
+        embedding_backward_extra_ops(model, t, e, vocab),
+        asy,
+        (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
+        dev,
+    )
+    head = pass_times(
+        head_forward_ops(model, mb, t, sp, e, vocab),
+        gpu,
+        slow,
+        head_backward_extra_ops(model, t, e, vocab),
+        asy,
+        (eager.head_forward_us, eager.head_backward_us) if eager else None,
+        dev,
+    )
+    return embedding, head
 
 
 #: the chunks Transformer Engine's userbuffers split a reduce-scatter into, each pipelined with a

@@ -297,6 +297,11 @@ def logits_bytes_per_element(loss: CrossEntropy, e: int) -> LogitBytes:
       holds the fp32 copy beside it, and the backward holds the incoming and the outgoing fp32
       gradient: (4, 6, 8). Measured on an H100 (benchmarks/data/h100-memory-probe.txt): 4.0 kept
       after the forward, 10.0 at the forward's peak, 12.0 at the backward's;
+    * ``split``: autoplan's program with t > 1 (autoplan/runtime/vocab_parallel.py): the forward
+      holds the e-byte logits, their fp32 copy (none when they are fp32 already) and the shifted
+      fp32 copy that becomes the kept softmax; the backward writes the gradient over the softmax
+      and casts it to the logits' dtype (a copy when it is not fp32): (4, e + copy, copy * e / 4)
+      with copy = 4 if e < 4 else 0;
     * ``fused``: flash-attn's ``CrossEntropyLoss(inplace_backward=True)`` keeps the logits only: (e, 0, 0);
     * ``chunked``: torchtitan's ``ChunkedLossWrapper`` (torchtitan 0.3, components/loss.py; its
       llama3 configs' loss) runs the head and ``F.cross_entropy`` over LOSS_CHUNKS chunks of the
@@ -310,6 +315,9 @@ def logits_bytes_per_element(loss: CrossEntropy, e: int) -> LogitBytes:
         return LogitBytes(0.0, chunk, chunk)
     if loss == "torch":
         return LogitBytes(4.0, 6.0, 8.0)
+    if loss == "split":
+        copy = 4.0 if e < 4 else 0.0
+        return LogitBytes(4.0, e + copy, copy * e / 4)
     return LogitBytes(float(e + 4), 0.0, 0.0)
 
 

@@ -30,7 +30,7 @@ from simulator.cost.workload import (
     padded_vocab_size,
 )
 from simulator.plan import Plan
-from simulator.runtime_spec import LayerKernels
+from simulator.runtime_spec import CrossEntropy, LayerKernels
 from simulator.specs import ModelSpec
 
 _STAGES = IdentityCache(8192)
@@ -111,6 +111,7 @@ def stage_costs(
     kernels: LayerKernels = "fused",
     attention: AttentionKernel = "sdpa",
     busy: float | None = None,
+    loss: CrossEntropy = "fp32",
 ) -> list[StageCost]:
     """Cost of each pipeline device per microbatch. TP: tp_forward all-reduces of b*s*h forward
     and tp_backward backward per layer, tp_per_full_recompute more when a layer is fully
@@ -119,8 +120,9 @@ def stage_costs(
     Devices with the same work share one StageCost object (see ``unique_stages``). The
     result does not depend on d, ZeRO or offload, so it is cached across those. ``kernels``,
     ``attention``: the layer's kernels and attention kernel; ``busy``: the ranks computing at once
-    where they share a processor (simulator.cost.block_times.busy_ranks; None: all)."""
-    return _stages(model, cluster, plan, kernels, attention, busy)[0]
+    where they share a processor (simulator.cost.block_times.busy_ranks; None: all); ``loss``: the
+    program's cross-entropy (its collectives: simulator.cost.block_times.loss_collectives_time)."""
+    return _stages(model, cluster, plan, kernels, attention, busy, loss)[0]
 
 
 def stage_groups(
@@ -130,11 +132,12 @@ def stage_groups(
     kernels: LayerKernels = "fused",
     attention: AttentionKernel = "sdpa",
     busy: float | None = None,
+    loss: CrossEntropy = "fp32",
 ) -> list[tuple[int, StageCost, int]]:
     """(first device index, cost, number of devices) of each distinct stage. Everything that
     grows with the device index is non-increasing (in-flight microbatches; the DP slack is
     larger for later stages), so the first device of a kind bounds its time and memory."""
-    return _stages(model, cluster, plan, kernels, attention, busy)[1]
+    return _stages(model, cluster, plan, kernels, attention, busy, loss)[1]
 
 
 def _stages(
@@ -144,6 +147,7 @@ def _stages(
     kernels: LayerKernels,
     attention: AttentionKernel,
     busy: float | None,
+    loss: CrossEntropy,
 ) -> tuple[list[StageCost], list[tuple[int, StageCost, int]]]:
     rest = (
         plan.t,
@@ -159,6 +163,7 @@ def _stages(
         kernels,
         attention,
         busy,
+        loss,
     )
     return _STAGES.get_or_make(
         (model, cluster),
@@ -166,7 +171,7 @@ def _stages(
         lambda: _make_stages(
             model,
             plan,
-            block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention, busy),
+            block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec, kernels, attention, busy, loss),
         ),
     )
 
@@ -223,7 +228,8 @@ def stage_times(model: ModelSpec, bt: BlockTimes, n: Any, full: Any, sel: Any, f
     selectively recomputed) that holds the embedding (``first``) and the head (``last``), from
     the layer-level times ``bt`` (:func:`stage_costs`): per layer tp_forward all-reduces of b*s*h
     forward and tp_backward backward, tp_per_full_recompute more when it is fully recomputed; the
-    vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward; a recomputed
+    vocab-parallel embedding adds TP_EMBEDDING forward, the LM head TP_HEAD backward and the loss
+    its collectives forward (BlockTimes.loss_comm); a recomputed
     layer (full) or attention core (selective) runs its forward cp ring again; the token
     all-to-alls run in the forward, the backward and a full recompute. Numbers or arrays alike
     (the batch estimate passes the block times of each plan's (t, sp, mb, prec))."""
@@ -237,10 +243,12 @@ def stage_times(model: ModelSpec, bt: BlockTimes, n: Any, full: Any, sel: Any, f
         recompute=full * layer.forward + sel * layer.attention_core,
         tp_comm=(tp_per_layer(model) * n + tp_per_full_recompute(model) * full) * ar
         + first * TP_EMBEDDING * ar
-        + last * TP_HEAD * ar,
+        + last * (TP_HEAD * ar + bt.loss_comm),
         cp_comm=n * (bt.cp_forward + bt.cp_backward) + (full + sel) * bt.cp_forward,
         ep_comm=(2 * n + full) * a2a,
-        forward_comm=n * (tp_forward(model) * ar + bt.cp_forward + a2a) + first * TP_EMBEDDING * ar,
+        forward_comm=n * (tp_forward(model) * ar + bt.cp_forward + a2a)
+        + first * TP_EMBEDDING * ar
+        + last * bt.loss_comm,
         weight_cast=(n + full) * bt.fp8_weight_cast,
     )
 

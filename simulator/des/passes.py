@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from simulator.cost.block_times import (
     TP_EMBEDDING,
     TP_HEAD,
+    BlockTimes,
     block_times,
     busy_ranks,
     tp_backward,
@@ -68,6 +69,24 @@ from simulator.job import Job
 Segments = tuple[tuple[str, float], ...]  # (segment kind, seconds) in execution order
 
 
+def _job_block_times(job: Job) -> BlockTimes:
+    """The layer-level times of ``job``'s plan as its runtime runs it (simulator.cost.block_times)."""
+    plan, rt = job.plan, job.runtime
+    busy = busy_ranks(job.cluster, plan, job.m)
+    return block_times(
+        job.model,
+        job.cluster,
+        plan.t,
+        bool(plan.sp),
+        plan.mb,
+        plan.prec,
+        rt.layer_kernels,
+        rt.attention_kernel,
+        busy,
+        rt.cross_entropy,
+    )
+
+
 @dataclass(frozen=True)
 class Costs:
     """Per-layer durations (seconds) and sizes (bytes) shared by every pass."""
@@ -88,6 +107,7 @@ class Costs:
     emb_b: float
     head_f: float
     head_b: float
+    loss_comm: float  # the loss's collectives over the split vocabulary (block_times.loss_collectives_time)
     bwd_w: float  # the weight-gradient parts of bwd, emb_b and head_b (ZB-H1's W pass)
     emb_bw: float
     head_bw: float
@@ -118,9 +138,7 @@ class Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
-        runtime = job.runtime
-        busy = busy_ranks(cluster, plan, job.m)
-        bt = block_times(model, cluster, t, sp, b, plan.prec, runtime.layer_kernels, runtime.attention_kernel, busy)
+        bt, kernels = _job_block_times(job), job.runtime.layer_kernels
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)
@@ -143,16 +161,12 @@ class Costs:
             emb_b=bt.embedding.backward,
             head_f=bt.head.forward,
             head_b=bt.head.backward,
+            loss_comm=0.0 if free_comm else bt.loss_comm,
             bwd_w=bt.layer.backward_weight,
             emb_bw=bt.embedding.backward_weight,
             head_bw=bt.head.backward_weight,
             w_act=weight_grad_input_bytes(model, b, t, sp, linear_input_bytes(plan.prec, e)),
-            act=dict(
-                zip(
-                    ("full", "selective", "none"),
-                    layer_activations(model, b, t, sp, e, plan.prec, job.runtime.layer_kernels),
-                )
-            ),
+            act=dict(zip(("full", "selective", "none"), layer_activations(model, b, t, sp, e, plan.prec, kernels))),
             emb_act=embedding_activation_bytes(b, model.seq_length, model.hidden_size, t, sp),
             logits=logits * per_logit.kept,
             logits_forward=logits * per_logit.forward,
@@ -286,7 +300,7 @@ def forward_item(c: Costs, mode: str, has_emb: bool, has_head: bool, params: flo
         tp_bytes += TP_EMBEDDING * ar
     segs += [("fwd", c.w_cast + c.fwd), ("cp", c.cp_f), ("ep", c.ep_a2a), ("tp", c.tp_fwd * tp)]
     if has_head:
-        segs.append(("fwd", c.head_f))
+        segs += [("fwd", c.head_f), ("tp", c.loss_comm)]
     return Item(
         merge_segs(segs),
         alloc_act=c.act[mode] + (c.emb_act if has_emb else 0.0),

@@ -111,7 +111,7 @@ def estimate_view(
     """The step time, peak memory and fit of plans without context or expert parallelism (or of
     their rank view: simulator.cost.rank_view)."""
     P = PlanColumns(plans, global_batch)
-    S = stage_arrays(model, cluster, P, runtime.layer_kernels, runtime.attention_kernel)
+    S = stage_arrays(model, cluster, P, runtime.layer_kernels, runtime.attention_kernel, runtime.cross_entropy)
     links = BatchLinks(cluster, P)
     gpu, node = cluster.gpu, cluster.node
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown

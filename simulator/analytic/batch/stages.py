@@ -28,7 +28,7 @@ from simulator.cost.stage import StageSpans, device_kinds, kind_groups, stage_gr
 from simulator.cost.stage_memory import activation_bytes, activation_peak, held_activations, layer_activations
 from simulator.cost.workload import padded_vocab_size
 from simulator.plan import Plan
-from simulator.runtime_spec import LayerKernels
+from simulator.runtime_spec import CrossEntropy, LayerKernels
 from simulator.specs import ModelSpec
 
 #: what a plan's pipeline devices' kinds depend on (simulator.cost.stage.device_kinds)
@@ -53,6 +53,7 @@ _BLOCK_FIELDS = attrgetter(
     "cp_backward",
     "fp8_weight_cast",
     "ep_all_to_all",
+    "loss_comm",
 )
 
 
@@ -93,7 +94,7 @@ class StageArrays(StageSpans):
 
 def _block_arrays(times: np.ndarray) -> BlockTimes:
     """BlockTimes whose fields are the plans' columns (``times``: field x plans x 1)."""
-    lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep = times
+    lf, lb, lbw, lac, ef, eb, ebw, hf, hb, hbw, ar, cpf, cpb, cast, ep, loss = times
     return BlockTimes(
         layer=PassTimes(lf, lb, lac, lbw),
         embedding=PassTimes(ef, eb, 0.0, ebw),
@@ -104,6 +105,7 @@ def _block_arrays(times: np.ndarray) -> BlockTimes:
         cp_backward=cpb,
         fp8_weight_cast=cast,
         ep_all_to_all=ep,
+        loss_comm=loss,
     )
 
 
@@ -126,12 +128,40 @@ def busy_column(cluster: ClusterSpec, P: PlanColumns) -> np.ndarray | None:
     return P.per_plan(BUSY_KEY, lambda q, i: busy_ranks(cluster, q, int(P.m[i])) or 0.0)
 
 
+def _plan_block_times(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    P: PlanColumns,
+    kernels: LayerKernels,
+    attention: AttentionKernel,
+    loss: CrossEntropy,
+) -> BlockTimes:
+    """Each plan's layer-level times (simulator.cost.block_times) as columns (plans x 1), computed
+    once per distinct (t, sp, mb, prec), and per distinct :data:`BUSY_KEY` where the node's ranks
+    share its processor: the times depend on how many compute at once."""
+    busy = busy_column(cluster, P)
+
+    def times(q: Plan, i: int) -> tuple[float, ...]:
+        ranks = None if busy is None else busy[i]
+        return _BLOCK_FIELDS(
+            block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention, ranks, loss)
+        )
+
+    blocks, block_of = P.per_key(BLOCK_KEY + (BUSY_KEY if busy is not None else ()), times)
+    return _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
+
+
 def stage_arrays(
-    model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, kernels: LayerKernels, attention: AttentionKernel
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    P: PlanColumns,
+    kernels: LayerKernels,
+    attention: AttentionKernel,
+    loss: CrossEntropy = "fp32",
 ) -> StageArrays:
     """Each plan's distinct stages (module docstring): the devices' kinds of each split, the
-    layer-level times of each (t, sp, mb, prec) with the layer's kernels and attention kernel,
-    combined by simulator.cost.stage.stage_times."""
+    layer-level times of each (t, sp, mb, prec) with the layer's kernels, attention kernel and
+    cross-entropy, combined by simulator.cost.stage.stage_times."""
     L = model.num_layers
     groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)))
     width = max(map(len, groups))
@@ -142,16 +172,7 @@ def stage_arrays(
     valid[key, slot] = True
     dev, count, n, full, sel, first, last, turn = table[:, split_of]
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
-    busy = busy_column(cluster, P)  # ranks sharing a processor: the times depend on how many compute at once
-    blocks, block_of = P.per_key(
-        BLOCK_KEY + (BUSY_KEY if busy is not None else ()),
-        lambda q, i: _BLOCK_FIELDS(
-            block_times(
-                model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention, None if busy is None else busy[i]
-            )
-        ),
-    )
-    bt = _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
+    bt = _plan_block_times(model, cluster, P, kernels, attention, loss)
     times = stage_times(model, bt, n, full, sel, first, last)
     per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t))
     layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float)[t_of].T[:, :, None]

@@ -1,0 +1,76 @@
+"""One rank of tests/test_vocab_parallel.py (torchrun, gloo, 2 ranks): the vocabulary split over
+the ranks against the whole-vocabulary modules, on 11 entries (6 + 5 rows, an uneven split)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+
+from autoplan.runtime.vocab_parallel import VocabParallelEmbedding, VocabParallelOutput, vocab_parallel_loss
+
+VOCAB, WIDTH, TOKENS = 11, 4, 24
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    rank = dist.get_rank()
+    rows = slice(0, 6) if rank == 0 else slice(6, 11)
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(VOCAB, WIDTH, generator=gen)
+    tokens = torch.randint(0, VOCAB, (2, TOKENS // 2), generator=gen)
+    logits = torch.randn(2, TOKENS // 2, VOCAB, generator=gen)
+
+    whole = nn.Embedding(VOCAB, WIDTH)
+    whole.weight.data.copy_(table)
+    want = whole(tokens)
+    want.square().sum().backward()
+    split = VocabParallelEmbedding(nn.Embedding(VOCAB, WIDTH, device="meta"), mesh)
+    split.to_empty(device="cpu")
+    assert isinstance(split.weight, DTensor)
+    split.weight.to_local().data.copy_(table[rows])
+    got = split(tokens)
+    got.square().sum().backward()
+    grad = split.weight.grad
+    assert isinstance(grad, DTensor) and tuple(grad.placements) == (Shard(0),), grad
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad.to_local(), whole.weight.grad[rows])
+
+    hidden = torch.randn(2, TOKENS // 2, WIDTH, generator=gen)
+    x_whole = hidden.clone().requires_grad_(True)
+    whole_out = nn.Linear(WIDTH, VOCAB, bias=False)
+    whole_out.weight.data.copy_(table)
+    whole_logits = whole_out(x_whole)
+    (whole_logits * logits).sum().backward()
+    out = VocabParallelOutput(nn.Linear(WIDTH, VOCAB, bias=False, device="meta"), mesh)
+    out.to_empty(device="cpu")
+    assert isinstance(out.weight, DTensor)
+    out.weight.to_local().data.copy_(table[rows])
+    x_split = hidden.clone().requires_grad_(True)
+    split_logits = out(x_split)
+    (split_logits * logits[..., rows]).sum().backward()
+    torch.testing.assert_close(split_logits, whole_logits[..., rows])
+    torch.testing.assert_close(x_split.grad, x_whole.grad)  # the input's gradient summed over the ranks
+    assert isinstance(out.weight.grad, DTensor) and tuple(out.weight.grad.placements) == (Shard(0),)
+    torch.testing.assert_close(out.weight.grad.to_local(), whole_out.weight.grad[rows])
+
+    full = logits.clone().requires_grad_(True)
+    want_loss = F.cross_entropy(full.reshape(-1, VOCAB), tokens.reshape(-1))
+    want_loss.backward()
+    mine = logits[..., rows].clone().requires_grad_(True)
+    got_loss = vocab_parallel_loss(mesh, VOCAB)(mine, tokens)
+    got_loss.backward()
+    torch.testing.assert_close(got_loss, want_loss)
+    torch.testing.assert_close(mine.grad, full.grad[..., rows])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
