@@ -8,12 +8,12 @@ and reduce-scatters after, and the head gathers the sequence back.
 
 The vocabulary is split as Megatron-LM splits it (``VocabParallelEmbedding`` and the
 column-parallel output layer, Narayanan et al. 2021 section 3.2; torchtitan shards its
-``tok_embeddings`` and ``output`` the same way): the token embedding row-wise (each rank looks
-up its V/t rows, one all-reduce of the b*s*h output in the forward: autoplan.runtime.vocab_parallel), the output projection
-column-wise (each rank computes its V/t logits; one all-reduce of the input gradient in the
-backward), and the loss reads the split logits (autoplan.runtime.vocab_parallel). A tied
-embedding is one weight split the same way (rows of the table, rows of the projection). The
-final norm and the learned positions stay replicated.
+``tok_embeddings`` and ``output`` the same way; autoplan.runtime.vocab_parallel): the token
+embedding by rows (each rank looks up its V/t rows, one all-reduce of the b*s*h output in the
+forward), the output projection by columns (each rank computes its V/t logits, one all-reduce of
+the input gradient in the backward), and the loss reads the split logits. A tied embedding is
+one weight split the same way (rows of the table, rows of the projection). The final norm and
+the learned positions stay replicated.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ class Trainer:
         for p in self.params:
             p.grad = None
         loss = self._forward_backward(x, y)
-        settle_partial_grads(self.params)  # first: a split embedding's gradient may come back replicated
+        settle_partial_grads(self.params)  # first: the tied-embedding sum adds local shards of like placements
         if self.tied is not None:
             self.tied()
         if self.manual_all_reduce is not None:

@@ -254,23 +254,19 @@ def _end_passes(
     ``pace``: the compute slowdown, whether the host runs ahead, the device slowdown."""
     slow, asy, dev = pace
     vocab, eager = padded_vocab_size(model, t), gpu.eager
-    embedding = pass_times(
+
+    def passes(forward: list, backward_extra: list, host_us: tuple[float, float] | None) -> PassTimes:
+        return pass_times(forward, gpu, slow, backward_extra, asy, host_us, dev)
+
+    embedding = passes(
         embedding_forward_ops(model, mb, t, sp, e),
-        gpu,
-        slow,
         embedding_backward_extra_ops(model, t, e, vocab),
-        asy,
         (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
-        dev,
     )
-    head = pass_times(
+    head = passes(
         head_forward_ops(model, mb, t, sp, e, vocab),
-        gpu,
-        slow,
         head_backward_extra_ops(model, t, e, vocab),
-        asy,
         (eager.head_forward_us, eager.head_backward_us) if eager else None,
-        dev,
     )
     return embedding, head
 
