@@ -215,6 +215,7 @@ def summarize(
             "step_time_s": r["timed"]["step_time_s"] if r.get("timed") else None,
             "peak_memory_gib": _tensor_memory(r) / GiB if r.get("timed") else None,
             "baseline_rss_gib": r["rss_baseline_bytes"] / GiB,
+            "parameters": r["check"].get("local_parameters") if r.get("check") else None,
         }
         for r in ranks
     ]

@@ -2,7 +2,9 @@
 
 Each case emits a run dir for the tiny model, runs it with ``run_and_verify`` (launch.sh ->
 torchrun -> autoplan.runtime.train) and compares 3 plain-SGD steps' losses and global
-gradient norms with the single-process reference (relative difference <= 1e-4).
+gradient norms with the single-process reference (relative difference <= 1e-4); where every rank
+holds its stage's parameters whole (ZeRO 0-1, no expert parallelism), each holds as many as the
+planner prices on it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from autoplan.emit.writer import write_run_dir
 from autoplan.runtime.support import unsupported_reason
 from autoplan.verify import run_and_verify
 from hwprofiles.load import load_cluster
+from simulator.cost.rank_view import rank_plan
+from simulator.cost.stage import stage_costs
 from simulator.job import Job
 from simulator.model_files import load_model
 from simulator.plan import parse_plan
@@ -72,15 +76,26 @@ CASES = [
 
 def emit_run_dir(tmp_path: Path, model: ModelSpec, plan_text: str, global_batch: int = 4) -> Path:
     """A run dir for ``plan_text`` (world size t*cp*p*d on one 'node'), no prediction stored."""
+    job = _job(model, plan_text, global_batch)
+    assert unsupported_reason(model, job.plan, job.m) is None
+    out = tmp_path / "run"
+    write_run_dir(job, {}, out)
+    return out
+
+
+def _job(model: ModelSpec, plan_text: str, global_batch: int = 4) -> Job:
+    """``plan_text`` on one 'node' of t*cp*p*d A100s."""
     items = dict(kv.split("=") for kv in plan_text.split(","))
     world = int(items.get("t", 1)) * int(items.get("cp", 1)) * int(items.get("p", 1)) * int(items.get("d", 1))
     base = load_cluster("dgx-a100-80gb")
     cluster = base.model_copy(update={"node": base.node.model_copy(update={"gpus_per_node": world})})
-    plan, m = parse_plan(plan_text, model, world, global_batch)
-    assert unsupported_reason(model, plan, m) is None
-    out = tmp_path / "run"
-    write_run_dir(Job(model, cluster, plan, global_batch), {}, out)
-    return out
+    plan, _ = parse_plan(plan_text, model, world, global_batch)
+    return Job(model, cluster, plan, global_batch)
+
+
+def _priced_parameters(job: Job) -> list[float]:
+    """The parameters the planner prices on each pipeline rank (simulator.cost.stage)."""
+    return [stage.params for stage in stage_costs(job.model, job.cluster, rank_plan(job.plan))]
 
 
 @pytest.mark.timeout(300)
@@ -91,3 +106,7 @@ def test_parallel_losses_equal_single_process(tmp_path, plan_text, model):
     assert result["max_rel_loss_diff"] <= 1e-4, (result["losses"], result["reference_losses"])
     assert result["max_rel_grad_norm_diff"] <= 1e-4, (result["grad_norms"], result["reference_grad_norms"])
     assert result["loss_match"] is True
+    job = _job(model, plan_text)
+    if job.plan.zero <= 1 and job.plan.ep == 1:  # every rank holds its stage's whole (TP-split) parameters
+        priced = _priced_parameters(job)
+        assert [r["parameters"] for r in result["ranks"]] == [priced[r["pp"]] for r in result["ranks"]]

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.runtime.config import RunSpec, load_run_spec
+from autoplan.runtime.data_parallel import local
 from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, peak_reserved_bytes, reset_peak, rss_bytes
 from autoplan.runtime.rank import RankLayout
 from autoplan.runtime.trainer import DistEnv, Trainer, import_plan_modules
@@ -157,8 +158,10 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
 
 
 def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[str, Any]:
-    """Plain-SGD steps without clipping: per-step global loss and gradient norm."""
+    """Plain-SGD steps without clipping: per-step global loss and gradient norm, and the
+    parameters this rank holds (the elements of its local tensors: its shards where split)."""
     trainer = Trainer(spec, env, "sgd", mixed_precision=False)
+    held = sum(local(p).numel() for p in trainer.params)
     losses, norms = [], []
     for k in range(steps):
         r = trainer.step(*trainer.batch(k), None)
@@ -167,7 +170,7 @@ def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[s
         log(f"check step {k + 1}/{steps} loss {r.loss} grad_norm {r.grad_norm:.6f}")
     del trainer
     release_memory(env.device)
-    return {"losses": losses, "grad_norms": norms}
+    return {"losses": losses, "grad_norms": norms, "local_parameters": held}
 
 
 def run(args: argparse.Namespace) -> None:
