@@ -91,14 +91,14 @@ def _per_sequence_flops(model: ModelSpec, full: int, sel: int) -> float:
     return _FLOPS.get_or_make((model,), (full, sel), lambda: executed_flops_per_iteration(model, 1, full, sel))
 
 
-def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float) -> PipelinePhase:
+def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float, busy: float | None) -> PipelinePhase:
     """Per-microbatch time of each stage (:func:`stage_microbatch`) and T_pipe. GPipe does not
-    recompute the last microbatch: its activations are still resident when its backward runs."""
+    recompute the last microbatch: its activations are still resident when its backward runs.
+    ``busy``: the ranks computing at once on a CPU node (simulator.cost.block_times.busy_ranks)."""
     plan, m = job.plan, job.m
     kind = ScheduleKind.of(plan.schedule, plan.v, m)
     dp = DpPlan.of(plan, job.runtime)
     offloaded = plan.offload != "none"
-    busy = busy_ranks(job.cluster, plan, m)
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
         sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster, busy) if links else 0.0
@@ -167,11 +167,10 @@ def estimate(job: Job) -> SimResult:
 def _estimate(job: Job) -> SimResult:
     model, cluster, plan = job.model, job.cluster, job.plan
     busy = busy_ranks(cluster, plan, job.m)
-    rt = job.runtime
-    groups = stage_groups(model, cluster, plan, rt.layer_kernels, rt.attention_kernel, busy, rt.cross_entropy)
+    groups = _stage_groups(job, busy)
     p2p = p2p_exposed(job)
     links = dp_links(cluster, plan) if plan.d > 1 else None
-    pipe = pipeline_phase(job, groups, links, p2p)
+    pipe = pipeline_phase(job, groups, links, p2p, busy)
     dp_exposed, gather_after = dp_exposure(job, groups, links, p2p)
     opt, off, psi_local = step_end(job, groups)
     dp_exposed = dp_step_exposed(dp_exposed, tied_embedding_time(job), step_sync_time(job))
@@ -236,8 +235,12 @@ def _stage_memories(job: Job, groups: Groups) -> list[tuple[int, StageMemory]]:
 def memory_only(job: Job) -> float:
     """Peak bytes of the plan's most loaded rank (the planner prunes with this first)."""
     job = rank_job(job)
-    rt = job.runtime
-    groups = stage_groups(
-        job.model, job.cluster, job.plan, rt.layer_kernels, rt.attention_kernel, loss=rt.cross_entropy
-    )
+    groups = _stage_groups(job, busy_ranks(job.cluster, job.plan, job.m))  # the estimate's (cached) stages
     return max(mem.total for _, mem in _stage_memories(job, groups))
+
+
+def _stage_groups(job: Job, busy: float | None) -> Groups:
+    """The distinct stages of ``job`` as its runtime runs them (simulator.cost.stage.stage_groups),
+    ``busy`` ranks computing at once on a CPU node."""
+    rt = job.runtime
+    return stage_groups(job.model, job.cluster, job.plan, rt.layer_kernels, rt.attention_kernel, busy, rt.cross_entropy)

@@ -111,7 +111,8 @@ def estimate_view(
     """The step time, peak memory and fit of plans without context or expert parallelism (or of
     their rank view: simulator.cost.rank_view)."""
     P = PlanColumns(plans, global_batch)
-    S = stage_arrays(model, cluster, P, runtime.layer_kernels, runtime.attention_kernel, runtime.cross_entropy)
+    busy = busy_column(cluster, P)  # ranks sharing a processor: the times depend on how many compute at once
+    S = stage_arrays(model, cluster, P, runtime.layer_kernels, runtime.attention_kernel, runtime.cross_entropy, busy)
     links = BatchLinks(cluster, P)
     gpu, node = cluster.gpu, cluster.node
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
@@ -123,7 +124,6 @@ def estimate_view(
 
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
     p2p = column(P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q))))
-    busy = busy_column(cluster, P)
     sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
     sharded = sharded + zero_infinity_exposed(node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime)
     casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)

@@ -135,11 +135,11 @@ def _plan_block_times(
     kernels: LayerKernels,
     attention: AttentionKernel,
     loss: CrossEntropy,
+    busy: np.ndarray | None,
 ) -> BlockTimes:
     """Each plan's layer-level times (simulator.cost.block_times) as columns (plans x 1), computed
     once per distinct (t, sp, mb, prec), and per distinct :data:`BUSY_KEY` where the node's ranks
-    share its processor: the times depend on how many compute at once."""
-    busy = busy_column(cluster, P)
+    share its processor (``busy``: :func:`busy_column`): the times depend on how many compute at once."""
 
     def times(q: Plan, i: int) -> tuple[float, ...]:
         ranks = None if busy is None else busy[i]
@@ -158,10 +158,13 @@ def stage_arrays(
     kernels: LayerKernels,
     attention: AttentionKernel,
     loss: CrossEntropy = "fp32",
+    busy: np.ndarray | None = None,
 ) -> StageArrays:
     """Each plan's distinct stages (module docstring): the devices' kinds of each split, the
     layer-level times of each (t, sp, mb, prec) with the layer's kernels, attention kernel and
-    cross-entropy, combined by simulator.cost.stage.stage_times."""
+    cross-entropy, combined by simulator.cost.stage.stage_times; ``busy``: each plan's ranks
+    computing at once on a node whose ranks share its processor (:func:`busy_column`, which a
+    CPU node needs; None on a GPU node)."""
     L = model.num_layers
     groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)))
     width = max(map(len, groups))
@@ -172,7 +175,7 @@ def stage_arrays(
     valid[key, slot] = True
     dev, count, n, full, sel, first, last, turn = table[:, split_of]
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
-    bt = _plan_block_times(model, cluster, P, kernels, attention, loss)
+    bt = _plan_block_times(model, cluster, P, kernels, attention, loss, busy)
     times = stage_times(model, bt, n, full, sel, first, last)
     per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t))
     layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float)[t_of].T[:, :, None]
