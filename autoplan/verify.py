@@ -11,9 +11,9 @@
 3. The prediction: on CPU, the simulator on the ``localhost-cpu`` node with as many ranks
    as the run (``AUTOPLAN_CPU_NODE`` names another node or cluster profile, e.g. one just
    written by ``autoplan calibrate``); on GPU, the prediction stored in ``plan.json`` at emit time.
-   On CPU, the host's speed against that profile's, measured before and after the run
-   (:mod:`hwprofiles.calibrate.speed`: a shared VM's speed drifts by tens of percent within an
-   hour), and the prediction at that speed beside the profile's.
+   On CPU, when steps are timed, the host's speed against that profile's, measured before and
+   after the run (:mod:`hwprofiles.calibrate.speed`: a shared VM's speed drifts by tens of percent
+   within an hour), and the prediction at that speed beside the profile's.
 
 Progress goes to the ``log`` callable (default: this module's logger at INFO level).
 torch is imported only inside the functions that need it.
@@ -246,7 +246,7 @@ def run_and_verify(
     on_cpu = cpu_prediction(cpu)
     if check_memory:
         check_host_memory(spec, cpu, on_cpu)
-    before = measure_host_speed(cpu, log)
+    before = measure_host_speed(cpu, log) if steps else None  # nothing is timed without steps
     out = launch(run_dir, spec, steps, check_steps, timeout_s, log)
     ranks = read_results(out, spec.world_size)
     after = measure_host_speed(cpu, log) if before is not None and ranks[0]["device"] == "cpu" else None

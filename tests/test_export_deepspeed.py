@@ -301,7 +301,9 @@ def _dualpipev_rank(rank: int, world: int, out: str, port: int) -> None:
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
+    from deepspeed_cpu import without_shm_comm
 
+    without_shm_comm()
     deepspeed.init_distributed(dist_backend="gloo")
     setup = load_setup(Path(out) / "deepspeed_setup.py")
     torch.manual_seed(0)

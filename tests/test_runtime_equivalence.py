@@ -1,21 +1,34 @@
 """Real torchrun runs (gloo, CPU): every parallel layout trains exactly like one process.
 
-Each case emits a run dir for the tiny model, runs it with ``run_and_verify`` (launch.sh ->
-torchrun -> autoplan.runtime.train) and compares 3 plain-SGD steps' losses and global
-gradient norms with the single-process reference (relative difference <= 1e-4); where every rank
-holds its stage's parameters whole (ZeRO 0-1, no expert parallelism), each holds as many as the
-planner prices on it.
+Each case emits a run dir for the tiny model; autoplan's program (autoplan.runtime.train) runs its
+3 plain-SGD check steps, and their losses and global gradient norms are compared with the
+single-process reference (relative difference <= 1e-4, as ``autoplan run`` compares them:
+autoplan.verify.summarize). Where every rank holds its stage's parameters whole (ZeRO 0-1, no
+expert parallelism), each holds as many as the planner prices on it.
+
+The cases of one world size run in one torchrun, one after the other in one process group
+(tests/equivalence_worker.py): starting torchrun and importing torch in each worker cost more
+than most cases' steps. ``autoplan run``'s own path (launch.sh, torchrun, one run dir) is tested
+in tests/test_verify_run.py and tests/test_cpu_prediction.py.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from equivalence_worker import CHECK_STEPS
 
 from autoplan.emit.writer import write_run_dir
+from autoplan.runtime.config import load_run_spec
+from autoplan.runtime.reference import reference_losses
 from autoplan.runtime.support import unsupported_reason
-from autoplan.verify import run_and_verify
+from autoplan.verify import read_results, summarize
+from hwprofiles.errors import RunError
 from hwprofiles.load import load_cluster
 from simulator.cost.rank_view import rank_plan
 from simulator.cost.stage import stage_costs
@@ -74,11 +87,14 @@ CASES = [
 ]
 
 
-def emit_run_dir(tmp_path: Path, model: ModelSpec, plan_text: str, global_batch: int = 4) -> Path:
-    """A run dir for ``plan_text`` (world size t*cp*p*d on one 'node'), no prediction stored."""
+WORKER = Path(__file__).with_name("equivalence_worker.py")
+TEST = "test_parallel_losses_equal_single_process"
+
+
+def emit_run_dir(out: Path, model: ModelSpec, plan_text: str, global_batch: int = 4) -> Path:
+    """A run dir for ``plan_text`` (world size t*cp*p*d on one 'node') at ``out``, no prediction stored."""
     job = _job(model, plan_text, global_batch)
     assert unsupported_reason(model, job.plan, job.m) is None
-    out = tmp_path / "run"
     write_run_dir(job, {}, out)
     return out
 
@@ -98,11 +114,54 @@ def _priced_parameters(job: Job) -> list[float]:
     return [stage.params for stage in stage_costs(job.model, job.cluster, rank_plan(job.plan))]
 
 
-@pytest.mark.timeout(300)
+class Batches:
+    """The check-step results of the collected cases, run by world size: one torchrun each."""
+
+    def __init__(self, cases: list[tuple[str, ModelSpec]], root: Path) -> None:
+        self.cases, self.root = cases, root
+        self.stderr: dict[int, str] = {}
+
+    def run_dir(self, plan_text: str, model: ModelSpec) -> Path:
+        return self.root / f"case{self.cases.index((plan_text, model))}"
+
+    def summary(self, plan_text: str, model: ModelSpec) -> dict[str, Any]:
+        """``autoplan run --json``'s comparison for one case (autoplan.verify.summarize)."""
+        world = _job(model, plan_text).cluster.num_gpus
+        if world not in self.stderr:
+            self._launch(world)
+        run_dir = self.run_dir(plan_text, model)
+        try:
+            ranks = read_results(run_dir / "results", world)
+        except RunError as e:
+            pytest.fail(f"{e}\nthe batch's stderr ends: {self.stderr[world][-3000:]}")
+        spec = load_run_spec(run_dir)
+        return summarize(spec, ranks, reference_losses(spec, CHECK_STEPS), None)
+
+    def _launch(self, world: int) -> None:
+        dirs = [
+            str(emit_run_dir(self.run_dir(text, model), model, text))
+            for text, model in self.cases
+            if _job(model, text).cluster.num_gpus == world
+        ]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
+        env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent)}
+        done = subprocess.run([*cmd, str(WORKER), *dirs], capture_output=True, text=True, timeout=900, env=env)
+        self.stderr[world] = done.stderr
+
+
+@pytest.fixture(scope="module")
+def batches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Batches:
+    """The cases this session collected (all of CASES, or those ``-k`` selects)."""
+    collected = [item.callspec.params for item in request.session.items if getattr(item, "originalname", "") == TEST]
+    cases = [(params["plan_text"], params["model"]) for params in collected]
+    return Batches(cases, tmp_path_factory.mktemp("equivalence"))
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("plan_text,model", CASES, ids=[f"{c[0]}:{c[1].name}" for c in CASES])
-def test_parallel_losses_equal_single_process(tmp_path, plan_text, model):
-    result = run_and_verify(emit_run_dir(tmp_path, model, plan_text), steps=0, timeout_s=240, log=lambda _: None)
-    assert len(result["losses"]) == 3
+def test_parallel_losses_equal_single_process(batches, plan_text, model):
+    result = batches.summary(plan_text, model)
+    assert len(result["losses"]) == CHECK_STEPS
     assert result["max_rel_loss_diff"] <= 1e-4, (result["losses"], result["reference_losses"])
     assert result["max_rel_grad_norm_diff"] <= 1e-4, (result["grad_norms"], result["reference_grad_norms"])
     assert result["loss_match"] is True

@@ -173,7 +173,10 @@ def check_phase(spec: RunSpec, env: DistEnv, steps: int, log: RankLog) -> dict[s
     return {"losses": losses, "grad_norms": norms, "local_parameters": held}
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, own_group: bool = True) -> None:
+    """This rank's run of ``args.run_dir``: join the process group, build the mesh, run the
+    phases, write ``rank<r>.json``. ``own_group`` False: the default process group is already up
+    and stays up (a caller that checks several run dirs in one group: tests/equivalence_worker.py)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     out = args.out or args.run_dir / "results"
@@ -189,10 +192,8 @@ def run(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=args.pg_timeout)
-    if device.type == "cuda":
-        dist.init_process_group(backend, timeout=timeout, device_id=device)
-    else:
-        dist.init_process_group(backend, timeout=timeout)
+    if own_group:
+        dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
     plan = rank_plan(spec.plan)  # context parallelism: d*cp data-parallel ranks (simulator.cost.rank_view)
     if plan.hsdp:  # hybrid sharding: FSDP2 shards over dp_shard, replicates over dp_replicate
         shape = (plan.p, plan.replicas, plan.shard_group, plan.t)
@@ -224,7 +225,8 @@ def run(args: argparse.Namespace) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
     log("done")
     dist.barrier()
-    dist.destroy_process_group()
+    if own_group:
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
