@@ -377,12 +377,15 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
+    from autoplan.runtime.tensor_parallel import split_layer
     from hwprofiles.calibrate import run_calibration
 
     check_output_file(a.out, "-o")
     check_output_file(a.node_out, "--node-out")
     progress = log.isEnabledFor(logging.INFO) and not a.no_progress
-    files = run_calibration(a.device, a.out, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out)
+    files = run_calibration(
+        a.device, a.out, split_layer, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out
+    )
     for f in files:
         print(f)
     return EXIT_OK

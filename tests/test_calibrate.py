@@ -12,6 +12,7 @@ import yaml
 
 import hwprofiles.calibrate
 from autoplan.cli import main as autoplan_main
+from autoplan.runtime.tensor_parallel import split_layer
 from hwprofiles import InputError, load_cluster, load_gpu, load_node
 from hwprofiles.calibrate import default_node_path, gpu_reference, run_calibration
 from hwprofiles.calibrate.fit import CollectiveSample, bus_factor, fit_gemm_curve, fit_link, ring_steps
@@ -113,11 +114,11 @@ def test_yaml_numbers_read_back_as_floats(x):
 # --------------------------------------------------------------------------- inputs
 def test_bad_input_is_one_line_input_error(tmp_path):
     with pytest.raises(InputError, match="--device"):
-        run_calibration("tpu", tmp_path / "x.yaml")
+        run_calibration("tpu", tmp_path / "x.yaml", split_layer)
     with pytest.raises(InputError, match=r"expected a \.yaml path"):
-        run_calibration("cpu", tmp_path / "x.json")
+        run_calibration("cpu", tmp_path / "x.json", split_layer)
     with pytest.raises(InputError, match="--ranks"):
-        run_calibration("cpu", tmp_path / "x.yaml", ranks=0)
+        run_calibration("cpu", tmp_path / "x.yaml", split_layer, ranks=0)
 
 
 def test_cuda_without_cuda_is_input_error(tmp_path):
@@ -125,7 +126,7 @@ def test_cuda_without_cuda_is_input_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(InputError) as err:
-        run_calibration("cuda", tmp_path / "gpu.yaml")
+        run_calibration("cuda", tmp_path / "gpu.yaml", split_layer)
     assert "CUDA is not available" in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "gpu.yaml").exists()
 
@@ -142,14 +143,15 @@ def test_cli_reports_input_error_with_exit_2(tmp_path, capsys, monkeypatch):
 def test_cli_passes_its_options_to_run_calibration(tmp_path, capsys, monkeypatch):
     seen = {}
 
-    def record(device, out, **kwargs):
-        seen.update(kwargs, device=device, out=out)
+    def record(device, out, split, **kwargs):
+        seen.update(kwargs, device=device, out=out, split=split)
         return [out]
 
     monkeypatch.setattr(hwprofiles.calibrate, "run_calibration", record)
     out, node = tmp_path / "g.yaml", tmp_path / "n.yaml"
     argv = ["calibrate", "-o", str(out), "--node-out", str(node), "--ranks", "3", "--quick", "--no-progress"]
     assert autoplan_main(argv) == 0
+    assert seen.pop("split") is split_layer  # the program's tensor-parallel layer is the one timed
     assert seen == {"device": "cpu", "out": out, "quick": True, "ranks": 3, "progress": False, "node_out": node}
     assert capsys.readouterr().out.strip() == str(out)  # the written paths on stdout
 
@@ -242,7 +244,7 @@ def check_sane_gpu(path):
 
 def test_quick_cpu_calibration_end_to_end(tmp_path):
     out = tmp_path / "box.yaml"
-    written = run_calibration("cpu", out, quick=True, ranks=2, progress=False)
+    written = run_calibration("cpu", out, split_layer, quick=True, ranks=2, progress=False)
     assert written == [out, tmp_path / "box-node.yaml"]
     g = check_sane_gpu(out)
     assert g.name == "box"

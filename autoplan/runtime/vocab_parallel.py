@@ -42,42 +42,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from autoplan.runtime.tp_collectives import copy_to_group, reduce_from_group
+
 
 def first_row(mesh: DeviceMesh, vocab: int) -> int:
     """The first vocabulary entry of this rank's share, as a DTensor ``Shard`` splits ``vocab``
     (``torch.chunk``: rank r holds the ceil(V/t) entries from r*ceil(V/t), the last ones fewer)."""
     return mesh.get_local_rank() * -(-vocab // mesh.size())
-
-
-class _SumOverGroup(torch.autograd.Function):
-    """All-reduce SUM forward, the gradient passed through backward (Megatron's
-    ``reduce_from_tensor_model_parallel_region``: after the embedding's partial lookups)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        dist.all_reduce(x, group=group)  # in place: x is the masked lookup's own output
-        ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-class _CopyToGroup(torch.autograd.Function):
-    """The identity forward, all-reduce SUM of the gradient backward (Megatron's
-    ``copy_to_tensor_model_parallel_region``: before the output layer's column split)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
 
 
 def _split_rows(weight: torch.Tensor, mesh: DeviceMesh) -> nn.Parameter:
@@ -105,7 +76,7 @@ class VocabParallelEmbedding(nn.Embedding):
         ids = tokens - first_row(self.mesh, self.num_embeddings)
         outside = (ids < 0) | (ids >= rows.shape[0])
         out = F.embedding(ids.masked_fill(outside, 0), rows).masked_fill(outside.unsqueeze(-1), 0.0)
-        return _SumOverGroup.apply(out, self.mesh.get_group())
+        return reduce_from_group(out, self.mesh.get_group())
 
 
 class VocabParallelOutput(nn.Linear):
@@ -119,7 +90,7 @@ class VocabParallelOutput(nn.Linear):
         self.mesh = mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(_CopyToGroup.apply(x, self.mesh.get_group()), _local_rows(self.weight))
+        return F.linear(copy_to_group(x, self.mesh.get_group()), _local_rows(self.weight))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

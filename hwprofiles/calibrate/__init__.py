@@ -31,7 +31,9 @@ only inside :func:`run_calibration`, so importing it (and ``hwprofiles``) stays 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hwprofiles.errors import InputError
 
@@ -88,10 +90,18 @@ def _check_cuda(ranks: int) -> None:
 
 
 def run_calibration(
-    device: str, out: Path, quick: bool = False, ranks: int = 2, progress: bool = True, node_out: Path | None = None
+    device: str,
+    out: Path,
+    split_layer: Callable[[Any, Any], None],
+    quick: bool = False,
+    ranks: int = 2,
+    progress: bool = True,
+    node_out: Path | None = None,
 ) -> list[Path]:
     """Measure ``device`` and write its GPU profile to ``out`` (and, with ``ranks`` >= 2, the
-    node profile to ``node_out``, default ``<stem>-node.yaml`` beside ``out``).
+    node profile to ``node_out``, default ``<stem>-node.yaml`` beside ``out``). ``split_layer``:
+    how the program splits a layer over a tensor-parallel mesh (a picklable function: the ranks
+    that time it are spawned; hwprofiles.calibrate.reference_layers.LayerSplit).
 
     Returns the files written. Bad input (unknown device, CUDA requested but absent, more
     ranks than GPUs, a non-YAML path) raises InputError with a one-line message.
@@ -103,7 +113,7 @@ def run_calibration(
         _check_cuda(ranks)
     from hwprofiles.calibrate.run import measure
 
-    calibration = measure(device, quick=quick, ranks=ranks, progress=progress)
+    calibration = measure(device, quick=quick, ranks=ranks, progress=progress, split_layer=split_layer)
     from hwprofiles.calibrate.write import write_profiles
 
     node_path = (node_out or default_node_path(out)) if calibration.link is not None else None

@@ -37,6 +37,7 @@ from hwprofiles.calibrate.eager import TpRatios
 from hwprofiles.calibrate.fit import COLLECTIVES, CollectiveSample
 from hwprofiles.calibrate.host import resident_GiB
 from hwprofiles.calibrate.ranks import compute_slots, tp_ratios
+from hwprofiles.calibrate.reference_layers import LayerSplit
 from hwprofiles.calibrate.settings import Timing
 from hwprofiles.calibrate.wait import busy_wait_s
 
@@ -147,6 +148,7 @@ def _worker(
     sizes: tuple[int, ...],
     timing: Timing,
     eager_repeats: int,
+    split_layer: LayerSplit,
     out: Any,
 ) -> None:
     """One rank: join the group, time every (collective, size), rank 0 reports to ``out``."""
@@ -168,7 +170,7 @@ def _worker(
                 if rank == 0:
                     out.put(("sample", op, nbytes, size, t))
         slots = compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
-        tp = tp_ratios(world, device, eager_repeats)
+        tp = tp_ratios(world, device, eager_repeats, split_layer)
         wait = busy_wait_s(rank, world) if device.type == "cpu" else None
         dist.barrier()
         if rank == 0:
@@ -190,9 +192,16 @@ def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], N
 
 
 def measure_collectives(
-    device: str, ranks: int, sizes: tuple[int, ...], timing: Timing, eager_repeats: int, tick: Callable[[str], None]
+    device: str,
+    ranks: int,
+    sizes: tuple[int, ...],
+    timing: Timing,
+    eager_repeats: int,
+    split_layer: LayerSplit,
+    tick: Callable[[str], None],
 ) -> CommResult:
-    """Spawn ``ranks`` processes and time the collectives (module docstring)."""
+    """Spawn ``ranks`` processes and time the collectives, and the layer ``split_layer`` splits
+    over 2 of them (module docstring); ``split_layer`` must be picklable (a module's function)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     samples: list[CollectiveSample] = []
@@ -200,7 +209,7 @@ def measure_collectives(
     with tempfile.TemporaryDirectory(prefix="autoplan-calibrate-") as tmp:
         procs = mp.start_processes(
             _worker,
-            args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, eager_repeats, out),
+            args=(ranks, device, os.path.join(tmp, "store"), sizes, timing, eager_repeats, split_layer, out),
             nprocs=ranks,
             join=False,
             start_method="spawn",

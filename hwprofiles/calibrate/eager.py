@@ -2,19 +2,20 @@
 
 A CPU rank runs each op on the thread that issues it, so its step time is the arithmetic
 plus the framework's host work: Python module calls, the dispatcher, autograd bookkeeping,
-and under tensor parallelism DTensor's sharding propagation and redistribution. Per-op
+and under tensor parallelism the split layer's collectives' host work. Per-op
 overhead on the simulator's op lists (Megatron's fused kernels, about 15 per layer) misses
-most of it: an eager layer runs about a hundred aten ops forward and backward, and a
-DTensor layer several times that much host work. So the blocks a GPT training step runs are
+most of it: an eager layer runs about a hundred aten ops forward and backward (a layer whose
+every op dispatched through DTensor took ten times its host time: hwprofiles/gpus/cpu.yaml before
+2026-11-27). So the blocks a GPT training step runs are
 timed whole, at a size where the arithmetic is negligible (hidden 16, 8 tokens), and the
 time is all host work:
 
 * layer: pre-norm GPT layer (LayerNorm; q, k, v, o Linear; causal scaled-dot-product
   attention; LayerNorm; Linear, tanh-GELU, Linear; two residual adds), as
   ``autoplan.runtime`` and Megatron-LM order it;
-* tp_layer: the same layer under Megatron tensor parallelism with DTensor
-  (``parallelize_module``: q, k, v, fc1 column-parallel, o, fc2 row-parallel, the attention
-  and MLP inputs redistributed once each) on 2 ranks, each rank's thread CPU time, which
+* tp_layer: the same layer under Megatron tensor parallelism as autoplan's program splits it
+  (the split the caller gives: autoplan.runtime.tensor_parallel.split_layer, q, k, v, fc1
+  column-parallel, o, fc2 row-parallel, on the local tensors of DTensor parameters) on 2 ranks, each rank's thread CPU time, which
   leaves out the time it waits in collectives (the simulator prices those on the link). Two
   busy ranks slow each other by an amount that drifts with the host (cores shared with
   other tenants, hyperthread siblings): timed alone, the TP figure moved by 40% between two
@@ -82,7 +83,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hwprofiles.calibrate.program_optimizer import program_adamw
-from hwprofiles.calibrate.reference_layers import HIDDEN, LlamaReferenceLayer, ReferenceLayer, tensor_parallel
+from hwprofiles.calibrate.reference_layers import HIDDEN, LayerSplit, LlamaReferenceLayer, ReferenceLayer
 from hwprofiles.calibrate.timing import clock, synchronizer
 
 _S, _VOCAB = 8, 32  # tokens and vocabulary of the timed blocks: with HIDDEN, negligible arithmetic
@@ -157,7 +158,7 @@ def layer_host(device: str, repeats: int, llama: bool = False) -> PassHost:
 
 @dataclass(frozen=True)
 class TpRatios:
-    """Host time under DTensor TP relative to the plain layer, measured by the same ranks in the
+    """Host time under the program's TP relative to the plain layer, measured by the same ranks in the
     same turn: forward, backward, and the optimizer step per parameter tensor."""
 
     forward: float
@@ -184,12 +185,14 @@ def _layer_host(layer: nn.Module, device: str, repeats: int) -> tuple[PassHost, 
     return passes, _per_call(step, _CALLS, repeats, time.thread_time, lambda: None) / len(params)
 
 
-def tp_layer_ratios(mesh: Any, device: str, repeats: int) -> TpRatios:
-    """The TP layer's host time over the plain layer's, both timed now by this rank while the
-    other ranks of ``mesh`` do the same: the cores' current speed and sharing cancel out, and
-    the ratios times the single-process figures give the TP figures (module docstring).
-    Call on every rank of ``mesh``."""
-    tp, tp_opt = _layer_host(tensor_parallel(ReferenceLayer().to(device), mesh), device, repeats)
+def tp_layer_ratios(mesh: Any, device: str, repeats: int, split_layer: LayerSplit) -> TpRatios:
+    """The TP layer (the reference layer split by ``split_layer``) host time over the plain
+    layer's, both timed now by this rank while the other ranks of ``mesh`` do the same: the
+    cores' current speed and sharing cancel out, and the ratios times the single-process figures
+    give the TP figures (module docstring). Call on every rank of ``mesh``."""
+    layer = ReferenceLayer().to(device)
+    split_layer(layer, mesh)
+    tp, tp_opt = _layer_host(layer, device, repeats)
     plain, plain_opt = _layer_host(ReferenceLayer().to(device), device, repeats)
     return TpRatios(tp.forward_s / plain.forward_s, tp.backward_s / plain.backward_s, tp_opt / plain_opt)
 

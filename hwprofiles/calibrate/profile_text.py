@@ -159,7 +159,7 @@ def _eager_lines(c: Calibration) -> list[str]:
             (
                 "tp_layer",
                 e.tp_layer,
-                f"the layer under DTensor tensor parallelism over the plain layer, "
+                f"the layer under autoplan's tensor parallelism (its program's split) over the plain layer, "
                 f"both timed by 2-rank groups of {c.ranks} {c.backend} ranks one group at "
                 f"a time (collective waits excluded; median of {EAGER_ROUNDS} turns, mean "
                 f"over ranks), times layer_*_us",

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from hwprofiles.calibrate.eager import TpRatios, tp_layer_ratios
 from hwprofiles.calibrate.host import cpu_cores
-from hwprofiles.calibrate.reference_layers import layer_training_step
+from hwprofiles.calibrate.reference_layers import LayerSplit, layer_training_step
 from hwprofiles.calibrate.settings import EAGER_ROUNDS, SLOT_ROUNDS
 
 
@@ -106,7 +106,9 @@ def compute_slots(rank: int, device: torch.device, loop_s: float, rounds: int = 
     return slots
 
 
-def tp_ratios(world: int, device: torch.device, repeats: int, rounds: int = EAGER_ROUNDS) -> TpRatios:
+def tp_ratios(
+    world: int, device: torch.device, repeats: int, split_layer: LayerSplit, rounds: int = EAGER_ROUNDS
+) -> TpRatios:
     """Every rank times the TP reference layer against the plain one (passes, optimizer step per
     tensor: ``calibrate.eager.tp_layer_ratios``) in its group of 2, one group at a time (the
     others wait at a barrier, so the group's ranks have cores of their own), ``rounds`` turns
@@ -120,7 +122,7 @@ def tp_ratios(world: int, device: torch.device, repeats: int, rounds: int = EAGE
     for _ in range(rounds):
         for group in range(world // tp):
             if group == mine:
-                turns.append(tp_layer_ratios(mesh["tp"], device.type, repeats))
+                turns.append(tp_layer_ratios(mesh["tp"], device.type, repeats, split_layer))
             dist.barrier()
     medians = [statistics.median(getattr(r, k) for r in turns) for k in ("forward", "backward", "optimizer")]
     return TpRatios(*_mean_over_ranks(medians, device))

@@ -6,7 +6,8 @@ and the work they give calibrate's other benchmarks.
   ``autoplan.runtime`` and Megatron-LM order it;
 * :class:`LlamaReferenceLayer`: the Llama layer (RMSNorm, q/k/v/o without biases and
   grouped-query attention, rotary embedding in its rotate-half form, SwiGLU);
-* :func:`tensor_parallel`: Megatron's column/row split of the GPT layer with DTensor;
+* :data:`LayerSplit`: how the program splits a layer over a tensor-parallel mesh (given by the
+  caller: ``autoplan calibrate`` passes autoplan's own, autoplan.runtime.tensor_parallel.split_layer);
 * :func:`layer_training_step`: a single-threaded training step of the GPT layer at a size with
   real arithmetic, the busy ranks' work in ``calibrate.ranks`` and ``calibrate.wait``.
 
@@ -22,6 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+#: splits a layer with the names of :class:`ReferenceLayer` over a 1-D DeviceMesh, in place
+LayerSplit = Callable[[nn.Module, Any], None]
 
 #: hidden size and attention heads of the timed layers: negligible arithmetic, every block is all host work
 HIDDEN, HEADS = 16, 2
@@ -135,21 +139,3 @@ def layer_training_step() -> Callable[[], None]:
         opt.step()
 
     return step
-
-
-def tensor_parallel(layer: ReferenceLayer, mesh: Any) -> ReferenceLayer:
-    """Megatron's column/row split of ``layer`` over a 1-D DeviceMesh, in place."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        ParallelStyle,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    gather = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
-    plan: dict[str, ParallelStyle] = {name: ColwiseParallel() for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")}
-    plan.update({"attn.o": RowwiseParallel(), "mlp.fc2": RowwiseParallel(), "attn": gather, "mlp": gather})
-    parallelize_module(layer, mesh, plan)
-    return layer

@@ -27,6 +27,7 @@ from hwprofiles.calibrate.gemm import measure_gemm, peak_by_dtype, supported_dty
 from hwprofiles.calibrate.host import CopyResult
 from hwprofiles.calibrate.memory import MemoryResult, measure_memory
 from hwprofiles.calibrate.ops import Overhead, measure_overhead
+from hwprofiles.calibrate.reference_layers import LayerSplit
 from hwprofiles.calibrate.result import Calibration
 from hwprofiles.calibrate.settings import settings_for
 from hwprofiles.schema import AttentionPoint, GemmPoint
@@ -52,8 +53,9 @@ class _Benchmarks:
     comm: CommResult | None  # None: fewer than 2 ranks
 
 
-def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration:
-    """All measurements of one calibration (CPU: with one intra-op thread, restored after)."""
+def measure(device: str, quick: bool, ranks: int, progress: bool, split_layer: LayerSplit) -> Calibration:
+    """All measurements of one calibration (CPU: with one intra-op thread, restored after);
+    ``split_layer``: the program's tensor-parallel split of a layer, timed with ``ranks`` >= 2."""
     baseline_rss = host.resident_GiB()
     load_before = host.load_average()
     s = settings_for(device, quick)
@@ -92,7 +94,7 @@ def measure(device: str, quick: bool, ranks: int, progress: bool) -> Calibration
         eager = median_result(eager_rounds)
         reserved, how = _reserved(device, baseline_rss)
         comm = (
-            measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, s.eager_repeats, tick)
+            measure_collectives(device, ranks, s.comm_bytes, s.comm_timing, s.eager_repeats, split_layer, tick)
             if ranks >= 2
             else None
         )
