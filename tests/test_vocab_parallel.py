@@ -1,6 +1,8 @@
 """The vocabulary split over tensor-parallel ranks (autoplan.runtime.vocab_parallel) equals the
-whole-vocabulary embedding and cross entropy: values, gradients, and a gradient that stays split
-(torchrun, gloo, 2 ranks; tests/vocab_parallel_worker.py)."""
+whole-vocabulary embedding and cross entropy: values, gradients, and a gradient that stays split;
+and the collectives of tensor and sequence parallelism (autoplan.runtime.tp_collectives) move and
+sum what Megatron's mappings do, forward and backward (torchrun, gloo, 2 ranks;
+tests/vocab_parallel_worker.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
 """One rank of tests/test_vocab_parallel.py (torchrun, gloo, 2 ranks): the vocabulary split over
-the ranks against the whole-vocabulary modules, on 11 entries (6 + 5 rows, an uneven split)."""
+the ranks against the whole-vocabulary modules, on 11 entries (6 + 5 rows, an uneven split), and
+the tensor- and sequence-parallel collectives (autoplan.runtime.tp_collectives) against sums and
+slices."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -12,6 +16,13 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from autoplan.runtime.tp_collectives import (
+    copy_to_group,
+    gather_from_sequence,
+    reduce_from_group,
+    reduce_scatter_to_sequence,
+    scatter_to_sequence,
+)
 from autoplan.runtime.vocab_parallel import VocabParallelEmbedding, VocabParallelOutput, vocab_parallel_loss
 
 VOCAB, WIDTH, TOKENS = 11, 4, 24
@@ -68,7 +79,42 @@ def main() -> None:
     got_loss.backward()
     torch.testing.assert_close(got_loss, want_loss)
     torch.testing.assert_close(mine.grad, full.grad[..., rows])
+    check_collectives(mesh.get_group(), rank)
     dist.destroy_process_group()
+
+
+def check_collectives(group: dist.ProcessGroup, rank: int) -> None:
+    """autoplan.runtime.tp_collectives against sums and slices computed here: every rank draws both
+    ranks' tensors from one seed, so it knows what the others hold. A (2, 6, 3) activation, its
+    sequence (dim 1) split into 3 + 3 positions."""
+    gen = torch.Generator().manual_seed(1)
+    xs, gs = torch.randn(2, 2, 6, 3, generator=gen), torch.randn(2, 2, 6, 3, generator=gen)  # [rank, ...]
+    seq = slice(3 * rank, 3 * rank + 3)
+
+    def run(
+        fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, Any]:
+        leaf = x.clone().requires_grad_(True)
+        out = fn(leaf)
+        out.backward(grad.clone())  # a collective may sum into the incoming gradient in place, as Megatron's do
+        return out.detach(), leaf.grad
+
+    out, grad = run(lambda x: copy_to_group(x, group), xs[rank], gs[rank])
+    torch.testing.assert_close((out, grad), (xs[rank], gs.sum(0)))
+    out, grad = run(lambda x: reduce_from_group(x * 1.0, group), xs[rank], gs[0])
+    torch.testing.assert_close((out, grad), (xs.sum(0), gs[0]))
+    out, grad = run(lambda x: scatter_to_sequence(x, group), xs[0], gs[rank][:, seq])
+    torch.testing.assert_close(
+        (out, grad), (xs[0][:, seq], torch.cat([gs[r][:, 3 * r : 3 * r + 3] for r in (0, 1)], 1))
+    )
+    out, grad = run(lambda x: gather_from_sequence(x, group, grad_is_partial=True), xs[0][:, seq], gs[rank])
+    torch.testing.assert_close((out, grad), (xs[0], gs.sum(0)[:, seq]))
+    out, grad = run(lambda x: gather_from_sequence(x, group, grad_is_partial=False), xs[0][:, seq], gs[0])
+    torch.testing.assert_close((out, grad), (xs[0], gs[0][:, seq]))
+    out, grad = run(lambda x: reduce_scatter_to_sequence(x * 1.0, group), xs[rank], gs[rank][:, seq])
+    torch.testing.assert_close(
+        (out, grad), (xs.sum(0)[:, seq], torch.cat([gs[r][:, 3 * r : 3 * r + 3] for r in (0, 1)], 1))
+    )
 
 
 if __name__ == "__main__":
