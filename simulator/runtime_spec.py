@@ -11,7 +11,7 @@ from hwprofiles.schema import AttentionKernel
 
 #: how the program computes the cross-entropy (:attr:`Runtime.cross_entropy`;
 #: simulator.cost.memory.logits_bytes_per_element)
-CrossEntropy = Literal["fp32", "torch", "split", "fused", "chunked"]
+CrossEntropy = Literal["fp32", "torch", "split", "gathered", "fused", "chunked"]
 
 #: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.memory.program_state_bytes)
 StateLayout = Literal["mixed", "fp32-params"]
@@ -50,7 +50,10 @@ class Runtime:
     cross-entropy (fp32 softmax, gradient in place); "torch" ``F.cross_entropy(logits.float())``
     (autoplan's program with t = 1, autoplan.runtime.support.program_job); "split" autoplan's
     program with t > 1: the cross-entropy of each rank's V/t logits (autoplan.runtime.vocab_parallel,
-    fp32 softmax kept, gradient in place); "fused" keeps only
+    fp32 softmax kept, gradient in place); "gathered" all-gathers each rank's V/t logits to the
+    whole vocabulary and runs "torch"'s loss over them (DeepSpeed's AutoTP in training: its
+    ``lm_head`` a ``LinearLayer(gather_output=True)``, deepspeed/module_inject/auto_tp.py
+    ``_replace``, DeepSpeed 0.19.8; the same as "torch" with t = 1); "fused" keeps only
     the e-byte logits and writes their gradient in place (flash-attn's
     ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default ``loss_fn:
     fused_crossentropy``); "chunked" computes the head and the loss chunk by chunk of the

@@ -157,13 +157,15 @@ def test_the_losses_collectives_over_the_split_vocabulary():
     """1,000 tokens over t = 2 gloo ranks (rings; 1 GB/s, 0.1 ms a step): autoplan's program
     all-gathers 3 fp32 values per token from each rank, 24,000 bytes gathered: 12 us + 1 step;
     Megatron all-reduces 4,000 bytes three times: 3 (4 us + 2 steps); torchtitan's loss_parallel
-    runs those three on each of 8 chunks of 500 bytes: 24 (0.5 us + 2 steps); a whole-vocabulary
-    loss runs none, and t = 1 none."""
+    runs those three on each of 8 chunks of 500 bytes: 24 (0.5 us + 2 steps); DeepSpeed's AutoTP
+    all-gathers the logits, 1,000 tokens of 100 bytes (50 bf16 logits) each: 100,000 bytes
+    gathered, 50 us + 1 step; a whole-vocabulary loss runs none, and t = 1 none."""
     from simulator.cost.block_times import loss_collectives_time
 
     link = GroupLink(1e9, 1e-4, trees=False)
     assert loss_collectives_time("split", 1000, 2, link) == pytest.approx(12e-6 + 1e-4)
     assert loss_collectives_time("fp32", 1000, 2, link) == pytest.approx(3 * (4e-6 + 2e-4))
     assert loss_collectives_time("chunked", 1000, 2, link) == pytest.approx(24 * (0.5e-6 + 2e-4))
+    assert loss_collectives_time("gathered", 1000, 2, link, logit_bytes=100) == pytest.approx(50e-6 + 1e-4)
     assert loss_collectives_time("torch", 1000, 2, link) == 0.0
     assert loss_collectives_time("split", 1000, 1, link) == 0.0

@@ -118,9 +118,19 @@ def test_the_program_modes_of_arrays_are_the_scalar_rule():
     assert [DP_MODES[c] for c in codes.tolist()] == [dp_mode(q, q.ep) for q in plans]
 
 
-def test_the_search_groups_price_each_plan_with_its_own_runtime():
+def test_deepspeed_prices_the_loss_its_tensor_parallelism_runs():
+    """DeepSpeed's loss: the model's F.cross_entropy at t = 1; AutoTP's gathered logits at t > 1
+    without a pipeline; Megatron-DeepSpeed's vocab-parallel loss with one."""
+    fw = load_framework("deepspeed")
+    base = fw.base_runtime()
+    losses = [plan_runtime(fw, base, Plan(t=t, p=p), "nccl").cross_entropy for t, p in ((1, 1), (2, 1), (2, 2), (1, 4))]
+    assert losses == ["torch", "gathered", "fp32", "torch"]
+
+
+@pytest.mark.parametrize("name", ["autoplan", "deepspeed"])
+def test_the_search_groups_price_each_plan_with_its_own_runtime(name):
     """runtime_groups over a table gives every plan the runtime plan_runtime gives it alone."""
-    fw = load_framework("autoplan")
+    fw = load_framework(name)
     base = fw.base_runtime()
     plans = _random_plans(200, seed=2)
     table = PlanTable(

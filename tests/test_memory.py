@@ -238,6 +238,9 @@ def test_buffers():
     # fp32 logits on CPU: no copy, no cast
     assert memory.logits_bytes_per_element("split", 2) == (4.0, 6.0, 2.0)
     assert memory.logits_bytes_per_element("split", 4) == (4.0, 4.0, 0.0)
+    # DeepSpeed's AutoTP gathers the 8 ranks' logits to the whole vocabulary: torch's loss on 8x the elements
+    assert memory.logits_elements(m, 1, 8, loss="gathered") == 2048 * 51200
+    assert memory.logits_bytes_per_element("gathered", 2) == memory.logits_bytes_per_element("torch", 2)
     assert memory.zero3_working_set_bytes(1e6) == 4e6
     assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients
     assert memory.gradient_bucket_bytes(1e9) == 50e6  # two 25 MB buckets

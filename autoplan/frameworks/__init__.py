@@ -13,7 +13,8 @@ the release named in the file:
   a plan the stack does not run, quoting the profile's source.
 * ``runtime``: how it runs them, the fields of :class:`simulator.runtime_spec.Runtime` (the cost
   model reads nothing else of a framework). autoplan's own program (``program: true``) sets
-  some of them per plan: :func:`autoplan.runtime.support.program_runtime`.
+  some of them per plan: :func:`autoplan.runtime.support.program_runtime`; another stack whose
+  loss changes with t > 1 says how in ``tensor_parallel_loss`` (:class:`TensorParallelLoss`).
 * ``export``: the ``autoplan emit`` target that writes the stack's files (none for stacks whose
   files autoplan does not write).
 
@@ -36,7 +37,7 @@ from hwprofiles.errors import InputError, PlanError, SpecError
 from hwprofiles.load import build
 from hwprofiles.schema.base import Strict
 from simulator.plan import OffloadName, Plan, PrecisionName, RecomputeName, ScheduleName, ZeroStage
-from simulator.runtime_spec import Runtime
+from simulator.runtime_spec import CrossEntropy, Runtime
 from simulator.specs import ModelSpec
 
 FrameworkName = Literal["autoplan", "megatron", "deepspeed", "torchtitan", "fsdp", "llm-foundry"]
@@ -69,6 +70,14 @@ class PlanKeys(Strict):
     sp_without_pipeline: bool = True  # sequence parallelism with t > 1 and p = 1
 
 
+class TensorParallelLoss(Strict):
+    """The cross-entropy a stack runs on a plan with t > 1, where it is not its ``runtime``'s
+    (the t = 1 one): without a pipeline and with one (simulator.runtime_spec.Runtime.cross_entropy)."""
+
+    without_pipeline: CrossEntropy
+    with_pipeline: CrossEntropy
+
+
 class Framework(Strict):
     """One training stack's profile (module docstring)."""
 
@@ -79,11 +88,20 @@ class Framework(Strict):
     program: bool = False  # autoplan's own program: the runtime follows each plan
     runs: PlanKeys
     runtime: dict[str, Any] = Field(default_factory=dict)
+    tensor_parallel_loss: TensorParallelLoss | None = None  # where t > 1 changes the loss
     sources: dict[str, str] = Field(default_factory=dict)
 
     def base_runtime(self) -> Runtime:
         """The profile's :class:`Runtime` (before any per-plan rule of autoplan's program)."""
         return _runtime(self.name, tuple(sorted(self.runtime.items())))
+
+    def loss_runtime(self, runtime: Runtime, tensor: bool, pipeline: bool) -> Runtime:
+        """``runtime`` with the loss the stack runs on a plan with t > 1 (``tensor``) under a
+        pipeline or not (:attr:`tensor_parallel_loss`); unchanged where that rule is silent."""
+        rule = self.tensor_parallel_loss
+        if rule is None or not tensor:
+            return runtime
+        return dataclasses.replace(runtime, cross_entropy=rule.with_pipeline if pipeline else rule.without_pipeline)
 
     def source(self, key: str) -> str:
         """The profile's citation for ``key``, as ' (source)', or '' when it gives none."""

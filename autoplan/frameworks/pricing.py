@@ -15,10 +15,13 @@ from simulator.runtime_spec import Runtime
 
 def plan_runtime(fw: Framework | None, runtime: Runtime, plan: Plan, backend: str) -> Runtime:
     """The runtime ``plan`` runs with: ``runtime`` (the profile's, with the command line's
-    overrides), through autoplan's program's per-plan rule when ``fw`` is that program."""
-    if fw is None or not fw.program:
+    overrides), through autoplan's program's per-plan rule when ``fw`` is that program, or with
+    the loss another stack runs at t > 1 (Framework.loss_runtime)."""
+    if fw is None:
         return runtime
-    return plan_program_runtime(runtime, plan, backend)
+    if fw.program:
+        return plan_program_runtime(runtime, plan, backend)
+    return fw.loss_runtime(runtime, plan.t > 1, plan.p > 1)
 
 
 def runtime_groups(
@@ -27,9 +30,12 @@ def runtime_groups(
     """The plans grouped by the runtime they run with: (runtime, their positions), one group
     when every plan runs with the same; read from the table's columns (no Plan per candidate),
     by the rule :func:`plan_runtime` applies to one plan (autoplan.runtime.support.dp_mode_code,
-    and t > 1: the vocabulary split)."""
-    if fw is None or not fw.program:
+    and t > 1: the vocabulary split; another stack's loss at t > 1, with or without a pipeline)."""
+    if fw is None or (not fw.program and fw.tensor_parallel_loss is None):
         return [(runtime, np.arange(len(plans)))]
+    if not fw.program:  # 0: t = 1, 1: t > 1 without a pipeline, 2: with one
+        codes = (plans.array("t") > 1) * (1 + (plans.array("p") > 1))
+        return [(fw.loss_runtime(runtime, c > 0, c == 2), np.flatnonzero(codes == c)) for c in np.unique(codes)]
     col = {k: plans.array(k) for k in ("zero", "d", "cp", "offload", "t", "p", "ep")}
     mode = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", col["t"], col["p"], col["ep"])
     codes = 2 * mode + (col["t"] > 1)  # the vocabulary split over t > 1 ranks changes the loss

@@ -82,7 +82,9 @@ TP_HEAD = 1  # the vocab-parallel LM head's backward
 LOSS_VALUE_BYTES = 4  # the cross-entropy's per-token statistics are fp32
 
 
-def loss_collectives_time(loss: CrossEntropy, tokens: float, t: int, link: collectives.GroupLink) -> float:
+def loss_collectives_time(
+    loss: CrossEntropy, tokens: float, t: int, link: collectives.GroupLink, logit_bytes: float = 0.0
+) -> float:
     """Seconds per microbatch of the collectives a vocab-parallel cross-entropy runs over the
     ``t`` ranks that split the logits of ``tokens`` tokens (fp32 statistics per token):
 
@@ -95,6 +97,10 @@ def loss_collectives_time(loss: CrossEntropy, tokens: float, t: int, link: colle
       parallel/loss.py: ``_log_softmax`` all-reduces the max and the sum of exponentials,
       ``_nll_loss_forward`` the target's logit): those three on each of LOSS_CHUNKS chunks of the
       sequence (simulator.cost.memory);
+    * ``gathered``, DeepSpeed's AutoTP (deepspeed/module_inject/auto_tp.py: the training
+      ``lm_head`` is a ``LinearLayer(gather_output=True)``): one all-gather of the logits, each
+      rank's V/t of ``logit_bytes`` bytes per token (the whole vocabulary's logits in their dtype);
+      its backward keeps the rank's slice of the gradient, no collective;
     * ``torch``, ``fused``: a loss over the whole vocabulary on each rank, no collective.
 
     0 with t = 1. Latency-bound: on a GPU tens of microseconds, on gloo ranks sharing cores
@@ -108,6 +114,8 @@ def loss_collectives_time(loss: CrossEntropy, tokens: float, t: int, link: colle
         return 3 * collectives.all_reduce_time(values, t, link)
     if loss == "chunked":
         return 3 * LOSS_CHUNKS * collectives.all_reduce_time(values / LOSS_CHUNKS, t, link)
+    if loss == "gathered":
+        return collectives.all_gather_time(tokens * logit_bytes, t, link)
     return 0.0
 
 
@@ -243,7 +251,7 @@ def _block_times(
         cp_backward=cp_b,
         fp8_weight_cast=cast,
         ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
-        loss_comm=loss_collectives_time(loss, mb * model.seq_length, t, link),
+        loss_comm=loss_collectives_time(loss, mb * model.seq_length, t, link, padded_vocab_size(model, t) * e),
     )
 
 

@@ -297,6 +297,8 @@ def logits_bytes_per_element(loss: CrossEntropy, e: int) -> LogitBytes:
       holds the fp32 copy beside it, and the backward holds the incoming and the outgoing fp32
       gradient: (4, 6, 8). Measured on an H100 (benchmarks/data/h100-memory-probe.txt): 4.0 kept
       after the forward, 10.0 at the forward's peak, 12.0 at the backward's;
+    * ``gathered``: ``torch``'s on the logits all-gathered to the whole vocabulary (DeepSpeed's
+      AutoTP; :func:`logits_elements` counts them whole);
     * ``split``: autoplan's program with t > 1 (autoplan/runtime/vocab_parallel.py): the forward
       holds the e-byte logits, their fp32 copy (none when they are fp32 already) and the shifted
       fp32 copy that becomes the kept softmax; the backward writes the gradient over the softmax
@@ -313,7 +315,7 @@ def logits_bytes_per_element(loss: CrossEntropy, e: int) -> LogitBytes:
     if loss == "chunked":
         chunk = (e + 12.0) / LOSS_CHUNKS
         return LogitBytes(0.0, chunk, chunk)
-    if loss == "torch":
+    if loss in ("torch", "gathered"):  # gathered: torch's loss over the whole vocabulary (logits_elements)
         return LogitBytes(4.0, 6.0, 8.0)
     if loss == "split":
         copy = 4.0 if e < 4 else 0.0
@@ -321,10 +323,12 @@ def logits_bytes_per_element(loss: CrossEntropy, e: int) -> LogitBytes:
     return LogitBytes(float(e + 4), 0.0, 0.0)
 
 
-def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None) -> float:
-    """Logits of one microbatch on one TP rank: b*s*V/t. ``vocab`` is the (padded) vocabulary the
+def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None, loss: CrossEntropy = "fp32") -> float:
+    """Logits of one microbatch on one TP rank: b*s*V/t, or b*s*V where the program gathers the
+    ranks' logits to the whole vocabulary before its loss (``loss`` "gathered": DeepSpeed's AutoTP,
+    simulator.runtime_spec.Runtime.cross_entropy). ``vocab`` is the (padded) vocabulary the
     program really allocates, default the model's."""
-    return b * model.seq_length * (vocab or model.vocab_size) / t
+    return b * model.seq_length * (vocab or model.vocab_size) / (1 if loss == "gathered" else t)
 
 
 def kept_logits_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2, inflight: Any = 1.0) -> Any:

@@ -211,7 +211,7 @@ def flight_buffers(
     e = dtype_bytes(cluster.gpu)
     b, t = plan.mb, plan.t
     inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, plan.v - 1) if last else 0.0
-    logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t))
+    logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t), loss)
     pipe = memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
     return flight_buffer_bytes(last, logits, inflight, loss, e, pipe)
 
@@ -267,7 +267,7 @@ def stage_transient(
     b, t = plan.mb, plan.t
     per_none = layer_activations(model, b, t, bool(plan.sp), e, plan.prec, kernels)[2]
     full_params = shape.full_layers * params.layer_params_per_rank(model, t)
-    logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t)) if shape.last else 0.0
+    logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t), loss) if shape.last else 0.0
     return phase_transient(
         weight_copies_held(weight_copy_bytes, shape.params),
         weight_copies_saved(weight_copy_bytes, shape.params, full_params, plan.p > 1),

@@ -142,7 +142,7 @@ class Costs:
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)
-        logits = logits_elements(model, b, t, vocab)
+        logits = logits_elements(model, b, t, vocab, job.runtime.cross_entropy)
         tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
             fwd=bt.layer.forward,

@@ -85,7 +85,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
     every = runtime.dp_buckets == "all"
     sharding = sharding_buffer_bytes(S.params, buckets, zero == 3, column(working_set), bucket, every, gb)
     logits = P.per_plan(
-        ("t", "mb"), lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t))
+        ("t", "mb"),
+        lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t), runtime.cross_entropy),
     )
     pipe = P.per_plan(
         ("mb", "p"), lambda q, i: memory.pipeline_buffer_bytes(q.mb, model.seq_length, model.hidden_size, e, q.p)
