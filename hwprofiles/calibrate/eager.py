@@ -2,7 +2,7 @@
 
 A CPU rank runs each op on the thread that issues it, so its step time is the arithmetic
 plus the framework's host work: Python module calls, the dispatcher, autograd bookkeeping,
-and under tensor parallelism the split layer's collectives' host work. Per-op
+and under tensor parallelism the host work of the split layer's collectives. Per-op
 overhead on the simulator's op lists (Megatron's fused kernels, about 15 per layer) misses
 most of it: an eager layer runs about a hundred aten ops forward and backward (a layer whose
 every op dispatched through DTensor took ten times its host time: hwprofiles/gpus/cpu.yaml before
@@ -15,8 +15,9 @@ time is all host work:
   ``autoplan.runtime`` and Megatron-LM order it;
 * tp_layer: the same layer under Megatron tensor parallelism as autoplan's program splits it
   (the split the caller gives: autoplan.runtime.tensor_parallel.split_layer, q, k, v, fc1
-  column-parallel, o, fc2 row-parallel, on the local tensors of DTensor parameters) on 2 ranks, each rank's thread CPU time, which
-  leaves out the time it waits in collectives (the simulator prices those on the link). Two
+  column-parallel, o, fc2 row-parallel, on the local tensors of DTensor parameters) on 2 ranks,
+  each rank's thread CPU time, which leaves out the time it waits in collectives (the simulator
+  prices those on the link). Two
   busy ranks slow each other by an amount that drifts with the host (cores shared with
   other tenants, hyperthread siblings): timed alone, the TP figure moved by 40% between two
   calibrations minutes apart while the single-process layer moved by 2%. So the ranks time
