@@ -305,6 +305,18 @@ def test_a_fully_recomputed_layer_keeps_no_weight_copy_without_a_pipeline():
     assert weight_copies_saved(2.0, 10e9, 4e9, True) == 20e9  # autocast spans the pipeline schedule
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zbh1"])
+def test_one_chunk_occupancy_stops_growing_at_2p(schedule):
+    """memory.chunk_occupancy replays 1F1B's and ZB-H1's first 2p microbatches for any longer run:
+    the same as replaying the whole run, for m up to 6p, and GPipe's whole run (m, its count)."""
+    for p in (2, 3, 4, 5, 8):
+        for m in range(2 * p, 6 * p + 1):
+            for s in range(p):
+                got = memory.chunk_occupancy(schedule, s, p, m)
+                assert got == memory.replayed_occupancy(schedule, s, p, m) == ((p - s,),), (p, m, s)
+    assert memory.chunk_occupancy("gpipe", 0, 4, 24) == ((24,),)
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 @pytest.mark.parametrize("v", [2, 3, 4])
 def test_interleaved_occupancy_stops_growing_at_2p(p, v):

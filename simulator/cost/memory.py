@@ -193,7 +193,6 @@ def end_chunk_in_flight(schedule: str, stage: int, p: int, m: int, v: int, local
     return in_flight_microbatches(schedule, stage, p, m, v)
 
 
-@functools.lru_cache(maxsize=2048)
 def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
     """The per-chunk in-flight microbatch counts a device can reach (local chunk order): after
     every forward, the vector of forwards not yet matched by their backward, per chunk. Only
@@ -202,18 +201,25 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     :func:`in_flight_microbatches`; with interleaving chunk 0 holds more than the last chunk,
     and which chunk peaks matters when chunks differ (uneven recomputation). Replayed
     (:func:`replayed_occupancy`) over :func:`occupancy_horizon` microbatches: the counts of a
-    longer run are the same."""
-    return replayed_occupancy(schedule, stage, p, min(m, occupancy_horizon(schedule, p, m)), v)
+    longer run are the same, so one cache entry serves every m past the horizon (the plans of a
+    cluster-size sweep: each size's d gives its own m)."""
+    return _replayed_once(schedule, stage, p, min(m, occupancy_horizon(schedule, p, m)), v)
+
+
+@functools.lru_cache(maxsize=4096)
+def _replayed_once(schedule: str, stage: int, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+    return replayed_occupancy(schedule, stage, p, m, v)
 
 
 def occupancy_horizon(schedule: str, p: int, m: int) -> int:
-    """How many microbatches :func:`chunk_occupancy` needs to replay: ZB-V's and the interleaved
-    schedule's (with m a multiple of p, as Megatron-LM requires) counts stop changing once m
-    reaches 2p -- their warm-ups run at most 2p - 1 forwards of chunk 0 (ZB-V) and
+    """How many microbatches :func:`chunk_occupancy` needs to replay: 1F1B's, ZB-H1's, ZB-V's and
+    the interleaved schedule's (with m a multiple of p, as Megatron-LM requires) counts stop
+    changing once m reaches 2p -- their warm-ups run at most p - s forwards (1F1B, ZB-H1, whose
+    weight passes hold no microbatch), 2p - 1 forwards of chunk 0 (ZB-V) and
     (p - s - 1) * 2 + (v - 1) * p chunk-forwards (interleaved), and later microbatches repeat
     the steady state (tests/test_zero_bubble.py and tests/test_memory.py replay m up to 6p);
-    other schedules, all m."""
-    if schedule == "zbv" or (schedule == "interleaved" and m % p == 0):
+    GPipe, whose every forward runs before the first backward, all m."""
+    if schedule in ("1f1b", "zbh1", "zbv") or (schedule == "interleaved" and m % p == 0):
         return 2 * p
     return m
 
