@@ -80,6 +80,7 @@ def main() -> None:
     torch.testing.assert_close(got_loss, want_loss)
     torch.testing.assert_close(mine.grad, full.grad[..., rows])
     check_collectives(mesh.get_group(), rank)
+    dist.barrier()  # no rank leaves while another still waits on its last collective
     dist.destroy_process_group()
 
 
