@@ -91,6 +91,7 @@ def check_collectives(group: dist.ProcessGroup, rank: int) -> None:
     gen = torch.Generator().manual_seed(1)
     xs, gs = torch.randn(2, 2, 6, 3, generator=gen), torch.randn(2, 2, 6, 3, generator=gen)  # [rank, ...]
     seq = slice(3 * rank, 3 * rank + 3)
+    own_chunks = torch.cat([gs[r][:, 3 * r : 3 * r + 3] for r in (0, 1)], 1)  # each rank's chunk of its gradient
 
     def run(
         fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor
@@ -105,17 +106,13 @@ def check_collectives(group: dist.ProcessGroup, rank: int) -> None:
     out, grad = run(lambda x: reduce_from_group(x * 1.0, group), xs[rank], gs[0])
     torch.testing.assert_close((out, grad), (xs.sum(0), gs[0]))
     out, grad = run(lambda x: scatter_to_sequence(x, group), xs[0], gs[rank][:, seq])
-    torch.testing.assert_close(
-        (out, grad), (xs[0][:, seq], torch.cat([gs[r][:, 3 * r : 3 * r + 3] for r in (0, 1)], 1))
-    )
+    torch.testing.assert_close((out, grad), (xs[0][:, seq], own_chunks))
     out, grad = run(lambda x: gather_from_sequence(x, group, grad_is_partial=True), xs[0][:, seq], gs[rank])
     torch.testing.assert_close((out, grad), (xs[0], gs.sum(0)[:, seq]))
     out, grad = run(lambda x: gather_from_sequence(x, group, grad_is_partial=False), xs[0][:, seq], gs[0])
     torch.testing.assert_close((out, grad), (xs[0], gs[0][:, seq]))
     out, grad = run(lambda x: reduce_scatter_to_sequence(x * 1.0, group), xs[rank], gs[rank][:, seq])
-    torch.testing.assert_close(
-        (out, grad), (xs.sum(0)[:, seq], torch.cat([gs[r][:, 3 * r : 3 * r + 3] for r in (0, 1)], 1))
-    )
+    torch.testing.assert_close((out, grad), (xs.sum(0)[:, seq], own_chunks))
 
 
 if __name__ == "__main__":
