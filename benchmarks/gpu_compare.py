@@ -13,8 +13,9 @@ By default it reads two sets, each with its node's built-in GPU profile and with
 its session's ``autoplan calibrate --device cuda`` wrote: the H100 runs of benchmarks/data/ (the
 first session's; the session of benchmarks/gpu_session.sh, 2026-11-26: the independent set
 again and small microbatches; the independent measurement's ``../shared/gpu/h100-2026-11-26/
-runs.json``, where present) on dgx-h100, and the H200 session's (benchmarks/data/
-h200-2026-11-27: the independent set's runs and its offload run) on hgx-h200.
+runs.json``, where present) on dgx-h100; the second H100 session's (benchmarks/data/
+h100-2026-11-27: the independent set's runs and its offload run, at a later commit) on dgx-h100;
+and the H200 session's (benchmarks/data/h200-2026-11-27: the same) on hgx-h200.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ BUILT_IN = "built-in"  # --gpu's name for the node's own GPU profile
 #: the independent H100 measurement of 2026-11-26 (its runs.json; the models are in benchmarks/models)
 SHARED_RUNS = HERE.parent.parent / "shared" / "gpu" / "h100-2026-11-26" / "runs.json"
 H100_SESSION, H200_SESSION = DATA / "h100-2026-11-26b", DATA / "h200-2026-11-27"
+H100_SECOND_SESSION = DATA / "h100-2026-11-27"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ def default_sets() -> list[RunSet]:
     h100 += [SHARED_RUNS] * SHARED_RUNS.is_file()
     return [
         RunSet(h100, "dgx-h100", H100_SESSION / "h100-calibrated-slopes.yaml"),
+        RunSet([H100_SECOND_SESSION / "runs.jsonl"], "dgx-h100", H100_SECOND_SESSION / "h100-calibrated.yaml"),
         RunSet(
             [H200_SESSION / "runs.jsonl", H200_SESSION / "runs2.jsonl"],
             "hgx-h200",

@@ -17,6 +17,7 @@ from hwprofiles.schema import AttentionPoint, EagerHost
 DATA = Path(__file__).resolve().parent.parent / "benchmarks/data"
 H100_CALIBRATED = DATA / "h100-2026-11-26b/h100-calibrated.yaml"
 H200_CALIBRATED = DATA / "h200-2026-11-27/h200-calibrated.yaml"  # made with the per-layer slope method
+H100_SECOND_CALIBRATED = DATA / "h100-2026-11-27/h100-calibrated.yaml"  # likewise
 
 
 def test_causal_attention_flops_is_half_the_full_matrix():
@@ -44,7 +45,9 @@ def test_attention_fit_recovers_the_curve_that_made_the_points():
     assert fit.rms_log_error < 0.02
 
 
-@pytest.mark.parametrize("profile", [H100_CALIBRATED, H200_CALIBRATED], ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "profile", [H100_CALIBRATED, H200_CALIBRATED, H100_SECOND_CALIBRATED], ids=lambda p: p.parent.name
+)
 def test_the_committed_gpu_calibrations_have_no_rate_above_their_peaks(profile):
     g = load_gpu(str(profile))
     for pt in g.gemm.table:
