@@ -29,17 +29,18 @@ def runtime_groups(
 ) -> list[tuple[Runtime, np.ndarray]]:
     """The plans grouped by the runtime they run with: (runtime, their positions), one group
     when every plan runs with the same; read from the table's columns (no Plan per candidate),
-    by the rule :func:`plan_runtime` applies to one plan (autoplan.runtime.support.dp_mode_code,
-    and t > 1: the vocabulary split; another stack's loss at t > 1, with or without a pipeline)."""
+    by the rule :func:`plan_runtime` applies to one plan (autoplan.runtime.support.dp_mode_code
+    for autoplan's program; the stack's loss at t > 1, with or without a pipeline)."""
     if fw is None or (not fw.program and fw.tensor_parallel_loss is None):
         return [(runtime, np.arange(len(plans)))]
-    if not fw.program:  # 0: t = 1, 1: t > 1 without a pipeline, 2: with one
-        codes = (plans.array("t") > 1) * (1 + (plans.array("p") > 1))
-        return [(fw.loss_runtime(runtime, c > 0, c == 2), np.flatnonzero(codes == c)) for c in np.unique(codes)]
-    col = {k: plans.array(k) for k in ("zero", "d", "cp", "offload", "t", "p", "ep")}
-    mode = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", col["t"], col["p"], col["ep"])
-    codes = 2 * mode + (col["t"] > 1)  # the vocabulary split over t > 1 ranks changes the loss
+    t, p = plans.array("t"), plans.array("p")
+    loss = (t > 1) * (1 + (p > 1))  # 0: t = 1, 1: t > 1 without a pipeline, 2: with one
+    if not fw.program:
+        return [(fw.loss_runtime(runtime, c > 0, c == 2), np.flatnonzero(loss == c)) for c in map(int, np.unique(loss))]
+    col = {k: plans.array(k) for k in ("zero", "d", "cp", "offload", "ep")}
+    mode = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", t, p, col["ep"])
+    codes = 3 * mode + loss
     return [
-        (program_runtime(runtime, DP_MODES[int(c) // 2], backend, bool(c % 2)), np.flatnonzero(codes == c))
-        for c in np.unique(codes)
+        (program_runtime(runtime, DP_MODES[c // 3], backend, c % 3 > 0, c % 3 == 2), np.flatnonzero(codes == c))
+        for c in map(int, np.unique(codes))
     ]

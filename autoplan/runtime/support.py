@@ -50,48 +50,45 @@ def dp_mode(plan: Plan, ep: int = 1) -> str:
     return DP_MODES[int(dp_mode_code(plan.zero, plan.d, plan.offload == "cpu", plan.t, plan.p, ep))]
 
 
-def program_runtime(runtime: Runtime, mode: str, backend: str, vocab_split: bool = False) -> Runtime:
+def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = False, pipeline: bool = False) -> Runtime:
     """``runtime`` as the emitted program runs a plan whose data-parallel mechanism is ``mode``
-    (:data:`DP_MODES`) on a ``backend`` ("nccl" or "gloo") node, its vocabulary split over
-    tensor-parallel ranks or not (``vocab_split``: t > 1):
+    (:data:`DP_MODES`) on a ``backend`` ("nccl" or "gloo") node, with t > 1 (``tensor``) and
+    p > 1 (``pipeline``) or not. What the program always does is its framework profile's
+    (autoplan/frameworks/profiles/autoplan.yaml, each field citing the program's source): the
+    ``runtime`` fields it sets (loss ``F.cross_entropy(logits.float())``, fp32 parameters and
+    gradients, ZeRO-2 and offload through FSDP2, gradients dropped at each step's start, ...)
+    and its loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
+    autoplan.runtime.vocab_parallel). What follows the plan is here:
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
       after the last backward (no overlap);
-    * the loss is ``F.cross_entropy(logits.float())`` (``cross_entropy="torch"``), with t > 1
-      the cross-entropy of each rank's V/t logits (``"split"``, autoplan.runtime.vocab_parallel);
-    * parameters and gradients stay fp32, and ZeRO-1 keeps a full flat buffer and a master
-      shard (``states="fp32-params"``, simulator.cost.memory.program_state_bytes);
     * on a GPU without FSDP, ``torch.autocast`` runs bf16 matmuls over fp32 parameters and keeps
       a bf16 copy of each weight from forward to backward (``weight_copy_bytes=2``), with an fp32
       residual stream and casts of every Linear's input and weight (``layer_kernels="eager"``,
-      simulator.cost.eager_layer); FSDP2's
-      MixedPrecisionPolicy gathers bf16 parameters instead (ZeRO-3's working set);
-    * ZeRO-2 is FSDP2 with ``reshard_after_forward=False`` (``zero2="fsdp2"``,
-      autoplan.runtime.data_parallel.apply_fsdp), not bucketed reduce-scatters;
-    * offload is FSDP2's CPUOffloadPolicy (``offload="fsdp2"``), the microbatches' gradients
-      summed on the host (autoplan.runtime.data_parallel.HostGradients);
-    * every step starts with the gradients dropped (``grads_freed``), and DDP holds a bucket copy
-      of every gradient (``dp_buckets="all"``).
+      simulator.cost.eager_layer); FSDP2's MixedPrecisionPolicy gathers bf16 parameters instead
+      (ZeRO-3's working set);
+    * DDP holds a bucket copy of every gradient (``dp_buckets="all"``).
     """
+    from autoplan.frameworks import load_framework  # the profiles import nothing of the runtime
+
+    program = load_framework("autoplan")
+    always = program.base_runtime()
+    runtime = dataclasses.replace(runtime, **{key: getattr(always, key) for key in program.runtime})
     if mode == "manual" and runtime.dp_overlap:
         runtime = dataclasses.replace(runtime, dp_overlap=False)
     autocast = backend == "nccl" and mode != "fsdp"
-    return dataclasses.replace(
+    runtime = dataclasses.replace(
         runtime,
-        cross_entropy="split" if vocab_split else "torch",
         weight_copy_bytes=2.0 if autocast else 0.0,
-        states="fp32-params",
         layer_kernels="eager" if autocast else "fused",
-        zero2="fsdp2",
-        offload="fsdp2",
-        grads_freed=True,
         dp_buckets="all" if mode == "ddp" else "in-flight",
     )
+    return program.loss_runtime(runtime, tensor, pipeline)
 
 
 def plan_program_runtime(runtime: Runtime, plan: Plan, backend: str) -> Runtime:
     """:func:`program_runtime` of ``plan``, its data-parallel group the d*cp ranks of the rank's plan."""
-    return program_runtime(runtime, dp_mode(rank_plan(plan), plan.ep), backend, plan.t > 1)
+    return program_runtime(runtime, dp_mode(rank_plan(plan), plan.ep), backend, plan.t > 1, plan.p > 1)
 
 
 def program_job(job: Job) -> Job:
