@@ -1,9 +1,9 @@
 """Start DeepSpeed's engine from every DeepSpeed export of the matrix, as a node of the plan would.
 
-Run by tests/test_export_deepspeed_engine.py in a process of its own (``python deepspeed_engines.py
-OUT.jsonl``): DeepSpeed keeps process groups and its mpu in module globals, so one fresh process
-starts every case, one after the other, and tears each down with ``deepspeed.comm``'s own
-``destroy_process_group``.
+Run by tests/test_export_deepspeed_engine.py in processes of their own (``python deepspeed_engines.py
+OUT.jsonl [PART PARTS]``: the cases whose index is PART modulo PARTS): DeepSpeed keeps process groups
+and its mpu in module globals, so each fresh process starts its cases one after the other, and tears
+each down with ``deepspeed.comm``'s own ``destroy_process_group``.
 
 For each case the emitted files are written to a directory, and for the first rank of the first and
 of the last pipeline stage:
@@ -203,14 +203,18 @@ def run_case(index: int, case: Case) -> list[dict[str, Any]]:
         return out
 
 
-def main(path: str) -> None:
+def main(path: str, part: int = 0, parts: int = 1) -> None:
+    """The records of every case whose index is ``part`` modulo ``parts`` (the test starts one
+    process per part, side by side), written to ``path``."""
     without_shm_comm()
     with open(path, "w") as f:
         for index, case in enumerate(CASES):
+            if index % parts != part:
+                continue
             for record in run_case(index, case):
                 f.write(json.dumps(record) + "\n")
                 f.flush()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *map(int, sys.argv[2:]))

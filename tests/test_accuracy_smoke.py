@@ -97,6 +97,8 @@ def test_published_fsdp_rows_load_and_one_of_each_source_predicts():
         seen.add(r.source)
         res = analytic.estimate(r.job)
         assert res.fits and r.predicted_tok_s_gpu(res.step_time) > 0
+        des_tok_s, des_fits = fsdp._predict(r, "des")  # the benchmark's DES column
+        assert des_fits and des_tok_s > 0
     assert seen == {"mosaicml_mpt", "torchtitan_a100_64gpu", "dgxc_benchmarking_h100"}
     # the MPT A100 tables ran bf16/PURE: bf16 gradient reduction; llm-foundry's fused cross-entropy
     mpt = next(r for r in rows if r.job is not None and r.job.cluster.gpu.name == "a100-sxm4-40gb")

@@ -29,24 +29,41 @@ from deepspeed_engines import HIDDEN
 HERE = Path(__file__).parent
 
 
+#: processes that start the cases side by side (each case's engine is single-threaded work)
+PARTS = min(2, os.cpu_count() or 1)
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
-    """Every case's started ranks by the case's index in CASES, from one process
-    (tests/deepspeed_engines.py)."""
-    out = tmp_path_factory.mktemp("engines") / "engines.jsonl"
+    """Every case's started ranks by the case's index in CASES, from PARTS processes
+    (tests/deepspeed_engines.py), each starting every PARTS-th case."""
+    out = tmp_path_factory.mktemp("engines")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    done = subprocess.run(
-        [sys.executable, str(HERE / "deepspeed_engines.py"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    if PARTS > 1:  # one thread each: the parts share the cores
+        env["OMP_NUM_THREADS"] = "1"
+    script = str(HERE / "deepspeed_engines.py")
+    logs = [(out / f"engines{part}.log").open("w") for part in range(PARTS)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, script, str(out / f"engines{part}.jsonl"), str(part), str(PARTS)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        for part, log in enumerate(logs)
+    ]
+    try:
+        for part, run in enumerate(runs):
+            assert run.wait(timeout=600) == 0, (out / f"engines{part}.log").read_text()[-3000:]
+    finally:
+        for run, log in zip(runs, logs):
+            run.kill()
+            log.close()
     records: dict[int, list[dict[str, Any]]] = {}
-    for line in out.read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["case"], []).append(record)
+    for part in range(PARTS):
+        for line in (out / f"engines{part}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            records.setdefault(record["case"], []).append(record)
     return records
 
 
