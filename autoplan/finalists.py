@@ -10,7 +10,7 @@ from typing import Any
 
 from autoplan.cpsat import load_cp_model
 from autoplan.frameworks.exports import files_differ
-from autoplan.partition import optimize_partition
+from autoplan.partition import levelled_split, optimize_partition
 from autoplan.scoring import Scored
 from autoplan.workers import SHARED, Pool, plan_job, progress
 from simulator import simulate
@@ -87,7 +87,8 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
         part = optimize_partition(
             model, c, plan, job.m, choose_recompute=choose_recompute, time_limit_s=opts.partition_time_s
         )
-        candidates = [part.plan] if part is not None else []
+        # the levelled split first: the same pipeline time as the solver's is kept (ties go to the first)
+        candidates = [] if part is None else [x for x in (levelled_split(part.plan), part.plan) if x is not None]
     else:
         candidates = []
     best: tuple[float, Plan] | None = None

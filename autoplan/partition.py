@@ -204,6 +204,25 @@ def _solved_plan(plan: Plan, L: int, layers: tuple[int, ...], rec: tuple[tuple[i
     return new
 
 
+def levelled_split(plan: Plan) -> Plan | None:
+    """``plan``'s layer split with its middle stages evened out: the first and the last stage
+    keep their layers (they also hold the embedding and the head), the others share theirs as
+    evenly as whole layers allow, the spare layers on the later stages, which hold fewer
+    microbatches in flight. The solver minimizes the pipeline time, which its slowest stage sets
+    (module docstring): the other stages' counts are free, and its answer can hold a stage of 1
+    layer beside stages of 3 (96 layers on 41 stages: 1/3/3/3/3/1/3/...) where 2/2/3/... is as
+    fast. None when there is nothing to level: fewer than three stages, chunks of interleaved or
+    V schedules (v > 1), a per-chunk recomputation map, or an even split already."""
+    if plan.layers is None or plan.v > 1 or plan.recompute is not None or len(plan.layers) < 3:
+        return None
+    first, *middle, last = plan.layers
+    base, spare = divmod(sum(middle), len(middle))
+    even = [base + (i >= len(middle) - spare) for i in range(len(middle))]
+    if even == middle:
+        return None
+    return plan.replace(layers=(first, *even, last))
+
+
 def _coef(x: float) -> int:
     """Bytes as an integer CP-SAT coefficient (thousandths of a MiB)."""
     return round(x / MIB * 1000)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from autoplan.partition import optimize_partition
+from autoplan.partition import levelled_split, optimize_partition
+from autoplan.search import SearchOptions
 from hwprofiles import load_cluster
 from simulator.analytic import estimate
 from simulator.job import Job
@@ -82,3 +83,36 @@ def test_interleaved_chunks_on_a_device_stay_balanced(v):
     for dev in range(2):
         mine = layers[dev::2]
         assert max(mine) - min(mine) <= 1
+
+
+def test_levelled_split_evens_the_middle_stages_and_keeps_the_ends():
+    # 96 layers on 8 stages, the ends 1 and 2: the middle 93 layers on 6 stages are 15 each and 3
+    # spare, on the last three of them (fewer microbatches in flight there)
+    plan = Plan(t=1, p=8, d=1, mb=1, layers=(1, 3, 30, 3, 3, 3, 51, 2))
+    assert levelled_split(plan).layers == (1, 15, 15, 15, 16, 16, 16, 2)
+    assert levelled_split(plan.replace(layers=(1, 15, 15, 15, 16, 16, 16, 2))) is None  # already even
+    assert levelled_split(Plan(t=1, p=2, d=1, mb=1, layers=(40, 56))) is None  # no middle stage
+    assert levelled_split(Plan(t=1, p=4, d=1, mb=1)) is None  # no split of its own
+    mixed = Plan(t=1, p=4, d=1, mb=1, ckpt="full", layers=(1, 3, 1, 3), recompute=((1, 0), (0, 0), (1, 0), (0, 0)))
+    assert levelled_split(mixed) is None  # a recomputation map follows its chunks' layers
+
+
+def test_a_refined_many_stage_plan_is_level_and_as_fast_as_the_solvers():
+    """GPT-3 175B's 96 layers on 41 stages: the solver's split held stages of 1 layer among
+    stages of 3 (1/3/3/3/3/1/3/...); the finalist keeps a level split with the same step time."""
+    from autoplan import finalists
+    from autoplan.workers import SHARED, plan_job
+    from simulator.model_files import load_model
+
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", 41)
+    plan = Plan(t=4, p=41, d=2, mb=2, zero=2, sp=1)
+    SHARED.update(model=model, clusters={41: cluster}, B=1536, fix={}, opts=SearchOptions(), precs=None, keep=None)
+    step = estimate(plan_job(41, plan)).step_time
+    _, refined, gain = finalists._refine((41, plan, step))
+    solver = optimize_partition(model, cluster, plan, plan_job(41, plan).m)
+    assert gain is not None and solver is not None
+    middle = refined.layers[1:-1]
+    assert max(middle) - min(middle) <= 1
+    assert estimate(plan_job(41, refined)).step_time == pytest.approx(
+        estimate(plan_job(41, solver.plan)).step_time, rel=1e-9
+    )
