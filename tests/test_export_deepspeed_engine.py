@@ -8,11 +8,13 @@ with the plan the export says it runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +44,23 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str
     if PARTS > 1:  # one thread each: the parts share the cores
         env["OMP_NUM_THREADS"] = "1"
     script = str(HERE / "deepspeed_engines.py")
-    logs = [(out / f"engines{part}.log").open("w") for part in range(PARTS)]
-    runs = [
-        subprocess.Popen(
-            [sys.executable, script, str(out / f"engines{part}.jsonl"), str(part), str(PARTS)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-        for part, log in enumerate(logs)
-    ]
-    try:
+    deadline = time.monotonic() + 600
+    with contextlib.ExitStack() as stack:
+        runs = []
+        for part in range(PARTS):
+            log = stack.enter_context((out / f"engines{part}.log").open("w"))
+            run = subprocess.Popen(
+                [sys.executable, script, str(out / f"engines{part}.jsonl"), str(part), str(PARTS)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+            stack.callback(run.wait)  # reaped on the way out, after the kill below
+            stack.callback(run.kill)
+            runs.append(run)
         for part, run in enumerate(runs):
-            assert run.wait(timeout=600) == 0, (out / f"engines{part}.log").read_text()[-3000:]
-    finally:
-        for run, log in zip(runs, logs):
-            run.kill()
-            log.close()
+            code = run.wait(timeout=max(0.0, deadline - time.monotonic()))
+            assert code == 0, (out / f"engines{part}.log").read_text()[-3000:]
     records: dict[int, list[dict[str, Any]]] = {}
     for part in range(PARTS):
         for line in (out / f"engines{part}.jsonl").read_text().splitlines():

@@ -89,6 +89,17 @@ def test_logits_flops():
     assert {o.name: o for o in workload.head_forward_ops(odd, 1, 4, False, 2)}["logits"].n == 251
 
 
+def test_a_gathered_loss_runs_over_the_whole_vocabulary():
+    """DeepSpeed's AutoTP all-gathers the logits before the loss: each of the t = 4 ranks computes
+    its 16 x 251 logits, then the cross-entropy over all 16 x 1001 (36 + e = 38 bytes each)."""
+    odd = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1001, seq_length=16)
+    split = {o.name: o for o in workload.head_forward_ops(odd, 1, 4, False, 2)}
+    gathered = {o.name: o for o in workload.head_forward_ops(odd, 1, 4, False, 2, gathered=True)}
+    assert gathered["logits"] == split["logits"]
+    assert split["cross_entropy"].bytes == 16 * 251 * 38
+    assert gathered["cross_entropy"].bytes == 16 * 1001 * 38
+
+
 def test_gemm_op_bytes():
     op = op_.gemm("x", 3, 5, 7, 2)
     assert op.flops == 2 * 3 * 5 * 7 and op.bytes == 2 * (3 * 7 + 7 * 5 + 3 * 5)

@@ -31,6 +31,11 @@ from simulator.specs import ModelSpec
 #: the data-parallel mechanisms, by the code :func:`dp_mode_code` gives (module docstring)
 DP_MODES = ("fsdp", "ddp", "manual", "none")
 
+#: the Runtime fields autoplan's program runs one way for every plan, whatever the command line
+#: asks (their values are its profile's, autoplan/frameworks/profiles/autoplan.yaml); its profile's
+#: other fields are defaults that --reduce-dtype and --zero3-runtime may override
+PROGRAM_FIXED = ("cross_entropy", "states", "zero2", "offload", "grads_freed")
+
 
 def dp_mode_code(zero: Any, d: Any, offload_cpu: Any, t: Any, p: Any, ep: Any) -> Any:
     """The index in :data:`DP_MODES` of the mechanism the program runs (module docstring) for
@@ -55,9 +60,9 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
     (:data:`DP_MODES`) on a ``backend`` ("nccl" or "gloo") node, with t > 1 (``tensor``) and
     p > 1 (``pipeline``) or not. What the program always does is its framework profile's
     (autoplan/frameworks/profiles/autoplan.yaml, each field citing the program's source): the
-    ``runtime`` fields it sets (loss ``F.cross_entropy(logits.float())``, fp32 parameters and
-    gradients, ZeRO-2 and offload through FSDP2, gradients dropped at each step's start, ...)
-    and its loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
+    :data:`PROGRAM_FIXED` fields of its ``runtime`` (loss ``F.cross_entropy(logits.float())``,
+    fp32 parameters and gradients, ZeRO-2 and offload through FSDP2, gradients dropped at each
+    step's start) and its loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
     autoplan.runtime.vocab_parallel). What follows the plan is here:
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
@@ -72,8 +77,8 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
     from autoplan.frameworks import load_framework  # the profiles import nothing of the runtime
 
     program = load_framework("autoplan")
-    always = program.base_runtime()
-    runtime = dataclasses.replace(runtime, **{key: getattr(always, key) for key in program.runtime})
+    profile = program.base_runtime()
+    runtime = dataclasses.replace(runtime, **{key: getattr(profile, key) for key in PROGRAM_FIXED})
     if mode == "manual" and runtime.dp_overlap:
         runtime = dataclasses.replace(runtime, dp_overlap=False)
     autocast = backend == "nccl" and mode != "fsdp"

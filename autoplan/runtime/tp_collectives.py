@@ -13,7 +13,10 @@ there, over one tensor-parallel process group:
 
 The sequence is dim 1 of a (batch, sequence, hidden) activation, split into t equal chunks
 (sequence parallelism needs t to divide it: autoplan.runtime.support). A collective runs on the
-sequence-first copy of the tensor, where each rank's chunk is contiguous.
+sequence-first copy of the tensor, where each rank's chunk is contiguous, and hands back a
+contiguous batch-first tensor: with b > 1 a batch-first view of its output is not contiguous,
+and each Linear reading it (q, k and v; fc1 and the gate) would copy it and keep its own copy
+for the backward, where one copy serves them all.
 """
 
 from __future__ import annotations
@@ -30,14 +33,14 @@ def _all_gather_sequence(x: torch.Tensor, group: Group) -> torch.Tensor:
     front = x.movedim(1, 0).contiguous()
     out = front.new_empty((front.shape[0] * dist.get_world_size(group), *front.shape[1:]))
     dist.all_gather_into_tensor(out, front, group=group)
-    return out.movedim(0, 1)
+    return out.movedim(0, 1).contiguous()
 
 
 def _reduce_scatter_sequence(x: torch.Tensor, group: Group) -> torch.Tensor:
     front = x.movedim(1, 0).contiguous()
     out = front.new_empty((front.shape[0] // dist.get_world_size(group), *front.shape[1:]))
     dist.reduce_scatter_tensor(out, front, group=group)
-    return out.movedim(0, 1)
+    return out.movedim(0, 1).contiguous()
 
 
 def _own_chunk(x: torch.Tensor, group: Group) -> torch.Tensor:

@@ -240,7 +240,7 @@ def _block_times(
         dev,
     )
     layer_fwd = layer.forward / tp_forward(model)  # the compute beside each of the forward's TP collectives
-    embedding, head = _end_passes(model, gpu, t, sp, mb, e, (slow, asy, dev))
+    embedding, head = _end_passes(model, gpu, t, sp, mb, e, (slow, asy, dev), loss)
     return BlockTimes(
         layer=layer,
         embedding=embedding,
@@ -256,10 +256,18 @@ def _block_times(
 
 
 def _end_passes(
-    model: ModelSpec, gpu: GpuProfile, t: int, sp: bool, mb: int, e: int, pace: tuple[Any, bool, float]
+    model: ModelSpec,
+    gpu: GpuProfile,
+    t: int,
+    sp: bool,
+    mb: int,
+    e: int,
+    pace: tuple[Any, bool, float],
+    loss: CrossEntropy,
 ) -> tuple[PassTimes, PassTimes]:
     """The embedding's and the head's passes on one TP rank over Megatron's padded vocabulary;
-    ``pace``: the compute slowdown, whether the host runs ahead, the device slowdown."""
+    ``pace``: the compute slowdown, whether the host runs ahead, the device slowdown; ``loss``:
+    the cross-entropy's implementation (a "gathered" one runs over the whole vocabulary)."""
     slow, asy, dev = pace
     vocab, eager = padded_vocab_size(model, t), gpu.eager
 
@@ -272,7 +280,7 @@ def _end_passes(
         (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
     )
     head = passes(
-        head_forward_ops(model, mb, t, sp, e, vocab),
+        head_forward_ops(model, mb, t, sp, e, vocab, gathered=loss == "gathered"),
         head_backward_extra_ops(model, t, e, vocab),
         (eager.head_forward_us, eager.head_backward_us) if eager else None,
     )

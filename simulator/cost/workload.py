@@ -170,7 +170,9 @@ def embedding_backward_extra_ops(model: ModelSpec, t: int, e: int, vocab: int | 
     return [elementwise("embedding_wgrad", v * model.hidden_size, 4 * e, 1, kernels=4)]
 
 
-def head_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, vocab: int | None = None) -> list[Op]:
+def head_forward_ops(
+    model: ModelSpec, b: int, t: int, sp: bool, e: int, vocab: int | None = None, gathered: bool = False
+) -> list[Op]:
     """Final norm, vocab-parallel logits GEMM (2*b*s*h*V/t FLOPs) and Megatron's fp32
     vocab-parallel cross-entropy (megatron/mpu/cross_entropy.py) on the b*s*V/t logits:
       forward: logits.float() (read e, write 4), max (4), subtract max in place (8),
@@ -179,14 +181,19 @@ def head_forward_ops(model: ModelSpec, b: int, t: int, sp: bool, e: int, vocab: 
       backward: scale the saved softmax by the incoming gradient in place (8) and cast back
           to the logits' dtype (4+e): 12+e bytes, about 5 kernels.
     ``vocab`` (e.g. :func:`padded_vocab_size`) overrides the model's vocabulary; each rank
-    holds ceil(V/t) columns."""
+    holds ceil(V/t) columns. ``gathered``: the ranks' logits are all-gathered before the loss
+    (Runtime.cross_entropy "gathered", DeepSpeed's AutoTP), so every rank's cross-entropy runs
+    over the whole vocabulary, b*s*V logits."""
     tok, h = b * model.seq_length, model.hidden_size
     vocab = model.vocab_size if vocab is None else vocab
     v_rank = vocab // t if vocab % t == 0 else -(-vocab // t)
+    loss_columns = vocab if gathered else v_rank
     return [
         elementwise("final_norm", (tok / t if sp else tok) * h, 2 * e, 5, bwd_kernels=2, bwd_bytes_per_element=3 * e),
         gemm("logits", tok, v_rank, h, e),
-        elementwise("cross_entropy", tok * v_rank, 36 + e, 6, kernels=14, bwd_kernels=5, bwd_bytes_per_element=12 + e),
+        elementwise(
+            "cross_entropy", tok * loss_columns, 36 + e, 6, kernels=14, bwd_kernels=5, bwd_bytes_per_element=12 + e
+        ),
     ]
 
 
