@@ -13,6 +13,15 @@ from hwprofiles.schema import AttentionKernel
 #: simulator.cost.memory.logits_bytes_per_element)
 CrossEntropy = Literal["fp32", "torch", "split", "gathered", "fused", "chunked"]
 
+
+def loss_over_whole_vocabulary(loss: CrossEntropy) -> bool:
+    """Whether each tensor-parallel rank's cross-entropy runs over the whole vocabulary's logits
+    rather than its V/t: "gathered" all-gathers them first (:attr:`Runtime.cross_entropy`); the
+    logits it holds (simulator.cost.memory.logits_elements) and the loss's work
+    (simulator.cost.workload.head_forward_ops) follow."""
+    return loss == "gathered"
+
+
 #: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.memory.program_state_bytes)
 StateLayout = Literal["mixed", "fp32-params"]
 

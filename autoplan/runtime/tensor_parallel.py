@@ -23,7 +23,8 @@ so initialization, FSDP2, ZeRO-1 and the gradient norm see the same parameters a
 whose host time was ten times the plain layer's on CPU (``tp_layer_forward_us`` in
 hwprofiles/gpus/cpu.yaml before 2026-11-27). A replicated weight applied to a sequence chunk gets
 a partial gradient (``Partial()``), summed over the group before the optimizer step
-(autoplan.runtime.grads.settle_partial_grads).
+(autoplan.runtime.grads.settle_partial_grads). The parameters' placing and local reads are
+autoplan.runtime.tp_params.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Placement, Replicate, Shard
 
 from autoplan.runtime.model import GPT, Block
 from autoplan.runtime.tp_collectives import (
@@ -44,27 +45,17 @@ from autoplan.runtime.tp_collectives import (
     reduce_scatter_to_sequence,
     scatter_to_sequence,
 )
+from autoplan.runtime.tp_params import local, placed
 from autoplan.runtime.vocab_parallel import VocabParallelEmbedding, VocabParallelOutput
-
-
-def _placed(t: torch.Tensor, mesh: DeviceMesh, placement: Placement) -> nn.Parameter:
-    return nn.Parameter(distribute_tensor(t, mesh, [placement]))
 
 
 def _placed_bias(module: nn.Module, mesh: DeviceMesh, placement: Placement) -> nn.Parameter | None:
     bias = getattr(module, "bias", None)
-    return None if bias is None else _placed(bias, mesh, placement)
-
-
-def _local(p: torch.Tensor, partial_grad: bool = False) -> torch.Tensor:
-    """The local tensor of a DTensor parameter (differentiable); ``partial_grad``: its gradient is
-    this rank's share of a sum over the group (a replicated weight applied to a sequence chunk)."""
-    assert isinstance(p, DTensor)
-    return p.to_local(grad_placements=[Partial()]) if partial_grad else p.to_local()
+    return None if bias is None else placed(bias, mesh, placement)
 
 
 def _local_bias(p: torch.Tensor | None, partial_grad: bool = False) -> torch.Tensor | None:
-    return None if p is None else _local(p, partial_grad)
+    return None if p is None else local(p, partial_grad)
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -73,11 +64,11 @@ class ColumnParallelLinear(nn.Linear):
 
     def __init__(self, linear: nn.Linear, mesh: DeviceMesh):
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        self.weight = _placed(linear.weight, mesh, Shard(0))
+        self.weight = placed(linear.weight, mesh, Shard(0))
         self.bias = _placed_bias(linear, mesh, Shard(0))  # type: ignore[assignment]  # nn.Linear's optional bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, _local(self.weight), _local_bias(self.bias))
+        return F.linear(x, local(self.weight), _local_bias(self.bias))
 
 
 class RowParallelLinear(nn.Linear):
@@ -87,12 +78,12 @@ class RowParallelLinear(nn.Linear):
 
     def __init__(self, linear: nn.Linear, mesh: DeviceMesh, sp: bool):
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        self.weight = _placed(linear.weight, mesh, Shard(1))
+        self.weight = placed(linear.weight, mesh, Shard(1))
         self.bias = _placed_bias(linear, mesh, Replicate())  # type: ignore[assignment]  # nn.Linear's optional bias
         self.group, self.sp = mesh.get_group(), sp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, _local(self.weight))
+        partial = F.linear(x, local(self.weight))
         y = reduce_scatter_to_sequence(partial, self.group) if self.sp else reduce_from_group(partial, self.group)
         bias = _local_bias(self.bias, partial_grad=self.sp)
         return y if bias is None else y + bias
@@ -107,11 +98,11 @@ class SequenceParallelNorm(nn.Module):
         assert isinstance(norm, (nn.LayerNorm, nn.RMSNorm))
         self.rms = isinstance(norm, nn.RMSNorm)
         self.shape, self.eps = tuple(norm.normalized_shape), norm.eps
-        self.weight = _placed(norm.weight, mesh, Replicate())
+        self.weight = placed(norm.weight, mesh, Replicate())
         self.bias = _placed_bias(norm, mesh, Replicate())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = _local(self.weight, partial_grad=True), _local_bias(self.bias, partial_grad=True)
+        weight, bias = local(self.weight, partial_grad=True), _local_bias(self.bias, partial_grad=True)
         if self.rms:
             return F.rms_norm(x, self.shape, weight, self.eps)
         assert self.eps is not None  # a LayerNorm's is a number

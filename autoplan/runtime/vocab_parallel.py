@@ -40,9 +40,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import Shard
 
 from autoplan.runtime.tp_collectives import copy_to_group, reduce_from_group
+from autoplan.runtime.tp_params import local, placed
 
 
 def first_row(mesh: DeviceMesh, vocab: int) -> int:
@@ -51,28 +52,17 @@ def first_row(mesh: DeviceMesh, vocab: int) -> int:
     return mesh.get_local_rank() * -(-vocab // mesh.size())
 
 
-def _split_rows(weight: torch.Tensor, mesh: DeviceMesh) -> nn.Parameter:
-    """``weight`` as a DTensor split by rows (the vocabulary) over ``mesh``."""
-    return nn.Parameter(distribute_tensor(weight, mesh, [Shard(0)]))
-
-
-def _local_rows(weight: torch.Tensor) -> torch.Tensor:
-    """This rank's rows of a row-split weight (differentiable: its gradient comes back split)."""
-    assert isinstance(weight, DTensor)
-    return weight.to_local()
-
-
 class VocabParallelEmbedding(nn.Embedding):
     """A token embedding whose table is a DTensor split by rows over ``mesh`` (module and
     parameter names as nn.Embedding's: ``tok.weight``)."""
 
     def __init__(self, table: nn.Embedding, mesh: DeviceMesh):
         super().__init__(table.num_embeddings, table.embedding_dim, device="meta")
-        self.weight = _split_rows(table.weight, mesh)
+        self.weight = placed(table.weight, mesh, Shard(0))
         self.mesh = mesh
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        rows = _local_rows(self.weight)
+        rows = local(self.weight)
         ids = tokens - first_row(self.mesh, self.num_embeddings)
         outside = (ids < 0) | (ids >= rows.shape[0])
         out = F.embedding(ids.masked_fill(outside, 0), rows).masked_fill(outside.unsqueeze(-1), 0.0)
@@ -86,11 +76,11 @@ class VocabParallelOutput(nn.Linear):
 
     def __init__(self, linear: nn.Linear, mesh: DeviceMesh):
         super().__init__(linear.in_features, linear.out_features, bias=False, device="meta")
-        self.weight = _split_rows(linear.weight, mesh)
+        self.weight = placed(linear.weight, mesh, Shard(0))
         self.mesh = mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_group(x, self.mesh.get_group()), _local_rows(self.weight))
+        return F.linear(copy_to_group(x, self.mesh.get_group()), local(self.weight))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

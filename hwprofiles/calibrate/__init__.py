@@ -31,11 +31,13 @@ only inside :func:`run_calibration`, so importing it (and ``hwprofiles``) stays 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hwprofiles.errors import InputError
+
+if TYPE_CHECKING:  # reference_layers imports torch, which this package's import avoids
+    from hwprofiles.calibrate.reference_layers import LayerSplit
 
 __all__ = ["DEVICES", "default_node_path", "gpu_reference", "run_calibration"]
 
@@ -92,7 +94,7 @@ def _check_cuda(ranks: int) -> None:
 def run_calibration(
     device: str,
     out: Path,
-    split_layer: Callable[[Any, Any], None],
+    split_layer: LayerSplit,
     quick: bool = False,
     ranks: int = 2,
     progress: bool = True,

@@ -34,7 +34,7 @@ from simulator.cost.workload import (
     padded_vocab_size,
 )
 from simulator.plan import Plan
-from simulator.runtime_spec import EAGER, TP_OVERLAP, CrossEntropy, LayerKernels
+from simulator.runtime_spec import EAGER, TP_OVERLAP, CrossEntropy, LayerKernels, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
 
 
@@ -267,7 +267,7 @@ def _end_passes(
 ) -> tuple[PassTimes, PassTimes]:
     """The embedding's and the head's passes on one TP rank over Megatron's padded vocabulary;
     ``pace``: the compute slowdown, whether the host runs ahead, the device slowdown; ``loss``:
-    the cross-entropy's implementation (a "gathered" one runs over the whole vocabulary)."""
+    the cross-entropy's implementation (simulator.runtime_spec.loss_over_whole_vocabulary)."""
     slow, asy, dev = pace
     vocab, eager = padded_vocab_size(model, t), gpu.eager
 
@@ -280,7 +280,7 @@ def _end_passes(
         (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
     )
     head = passes(
-        head_forward_ops(model, mb, t, sp, e, vocab, gathered=loss == "gathered"),
+        head_forward_ops(model, mb, t, sp, e, vocab, gathered=loss_over_whole_vocabulary(loss)),
         head_backward_extra_ops(model, t, e, vocab),
         (eager.head_forward_us, eager.head_backward_us) if eager else None,
     )

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from simulator.cost.experts import routed_copies
 from simulator.numeric import maximum, minimum, where
-from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout
+from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
 
 # Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
@@ -334,7 +334,7 @@ def logits_elements(model: ModelSpec, b: int, t: int, vocab: int | None = None, 
     ranks' logits to the whole vocabulary before its loss (``loss`` "gathered": DeepSpeed's AutoTP,
     simulator.runtime_spec.Runtime.cross_entropy). ``vocab`` is the (padded) vocabulary the
     program really allocates, default the model's."""
-    return b * model.seq_length * (vocab or model.vocab_size) / (1 if loss == "gathered" else t)
+    return b * model.seq_length * (vocab or model.vocab_size) / (1 if loss_over_whole_vocabulary(loss) else t)
 
 
 def kept_logits_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2, inflight: Any = 1.0) -> Any:
