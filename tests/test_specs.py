@@ -254,6 +254,16 @@ def test_plan_string_round_trip(plan):
     assert resolve_plan(parse_plan_items(no_d), plan.gpus) == plan
 
 
+@pytest.mark.parametrize("plan", PLANS, ids=str)
+def test_the_tables_plan_labels_parse_as_plans(plan):
+    """What the plan tables print (autoplan.report.plan_label: the schedule as a bare name, e.g.
+    ``...,ckpt=none,zbv,v=2``) is a plan --plan and --fix accept, the same plan."""
+    from autoplan.report import plan_label
+
+    label = plan_label(plan.to_dict(num_microbatches=1))
+    assert resolve_plan(parse_plan_items(label), plan.gpus) == plan.replace(layers=None, recompute=None)
+
+
 def test_plan_to_dict_has_the_json_keys():
     d = Plan(t=8, p=8, d=24, ckpt="full").to_dict(num_microbatches=96)
     assert list(d) == ["t", "p", "d", "mb", "num_microbatches", "zero", "ckpt", "v", "schedule", "offload", "sp"]

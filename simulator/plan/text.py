@@ -46,6 +46,8 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
             continue
         key, sep, val = chunk.partition("=")
         key, val = key.strip(), val.strip()
+        if not sep and key.lower() in PLAN_STR_KEYS["schedule"]:  # a bare schedule name, as the plan tables print it
+            key, sep, val = "schedule", "=", key
         if not sep or not key:
             raise PlanError(f"{source}: expected key=value, got {chunk!r}")
         if key not in PLAN_KEYS:
