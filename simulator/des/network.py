@@ -16,7 +16,6 @@ leftover, not data): see there for why a simulation with it always ends.
 from __future__ import annotations
 
 import math
-from itertools import chain
 
 #: a flow is over when what is left of it is at most this fraction of its size...
 FINISH_RTOL = 1e-9
@@ -54,12 +53,13 @@ def finish_tolerance(size: float, rate: float, now: float) -> float:
 class Flow:
     """One transfer in flight. ``owner`` is the engine task that waits for it."""
 
-    __slots__ = ("links", "owner", "rate", "rem", "size", "weights")
+    __slots__ = ("links", "owner", "rate", "rem", "size", "solo", "weights")
 
     def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
         self.size = size
         self.rem = size
         self.rate = 0.0
+        self.solo = math.inf  # its rate alone on its links (set by Network.add)
         self.links = links
         self.weights = weights
         self.owner = owner
@@ -83,6 +83,8 @@ class Network:
         self.record = record
         self.series: dict[int, list[tuple[float, float]]] = {}
         self.reallocations = 0
+        self.users: dict[int, int] = {}  # flows in flight on each link (a link twice on one route: twice)
+        self.shared = 0  # links with more than one of them
 
     def advance(self, now: float) -> None:
         """Move every flow forward to ``now`` at its current rate."""
@@ -97,10 +99,16 @@ class Network:
         self.advance(now)
         self.flows.append(flow)
         self.dirty = True
-        lb = self.link_bytes
+        lb, users, cap = self.link_bytes, self.users, self.cap
         size = flow.size
         for lid, w in zip(flow.links, flow.weights):
             lb[lid] = lb.get(lid, 0.0) + size * w
+            n = users.get(lid, 0) + 1
+            users[lid] = n
+            if n == 2:
+                self.shared += 1
+        if flow.links:
+            flow.solo = min([cap[lid] / w for lid, w in zip(flow.links, flow.weights)])
 
     def pop_finished(self, now: float) -> list[int]:
         """Advance to ``now``; remove the flows finished within :func:`finish_tolerance` and
@@ -111,12 +119,22 @@ class Network:
         for f in self.flows:
             if f.rem <= finish_tolerance(f.size, f.rate, now):
                 done.append(f.owner)
+                self._release(f)
             else:
                 keep.append(f)
         if done:
             self.flows = keep
             self.dirty = True
         return done
+
+    def _release(self, flow: Flow) -> None:
+        """Take a finished flow off its links' counts."""
+        users = self.users
+        for lid in flow.links:
+            n = users[lid] - 1
+            users[lid] = n
+            if n == 1:
+                self.shared -= 1
 
     def allocate(self, now: float) -> float:
         """Weighted max-min rates by progressive filling; returns the next completion time."""
@@ -129,7 +147,7 @@ class Network:
                 self._record(now, {})
                 self.load = {}
             return math.inf
-        if len(flows) == 1 or len(set(chain.from_iterable(f.links for f in flows))) == sum(len(f.links) for f in flows):
+        if len(flows) == 1 or not self.shared:  # no two flows on one link
             return self._allocate_disjoint(now, flows)
         residual = max_min_fill(flows, cap)
         for f in flows:
@@ -151,14 +169,13 @@ class Network:
         """Flows that share no link with each other (a lone flow among them) each run at their
         tightest link's capacity / weight: what progressive filling gives them (every link's
         first and only freeze is its one flow's)."""
-        cap = self.cap
         nxt = math.inf
         new_load: dict[int, float] = {}
         for f in flows:
             if not f.links:  # a flow on no link: unconstrained
                 f.rate = math.inf
                 continue
-            f.rate = rate = min([cap[lid] / w for lid, w in zip(f.links, f.weights)])
+            f.rate = rate = f.solo
             if self.record:
                 new_load.update((lid, rate * w) for lid, w in zip(f.links, f.weights))
             if f.rem / rate < nxt:
@@ -196,7 +213,7 @@ def fair_rates(
         w = weights[i] if weights is not None else tuple(1.0 for _ in r)
         f = Flow(1.0, r, w, i)
         fl.append(f)
-        net.flows.append(f)
+        net.add(f, 0.0)
     net.allocate(0.0)
     return [f.rate for f in fl]
 
