@@ -136,6 +136,7 @@ def _add_devices(
     mdl: cp_model.CpModel, model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list
 ) -> None:
     """Per device: its time, its memory constraints; then the pipeline-time objective."""
+    sat = load_cp_model()
     L, chunks = model.num_layers, plan.p * plan.v
     lt = LayerTimes.of(model, cluster, plan)
     cap = cluster.gpu.usable_memory_bytes
@@ -150,26 +151,21 @@ def _add_devices(
     for i, ids in enumerate(dev_chunks):
         first, last = 0 in ids, chunks - 1 in ids
         tm = mdl.new_int_var(0, horizon, f"time{i}")
+        # each constraint as one weighted sum over the device's (n, f, s): the model Python's sum
+        # of products builds (the same CP-SAT proto), made in C++ rather than term by term
+        terms = [x for c in ids for x in (n[c], f[c], s[c])]
+        per_chunk = (lt.per_layer, lt.full_extra, lt.sel_extra) * len(ids)
         mdl.add(
-            tm
-            == sum(lt.per_layer * n[c] + lt.full_extra * f[c] + lt.sel_extra * s[c] for c in ids)
-            + (lt.emb if first else 0)
-            + (lt.head if last else 0)
+            tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + (lt.emb if first else 0) + (lt.head if last else 0)
         )
         times.append(tm)
         mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
         any_full = mdl.new_bool_var(f"anyfull{i}")
         mdl.add(sum(f[c] for c in ids) == 0).only_enforce_if(~any_full)
+        budget = _coef(cap * (1 - HEADROOM)) - _coef(mem.fixed)
         for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
-            mdl.add(
-                sum(
-                    _coef(cn) * n[c] + _coef(cf) * f[c] + _coef(cs) * s[c]
-                    for (cn, cf, cs), c in zip(mem.coefficients(vec), ids)
-                )
-                + _coef(mem.a_none) * any_full
-                + _coef(mem.fixed)
-                <= _coef(cap * (1 - HEADROOM))
-            )
+            coefs = [_coef(x) for chunk in mem.coefficients(vec) for x in chunk]
+            mdl.add(sat.LinearExpr.weighted_sum([*terms, any_full], [*coefs, _coef(mem.a_none)]) <= budget)
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:

@@ -27,6 +27,7 @@ import numpy as np
 
 from hwprofiles.errors import PlanError
 from hwprofiles.schema import GpuProfile, NodeProfile
+from simulator.cost.cache import IdentityCache
 from simulator.plan import (
     CKPT_MODES,
     OFFLOADS,
@@ -260,6 +261,10 @@ SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(Shape))
 _SHAPE_ROW = attrgetter(*SHAPE_FIELDS)
 
 
+#: the option rows of each option key (:func:`plan_table`), per model, framework rule and
+#: (memory options, pins, GPUs per node, precisions): the sizes of a sweep share them
+_OPTIONS = IdentityCache(64)
+
 #: a framework's rule for a shape's option rows (autoplan.frameworks.space.option_rule): does the
 #: stack run ``shape`` with the (prec, zero, ckpt, offload, hsdp, fp8ag) ``row``
 OptionRule = Callable[[Shape, tuple[Any, ...]], bool]
@@ -281,13 +286,17 @@ def plan_table(
     option_rows: dict[tuple[Any, ...], int] = {}
     of_key: dict[tuple[Any, ...], list[int]] = {}
     counts, option_index = [], []
+    known = _OPTIONS.get_or_make((model, keep), (tuple(memory), tuple(sorted(fix.items())), gpus_per_node, precs), dict)
     for s in layouts:
         key = (*_OPTION_KEY(s), s.schedule in ZERO_BUBBLE_SCHEDULES, s.p > 1)
         ids = of_key.get(key)
         if ids is None:
-            found = layout_options(model, s, memory, fix, gpus_per_node, precs)
-            if keep is not None:
-                found = [row for row in found if keep(s, row)]
+            found = known.get(key)
+            if found is None:
+                found = layout_options(model, s, memory, fix, gpus_per_node, precs)
+                if keep is not None:
+                    found = [row for row in found if keep(s, row)]
+                known[key] = found
             ids = of_key[key] = [option_rows.setdefault(o, len(option_rows)) for o in found]
         counts.append(len(ids))
         option_index += ids

@@ -231,7 +231,10 @@ def with_nodes(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
     if name == counted or name.startswith(f"{counted}-"):  # also <node>-x<N>-<G>gpn (--gpus-per-node)
         name = _node_cluster_name(cluster.node, nodes) + name[len(counted) :]
     data = {**cluster.model_dump(), "nodes": nodes, "name": name}
-    return build(ClusterSpec, data, f"cluster {cluster.name} on {nodes} nodes")
+    sized = build(ClusterSpec, data, f"cluster {cluster.name} on {nodes} nodes")
+    # the very node (and GPU) object of ``cluster``, equal to the one just checked: what the
+    # estimators cache per GPU by identity (simulator.cost.block_times.block_work) then serves every size
+    return sized.model_copy(update={"node": cluster.node})
 
 
 def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterSpec:

@@ -10,7 +10,7 @@ from hwprofiles import load_gpu
 from hwprofiles.schema import EagerHost
 from simulator.analytic.data_parallel import last_bucket_bytes
 from simulator.cost.op import Op, elementwise, gemm
-from simulator.cost.ops import elementwise_bandwidth, pass_times, work_time
+from simulator.cost.ops import elementwise_bandwidth, pass_times, pass_work, work_time
 
 EAGER = EagerHost(
     layer_forward_us=300,
@@ -39,6 +39,25 @@ def test_synchronous_pass_is_work_plus_host_and_asynchronous_is_their_max():
     assert asy.forward == pytest.approx(max(work_f, 300e-6))
     # two ranks per slot double everything a CPU rank does, host work included
     assert pass_times(ops, gpu, slowdown=2.0, host_us=(300, 450)).forward == pytest.approx(2 * sync.forward)
+
+
+def test_a_pass_adds_its_ops_once_and_paces_them_on_every_call():
+    """pass_work sums a block's ops; pass_times scales those sums by the pace of the call (the
+    slowest GPU's factor, a CPU's shared cores). A GPU stream of a 4096^3 GEMM (two kernels'
+    launches at most, far under its work) and a lone 2-element op (launch-bound):
+    max(work * factor, kernel_launch_us * kernels)."""
+    gpu = load_gpu("a100-sxm4-80gb")
+    big, tiny = gemm("fc", 4096, 4096, 4096, 2), elementwise("gelu", 2, 4)
+    work = pass_work([big, tiny], gpu)
+    assert work.forward == work_time(big, gpu) + work_time(tiny, gpu)
+    assert (work.forward_kernels, work.backward_kernels) == (2, 3)  # fc's dgrad and wgrad, gelu's backward
+    launch = gpu.kernel_launch_us * 1e-6
+    for factor in (1.0, 1.08):
+        paced = pass_times([big, tiny], gpu, host_async=True, device_factor=factor)
+        assert paced.forward == max(work.forward * factor, 2 * launch)
+        assert paced.backward == max(work.backward * factor, 3 * launch)
+    alone = pass_times([tiny], gpu, host_async=True, device_factor=1.08)
+    assert alone.forward == launch  # launch-bound: the slowest GPU's pace does not show
 
 
 def test_tensor_parallel_layers_use_the_tp_host_time_when_measured():

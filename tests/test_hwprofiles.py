@@ -7,7 +7,7 @@ import yaml
 from conftest import NODE_MAPPING
 
 from hwprofiles import InputError, load_cluster, load_gpu, load_node
-from hwprofiles.load import GPU_DIR, NODE_DIR, cluster_from_mapping, node_from_mapping
+from hwprofiles.load import GPU_DIR, NODE_DIR, cluster_from_mapping, node_from_mapping, with_nodes
 from hwprofiles.schema import GpuProfile, Link, NodeProfile
 from hwprofiles.units import GiB
 
@@ -216,6 +216,17 @@ def test_unknown_gpu_or_node_reference_names_the_file_and_key(tmp_path):
         load_cluster(path)
 
 
+def test_resized_cluster_keeps_its_node_object():
+    """with_nodes (every size of ``plan --nodes A:B``) gives the cluster a fresh load of that size
+    gives, holding the very node and GPU objects it was made from: what the estimators cache per
+    GPU by identity (simulator.cost.block_times.block_work) then serves every size."""
+    one = load_cluster("dgx-a100-80gb", nodes=16)
+    sized = with_nodes(one, 24)
+    assert sized == load_cluster("dgx-a100-80gb", nodes=24)
+    assert (sized.name, sized.nodes, sized.num_gpus) == ("dgx-a100-80gb-x24", 24, 192)
+    assert sized.node is one.node and sized.gpu is one.gpu
+
+
 def test_multi_node_cluster_needs_nics(tmp_path):
     lonely = dict(NODE, nics_per_node=0)
     del lonely["nic"]
@@ -225,6 +236,8 @@ def test_multi_node_cluster_needs_nics(tmp_path):
         load_cluster(path, nodes=2)
     with pytest.raises(InputError, match=r"c\.yaml.*no NICs"):
         cluster_from_mapping({"name": "c", "nodes": 2, "node": lonely}, "c.yaml")
+    with pytest.raises(InputError, match=r"on 2 nodes.*no NICs"):  # a sweep's size is checked as a file of it
+        with_nodes(load_cluster(path), 2)
 
 
 def test_error_messages_are_one_line():

@@ -44,13 +44,17 @@ def test_device_slowdown_carries_the_cluster_size_and_leaves_cpu_ranks_alone():
 def test_the_slowest_gpu_slows_kernels_not_the_host_that_issues_them():
     """A launch-bound pass (the host issues kernels slower than the GPU runs them) is not slowed."""
     from simulator.cost.op import Op
-    from simulator.cost.ops import stream_time
+    from simulator.cost.ops import stream_time, work_time
 
     gpu = load_cluster("dgx-a100-80gb", 1).gpu
-    tiny = [Op("tiny", "elementwise", flops=1.0, bytes=1.0, kernels=10)]
-    assert stream_time(tiny, gpu, 1.05) == stream_time(tiny, gpu)  # launch-bound: 10 launches
-    big = [Op("big", "elementwise", flops=1e12, bytes=1e9)]
-    assert stream_time(big, gpu, 1.05) == pytest.approx(1.05 * stream_time(big, gpu))
+    tiny = work_time(Op("tiny", "elementwise", flops=1.0, bytes=1.0), gpu)
+    assert (
+        stream_time(tiny, 10, gpu, 1.05)
+        == stream_time(tiny, 10, gpu)
+        == pytest.approx(10 * gpu.kernel_launch_us * 1e-6)
+    )
+    big = work_time(Op("big", "elementwise", flops=1e12, bytes=1e9), gpu)
+    assert stream_time(big, 1, gpu, 1.05) == pytest.approx(1.05 * stream_time(big, 1, gpu))
 
 
 def test_busy_multi_gpu_nodes_run_at_their_sustained_clock():

@@ -11,14 +11,23 @@ from typing import Any
 
 from autoplan.frameworks import Framework
 from autoplan.space import OPTION_FIELDS, OptionRule, Shape
+from simulator.cost.cache import IdentityCache
 from simulator.specs import ModelSpec
 
 #: the shape fields the profile's rules read (the rest, d and mb, never change the answer)
 _SHAPE_KEYS = ("t", "p", "cp", "ep", "schedule", "sp")
 
 
+#: each framework's and model's rules (shape_rule, option_rule), kept: every size of a sweep asks
+_RULES = IdentityCache(64)
+
+
 def shape_rule(fw: Framework, model: ModelSpec) -> Callable[[Shape], bool]:
-    """Does ``fw`` run a shape (its layout, before the options)."""
+    """Does ``fw`` run a shape (its layout, before the options); one rule per framework and model."""
+    return _RULES.get_or_make((fw, model), "shape", lambda: _shape_rule(fw, model))
+
+
+def _shape_rule(fw: Framework, model: ModelSpec) -> Callable[[Shape], bool]:
     cache: dict[tuple[Any, ...], bool] = {}
 
     def runs(shape: Shape) -> bool:
@@ -32,7 +41,12 @@ def shape_rule(fw: Framework, model: ModelSpec) -> Callable[[Shape], bool]:
 
 
 def option_rule(fw: Framework, model: ModelSpec) -> OptionRule:
-    """Does ``fw`` run a shape with an option row (autoplan.space.layout_options' tuples)."""
+    """Does ``fw`` run a shape with an option row (autoplan.space.layout_options' tuples); one
+    rule per framework and model."""
+    return _RULES.get_or_make((fw, model), "option", lambda: _option_rule(fw, model))
+
+
+def _option_rule(fw: Framework, model: ModelSpec) -> OptionRule:
     cache: dict[tuple[Any, ...], bool] = {}
 
     def runs(shape: Shape, row: tuple[Any, ...]) -> bool:

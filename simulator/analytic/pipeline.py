@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout
-from simulator.cost.block_times import block_times
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.step import pipeline_send, tied_embedding_bytes
+from simulator.cost.workload import boundary_activation_bytes
 from simulator.job import Job
 from simulator.numeric import maximum, minimum, where
 from simulator.plan import Plan
@@ -108,9 +108,9 @@ def _p2p_time(job: Job) -> float:
     plan, cluster = job.plan, job.cluster
     if plan.p == 1:
         return 0.0
-    bt = block_times(job.model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
+    act = boundary_activation_bytes(job.model, plan.mb, dtype_bytes(cluster.gpu))
     bw, lat, crosses = _pipeline_link(cluster, plan)
-    size, extra = pipeline_send(cluster, plan, bt.act_bytes, crosses)
+    size, extra = pipeline_send(cluster, plan, act, crosses)
     return collectives.p2p_time(size, bw, lat) + extra
 
 

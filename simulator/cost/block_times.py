@@ -18,13 +18,14 @@ from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_layer_ops
 from simulator.cost.memory import LOSS_CHUNKS
-from simulator.cost.ops import PassTimes, dtype_bytes, pass_times
+from simulator.cost.ops import PassTimes, PassWork, dtype_bytes, paced, pass_times, pass_work
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.rank_view import context_parallel
 from simulator.cost.schedules import compute_share
 from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
+    boundary_activation_bytes,
     embedding_backward_extra_ops,
     embedding_forward_ops,
     head_backward_extra_ops,
@@ -120,13 +121,26 @@ def loss_collectives_time(
 
 
 _BLOCKS = IdentityCache(4096)
+#: each GPU as a layer's attention kernel sees it (GpuProfile.for_attention), one object per
+#: (GPU, kernel) so that what is cached per GPU (block_work) finds it again
+_ATTENTION_GPUS = IdentityCache(64)
+_SLOWDOWNS = IdentityCache(1024)  # compute_slowdown per node, ranks and busy ranks
+_WORK = IdentityCache(4096)  # block_work per model and GPU
 
 
 def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
     """Ranks sharing a processor slow each other: max(1, n / compute slots at n ranks) for n
     ranks computing at once: ``busy`` (:func:`busy_ranks`; a number, or an array of many plans'),
     by default all the node's. The slots of a fractional n are interpolated linearly between the
-    whole counts around it (NodeProfile.slots_for; one rank alone has one slot)."""
+    whole counts around it (NodeProfile.slots_for; one rank alone has one slot). Cached per
+    node and rank count for one number of busy ranks (every size of a sweep asks again)."""
+    if busy is None or np.ndim(busy) == 0:
+        key = (cluster.gpus_per_node, None if busy is None else float(busy))
+        return _SLOWDOWNS.get_or_make((cluster.node,), key, lambda: _compute_slowdown(cluster, busy))
+    return _compute_slowdown(cluster, busy)
+
+
+def _compute_slowdown(cluster: ClusterSpec, busy: Any) -> Any:
     gpn = cluster.gpus_per_node
     n = np.clip(gpn if busy is None else busy, 1.0, gpn)
     slots = [cluster.node.slots_for(k) for k in range(1, gpn + 1)]
@@ -219,32 +233,26 @@ def _block_times(
     busy: float | None,
     loss: CrossEntropy,
 ) -> BlockTimes:
-    gpu = cluster.gpu.for_attention(attention)
+    gpu = _ATTENTION_GPUS.get_or_make((cluster.gpu,), attention, lambda: cluster.gpu.for_attention(attention))
     e = dtype_bytes(gpu)
     slow, dev = compute_slowdown(cluster, busy), device_slowdown(cluster)
-    act = mb * model.seq_length * model.hidden_size * e
+    act = boundary_activation_bytes(model, mb, e)
     link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
     asy = host_async(cluster)
-    layer_params, eager = params.layer_params_per_rank(model, t), gpu.eager
-    layer_extra = layer_backward_extra_ops(model, mb, t, sp, e, layer_params)
-    eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
+    eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, gpu, t, mb, e, slow, asy, dev)
     cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
-    layer = pass_times(
-        layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
-        gpu,
-        slow,
-        layer_extra,
-        asy,
-        eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None,
-        dev,
-    )
+    work = block_work(model, gpu, t, sp, mb, prec, kernels, loss)
+
+    def at_pace(w: PassWork, host_us: tuple[float, float] | None) -> PassTimes:
+        return paced(w, gpu, slow, asy, host_us, dev)
+
+    layer = at_pace(work.layer, eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None)
     layer_fwd = layer.forward / tp_forward(model)  # the compute beside each of the forward's TP collectives
-    embedding, head = _end_passes(model, gpu, t, sp, mb, e, (slow, asy, dev), loss)
     return BlockTimes(
         layer=layer,
-        embedding=embedding,
-        head=head,
+        embedding=at_pace(work.embedding, (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None),
+        head=at_pace(work.head, (eager.head_forward_us, eager.head_backward_us) if eager else None),
         tp_all_reduce=_tp_all_reduce(collectives.all_reduce_time(act, t, link), t, sp, kernels, asy, gpu, layer_fwd),
         act_bytes=act,
         cp_forward=cp_f,
@@ -255,36 +263,52 @@ def _block_times(
     )
 
 
-def _end_passes(
-    model: ModelSpec,
-    gpu: GpuProfile,
-    t: int,
-    sp: bool,
-    mb: int,
-    e: int,
-    pace: tuple[Any, bool, float],
-    loss: CrossEntropy,
-) -> tuple[PassTimes, PassTimes]:
-    """The embedding's and the head's passes on one TP rank over Megatron's padded vocabulary;
-    ``pace``: the compute slowdown, whether the host runs ahead, the device slowdown; ``loss``:
-    the cross-entropy's implementation (simulator.runtime_spec.loss_over_whole_vocabulary)."""
-    slow, asy, dev = pace
-    vocab, eager = padded_vocab_size(model, t), gpu.eager
+@dataclass(frozen=True)
+class BlockWork:
+    """The ops of a layer's, the embedding's and the head's passes on one TP rank, added up
+    before any pace applies (simulator.cost.ops.pass_work): what :func:`block_times` paces on
+    each cluster."""
 
-    def passes(forward: list, backward_extra: list, host_us: tuple[float, float] | None) -> PassTimes:
-        return pass_times(forward, gpu, slow, backward_extra, asy, host_us, dev)
+    layer: PassWork
+    embedding: PassWork
+    head: PassWork
 
-    embedding = passes(
-        embedding_forward_ops(model, mb, t, sp, e),
-        embedding_backward_extra_ops(model, t, e, vocab),
-        (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None,
+
+def block_work(
+    model: ModelSpec, gpu: GpuProfile, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels, loss: CrossEntropy
+) -> BlockWork:
+    """:class:`BlockWork` of a microbatch of ``mb`` on ``gpu`` (as the layer's attention kernel sees
+    it): the layer's ops (with ``kernels`` "eager", the eager program's extra ops), the embedding's
+    and the head's over Megatron's padded vocabulary (``loss``: the cross-entropy's
+    implementation, simulator.runtime_spec.loss_over_whole_vocabulary). Cached per model and GPU
+    (by identity): every cluster size of a sweep prices the same work, each at its own pace
+    (:func:`device_slowdown`)."""
+    return _WORK.get_or_make(
+        (model, gpu), (t, sp, mb, prec, kernels, loss), lambda: _block_work(model, gpu, t, sp, mb, prec, kernels, loss)
     )
-    head = passes(
-        head_forward_ops(model, mb, t, sp, e, vocab, gathered=loss_over_whole_vocabulary(loss)),
-        head_backward_extra_ops(model, t, e, vocab),
-        (eager.head_forward_us, eager.head_backward_us) if eager else None,
+
+
+def _block_work(
+    model: ModelSpec, gpu: GpuProfile, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels, loss: CrossEntropy
+) -> BlockWork:
+    e, vocab = dtype_bytes(gpu), padded_vocab_size(model, t)
+    layer_params = params.layer_params_per_rank(model, t)
+    eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
+    return BlockWork(
+        layer=pass_work(
+            layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
+            gpu,
+            layer_backward_extra_ops(model, mb, t, sp, e, layer_params),
+        ),
+        embedding=pass_work(
+            embedding_forward_ops(model, mb, t, sp, e), gpu, embedding_backward_extra_ops(model, t, e, vocab)
+        ),
+        head=pass_work(
+            head_forward_ops(model, mb, t, sp, e, vocab, gathered=loss_over_whole_vocabulary(loss)),
+            gpu,
+            head_backward_extra_ops(model, t, e, vocab),
+        ),
     )
-    return embedding, head
 
 
 #: the chunks Transformer Engine's userbuffers split a reduce-scatter into, each pipelined with a

@@ -318,6 +318,43 @@ def weight_share(bwd_ops: list[Op], gpu: GpuProfile) -> float:
     return sum(work_time(o, gpu) for o in bwd_ops if o.name in WEIGHT_GRADIENT_OPS) / total if total > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class PassWork:
+    """A block's ops added up once, before any pace applies (:func:`pass_work`): what
+    :func:`pass_times` scales by the slowdowns and combines with the host's time. Each sum runs
+    over the ops in their list order, as the formulas of the module docstring add them."""
+
+    forward: float  # sum of work(op) of the forward's ops
+    backward: float  # of the backward's ops (backward_ops of each, then backward_extra)
+    core: float  # of the forward's attention-core ops (ATTENTION_CORE)
+    forward_kernels: int  # sum of op.kernels: the launches of each (asynchronous host)
+    backward_kernels: int
+    core_kernels: int
+    forward_serial: float  # serial_time of the forward's ops (a synchronous rank)
+    backward_serial: float  # serial_time of the backward's ops, plus backward_extra's work
+    core_serial: float
+    weight_share: float  # the weight-gradient ops' share of the backward's work (weight_share)
+
+
+def pass_work(ops: list[Op], gpu: GpuProfile, backward_extra: tuple[Op, ...] | list[Op] = ()) -> PassWork:
+    """:class:`PassWork` of a block's forward ``ops`` and backward-only ``backward_extra`` on ``gpu``."""
+    bwd_ops = [b for o in ops for b in backward_ops(o)]
+    bwd_all = bwd_ops + list(backward_extra)
+    core_ops = [o for o in ops if o.name in ATTENTION_CORE]
+    return PassWork(
+        forward=sum(work_time(o, gpu) for o in ops),
+        backward=sum(work_time(o, gpu) for o in bwd_all),
+        core=sum(work_time(o, gpu) for o in core_ops),
+        forward_kernels=sum(o.kernels for o in ops),
+        backward_kernels=sum(o.kernels for o in bwd_all),
+        core_kernels=sum(o.kernels for o in core_ops),
+        forward_serial=serial_time(ops, gpu),
+        backward_serial=serial_time(bwd_ops, gpu) + sum(work_time(x, gpu) for x in backward_extra),
+        core_serial=serial_time(core_ops, gpu),
+        weight_share=weight_share(bwd_all, gpu),
+    )
+
+
 def pass_times(
     ops: list[Op],
     gpu: GpuProfile,
@@ -336,30 +373,37 @@ def pass_times(
     (forward, backward) pass, which replaces the per-op overhead (module docstring).
     ``device_factor`` >= 1 scales the device's work alone, not the host's issuing of it (a job
     paced by its slowest GPU, simulator.cost.variability)."""
-    bwd_ops = [b for o in ops for b in backward_ops(o)]
-    core_ops = [o for o in ops if o.name in ATTENTION_CORE]
-    share = weight_share(bwd_ops + list(backward_extra), gpu)
+    return paced(pass_work(ops, gpu, backward_extra), gpu, slowdown, host_async, host_us, device_factor)
+
+
+def paced(
+    w: PassWork,
+    gpu: GpuProfile,
+    slowdown: float = 1.0,
+    host_async: bool = False,
+    host_us: tuple[float, float] | None = None,
+    device_factor: float = 1.0,
+) -> PassTimes:
+    """:func:`pass_times` of a block whose ops are added up in ``w`` (:func:`pass_work`): the
+    sums at the pace of the call (the arguments of the same names there)."""
+    share = w.weight_share
     if host_us is not None:
-        work_f = sum(work_time(o, gpu) for o in ops) * device_factor
-        work_b = sum(work_time(o, gpu) for o in bwd_ops + list(backward_extra)) * device_factor
+        work_f, work_b, core = w.forward * device_factor, w.backward * device_factor, w.core * device_factor
         host_f, host_b = host_us[0] * 1e-6, host_us[1] * 1e-6
-        combine = max if host_async else (lambda w, h: w + h)
-        core = sum(work_time(o, gpu) for o in core_ops) * device_factor
+        combine = max if host_async else (lambda x, h: x + h)
         b = combine(work_b, host_b) * slowdown
         return PassTimes(combine(work_f, host_f) * slowdown, b, core * slowdown, b * share)
     if host_async:
-        b = stream_time(bwd_ops + list(backward_extra), gpu, device_factor) * slowdown
+        b = stream_time(w.backward, w.backward_kernels, gpu, device_factor) * slowdown
         return PassTimes(
-            stream_time(ops, gpu, device_factor) * slowdown,
+            stream_time(w.forward, w.forward_kernels, gpu, device_factor) * slowdown,
             b,
-            stream_time(core_ops, gpu, device_factor) * slowdown,
+            stream_time(w.core, w.core_kernels, gpu, device_factor) * slowdown,
             b * share,
         )
-    bwd = serial_time(bwd_ops, gpu) + sum(work_time(x, gpu) for x in backward_extra)
     serial = slowdown * device_factor  # the rank's processor both issues and runs its ops
-    return PassTimes(
-        serial_time(ops, gpu) * serial, bwd * serial, serial_time(core_ops, gpu) * serial, bwd * serial * share
-    )
+    bwd = w.backward_serial
+    return PassTimes(w.forward_serial * serial, bwd * serial, w.core_serial * serial, bwd * serial * share)
 
 
 def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
@@ -370,11 +414,8 @@ def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
     return sum(op_time(o, gpu) for o in ops)
 
 
-def stream_time(ops: list[Op], gpu: GpuProfile, device_factor: float = 1.0) -> float:
-    """A stream of kernels issued asynchronously by a host: max(sum of work * device_factor,
-    sum of launches) (module docstring; ``device_factor``: :func:`pass_times`)."""
-    if not ops:
-        return 0.0
-    work = sum(work_time(o, gpu) for o in ops) * device_factor
-    launch = gpu.kernel_launch_us * 1e-6 * sum(o.kernels for o in ops)
-    return max(work, launch)
+def stream_time(work: float, kernels: int, gpu: GpuProfile, device_factor: float = 1.0) -> float:
+    """A stream of kernels issued asynchronously by a host, ``work`` the sum of its ops' work and
+    ``kernels`` of their launches: max(work * device_factor, kernel_launch_us * kernels) (module
+    docstring; ``device_factor``: :func:`pass_times`)."""
+    return max(work * device_factor, gpu.kernel_launch_us * 1e-6 * kernels)

@@ -11,6 +11,7 @@ stage_params, simulator.cost.stage_memory.held_activations and activation_bytes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -218,20 +219,24 @@ def schedule_counts(P: PlanColumns, S: StageArrays) -> ScheduleCounts:
     width, groups = S.valid.shape[1], S.valid.sum(axis=1)
 
     def counts(q: Plan, i: int) -> list[tuple[float, float, float, float]]:
-        m, out = int(P.m[i]), []
-        for dev in S.dev[i, : int(groups[i])].astype(int).tolist():
-            out.append(
-                (
-                    memory.in_flight_microbatches(q.schedule, dev, q.p, m, q.v),
-                    memory.weight_grads_pending(q.schedule, dev, q.p, m),
-                    memory.end_chunk_in_flight(q.schedule, dev, q.p, m, q.v, 0),
-                    memory.end_chunk_in_flight(q.schedule, dev, q.p, m, q.v, q.v - 1),
-                )
-            )
+        m, schedule, p, v = int(P.m[i]), q.schedule, q.p, q.v
+        out = [_device_counts(schedule, dev, p, m, v) for dev in S.dev[i, : int(groups[i])].astype(int).tolist()]
         return out + [(0.0, 0.0, 0.0, 0.0)] * (width - len(out))
 
     per, inv = P.per_key((*SPLIT_KEY, "m"), counts)
     return ScheduleCounts(*np.array(per, dtype=float)[inv].transpose(2, 0, 1))
+
+
+@functools.lru_cache(maxsize=65536)
+def _device_counts(schedule: str, dev: int, p: int, m: int, v: int) -> tuple[float, float, float, float]:
+    """One device's :class:`ScheduleCounts` (cached: the splits of one schedule, p, m and v, and
+    the sizes of a sweep that give the same m, ask for the same devices again)."""
+    return (
+        memory.in_flight_microbatches(schedule, dev, p, m, v),
+        memory.weight_grads_pending(schedule, dev, p, m),
+        memory.end_chunk_in_flight(schedule, dev, p, m, v, 0),
+        memory.end_chunk_in_flight(schedule, dev, p, m, v, v - 1),
+    )
 
 
 def stage_activations(

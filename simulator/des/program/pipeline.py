@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from simulator.cost.schedules import chunk_rank
 from simulator.cost.step import pipeline_send
+from simulator.cost.workload import boundary_activation_bytes
 from simulator.des.program.state import Device, PreparedTransfer, Program, Send
 
 
@@ -19,7 +20,7 @@ def boundary_send(prog: Program, s0: int, s1: int) -> tuple[float, float]:
     got = prog.cache.get(key)
     if got is None:
         job, plan = prog.job, prog.plan
-        act = plan.mb * job.model.seq_length * job.model.hidden_size * prog.costs.e
+        act = boundary_activation_bytes(job.model, plan.mb, prog.costs.e)
         gpn = prog.topo.gpus_per_node
         crosses = prog.xfer.gpu(s0, 0, 0) // gpn != prog.xfer.gpu(s1, 0, 0) // gpn
         got = pipeline_send(job.cluster, plan, act, crosses)
