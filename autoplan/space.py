@@ -262,7 +262,8 @@ _SHAPE_ROW = attrgetter(*SHAPE_FIELDS)
 
 
 #: the option rows of each option key (:func:`plan_table`), per model, framework rule and
-#: (memory options, pins, GPUs per node, precisions): the sizes of a sweep share them
+#: (memory options, pins, GPUs per node, precisions), which key it as they are (pins of plain
+#: ints, strings and tuples, as parse_fix gives them; precisions a tuple): a sweep's sizes share them
 _OPTIONS = IdentityCache(64)
 
 #: a framework's rule for a shape's option rows (autoplan.frameworks.space.option_rule): does the
@@ -286,17 +287,19 @@ def plan_table(
     option_rows: dict[tuple[Any, ...], int] = {}
     of_key: dict[tuple[Any, ...], list[int]] = {}
     counts, option_index = [], []
-    known = _OPTIONS.get_or_make((model, keep), (tuple(memory), tuple(sorted(fix.items())), gpus_per_node, precs), dict)
+    rows_of_key = _OPTIONS.get_or_make(
+        (model, keep), (tuple(memory), tuple(sorted(fix.items())), gpus_per_node, precs), dict
+    )
     for s in layouts:
         key = (*_OPTION_KEY(s), s.schedule in ZERO_BUBBLE_SCHEDULES, s.p > 1)
         ids = of_key.get(key)
         if ids is None:
-            found = known.get(key)
+            found = rows_of_key.get(key)
             if found is None:
                 found = layout_options(model, s, memory, fix, gpus_per_node, precs)
                 if keep is not None:
                     found = [row for row in found if keep(s, row)]
-                known[key] = found
+                rows_of_key[key] = found
             ids = of_key[key] = [option_rows.setdefault(o, len(option_rows)) for o in found]
         counts.append(len(ids))
         option_index += ids
@@ -319,7 +322,8 @@ def layout_options(
 ) -> list[tuple[Any, ...]]:
     """The (prec, zero, ckpt, offload, hsdp, fp8ag) options of the plans of ``shape``, in
     enumeration order: each precision its shape allows (simulator.plan.fp8_shape_errors), each
-    of the ``memory`` options (:func:`memory_options`) its schedule runs with, then hybrid
+    of the ``memory`` options (:func:`memory_options`) its schedule runs with, but no ZeRO stage
+    without effect unless pinned (Plan.zero_without_effect: one rank holds the weights), then hybrid
     sharding (:func:`hsdp_options`) and fp8 parameters (:func:`fp8_param_options`)."""
     fp8ag = "fp8ag" in fix
     out = []
@@ -329,7 +333,10 @@ def layout_options(
         for zero, ckpt, off in memory:
             if shape.schedule in ZERO_BUBBLE_SCHEDULES and not _zero_bubble_ok(zero):
                 continue
-            for q in hsdp_options(plan_of(shape, zero, ckpt, off, pr), gpus_per_node, fix):
+            plan = plan_of(shape, zero, ckpt, off, pr)
+            if plan.zero_without_effect and "zero" not in fix:  # ZeRO 0's twin, never better
+                continue
+            for q in hsdp_options(plan, gpus_per_node, fix):
                 for r in fp8_param_options(q, fix) if fp8ag or q.prec == "fp8" else (q,):
                     out.append((r.prec, r.zero, r.ckpt, r.offload, r.hsdp, r.fp8ag))
     return out

@@ -225,15 +225,15 @@ def _node_cluster_name(node: NodeProfile, nodes: int) -> str:
 def with_nodes(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
     """``cluster`` with ``nodes`` nodes, renamed where its name counts them (a node's cluster,
     :func:`_node_cluster_name`; a cluster file's name is kept), checked as a cluster file of that
-    size is (a node without NICs makes no cluster of several): SpecError otherwise."""
+    size is (a node without NICs makes no cluster of several): SpecError otherwise. It holds
+    ``cluster``'s very node (and GPU) object, equal to the checked one."""
     counted = _node_cluster_name(cluster.node, cluster.nodes)
     name = cluster.name
     if name == counted or name.startswith(f"{counted}-"):  # also <node>-x<N>-<G>gpn (--gpus-per-node)
         name = _node_cluster_name(cluster.node, nodes) + name[len(counted) :]
     data = {**cluster.model_dump(), "nodes": nodes, "name": name}
     sized = build(ClusterSpec, data, f"cluster {cluster.name} on {nodes} nodes")
-    # the very node (and GPU) object of ``cluster``, equal to the one just checked: what the
-    # estimators cache per GPU by identity (simulator.cost.block_times.block_work) then serves every size
+    # what the estimators cache per GPU by identity (simulator.cost.block_times.block_work) serves every size
     return sized.model_copy(update={"node": cluster.node})
 
 

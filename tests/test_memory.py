@@ -14,6 +14,7 @@ import pytest
 from simulator.cost import memory
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_saved
 from simulator.cost.stage_memory import stage_peak
+from simulator.model_files import load_model
 from simulator.specs import ModelSpec
 
 
@@ -326,3 +327,10 @@ def test_interleaved_occupancy_stops_growing_at_2p(p, v):
         for s in range(p):
             got = memory.chunk_occupancy("interleaved", s, p, m, v)
             assert got == memory.replayed_occupancy("interleaved", s, p, m, v), (m, s)
+
+
+def test_boundary_activation_bytes_by_hand():
+    """GPT-3 175B, one microbatch of 2048 tokens, bf16: 1 x 2048 x 12288 x 2 = 50,331,648 bytes
+    cross each pipeline boundary (before the TP split)."""
+    assert memory.boundary_activation_bytes(load_model("gpt3-175b"), 1, 2) == 50_331_648
+    assert memory.boundary_activation_bytes(load_model("gpt3-175b"), 4, 2) == 4 * 50_331_648

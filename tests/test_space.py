@@ -25,6 +25,19 @@ def test_every_enumerated_plan_is_valid(gpt):
         assert plan_errors(gpt, plan, 64, 128) == [], plan
 
 
+def test_no_zero_stage_without_effect_unless_pinned(gpt):
+    """One rank holding the weights (d*cp = 1) and nothing offloaded: ZeRO 1-3 shard and reduce
+    nothing and run as ZeRO 0 does (as fast, as much memory or more), so the search leaves them
+    out; offloaded, or pinned with --fix, they stay."""
+    plans = space.enumerate_plans(gpt, 64, 128, {})
+    alone = [p for p in plans if p.grad_group == 1]
+    assert alone and not any(p.zero_without_effect for p in plans)
+    assert {p.zero for p in alone if p.offload == "none"} == {0}
+    assert {p.zero for p in alone if p.offload == "cpu"} == {1, 2, 3}  # ZeRO-Offload on one rank
+    pinned = space.enumerate_plans(gpt, 64, 128, {"zero": 2, "d": 1})
+    assert pinned and all(p.zero == 2 and p.zero_without_effect == (p.offload == "none") for p in pinned)
+
+
 def test_space_rules(gpt):
     plans = space.enumerate_plans(gpt, 64, 128, {})
     assert all(gpt.num_attention_heads % p.t == 0 for p in plans)

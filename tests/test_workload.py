@@ -23,13 +23,6 @@ def gemm_flops(op_list) -> float:
     return sum(o.flops for o in op_list if o.kind in GEMM_KINDS)
 
 
-def test_boundary_activation_bytes_by_hand():
-    """GPT-3 175B, one microbatch of 2048 tokens, bf16: 1 x 2048 x 12288 x 2 = 50,331,648 bytes
-    cross each pipeline boundary (before the TP split)."""
-    assert workload.boundary_activation_bytes(load_model("gpt3-175b"), 1, 2) == 50_331_648
-    assert workload.boundary_activation_bytes(load_model("gpt3-175b"), 4, 2) == 4 * 50_331_648
-
-
 def test_layer_forward_flops_megatron():
     """24 b s h^2 + 4 b s^2 h per layer (dense MHA, ffn = 4h, GELU)."""
     m = materialized(load_model("gpt3-175b"))

@@ -18,9 +18,9 @@ from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout
 from simulator.cost.cache import IdentityCache
+from simulator.cost.memory import boundary_activation_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.step import pipeline_send, tied_embedding_bytes
-from simulator.cost.workload import boundary_activation_bytes
 from simulator.job import Job
 from simulator.numeric import maximum, minimum, where
 from simulator.plan import Plan

@@ -17,7 +17,7 @@ from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_layer_ops
-from simulator.cost.memory import LOSS_CHUNKS
+from simulator.cost.memory import LOSS_CHUNKS, boundary_activation_bytes
 from simulator.cost.ops import PassTimes, PassWork, dtype_bytes, paced, pass_times, pass_work
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import FP8, weight_cast_op
@@ -25,7 +25,6 @@ from simulator.cost.rank_view import context_parallel
 from simulator.cost.schedules import compute_share
 from simulator.cost.variability import slowest_gpu_factor
 from simulator.cost.workload import (
-    boundary_activation_bytes,
     embedding_backward_extra_ops,
     embedding_forward_ops,
     head_backward_extra_ops,

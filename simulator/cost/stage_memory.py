@@ -212,7 +212,7 @@ def flight_buffers(
     b, t = plan.mb, plan.t
     inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, plan.v - 1) if last else 0.0
     logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t), loss)
-    pipe = memory.pipeline_buffer_bytes(b, model.seq_length, model.hidden_size, e, plan.p)
+    pipe = memory.pipeline_buffer_bytes(model, b, e, plan.p)
     return flight_buffer_bytes(last, logits, inflight, loss, e, pipe)
 
 

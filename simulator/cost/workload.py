@@ -47,12 +47,6 @@ def padded_vocab_size(model: ModelSpec, t: int, divisible_by: int = MAKE_VOCAB_S
     return -(-model.vocab_size // multiple) * multiple
 
 
-def boundary_activation_bytes(model: ModelSpec, mb: int, e: int) -> int:
-    """Bytes of one microbatch's activation at a layer boundary, b*s*h*e: what a pipeline send
-    carries (before any split over the TP ranks) and what one TP all-reduce reduces."""
-    return mb * model.seq_length * model.hidden_size * e
-
-
 def layer_param_tensors(model: ModelSpec) -> int:
     """Parameter tensors of one layer: a GPT layer has a weight and a bias for each of ln1,
     QKV, proj, ln2, fc1 and fc2 (12); a Llama-style layer 2 norm weights and 4 weight matrices

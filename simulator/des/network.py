@@ -70,7 +70,9 @@ class Network:
 
     ``link_bytes[L]``: bytes that crossed link L (all copies included, counted when each flow
     starts); ``series[L]`` (when ``record`` is true) lists (time, load/capacity) changes for
-    the trace, ``load`` the current load of each link.
+    the trace, ``load`` the current load of each link. A flow enters only by :meth:`add` and
+    leaves only by :meth:`pop_finished`: they keep ``users`` (the flows on each link), ``shared``
+    (the links with more than one) and each flow's ``solo`` rate, which the allocation reads.
     """
 
     def __init__(self, capacities: list[float], record: bool = True):

@@ -111,6 +111,14 @@ class Plan:
         return self.d * self.cp
 
     @property
+    def zero_without_effect(self) -> bool:
+        """A ZeRO stage above 0 with nothing to act on: one rank holds the weights (grad_group 1),
+        so there is nothing to shard or reduce, and nothing is offloaded (ZeRO-Offload moves the
+        states off the GPU even on one rank). Such a plan runs as ZeRO 0 does, as fast, and holds
+        as much memory or more (ZeRO-1's and ZeRO-3's working buffers): the search leaves it out."""
+        return self.zero > 0 and self.grad_group == 1 and self.offload == "none"
+
+    @property
     def shard_group(self) -> int:
         """Ranks that share one copy of the sharded states (:func:`shard_group_of`)."""
         return shard_group_of(self.hsdp, self.grad_group)

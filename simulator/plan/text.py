@@ -34,7 +34,8 @@ def _parse_recompute(raw: str, source: str) -> tuple[tuple[int, int], ...]:
 
 
 def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
-    """Parse ``key=val,...`` into typed values (no cross-key checks). Unknown keys are errors.
+    """Parse ``key=val,...`` into typed values (no cross-key checks). Unknown keys are errors. A
+    bare schedule name (``zbv``, any case), as the plan tables print it, is ``schedule=`` it.
 
     Every error of parsing, resolving and validating a plan is a PlanError."""
     if not isinstance(text, str) or not text.strip():
@@ -49,7 +50,7 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
         if not sep and key.lower() in PLAN_STR_KEYS["schedule"]:  # a bare schedule name, as the plan tables print it
             key, sep, val = "schedule", "=", key
         if not sep or not key:
-            raise PlanError(f"{source}: expected key=value, got {chunk!r}")
+            raise PlanError(f"{source}: expected key=value or a schedule name, got {chunk!r}")
         if key not in PLAN_KEYS:
             raise PlanError(f"{source}: unknown key '{key}' (expected one of {', '.join(PLAN_KEYS)})")
         if key in items:

@@ -88,9 +88,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
         ("t", "mb"),
         lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t), runtime.cross_entropy),
     )
-    pipe = P.per_plan(
-        ("mb", "p"), lambda q, i: memory.pipeline_buffer_bytes(q.mb, model.seq_length, model.hidden_size, e, q.p)
-    )
+    pipe = P.per_plan(("mb", "p"), lambda q, i: memory.pipeline_buffer_bytes(model, q.mb, e, q.p))
     flight = flight_buffer_bytes(S.last, column(logits), counts.head_in_flight, runtime.cross_entropy, e, column(pipe))
     fp8_layer = P.per_plan(
         ("t", "prec", "fp8ag"), lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e)

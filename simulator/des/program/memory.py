@@ -52,7 +52,7 @@ def device_states(prog: Program, dev: Device) -> ModelStates:
 def add_static_memory(prog: Program) -> None:
     plan, c = prog.plan, prog.costs
     model = prog.job.model
-    pipe_buffers = pipeline_buffer_bytes(plan.mb, model.seq_length, model.hidden_size, c.e, plan.p)
+    pipe_buffers = pipeline_buffer_bytes(model, plan.mb, c.e, plan.p)
     grad_bytes = program_state_bytes(prog.job.runtime.states, c.e, plan.zero)[1]
     for dev in prog.devices:
         psi = prog.device_params(dev)

@@ -8,9 +8,9 @@ Megatron-LM) so does the sender's next pass.
 
 from __future__ import annotations
 
+from simulator.cost.memory import boundary_activation_bytes
 from simulator.cost.schedules import chunk_rank
 from simulator.cost.step import pipeline_send
-from simulator.cost.workload import boundary_activation_bytes
 from simulator.des.program.state import Device, PreparedTransfer, Program, Send
 
 
