@@ -76,10 +76,22 @@ class LayerTimes:
         )
 
 
+#: CP-SAT's work per partition, in its deterministic time units (``max_deterministic_time``: a
+#: count of the solver's work, the same on any machine and load with one worker, so the same
+#: model stops at the same solution everywhere). A wall-clock limit did not: on 2026-11-28 the
+#: gpt-1t sweep's 155-node plan (t=5,p=31,d=8,mb=3,zero=3) was proved optimal in 0.49 s once
+#: (353.2 s steps) and stopped at the 0.5 s limit on a busier moment (389.8 s). Over the 86
+#: partitions of gpt-1t on 140..170 nodes, run to the end on this project's 2-core VM: median
+#: 0.022 units, 90th percentile 0.084, the largest 0.30 (1.0 s); a unit took 3-7 s there.
+WORK_LIMIT = 0.1
+
+
 def optimize_partition(
     model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, choose_recompute: bool = True, time_limit_s: float = 2.0
 ) -> PartitionResult | None:
-    """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits.
+    """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits. The
+    solver stops at :data:`WORK_LIMIT` of its deterministic work (the same answer on any machine),
+    or after ``time_limit_s`` seconds on a machine so slow that this comes first.
 
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
     and only the split is optimized. A context- or expert-parallel plan is partitioned on one rank's view
@@ -111,7 +123,8 @@ def optimize_partition(
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
 
     solver = sat.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = WORK_LIMIT  # where it stops, on any machine (WORK_LIMIT)
+    solver.parameters.max_time_in_seconds = time_limit_s  # a cap for a far slower machine
     solver.parameters.num_workers = 1
     solver.parameters.relative_gap_limit = 1e-3  # 0.1% of the pipeline time is noise next to the model's error
     # The model is small (3 integers per chunk) and its constraints already tight; started from the

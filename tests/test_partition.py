@@ -116,3 +116,26 @@ def test_a_refined_many_stage_plan_is_level_and_as_fast_as_the_solvers():
     assert estimate(plan_job(41, refined)).step_time == pytest.approx(
         estimate(plan_job(41, solver.plan)).step_time, rel=1e-9
     )
+
+
+def test_the_solver_stops_by_its_work_not_the_clock(monkeypatch):
+    """A partition stopped by a wall-clock limit depends on how busy the machine is (the gpt-1t
+    sweep's 155-node plan came out 353.2 s or 389.8 s): CP-SAT stops at partition.WORK_LIMIT of
+    its deterministic work, with one worker, and the wall-clock limit it is given is only a cap."""
+    from autoplan import partition
+    from autoplan.cpsat import load_cp_model
+
+    sat = load_cp_model()
+    seen = []
+    solve = sat.CpSolver.solve
+
+    def spy(self, cp, *args, **kwargs):
+        seen.append(self.parameters)
+        return solve(self, cp, *args, **kwargs)
+
+    monkeypatch.setattr(sat.CpSolver, "solve", spy)
+    cluster = load_cluster("dgx-a100-80gb", 1)
+    assert optimize_partition(heavy_ends_model(), cluster, Plan(t=1, p=4, d=2, mb=1), m=8, time_limit_s=7.0)
+    (params,) = seen
+    assert params.max_deterministic_time == partition.WORK_LIMIT and params.num_workers == 1
+    assert params.max_time_in_seconds == 7.0
