@@ -10,7 +10,8 @@ from hwprofiles import load_gpu
 from hwprofiles.schema import EagerHost
 from simulator.analytic.data_parallel import last_bucket_bytes
 from simulator.cost.op import Op, elementwise, gemm
-from simulator.cost.ops import elementwise_bandwidth, pass_times, pass_work, work_time
+from simulator.cost.ops import elementwise_bandwidth, work_time
+from simulator.cost.pass_time import pass_times, pass_work
 
 EAGER = EagerHost(
     layer_forward_us=300,

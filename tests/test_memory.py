@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from simulator.cost import memory
+from simulator.cost import boundary, memory
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_saved
 from simulator.cost.stage_memory import stage_peak
 from simulator.model_files import load_model
@@ -332,5 +332,5 @@ def test_interleaved_occupancy_stops_growing_at_2p(p, v):
 def test_boundary_activation_bytes_by_hand():
     """GPT-3 175B, one microbatch of 2048 tokens, bf16: 1 x 2048 x 12288 x 2 = 50,331,648 bytes
     cross each pipeline boundary (before the TP split)."""
-    assert memory.boundary_activation_bytes(load_model("gpt3-175b"), 1, 2) == 50_331_648
-    assert memory.boundary_activation_bytes(load_model("gpt3-175b"), 4, 2) == 4 * 50_331_648
+    assert boundary.boundary_activation_bytes(load_model("gpt3-175b"), 1, 2) == 50_331_648
+    assert boundary.boundary_activation_bytes(load_model("gpt3-175b"), 4, 2) == 4 * 50_331_648

@@ -44,7 +44,8 @@ def test_device_slowdown_carries_the_cluster_size_and_leaves_cpu_ranks_alone():
 def test_the_slowest_gpu_slows_kernels_not_the_host_that_issues_them():
     """A launch-bound pass (the host issues kernels slower than the GPU runs them) is not slowed."""
     from simulator.cost.op import Op
-    from simulator.cost.ops import stream_time, work_time
+    from simulator.cost.ops import work_time
+    from simulator.cost.pass_time import stream_time
 
     gpu = load_cluster("dgx-a100-80gb", 1).gpu
     tiny = work_time(Op("tiny", "elementwise", flops=1.0, bytes=1.0), gpu)

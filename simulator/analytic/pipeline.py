@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 from hwprofiles.algorithms import uses_trees
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, layout
+from simulator.cost.boundary import boundary_activation_bytes
 from simulator.cost.cache import IdentityCache
-from simulator.cost.memory import boundary_activation_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.step import pipeline_send, tied_embedding_bytes
 from simulator.job import Job

@@ -3,7 +3,9 @@ layer's, the embedding's and the head's passes, and the tensor-parallel, context
 expert-parallel communication inside them, and the cross-entropy's collectives over the split
 vocabulary; with the slowdowns of ranks that share a processor or wait for the slowest GPU.
 Cached per (model, cluster, t, sp, mb, precision, kernels, attention kernel, busy ranks, loss):
-the search asks for the same ones thousands of times."""
+the search asks for the same ones thousands of times. The passes' op sums beneath them
+(:class:`BlockWork`) are cached per model and GPU, so every cluster size of a sweep shares them
+and only paces them (the slowest-GPU factor depends on the GPU count)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ import numpy as np
 from hwprofiles.schema import AttentionKernel, ClusterSpec, GpuProfile
 from simulator.cost import collectives, context, experts, layout, params
 from simulator.cost.attention import attention_ops
+from simulator.cost.boundary import boundary_activation_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_layer_ops
-from simulator.cost.memory import LOSS_CHUNKS, boundary_activation_bytes
-from simulator.cost.ops import PassTimes, PassWork, dtype_bytes, paced, pass_times, pass_work
+from simulator.cost.memory import LOSS_CHUNKS
+from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
+from simulator.cost.pass_time import PassTimes, PassWork, paced, pass_times, pass_work
 from simulator.cost.precision import FP8, weight_cast_op
 from simulator.cost.rank_view import context_parallel
 from simulator.cost.schedules import compute_share
@@ -265,7 +269,7 @@ def _block_times(
 @dataclass(frozen=True)
 class BlockWork:
     """The ops of a layer's, the embedding's and the head's passes on one TP rank, added up
-    before any pace applies (simulator.cost.ops.pass_work): what :func:`block_times` paces on
+    before any pace applies (simulator.cost.pass_time.pass_work): what :func:`block_times` paces on
     each cluster."""
 
     layer: PassWork

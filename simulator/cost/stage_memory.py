@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
+from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_activation_bytes
 from simulator.cost.ops import dtype_bytes
@@ -212,7 +213,7 @@ def flight_buffers(
     b, t = plan.mb, plan.t
     inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, plan.v - 1) if last else 0.0
     logits = memory.logits_elements(model, b, t, padded_vocab_size(model, t), loss)
-    pipe = memory.pipeline_buffer_bytes(model, b, e, plan.p)
+    pipe = pipeline_buffer_bytes(model, b, e, plan.p)
     return flight_buffer_bytes(last, logits, inflight, loss, e, pipe)
 
 

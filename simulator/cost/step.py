@@ -181,7 +181,7 @@ def optimizer_seconds(cluster: ClusterSpec, psi_local: Any, param_tensors: Any, 
     (``eager.optimizer_param_ns``):
         host = param_tensors * optimizer_tensor_us (tp_optimizer_tensor_us for DTensor parameters),
         work = psi_local * optimizer_param_ns,
-        step = host + work on a CPU rank, max(host, work) on a GPU (as ops.pass_times);
+        step = host + work on a CPU rank, max(host, work) on a GPU (as pass_time.pass_times);
     otherwise the step streams through HBM OPTIMIZER_STEP_BYTES_PER_PARAM = 60 bytes per
     parameter (Megatron-LM FP16 optimizer / DeepSpeed FP16_Optimizer: fp16 grads to fp32 main
     grads (read 2, write 4), unscale and inf/nan check (4 + 4), gradient norm (4), clip/unscale

@@ -34,6 +34,7 @@ from simulator.analytic.pipeline import (
     weight_fill,
 )
 from simulator.cost import memory, params
+from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
@@ -88,7 +89,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: Stage
         ("t", "mb"),
         lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t), runtime.cross_entropy),
     )
-    pipe = P.per_plan(("mb", "p"), lambda q, i: memory.pipeline_buffer_bytes(model, q.mb, e, q.p))
+    pipe = P.per_plan(("mb", "p"), lambda q, i: pipeline_buffer_bytes(model, q.mb, e, q.p))
     flight = flight_buffer_bytes(S.last, column(logits), counts.head_in_flight, runtime.cross_entropy, e, column(pipe))
     fp8_layer = P.per_plan(
         ("t", "prec", "fp8ag"), lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e)

@@ -22,7 +22,8 @@ from hwprofiles.schema import AttentionKernel, ClusterSpec
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.cost import memory, params
 from simulator.cost.block_times import BlockTimes, block_times, busy_ranks, host_async
-from simulator.cost.ops import PassTimes, dtype_bytes
+from simulator.cost.ops import dtype_bytes
+from simulator.cost.pass_time import PassTimes
 from simulator.cost.phase_memory import recompute_working_set
 from simulator.cost.precision import linear_input_bytes
 from simulator.cost.stage import StageSpans, device_kinds, kind_groups, stage_groups, stage_times

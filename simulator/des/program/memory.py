@@ -3,7 +3,7 @@
 Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`, the program's
 bytes per parameter: :func:`simulator.cost.memory.program_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
-(:func:`simulator.cost.memory.pipeline_buffer_bytes`), the program's compute-dtype weight
+(:func:`simulator.cost.boundary.pipeline_buffer_bytes`), the program's compute-dtype weight
 copies that its backward holds (:func:`simulator.cost.phase_memory.weight_copies_saved`; the
 forward's others are the head's forward transient, simulator.des.passes) and fp8 weight copies
 (:func:`simulator.cost.stage_memory.fp8_weight_copies`): the terms of
@@ -12,11 +12,11 @@ forward's others are the head's forward transient, simulator.des.passes) and fp8
 
 from __future__ import annotations
 
+from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.memory import (
     ModelStates,
     gradient_bucket_bytes,
     model_state_bytes,
-    pipeline_buffer_bytes,
     program_state_bytes,
 )
 from simulator.cost.phase_memory import gradients_late, weight_copies_held

@@ -8,7 +8,7 @@ Megatron-LM) so does the sender's next pass.
 
 from __future__ import annotations
 
-from simulator.cost.memory import boundary_activation_bytes
+from simulator.cost.boundary import boundary_activation_bytes
 from simulator.cost.schedules import chunk_rank
 from simulator.cost.step import pipeline_send
 from simulator.des.program.state import Device, PreparedTransfer, Program, Send
