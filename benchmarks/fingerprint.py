@@ -7,9 +7,10 @@ changes no result: the check issue 32 (one home per cost rule) was held to.
 For 9 model/cluster spaces x 7 runtimes, a seeded sample of the search space's plans (``--plans``
 per space and runtime, default 150): the scalar estimate's step time, peak memory, fit, FLOPs,
 bubble, time and memory breakdowns and extra figures; the batch estimate's step time, peak memory
-and fit; and the DES of the first two fitting plans. With ``--against`` the same runs on the
-revision (a temporary git worktree) and the two are compared value by value: it prints how many
-differ, by at most how much, and where. About 6 minutes per checkout on 2 cores.
+and fit; and the DES of the first two fitting plans. With ``--against`` the same plans are run on
+the revision (a temporary git worktree: this checkout's sample, so that a search space that
+changed between them still compares every record) and the two are compared value by value: it
+prints how many differ, by at most how much, and where. About 6 minutes per checkout on 2 cores.
 """
 
 from __future__ import annotations
@@ -53,14 +54,22 @@ SPACES = [("gpt3-175b", "dgx-a100-80gb", 128, 1536), ("gpt-1t", "dgx-a100-80gb",
           ("llama2-70b", "dgx-h100", 16, 512), ("llama3-8b", "hgx-a100-40gb-roce", 4, 256),
           ("llama2-7b", "pcie-a100-80gb", 2, 64), ("gpt3-175b", "dgx2-v100", 32, 512),
           ("mixtral-8x7b", "dgx-h100", 8, 256), ("tiny", "localhost-cpu", 1, 16), ("tiny", "localhost-cpu", 1, 8)]
+try:
+    from simulator.plan import parse_plan
+except ImportError:
+    from simulator.specs import parse_plan
 full = lambda x: repr(float(x))
 out, per = {}, int(sys.argv[2])
+given = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else None  # another checkout's record keys
 for name, node, nodes, gb in SPACES:
     model, cluster = load_model(name), load_cluster(node, nodes)
     plans = enumerate_plans(model, cluster.num_gpus, gb, {}, cluster.gpus_per_node,
                             precisions(cluster.gpu, {}), offloads(cluster.node, {}))
     for rt in RUNTIMES:
+        prefix = f"{name}|{node}|{nodes}|{gb}|{rt.name}|"
         sample = random.Random(f"{name}{node}{nodes}{rt.name}").sample(plans, min(per, len(plans)))
+        if given is not None:  # exactly the plans the other checkout sampled
+            sample = [parse_plan(k[len(prefix):], model, cluster.num_gpus, gb)[0] for k in given if k.startswith(prefix)]
         b = estimate_batch(model, cluster, sample, gb, rt)
         for i, q in enumerate(sample):
             s = estimate(Job(model, cluster, q, gb, rt))
@@ -71,8 +80,11 @@ for name, node, nodes, gb in SPACES:
                 "time": {k: full(v) for k, v in s.time_breakdown.items()},
                 "memory": {k: full(v) for k, v in s.memory_breakdown.items()},
                 "extra": {k: repr(v) for k, v in s.extra.items()}}
-        fitting = [q for i, q in enumerate(sample) if b.fits[i] and math.isfinite(b.step_time[i])]
-        for q in fitting[:2]:
+        fitting = [q for i, q in enumerate(sample) if b.fits[i] and math.isfinite(b.step_time[i])][:2]
+        if given is not None:
+            fitting = [parse_plan(k[len("DES|" + prefix):], model, cluster.num_gpus, gb)[0]
+                       for k in given if k.startswith("DES|" + prefix)]
+        for q in fitting:
             d = simulate_des(Job(model, cluster, q, gb, rt))
             out[f"DES|{name}|{node}|{nodes}|{gb}|{rt.name}|{q.to_string()}"] = {
                 "des": [full(d.step_time), full(d.peak_memory), d.fits],
@@ -81,12 +93,12 @@ json.dump(out, open(sys.argv[1], "w"), sort_keys=True)
 """
 
 
-def figures(root: Path, path: Path, plans: int) -> dict:
-    """The figures of the code under ``root``, written to and read back from ``path``."""
+def figures(root: Path, path: Path, plans: int, keys: Path | None = None) -> dict:
+    """The figures of the code under ``root``, written to and read back from ``path``; with
+    ``keys`` (a JSON list of record keys), of exactly those plans instead of a sample."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    r = subprocess.run(
-        [sys.executable, "-c", FIGURES, str(path), str(plans)], cwd=root, env=env, capture_output=True, text=True
-    )
+    args = [str(path), str(plans), *([str(keys)] if keys else [])]
+    r = subprocess.run([sys.executable, "-c", FIGURES, *args], cwd=root, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"figures failed in {root}: {r.stderr.strip().splitlines()[-1:]}")
     return json.loads(path.read_text())
@@ -151,8 +163,10 @@ def main() -> int:
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(tree), a.against], cwd=ROOT, check=True, capture_output=True
         )
-        try:
-            then = figures(tree, Path(tmp) / "then.json", a.plans)
+        keys = Path(tmp) / "keys.json"
+        keys.write_text(json.dumps(sorted(now)))
+        try:  # the plans this checkout sampled: a search space that changed samples others
+            then = figures(tree, Path(tmp) / "then.json", a.plans, keys)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
     print("\n".join(compare(then, now)))
