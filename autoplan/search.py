@@ -56,9 +56,8 @@ class SearchOptions:
     tolerance: float = 0.02  # finalists: top K plus plans within this fraction of the best
     max_finalists: int = 16
     partition: bool = True
-    partition_time_s: float = (
-        2.0  # CP-SAT's wall-clock cap per finalist (its work limit, partition.WORK_LIMIT, comes first)
-    )
+    # CP-SAT's wall-clock cap per finalist: its work limit (partition.WORK_LIMIT) comes first
+    partition_time_s: float = 2.0
     runtime: Runtime = OVERLAPPED  # how the program runs the plan (simulator.runtime_spec.Runtime)
     framework: Framework | None = None  # the stack that runs it: only its plans, each priced with its runtime
     keep_timeline: bool = False  # keep each finalist's DES record (for plots and traces; megabytes each)
