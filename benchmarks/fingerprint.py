@@ -61,15 +61,19 @@ except ImportError:
 full = lambda x: repr(float(x))
 out, per = {}, int(sys.argv[2])
 given = json.load(open(sys.argv[3])) if len(sys.argv) > 3 else None  # another checkout's record keys
+def given_plans(prefix, model, gpus, gb):  # the plans of the given records whose keys start with prefix
+    return [parse_plan(k[len(prefix):], model, gpus, gb)[0] for k in given if k.startswith(prefix)]
 for name, node, nodes, gb in SPACES:
     model, cluster = load_model(name), load_cluster(node, nodes)
-    plans = enumerate_plans(model, cluster.num_gpus, gb, {}, cluster.gpus_per_node,
-                            precisions(cluster.gpu, {}), offloads(cluster.node, {}))
+    if given is None:
+        plans = enumerate_plans(model, cluster.num_gpus, gb, {}, cluster.gpus_per_node,
+                                precisions(cluster.gpu, {}), offloads(cluster.node, {}))
     for rt in RUNTIMES:
         prefix = f"{name}|{node}|{nodes}|{gb}|{rt.name}|"
-        sample = random.Random(f"{name}{node}{nodes}{rt.name}").sample(plans, min(per, len(plans)))
-        if given is not None:  # exactly the plans the other checkout sampled
-            sample = [parse_plan(k[len(prefix):], model, cluster.num_gpus, gb)[0] for k in given if k.startswith(prefix)]
+        if given is None:
+            sample = random.Random(f"{name}{node}{nodes}{rt.name}").sample(plans, min(per, len(plans)))
+        else:  # exactly the plans the other checkout sampled
+            sample = given_plans(prefix, model, cluster.num_gpus, gb)
         b = estimate_batch(model, cluster, sample, gb, rt)
         for i, q in enumerate(sample):
             s = estimate(Job(model, cluster, q, gb, rt))
@@ -80,10 +84,10 @@ for name, node, nodes, gb in SPACES:
                 "time": {k: full(v) for k, v in s.time_breakdown.items()},
                 "memory": {k: full(v) for k, v in s.memory_breakdown.items()},
                 "extra": {k: repr(v) for k, v in s.extra.items()}}
-        fitting = [q for i, q in enumerate(sample) if b.fits[i] and math.isfinite(b.step_time[i])][:2]
-        if given is not None:
-            fitting = [parse_plan(k[len("DES|" + prefix):], model, cluster.num_gpus, gb)[0]
-                       for k in given if k.startswith("DES|" + prefix)]
+        if given is None:
+            fitting = [q for i, q in enumerate(sample) if b.fits[i] and math.isfinite(b.step_time[i])][:2]
+        else:
+            fitting = given_plans("DES|" + prefix, model, cluster.num_gpus, gb)
         for q in fitting:
             d = simulate_des(Job(model, cluster, q, gb, rt))
             out[f"DES|{name}|{node}|{nodes}|{gb}|{rt.name}|{q.to_string()}"] = {
