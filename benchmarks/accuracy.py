@@ -20,7 +20,8 @@
    row, MAPE per source, every row predicted out of memory listed as a miss, fp8 rows predicted
    with prec=fp8 and summarized apart, rows without a stated ZeRO stage or recomputation listed as
    skipped (benchmarks/_accuracy_fsdp.py). The attention efficiency of each GPU profile was
-   fitted to the MosaicML rows with s >= 8192; the other rows are held out.
+   fitted to the MosaicML bf16 rows with s >= 8192 (the H100's FlashAttention-2 entry: --fit
+   redoes that fit, benchmarks/_accuracy_attention_fit.py); the other rows are held out.
 4. CPU runs (autoplan emit + autoplan run on the localhost-cpu node): measured vs predicted
    step time, when autoplan.verify, the localhost-cpu profiles and torch are available.
    Each run times about 5 s of steps (:func:`cpu_steps`); ``--cpu-repeats N`` runs every plan
@@ -48,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import _accuracy_attention_fit as attention_fit
 import _accuracy_cli as cli
 import _accuracy_data as data
 import _accuracy_fsdp as fsdp
@@ -304,6 +306,9 @@ def cpu_section(out: Callable[[str], None], repeats: int = 1) -> dict[str, Any]:
 
 
 def run_fit(out: Callable[[str], None]) -> None:
+    """Refit the profiles' fitted figures and print them beside the profiles' (which are edited by hand):
+    the A100's kernel_launch_us and gemm.max_efficiency to vTrain's fit subset (section 2), the H100's
+    FlashAttention-2 entry to MosaicML's long-sequence rows (section 3; _accuracy_attention_fit)."""
     out("Fit of the A100 profile (kernel_launch_us, gemm.max_efficiency) to the fit subset:")
     rows = data.vtrain_rows("ground_truth_single.csv")
     fit = [r for r in rows if r.fit_subset]
@@ -314,13 +319,24 @@ def run_fit(out: Callable[[str], None]) -> None:
         f"  profile hwprofiles/gpus/a100-sxm4-80gb.yaml has kernel_launch_us = {gpu.kernel_launch_us}, "
         f"max_efficiency = {gpu.gemm.max_efficiency}"
     )
+    out(
+        f"Fit of the H100 profile's {attention_fit.KERNEL} entry to MosaicML's bf16 H100 rows with s >= {attention_fit.FIT_MIN_SEQ}:"
+    )
+    h100 = load_cluster(fsdp.NODE_OF_GPU["H100-80GB"]).gpu
+    attention_fit.fit_flash_attention("H100-80GB", h100.attention_kernels[attention_fit.KERNEL], log=out)
+    out(
+        "  (hwprofiles/gpus/h100-sxm5-80gb.yaml; h200-sxm-141gb.yaml carries the same entry: the same SMs, no H200 rows)"
+    )
     out("")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--fit", action="store_true", help="refit the A100 profile's two fitted numbers first (about a minute)"
+        "--fit",
+        action="store_true",
+        help="refit the A100 profile's two fitted numbers and the H100 profile's flash-attn-2 entry first "
+        "(about two minutes)",
     )
     ap.add_argument("--no-des", action="store_true", help="skip the discrete-event simulator columns")
     ap.add_argument("--no-cpu-runs", action="store_true", help="skip section 3 (launches torchrun on this machine)")

@@ -11,6 +11,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 from hwprofiles.load import load_cluster
 from simulator import analytic
 from simulator.cost import workload
@@ -20,7 +22,8 @@ from simulator.runtime_spec import NO_DP_OVERLAP
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import _accuracy_data as data  # noqa: E402  (benchmarks/ on the path above)
+import _accuracy_attention_fit as fit  # noqa: E402  (benchmarks/ on the path above)
+import _accuracy_data as data  # noqa: E402
 
 
 def test_vtrain_cluster_file():
@@ -124,3 +127,21 @@ def test_a_rows_printed_command_gives_the_benchmarks_prediction(tmp_path):
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["step_time_s"] == analytic.estimate(cmd.job()).step_time
         assert cmd.shell().startswith("autoplan simulate --model ") and "--framework megatron" in cmd.shell()
+
+
+def test_the_attention_fit_reads_the_long_h100_rows_and_prices_the_entry_it_is_given():
+    """benchmarks/_accuracy_attention_fit.py: its fit subset is MosaicML's bf16 H100 rows with
+    s >= 8192 (17 in the file); a job given another entry keeps its runtime, prices attention at
+    the entry, and a faster entry gives a shorter step; the golden section finds a known minimum."""
+    rows = fit.fit_rows("H100-80GB")
+    assert len(rows) == 17
+    assert all(r.job.model.seq_length >= 8192 and r.job.plan.prec == "bf16" for r in rows)
+    job = rows[0].job
+    entry = job.cluster.gpu.attention_kernels[fit.KERNEL]
+    faster = fit.scaled(entry, 1.5, entry.half_seq)
+    assert faster.forward_efficiency == entry.forward_efficiency * 1.5
+    moved = fit.with_entry(job, faster)
+    assert moved.runtime == job.runtime and moved.cluster.gpu.attention_kernels[fit.KERNEL] == faster
+    assert analytic.estimate(moved).step_time < analytic.estimate(job).step_time
+    x, fx = fit._golden(lambda k: (k - 1.3) ** 2 + 0.5, 0.5, 2.0, tol=1e-6)
+    assert x == pytest.approx(1.3, abs=1e-5) and fx == pytest.approx(0.5)
