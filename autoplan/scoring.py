@@ -157,7 +157,7 @@ def _estimates(plans: PlanTable, cluster: ClusterSpec) -> tuple[np.ndarray, np.n
     """(step time, peak memory, fits) of every plan, each priced with the runtime its framework
     runs it with (autoplan.frameworks.pricing.runtime_groups: one batch per runtime)."""
     opts = SHARED["opts"]
-    groups = runtime_groups(opts.framework, opts.runtime, plans, cluster.node.backend)
+    groups = runtime_groups(opts.framework, opts.base_runtime, plans, cluster.node.backend)
     if len(groups) == 1:
         r = estimate_batch(SHARED["model"], cluster, plans, SHARED["B"], groups[0][0])
         return r.step_time, r.peak_memory, r.fits

@@ -58,9 +58,22 @@ class SearchOptions:
     partition: bool = True
     # CP-SAT's wall-clock cap per finalist: its work limit (partition.WORK_LIMIT) comes first
     partition_time_s: float = 2.0
-    runtime: Runtime = OVERLAPPED  # how the program runs the plan (simulator.runtime_spec.Runtime)
+    # how the program runs the plan (simulator.runtime_spec.Runtime): None is the framework's own (base_runtime)
+    runtime: Runtime | None = None
     framework: Framework | None = None  # the stack that runs it: only its plans, each priced with its runtime
     keep_timeline: bool = False  # keep each finalist's DES record (for plots and traces; megabytes each)
+
+    @property
+    def base_runtime(self) -> Runtime:
+        """The runtime the plans are priced from, before each plan's own rules
+        (autoplan.frameworks.pricing.plan_runtime): ``runtime`` where given (the command line gives
+        its framework's with its overrides: --no-dp-overlap, --zero3-runtime, --reduce-dtype),
+        else the framework's (Framework.base_runtime), else the overlapped default
+        (simulator.runtime_spec.OVERLAPPED). A framework named without a runtime is never priced
+        with another stack's."""
+        if self.runtime is not None:
+            return self.runtime
+        return self.framework.base_runtime() if self.framework else OVERLAPPED
 
 
 @dataclass

@@ -28,7 +28,7 @@ def plan_job(nodes: int, plan: Plan) -> Job:
     """The job of ``plan`` on ``nodes`` nodes from the search's inputs (:data:`SHARED`), with the
     runtime its framework runs it with (autoplan.frameworks.pricing.plan_runtime)."""
     opts, cluster = SHARED["opts"], SHARED["clusters"][nodes]
-    runtime = plan_runtime(opts.framework, opts.runtime, plan, cluster.node.backend)
+    runtime = plan_runtime(opts.framework, opts.base_runtime, plan, cluster.node.backend)
     return Job(SHARED["model"], cluster, plan, SHARED["B"], runtime)
 
 

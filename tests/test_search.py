@@ -248,3 +248,25 @@ def test_fastest_plans_the_files_refuse_are_passed_over():
     found = search(model, cluster, 1536, dataclasses.replace(opts, jobs=2, framework=fw))
     assert files_differ(fw, found.best_result.job) is None
     assert found.best_result.step_time >= unchecked.step_time
+
+
+def test_a_framework_named_without_a_runtime_is_priced_with_its_own():
+    """SearchOptions(framework=X) prices X's plans from X's runtime (its profile's), as
+    `plan --framework X` does; a runtime given (the command line's overrides) comes first; with
+    neither, the overlapped default. The search's best plan for autoplan's program named this way
+    is the command line's (its default framework)."""
+    from autoplan.frameworks import load_framework
+    from simulator.runtime_spec import NO_DP_OVERLAP, OVERLAPPED
+
+    program, megatron = load_framework("autoplan"), load_framework("megatron")
+    assert SearchOptions(framework=program).base_runtime == program.base_runtime() != OVERLAPPED
+    assert SearchOptions(framework=megatron).base_runtime == megatron.base_runtime()
+    assert SearchOptions(framework=megatron, runtime=NO_DP_OVERLAP).base_runtime == NO_DP_OVERLAP
+    assert SearchOptions().base_runtime == OVERLAPPED
+    cluster = small_cluster(1, 8)
+    by_name = search(SMALL, cluster, 32, SearchOptions(framework=program, fidelity="analytic"))
+    as_cli = search(
+        SMALL, cluster, 32, SearchOptions(framework=program, runtime=program.base_runtime(), fidelity="analytic")
+    )
+    assert by_name.best_result.job.plan == as_cli.best_result.job.plan
+    assert by_name.best_result.step_time == as_cli.best_result.step_time
