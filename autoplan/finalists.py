@@ -78,15 +78,11 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     recomputation that fits: :func:`_lighter_recompute`); keeps it when predicted faster."""
     nodes, plan, step = args
     model, fix, opts = SHARED["model"], SHARED["fix"], SHARED["opts"]
-    c = SHARED["clusters"][nodes]
     choose_recompute = "recompute" not in fix and "ckpt" not in fix
     if opts.partition and plan.split_backward and choose_recompute:
         candidates = _lighter_recompute(plan)
     elif opts.partition and _worth_partitioning(model, plan, fix):
-        job = plan_job(nodes, plan)
-        part = optimize_partition(
-            model, c, plan, job.m, choose_recompute=choose_recompute, time_limit_s=opts.partition_time_s
-        )
+        part = optimize_partition(plan_job(nodes, plan), choose_recompute, opts.partition_time_s)
         # the levelled split first: the same pipeline time as the solver's is kept (ties go to the first)
         candidates = [] if part is None else [x for x in (levelled_split(part.plan), part.plan) if x is not None]
     else:

@@ -5,16 +5,18 @@ f_c layers fully recomputed, s_c selectively recomputed (f_c + s_c <= n_c).
 Per device i, per microbatch (microseconds, integers):
     time_i = sum_{c on i} [ n_c * (F + B + 4*T + Rf + Rb + 4*X) + f_c * (F + 2*T + Rf + 2*X) + s_c * (A + Rf) ]
              + E[i=0] + H[i=p-1]
-with F, B the layer's forward/backward compute, T one TP all-reduce, A the attention core
+with F, B the layer's forward/backward compute as the job's runtime runs it (its layer kernels,
+attention kernel and loss: simulator.cost.block_times.job_block_times), T one TP all-reduce, A the attention core
 (selective recompute), Rf/Rb what the context-parallel ring adds to an attention's forward and
 backward (0 at cp = 1), X one token all-to-all of expert parallelism (0 at ep = 1; two per
 pass), E/H the embedding and head passes; T's counts are 2 per pass, 1 + k with a mixture of
 experts.
 with T's counts from simulator.cost.stage (tp_per_layer, tp_per_full_recompute, TP_EMBEDDING, TP_HEAD).
-Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model,
-simulator.cost.stage_memory_linear.DeviceMemoryModel, one constraint per reachable occupancy vector k
-of the schedule (simulator.cost.memory.chunk_occupancy):
-    mem_i = fixed_i + a_none * [f on i > 0] + sum_{c on i} [ cn_c(k) n_c + cf_c(k) f_c + cs_c(k) s_c ]  <=  capacity
+Memory of device i (bytes, scaled to MiB): the linear form of the one stage-memory model as the
+job's runtime holds it, simulator.cost.stage_memory_linear.DeviceMemoryModel, one constraint per
+reachable occupancy vector k of the schedule (simulator.cost.memory.chunk_occupancy) and per phase
+ph whose transient can be the largest (the recompute's: a_none * [f on i > 0]):
+    mem_i = fixed_i + sum_{c on i} [ cn_c(k) n_c + cf_c(k) f_c + cs_c(k) s_c ] + phase_ph(n, f)  <=  capacity
 so stage 0 of 1F1B, which holds p microbatches, gets fewer layers or more recomputation.
 Objective: the pipeline time (m - 1) * max_i time_i + sum_i time_i (interleaved:
 m * max + (sum - max)/v), i.e. the slowest stage dominates and the rest break ties.
@@ -27,20 +29,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from autoplan.cpsat import load_cp_model
-from hwprofiles.schema import ClusterSpec
-from simulator.cost.block_times import TP_EMBEDDING, TP_HEAD, block_times, tp_per_full_recompute, tp_per_layer
+from simulator.cost.block_times import TP_EMBEDDING, TP_HEAD, job_block_times, tp_per_full_recompute, tp_per_layer
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
-from simulator.cost.rank_view import rank_model, rank_plan, user_plan
+from simulator.cost.rank_view import rank_job, user_plan
 from simulator.cost.schedules import rank_chunks
 from simulator.cost.stage_memory_linear import DeviceMemoryModel
+from simulator.job import Job
 from simulator.plan import Plan, RecomputeName
-from simulator.specs import ModelSpec
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 
 US = 1e6  # seconds -> integer microseconds
-HEADROOM = 0.01  # keep 1% of capacity free: the DES's memory timeline can exceed the closed form slightly
 MIB = float(2**20)
 
 
@@ -62,8 +62,10 @@ class LayerTimes:
     head: int  # H
 
     @staticmethod
-    def of(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> LayerTimes:
-        bt = block_times(model, cluster, plan.t, bool(plan.sp), plan.mb, plan.prec)
+    def of(job: Job) -> LayerTimes:
+        """The terms of ``job``'s plan as its runtime runs it (simulator.cost.block_times.job_block_times)."""
+        model = job.model
+        bt = job_block_times(job)
         tp, cp_f, a2a = bt.tp_all_reduce, bt.cp_forward, ALL_TO_ALLS_PER_PASS * bt.ep_all_to_all
         return LayerTimes(
             per_layer=round(
@@ -86,21 +88,20 @@ class LayerTimes:
 WORK_LIMIT = 0.1
 
 
-def optimize_partition(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, choose_recompute: bool = True, time_limit_s: float = 2.0
-) -> PartitionResult | None:
-    """Best layer split (and recompute map) for ``plan``'s shape; None when nothing fits. The
-    solver stops at :data:`WORK_LIMIT` of its deterministic work (the same answer on any machine),
-    or after ``time_limit_s`` seconds on a machine so slow that this comes first.
+def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: float = 2.0) -> PartitionResult | None:
+    """Best layer split (and recompute map) for ``job``'s plan shape, its times and memory as the
+    job's runtime runs it; None when nothing fits. The solver stops at :data:`WORK_LIMIT` of its
+    deterministic work (the same answer on any machine), or after ``time_limit_s`` seconds on a
+    machine so slow that this comes first.
 
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
     and only the split is optimized. A context- or expert-parallel plan is partitioned on one rank's view
-    (simulator.cost.rank_view; its microbatch count m is the same)."""
+    (simulator.cost.rank_view.rank_job; its microbatch count m is the same)."""
+    plan = job.plan
     if plan.cp > 1 or plan.ep > 1:
-        found = optimize_partition(
-            rank_model(model, plan.cp, plan.ep), cluster, rank_plan(plan), m, choose_recompute, time_limit_s
-        )
+        found = optimize_partition(rank_job(job), choose_recompute, time_limit_s)
         return None if found is None else dataclasses.replace(found, plan=user_plan(found.plan, plan))
+    model = job.model
     sat = load_cp_model()
 
     L, chunks = model.num_layers, plan.p * plan.v
@@ -119,7 +120,7 @@ def optimize_partition(
     else:
         f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
         s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
-    _add_devices(mdl, model, cluster, plan, m, n, f, s)
+    _add_devices(mdl, job, n, f, s)
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
 
     solver = sat.CpSolver()
@@ -145,14 +146,13 @@ def optimize_partition(
     )
 
 
-def _add_devices(
-    mdl: cp_model.CpModel, model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, n: list, f: list, s: list
-) -> None:
+def _add_devices(mdl: cp_model.CpModel, job: Job, n: list, f: list, s: list) -> None:
     """Per device: its time, its memory constraints; then the pipeline-time objective."""
     sat = load_cp_model()
-    L, chunks = model.num_layers, plan.p * plan.v
-    lt = LayerTimes.of(model, cluster, plan)
-    cap = cluster.gpu.usable_memory_bytes
+    plan, m = job.plan, job.m
+    L, chunks = job.model.num_layers, plan.p * plan.v
+    lt = LayerTimes.of(job)
+    cap = job.cluster.gpu.usable_memory_bytes
     dev_chunks = rank_chunks(plan.schedule, plan.p, plan.v)
     for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
         for i, a in enumerate(ids):
@@ -172,13 +172,16 @@ def _add_devices(
             tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + (lt.emb if first else 0) + (lt.head if last else 0)
         )
         times.append(tm)
-        mem = DeviceMemoryModel.of(model, cluster, plan, m, i, first, last)
+        mem = DeviceMemoryModel.of(job, i, first, last)
         any_full = mdl.new_bool_var(f"anyfull{i}")
         mdl.add(sum(f[c] for c in ids) == 0).only_enforce_if(~any_full)
-        budget = _coef(cap * (1 - HEADROOM)) - _coef(mem.fixed)
-        for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule
-            coefs = [_coef(x) for chunk in mem.coefficients(vec) for x in chunk]
-            mdl.add(sat.LinearExpr.weighted_sum([*terms, any_full], [*coefs, _coef(mem.a_none)]) <= budget)
+        budget = _coef(cap) - _coef(mem.fixed)  # the estimate's limit: a split fits where the estimate says it does
+        for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule ...
+            lasting = mem.coefficients(vec)
+            for ph in mem.phases:  # ... and per phase that can be the largest
+                coefs = [_coef(x) for cn, cf, cs in lasting for x in (cn + ph.per_layer, cf + ph.per_full, cs)]
+                expr = sat.LinearExpr.weighted_sum([*terms, any_full], [*coefs, _coef(ph.any_full)])
+                mdl.add(expr <= budget - _coef(ph.constant))
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:

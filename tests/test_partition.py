@@ -30,7 +30,7 @@ def test_partition_beats_or_equals_uniform_on_heavy_ends():
     plan = Plan(t=2, p=4, d=1, mb=1, ckpt="full")
     job = Job.make(model, cluster, plan, 32)
     uniform = estimate(job)
-    part = optimize_partition(model, cluster, plan, job.m, choose_recompute=False)
+    part = optimize_partition(job, choose_recompute=False)
     assert part is not None
     optimized = estimate(Job.make(model, cluster, part.plan, 32))
     assert optimized.step_time <= uniform.step_time * (1 + 1e-9)
@@ -56,7 +56,7 @@ def test_recompute_selection_fits_with_less_recompute_than_full():
     none = estimate(Job.make(model, cluster, base.replace(ckpt="none"), 64))
     full = estimate(Job.make(model, cluster, base.replace(ckpt="full"), 64))
     assert not none.fits and full.fits
-    part = optimize_partition(model, cluster, base.replace(ckpt="full"), 2, choose_recompute=True)
+    part = optimize_partition(Job.make(model, cluster, base.replace(ckpt="full"), 64), choose_recompute=True)
     assert part is not None
     chosen = estimate(Job.make(model, cluster, part.plan, 64))
     assert chosen.fits
@@ -69,7 +69,7 @@ def test_no_partition_when_nothing_fits():
         name="m", num_layers=8, hidden_size=16384, num_attention_heads=128, vocab_size=51200, seq_length=2048
     )
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
-    assert optimize_partition(model, cluster, Plan(t=1, p=2, d=1, mb=1, ckpt="full"), 4) is None
+    assert optimize_partition(Job(model, cluster, Plan(t=1, p=2, d=1, mb=1, ckpt="full"), 4)) is None
 
 
 @pytest.mark.parametrize("v", [2, 4])
@@ -77,7 +77,7 @@ def test_interleaved_chunks_on_a_device_stay_balanced(v):
     model = heavy_ends_model()
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
     plan = Plan(t=2, p=2, d=2, mb=1, ckpt="full", schedule="interleaved", v=v)
-    part = optimize_partition(model, cluster, plan, 8, choose_recompute=False)
+    part = optimize_partition(Job.make(model, cluster, plan, 16), choose_recompute=False)
     assert part is not None
     layers = part.plan.chunk_layers(model.num_layers)
     for dev in range(2):
@@ -109,7 +109,7 @@ def test_a_refined_many_stage_plan_is_level_and_as_fast_as_the_solvers():
     SHARED.update(model=model, clusters={41: cluster}, B=1536, fix={}, opts=SearchOptions(), precs=None, keep=None)
     step = estimate(plan_job(41, plan)).step_time
     _, refined, gain = finalists._refine((41, plan, step))
-    solver = optimize_partition(model, cluster, plan, plan_job(41, plan).m)
+    solver = optimize_partition(plan_job(41, plan))
     assert gain is not None and solver is not None
     middle = refined.layers[1:-1]
     assert max(middle) - min(middle) <= 1
@@ -135,7 +135,39 @@ def test_the_solver_stops_by_its_work_not_the_clock(monkeypatch):
 
     monkeypatch.setattr(sat.CpSolver, "solve", spy)
     cluster = load_cluster("dgx-a100-80gb", 1)
-    assert optimize_partition(heavy_ends_model(), cluster, Plan(t=1, p=4, d=2, mb=1), m=8, time_limit_s=7.0)
+    assert optimize_partition(Job.make(heavy_ends_model(), cluster, Plan(t=1, p=4, d=2, mb=1), 16), time_limit_s=7.0)
     (params,) = seen
     assert params.max_deterministic_time == partition.WORK_LIMIT and params.num_workers == 1
     assert params.max_time_in_seconds == 7.0
+
+
+def test_the_partition_prices_the_plan_as_its_runtime_runs_it():
+    """The split and recomputation are chosen with the job's runtime: autoplan's program on a GPU
+    keeps fp32 parameters with Adam, eager layers' activations and bf16 weight copies, so a
+    2-stage plan that needs no recomputation under the overlapped default (60 GiB) needs some
+    under the program, whose estimate puts the default's choice at 89 GiB of 75: the choice made
+    with the program's runtime fits under it."""
+    from autoplan.frameworks import load_framework
+    from autoplan.frameworks.pricing import plan_runtime
+    from simulator.runtime_spec import OVERLAPPED
+
+    model = ModelSpec(
+        name="m",
+        num_layers=24,
+        hidden_size=4096,
+        num_attention_heads=32,
+        vocab_size=51200,
+        seq_length=2048,
+        attention="materialized",
+    )
+    cluster = load_cluster("dgx-a100-80gb", nodes=1)
+    plan = Plan(t=1, p=2, d=4, mb=2, zero=1, ckpt="full")
+    fw = load_framework("autoplan")
+    program = plan_runtime(fw, fw.base_runtime(), plan, cluster.node.backend)
+    default_choice = optimize_partition(Job(model, cluster, plan, 64, OVERLAPPED))
+    program_choice = optimize_partition(Job(model, cluster, plan, 64, program))
+    assert default_choice is not None and program_choice is not None
+    assert (
+        default_choice.plan.ckpt == "none" and not estimate(Job(model, cluster, default_choice.plan, 64, program)).fits
+    )
+    assert program_choice.plan.ckpt != "none" and estimate(Job(model, cluster, program_choice.plan, 64, program)).fits

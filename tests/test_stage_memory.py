@@ -65,21 +65,49 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model_name,nodes,batch,plan", CASES)
-def test_linear_form_is_the_stage_memory(model_name, nodes, batch, plan):
+#: the stacks whose runtimes the linear form is checked under (None: the overlapped default)
+STACKS = (None, "autoplan", "megatron", "deepspeed", "torchtitan", "llm-foundry")
+
+
+def _runtime(stack, plan, node):
+    """The runtime ``stack`` runs ``plan`` with on ``node`` (autoplan.frameworks.pricing), or the default."""
+    from autoplan.frameworks import load_framework
+    from autoplan.frameworks.pricing import plan_runtime
+    from simulator.runtime_spec import OVERLAPPED
+
+    if stack is None:
+        return OVERLAPPED
+    fw = load_framework(stack)
+    return plan_runtime(fw, fw.base_runtime(), plan, node)
+
+
+#: without a pipeline, a program's backward holds no weight copy of a fully recomputed layer, and
+#: autoplan's program runs DDP (a bucket copy of every gradient) at ZeRO-0
+NO_PIPELINE = [
+    ("llama2-7b", 1, 32, Plan(t=2, p=1, d=4, mb=2, zero=1, ckpt="full", recompute=((16, 0),))),
+    ("llama2-7b", 1, 32, Plan(t=1, p=1, d=8, mb=2, zero=0, ckpt="selective")),
+]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("model_name,nodes,batch,plan", [*CASES, *NO_PIPELINE])
+def test_linear_form_is_the_stage_memory(model_name, nodes, batch, plan, stack):
     """Evaluated at the plan's split, the partitioner's linear form gives the analytic stage
-    memory exactly (the stages' gradients exceed two buckets, where the bucket cap is exact)."""
+    memory exactly (the stages' gradients exceed two buckets, where the bucket cap is exact), as
+    each stack's runtime holds it: its state bytes, layer kernels' activations, gradient buckets,
+    loss and weight copies (the phases of the transient)."""
     model = load_model(model_name)
     cluster = load_cluster("dgx-a100-80gb", nodes)
-    job = Job.make(model, cluster, plan, batch)
+    runtime = _runtime(stack, plan, cluster.node.backend)
+    job = Job.make(model, cluster, plan, batch, runtime=runtime)
     sizes, rec = plan.chunk_layers(model.num_layers), plan.chunk_recompute(model.num_layers)
     costs = {i: c for i, c, _ in stage_groups(model, cluster, plan)}
     chunks = rank_chunks(plan.schedule, plan.p, plan.v)
     for dev, cost in costs.items():
         ids = chunks[dev]
-        lin = DeviceMemoryModel.of(model, cluster, plan, job.m, dev, cost.first, cost.last)
+        lin = DeviceMemoryModel.of(job, dev, cost.first, cost.last)
         got = lin.bytes([sizes[c] for c in ids], [rec[c][0] for c in ids], [rec[c][1] for c in ids])
-        want = stage_memory(model, cluster, plan, job.m, dev, cost).total
+        want = stage_memory(model, cluster, plan, job.m, dev, cost, runtime).total
         assert got == pytest.approx(want, rel=1e-12), f"device {dev}"
 
 
@@ -90,7 +118,7 @@ def test_linear_form_bounds_small_stages_from_above():
     job = Job.make(model, cluster, plan, 8)
     for dev, cost, _ in stage_groups(model, cluster, plan):
         n = cost.layers
-        lin = DeviceMemoryModel.of(model, cluster, plan, job.m, dev, cost.first, cost.last).bytes([n], [n], [0])
+        lin = DeviceMemoryModel.of(job, dev, cost.first, cost.last).bytes([n], [n], [0])
         assert lin > stage_memory(model, cluster, plan, job.m, dev, cost).total
 
 

@@ -10,7 +10,7 @@ and only paces them (the slowest-GPU factor depends on the GPU count)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from simulator.cost.workload import (
 from simulator.plan import Plan
 from simulator.runtime_spec import EAGER, TP_OVERLAP, CrossEntropy, LayerKernels, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from simulator.job import Job
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,25 @@ def block_times(
         (model, cluster),
         (t, sp, mb, prec, kernels, attention, busy, loss),
         lambda: _block_times(model, cluster, t, sp, mb, prec, kernels, attention, busy, loss),
+    )
+
+
+def job_block_times(job: Job) -> BlockTimes:
+    """The layer-level times of ``job``'s plan as its runtime runs it: :func:`block_times` with the
+    runtime's layer kernels, attention kernel and loss, and the node's busy ranks
+    (:func:`busy_ranks`). The DES's passes and the CP-SAT partition's layer times read these."""
+    plan, rt = job.plan, job.runtime
+    return block_times(
+        job.model,
+        job.cluster,
+        plan.t,
+        bool(plan.sp),
+        plan.mb,
+        plan.prec,
+        rt.layer_kernels,
+        rt.attention_kernel,
+        busy_ranks(job.cluster, plan, job.m),
+        rt.cross_entropy,
     )
 
 

@@ -1,32 +1,65 @@
 """The linear form of the stage memory model (simulator.cost.stage_memory) for the CP-SAT
-partitioner (autoplan.partition): the bytes of one pipeline device as a linear function of its
-per-chunk layer counts n_c, fully recomputed layers f_c and selectively recomputed layers s_c, one
-expression per reachable occupancy vector k:
+partitioner (autoplan.partition): the bytes of one pipeline device, as the job's runtime holds
+them, as a linear function of its per-chunk layer counts n_c, fully recomputed layers f_c and
+selectively recomputed layers s_c, one expression per reachable occupancy vector k and phase:
 
-    mem = fixed + a_none * [any f_c > 0]
-          + sum_c [ (states_layer + k_c a_none + w) n_c + k_c (a_full - a_none) f_c + k_c (a_sel - a_none) s_c ]
+    mem = fixed + sum_c [ (states_layer + k_c a_none + w) n_c + k_c (a_full - a_none) f_c + k_c (a_sel - a_none) s_c ]
           + gpipe * sum_c [ (a_none - a_full) f_c + (a_none - a_sel) s_c ]
+          + phase
 
 where ``gpipe`` is 1 for GPipe with m > 1 (its last microbatch is not recomputed, so it keeps its
-layers' full activations) and ``w`` the inputs ZB-H1's deferred weight gradients keep per layer (0
-for the other schedules). The gradient buckets depend on the stage's parameter count,
-min(2 * bucket, psi * grad bytes); the linear form takes their cap, so it is the exact peak once a
-stage's gradients exceed two buckets and an upper bound below that (tests/test_stage_memory.py).
-It prices the default runtime's (Megatron-style) buffers.
+layers' full activations), ``w`` the inputs ZB-H1's deferred weight gradients keep per layer (0
+for the other schedules) and ``phase`` each of the three terms of the largest phase's transient
+(simulator.cost.phase_memory.phase_transient), linear in the stage's parameters P = P_0 + psi * sum_c n_c:
+
+    forward's end:   c P + loss_forward
+    loss backward:   c P' + loss_backward
+    recompute:       c P' + a_none [any f_c > 0]
+
+with c the runtime's compute-dtype weight copies per parameter and P' the copies the backward
+still holds (P without a pipeline's fully recomputed layers' parameters, P with one). A phase
+no larger than another for every (n, f, s) is left out: for a runtime without weight copies or a
+loss transient (Megatron-style), only the recompute phase remains.
+
+The gradient buckets depend on the stage's parameter count, min(2 * bucket, psi * grad bytes);
+the linear form takes their cap, so it is the exact peak once a stage's gradients exceed two
+buckets and an upper bound below that (tests/test_stage_memory.py). A runtime holding a copy of
+every gradient (PyTorch DDP, Runtime.dp_buckets "all") holds psi * grad bytes: linear, exact. A
+rank whose gradients exist only after its one microbatch's activations are freed
+(simulator.cost.phase_memory.gradients_late: p = 1, m = 1) peaks lower than the form, which adds them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from hwprofiles.schema import ClusterSpec
 from simulator.cost import memory, params
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes
-from simulator.cost.stage_memory import layer_activations, pending_weight_inputs, stage_buffers
+from simulator.cost.stage_memory import flight_buffers, layer_activations, pending_weight_inputs, sharding_buffers
 from simulator.cost.workload import padded_vocab_size
-from simulator.plan import Plan
-from simulator.specs import ModelSpec
+from simulator.job import Job
+
+
+class Phase(NamedTuple):
+    """One phase's transient bytes: ``constant`` + ``per_layer`` * sum n_c + ``per_full`` * sum f_c
+    + ``any_full`` * [any f_c > 0]."""
+
+    constant: float
+    per_layer: float
+    per_full: float
+    any_full: float
+
+    def covers(self, other: Phase) -> bool:
+        """Whether this phase holds at least ``other``'s bytes for every n >= f >= 0: the difference
+        dc + dl * (n - f) + (dl + df) * f + da * [f > 0] is then a sum of non-negative terms."""
+        return (
+            self.constant >= other.constant
+            and self.per_layer >= other.per_layer
+            and self.per_layer + self.per_full >= other.per_layer + other.per_full
+            and self.any_full >= other.any_full
+        )
 
 
 @dataclass(frozen=True)
@@ -34,21 +67,24 @@ class DeviceMemoryModel:
     """The linear form of :func:`stage_memory` for one device (module docstring)."""
 
     fixed: float  # bytes that do not scale with the device's layers
-    layer_states: float  # model states of one layer
+    layer_states: float  # model states of one layer (with DDP's copy of its gradients)
     a_full: float
     a_sel: float
     a_none: float
     occupancy: tuple[tuple[int, ...], ...]  # reachable per-chunk in-flight counts (memory.chunk_occupancy)
     gpipe_last_kept: bool  # GPipe, m > 1: the last microbatch keeps full activations
+    phases: tuple[Phase, ...]  # the transients that can be the largest (module docstring)
     pending_w: float = 0.0  # ZB-H1: bytes per layer of the deferred weight gradients' inputs
 
     @staticmethod
-    def of(
-        model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, stage: int, first: bool, last: bool
-    ) -> DeviceMemoryModel:
+    def of(job: Job, stage: int, first: bool, last: bool) -> DeviceMemoryModel:
+        """Device ``stage`` of ``job`` (its rank view: the caller's), as the job's runtime holds it."""
+        model, cluster, plan, m, runtime = job.model, job.cluster, job.plan, job.m, job.runtime
         e = dtype_bytes(cluster.gpu)
-        pb, gb, k = memory.state_bytes_per_param(e)
-        a_full, a_sel, a_none = layer_activations(model, plan.mb, plan.t, bool(plan.sp), e, plan.prec)
+        pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
+        a_full, a_sel, a_none = layer_activations(
+            model, plan.mb, plan.t, bool(plan.sp), e, plan.prec, runtime.layer_kernels
+        )
         psi_layer = params.layer_params_per_rank(model, plan.t)
         layer_states = memory.model_state_bytes(
             psi_layer,
@@ -67,7 +103,13 @@ class DeviceMemoryModel:
         )  # fp8 parameters' ZeRO-3 shards
         psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
         fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
-        fixed += stage_buffers(model, cluster, plan, m, stage, last, None)
+        bucket = memory.bucket_bytes_of(runtime, plan.d)
+        if runtime.dp_buckets == "all" and (plan.d > 1 or plan.offload != "none"):  # a copy of every gradient
+            fixed += sharding_buffers(model, plan, psi, bucket, True, gb)
+            layer_states += psi_layer * gb
+        else:  # two buckets in flight, at their cap
+            fixed += sharding_buffers(model, plan, None, bucket, False, gb)
+        fixed += flight_buffers(model, cluster, plan, m, stage, last, runtime.cross_entropy)
         if plan.zero == 3:
             fixed += memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
         if first:
@@ -84,11 +126,13 @@ class DeviceMemoryModel:
             a_none,
             occupancy,
             plan.schedule == "gpipe" and m > 1,
+            _phases(job, psi, psi_layer, last, a_none),
             pending_weight_inputs(model, cluster, plan, m, stage),
         )
 
     def coefficients(self, vec: tuple[int, ...]) -> list[tuple[float, float, float]]:
-        """Per chunk of the device, the bytes per unit of (n_c, f_c, s_c) under occupancy ``vec``."""
+        """Per chunk of the device, the bytes per unit of (n_c, f_c, s_c) under occupancy ``vec``
+        (the lasting terms: each phase adds its own, :class:`Phase`)."""
         g = 1.0 if self.gpipe_last_kept else 0.0
         return [
             (
@@ -105,4 +149,35 @@ class DeviceMemoryModel:
             sum(cn * nc + cf * fc + cs * sc for (cn, cf, cs), nc, fc, sc in zip(self.coefficients(vec), n, f, s))
             for vec in self.occupancy
         )
-        return self.fixed + (self.a_none if any(f) else 0.0) + worst
+        transient = max(
+            ph.constant + ph.per_layer * sum(n) + ph.per_full * sum(f) + (ph.any_full if any(f) else 0.0)
+            for ph in self.phases
+        )
+        return self.fixed + worst + transient
+
+
+def _phases(job: Job, psi: float, psi_layer: float, last: bool, a_none: float) -> tuple[Phase, ...]:
+    """The phases of :func:`simulator.cost.phase_memory.phase_transient` as linear terms of a device
+    of ``psi`` parameters besides its layers' (``psi_layer`` each), those another does not cover
+    (module docstring)."""
+    model, plan, runtime = job.model, job.plan, job.runtime
+    e = dtype_bytes(job.cluster.gpu)
+    copies = runtime.weight_copy_bytes
+    logits = memory.logits_elements(model, plan.mb, plan.t, padded_vocab_size(model, plan.t), runtime.cross_entropy)
+    loss_forward, loss_backward = memory.loss_transient_bytes(logits, runtime.cross_entropy, e) if last else (0.0, 0.0)
+    saved_full = 0.0 if plan.p > 1 else -copies * psi_layer  # weight_copies_saved
+    phases = [
+        Phase(copies * psi + loss_forward, copies * psi_layer, 0.0, 0.0),
+        Phase(copies * psi + loss_backward, copies * psi_layer, saved_full, 0.0),
+        Phase(copies * psi, copies * psi_layer, saved_full, a_none),
+    ]
+    return _uncovered(phases)
+
+
+def _uncovered(phases: list[Phase]) -> tuple[Phase, ...]:
+    """``phases`` less each one another covers (of equal ones, the first is kept)."""
+    kept = []
+    for i, ph in enumerate(phases):
+        if not any(other.covers(ph) and (other != ph or j < i) for j, other in enumerate(phases) if j != i):
+            kept.append(ph)
+    return tuple(kept)

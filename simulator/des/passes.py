@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from simulator.cost.block_times import (
     TP_EMBEDDING,
     TP_HEAD,
-    BlockTimes,
-    block_times,
-    busy_ranks,
+    job_block_times,
     tp_backward,
     tp_forward,
     tp_per_full_recompute,
@@ -67,24 +65,6 @@ from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
 
 Segments = tuple[tuple[str, float], ...]  # (segment kind, seconds) in execution order
-
-
-def _job_block_times(job: Job) -> BlockTimes:
-    """The layer-level times of ``job``'s plan as its runtime runs it (simulator.cost.block_times)."""
-    plan, rt = job.plan, job.runtime
-    busy = busy_ranks(job.cluster, plan, job.m)
-    return block_times(
-        job.model,
-        job.cluster,
-        plan.t,
-        bool(plan.sp),
-        plan.mb,
-        plan.prec,
-        rt.layer_kernels,
-        rt.attention_kernel,
-        busy,
-        rt.cross_entropy,
-    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +118,7 @@ class Costs:
         model, cluster, plan = job.model, job.cluster, job.plan
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
-        bt, kernels = _job_block_times(job), job.runtime.layer_kernels
+        bt, kernels = job_block_times(job), job.runtime.layer_kernels
         _, gb, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)
