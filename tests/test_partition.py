@@ -24,6 +24,19 @@ def heavy_ends_model() -> ModelSpec:
     )
 
 
+def materialized_scores_model() -> ModelSpec:
+    """24 layers of h = 4096 keeping their s x s attention scores: ckpt=none overflows one A100's memory."""
+    return ModelSpec(
+        name="m",
+        num_layers=24,
+        hidden_size=4096,
+        num_attention_heads=32,
+        vocab_size=51200,
+        seq_length=2048,
+        attention="materialized",
+    )
+
+
 def test_partition_beats_or_equals_uniform_on_heavy_ends():
     model = heavy_ends_model()
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
@@ -42,15 +55,7 @@ def test_partition_beats_or_equals_uniform_on_heavy_ends():
 
 
 def test_recompute_selection_fits_with_less_recompute_than_full():
-    model = ModelSpec(
-        name="m",
-        num_layers=24,
-        hidden_size=4096,
-        num_attention_heads=32,
-        vocab_size=51200,
-        seq_length=2048,
-        attention="materialized",  # the s x s scores make ckpt=none overflow
-    )
+    model = materialized_scores_model()
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
     base = Plan(t=1, p=1, d=8, mb=4, zero=3)
     none = estimate(Job.make(model, cluster, base.replace(ckpt="none"), 64))
@@ -151,15 +156,7 @@ def test_the_partition_prices_the_plan_as_its_runtime_runs_it():
     from autoplan.frameworks.pricing import plan_runtime
     from simulator.runtime_spec import OVERLAPPED
 
-    model = ModelSpec(
-        name="m",
-        num_layers=24,
-        hidden_size=4096,
-        num_attention_heads=32,
-        vocab_size=51200,
-        seq_length=2048,
-        attention="materialized",
-    )
+    model = materialized_scores_model()
     cluster = load_cluster("dgx-a100-80gb", nodes=1)
     plan = Plan(t=1, p=2, d=4, mb=2, zero=1, ckpt="full")
     fw = load_framework("autoplan")
