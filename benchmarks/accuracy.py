@@ -332,12 +332,8 @@ def run_fit(out: Callable[[str], None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--fit",
-        action="store_true",
-        help="refit the A100 profile's two fitted numbers and the H100 profile's flash-attn-2 entry first "
-        "(about two minutes)",
-    )
+    fitted = "the A100 profile's two fitted numbers and the H100's flash-attn-2 entry"
+    ap.add_argument("--fit", action="store_true", help=f"refit {fitted} first (about two minutes)")
     ap.add_argument("--no-des", action="store_true", help="skip the discrete-event simulator columns")
     ap.add_argument("--no-cpu-runs", action="store_true", help="skip section 3 (launches torchrun on this machine)")
     ap.add_argument("--cpu-repeats", type=int, default=1, help="runs of every CPU plan (section 3)")
