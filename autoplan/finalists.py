@@ -19,7 +19,6 @@ from simulator.des.budget import estimated_events
 from simulator.gc_pause import paused_gc
 from simulator.plan import Plan
 from simulator.result import SimResult
-from simulator.specs import ModelSpec
 
 
 def refine_and_simulate_all(
@@ -78,10 +77,10 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     recomputation that fits: :func:`_lighter_recompute`); keeps it when predicted faster."""
     nodes, plan, step = args
     model, fix, opts = SHARED["model"], SHARED["fix"], SHARED["opts"]
-    choose_recompute = "recompute" not in fix and "ckpt" not in fix
+    choose_recompute = "ckpt" not in fix
     if opts.partition and plan.split_backward and choose_recompute:
         candidates = _lighter_recompute(plan)
-    elif opts.partition and _worth_partitioning(model, plan, fix):
+    elif opts.partition and _worth_partitioning(plan):
         part = optimize_partition(plan_job(nodes, plan), choose_recompute, opts.partition_time_s)
         # the levelled split first: the same pipeline time as the solver's is kept (ties go to the first)
         candidates = [] if part is None else [x for x in (levelled_split(part.plan), part.plan) if x is not None]
@@ -125,11 +124,12 @@ def _simulate(args: tuple[int, Plan]) -> SimResult:
     return result
 
 
-def _worth_partitioning(model: ModelSpec, plan: Plan, fix: dict[str, Any]) -> bool:
+def _worth_partitioning(plan: Plan) -> bool:
     """The CP-SAT model can help when stages are uneven (p > 1: embedding and head) or when
     recomputation can be chosen per layer (ckpt not none). Its objective is 1F1B's or the
     interleaved schedule's pipeline time, so zero-bubble plans (whose bubble the weight-gradient
-    passes fill; ZB-V's chunks in a V) keep the uniform split."""
-    if "layers" in fix or plan.split_backward:
+    passes fill; ZB-V's chunks in a V) keep the uniform split. (--fix takes no layer split or
+    recomputation map: autoplan.space.parse_fix.)"""
+    if plan.split_backward:
         return False
     return plan.p > 1 or plan.ckpt != "none"

@@ -82,10 +82,23 @@ class Shape:
     ep: int = 1
 
 
+#: plan keys that describe one plan's split, not a family of plans: the search chooses them per
+#: finalist (CP-SAT, autoplan.partition); ``simulate`` and ``emit`` take them with ``--plan``
+PER_PLAN_KEYS = ("layers", "recompute")
+
+
 def parse_fix(text: str) -> dict[str, Any]:
-    """``--fix KEY=VAL,...``: the pinned plan keys (same syntax and checks as --plan; PlanError)."""
+    """``--fix KEY=VAL,...``: the pinned plan keys (same syntax and checks as --plan; PlanError).
+    A layer split or a per-layer recomputation map (:data:`PER_PLAN_KEYS`) is refused: it holds for
+    one p and v only, and the search would have left it out without a word."""
     items = parse_plan_items(text, "--fix") if text and text.strip() else {}
     check_positive(items, "--fix")
+    per_plan = [k for k in PER_PLAN_KEYS if k in items]
+    if per_plan:
+        raise PlanError(
+            f"--fix {per_plan[0]}=...: the search chooses each finalist's layer split and recomputation (CP-SAT); "
+            "pin ckpt= to fix the recomputation, or give the whole plan with `simulate --plan` or `emit --plan`"
+        )
     return items
 
 

@@ -26,8 +26,20 @@ def max_usable_gpus(model: ModelSpec, global_batch: int) -> int:
     return global_batch * max(tensor_splits(model)) * model.num_layers * largest_context_split(model)
 
 
+#: the largest global batch the search enumerates: its microbatch sizes are the divisors of B / d,
+#: found by trial division up to the square root (2**20 steps here; a batch of 2**60 took minutes).
+#: Published runs use at most a few thousand sequences per step.
+MAX_GLOBAL_BATCH = 2**40
+
+
 def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
-    """PlanError when no plan can use every GPU of the cluster (before any plan is enumerated)."""
+    """PlanError when the batch is beyond :data:`MAX_GLOBAL_BATCH` or no plan can use every GPU of
+    the cluster (before any plan is enumerated)."""
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise PlanError(
+            f"--global-batch {global_batch:,}: the search takes at most {MAX_GLOBAL_BATCH:,} sequences per step "
+            "(2**40; `simulate --plan` prices any batch)"
+        )
     most = max_usable_gpus(model, global_batch)
     if gpus > most:
         cp = largest_context_split(model)

@@ -42,7 +42,7 @@ _KEY_ALIASES = {name: key for key, names in HF_KEYS.items() for name in names if
 class ModelSpec(BaseModel):
     """A decoder-only transformer. ``num_query_groups`` is the number of KV heads (GQA/MQA)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     KEY_ALIASES: ClassVar[dict[str, str]] = _KEY_ALIASES
 
     name: Name = "model"  # hwprofiles.names: letters, digits, . _ + - /

@@ -250,3 +250,21 @@ def test_error_messages_are_one_line():
 def test_schema_forbids_extra_keys_everywhere():
     with pytest.raises(ValueError):
         NodeProfile.model_validate(dict(NODE, intra_node={"bandwidth_GBps": 1, "bandwith": 2}))
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_numbers_must_be_finite(tmp_path, value):
+    """An infinite or NaN figure (YAML's .inf, .nan) is refused at load with its key: let through,
+    an infinite oversubscription crashed the DES and an infinite latency gave a NaN step time."""
+    data = {
+        "name": "c",
+        "nodes": 2,
+        "node": "dgx-a100-80gb",
+        "network": {"topology": "fat-tree", "oversubscription": value},
+    }
+    with pytest.raises(InputError, match=r"network\.oversubscription.*finite"):
+        cluster_from_mapping(data, "c.yaml")
+    from simulator.specs import ModelSpec
+
+    with pytest.raises(ValueError, match="finite"):
+        ModelSpec(name="m", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100, rope_theta=value)

@@ -270,3 +270,13 @@ def test_a_framework_named_without_a_runtime_is_priced_with_its_own():
     )
     assert by_name.best_result.job.plan == as_cli.best_result.job.plan
     assert by_name.best_result.step_time == as_cli.best_result.step_time
+
+
+def test_a_global_batch_beyond_the_searchs_limit_is_one_error():
+    """The search's microbatch sizes are the divisors of B / d: a batch of 2**60 took minutes to
+    enumerate; beyond space_checks.MAX_GLOBAL_BATCH it is refused at once (PlanError, exit 2)."""
+    from autoplan.space_checks import MAX_GLOBAL_BATCH
+    from hwprofiles.errors import PlanError
+
+    with pytest.raises(PlanError, match="at most 1,099,511,627,776 sequences"):
+        search(SMALL, small_cluster(1, 8), MAX_GLOBAL_BATCH * 2, SearchOptions(fidelity="analytic"))

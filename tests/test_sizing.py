@@ -61,7 +61,8 @@ def test_node_counts(text, counts):
     assert parse_node_counts(text) == counts
 
 
-@pytest.mark.parametrize("text", ["a", "5:2", "0:3", "1:2:0", "2:", "1:2:3:4", "0", "1:5000"])
+# 1:10**20 would be a list of 10**20 counts if built before the size check
+@pytest.mark.parametrize("text", ["a", "5:2", "0:3", "1:2:0", "2:", "1:2:3:4", "0", "1:5000", "1:99999999999999999999"])
 def test_bad_node_counts_are_one_line(text):
     with pytest.raises(InputError) as e:
         parse_node_counts(text)

@@ -62,6 +62,14 @@ def test_fix_bad_key_is_input_error():
         space.parse_fix("q=1")
 
 
+@pytest.mark.parametrize("text", ["p=2,v=1,layers=1/31", "ckpt=full,recompute=16:0/16:0"])
+def test_fix_refuses_one_plans_split(text):
+    """A layer split or recomputation map is one plan's, chosen per finalist by CP-SAT: --fix refuses
+    it (the search had left it out without a word) and says where it is taken."""
+    with pytest.raises(InputError, match=r"--fix (layers|recompute)=.*simulate --plan"):
+        space.parse_fix(text)
+
+
 def test_explain_empty_names_the_rule(gpt):
     fix = space.parse_fix("t=5")
     assert space.enumerate_plans(gpt, 64, 128, fix) == []

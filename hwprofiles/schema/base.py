@@ -1,4 +1,5 @@
-"""The base of every profile model: unknown keys are errors, values are frozen."""
+"""The base of every profile model: unknown keys are errors, numbers are finite (no YAML .inf or
+.nan), values are frozen."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
