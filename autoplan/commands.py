@@ -14,7 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoplan.outputs import check_output_file, check_run_dir
+from autoplan.outputs import (
+    check_distinct_outputs,
+    check_output_file,
+    check_picture_file,
+    check_run_dir,
+    warn_replacing,
+)
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
 if TYPE_CHECKING:
@@ -132,12 +138,14 @@ def _check_picture_outputs(a: argparse.Namespace) -> None:
     """--plot and --trace: a DES result to draw and paths that can be written, before the work."""
     if (a.plot or a.trace) and a.fidelity != "des":
         raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
-    check_output_file(a.plot, "--plot")
+    check_picture_file(a.plot, "--plot")
     check_output_file(a.trace, "--trace")
+    check_distinct_outputs({"--plot": a.plot, "--trace": a.trace}, (a.model, a.cluster))
 
 
 def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
     """Draw the DES result (the options were checked before the work: :func:`_check_picture_outputs`)."""
+    warn_replacing(trace, plot)
     if trace:
         from simulator.des.trace import write_trace
 
@@ -282,7 +290,8 @@ def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
         raise InputError("--trace: a sweep over sizes has no single timeline; plan one size for its trace")
     if a.plot and not a.tokens:
         raise InputError("--plot over several sizes draws days to train against cost: give --tokens")
-    check_output_file(a.plot, "--plot")
+    check_picture_file(a.plot, "--plot")
+    check_distinct_outputs({"--plot": a.plot}, (a.model, a.cluster))
     model, cluster = _load_job_inputs(a, counts[0] if counts else None)
     fw = _framework(a, cluster)
     price = a.gpu_hour_price or cluster.price_per_gpu_hour
@@ -291,6 +300,7 @@ def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
     found = sweep(model, cluster, a.global_batch, counts or [cluster.nodes], opts, goal)
     out = found.to_dict()
     if a.plot:
+        warn_replacing(a.plot)
         plot_sweep(out, a.plot)
     if a.json:
         _emit_json(out)
@@ -382,6 +392,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
     check_output_file(a.out, "-o")
     check_output_file(a.node_out, "--node-out")
+    check_distinct_outputs({"-o": a.out, "--node-out": a.node_out}, ())
     progress = log.isEnabledFor(logging.INFO) and not a.no_progress
     files = run_calibration(
         a.device, a.out, split_layer, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out

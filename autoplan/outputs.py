@@ -3,15 +3,21 @@
 A search or a calibration can take minutes; a ``--plot``, ``--trace`` or ``-o`` that cannot be
 written must stop the command at once with exit 2 (bad input), not after the work as an internal
 error. And nothing the user wrote is replaced silently: ``emit`` refuses a run dir that already
-holds files unless ``--force`` (then it says what it replaces).
+holds files unless ``--force`` (then it says what it replaces, and replaces a link to a file
+elsewhere as a link); a picture or trace says which existing file it replaces; no output may be
+an input of the command or another output.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from hwprofiles.errors import InputError
+
+log = logging.getLogger(__name__)
 
 
 def _writable_folder(folder: Path, what: str) -> None:
@@ -34,6 +40,43 @@ def check_output_file(path: Path | None, flag: str) -> None:
     _writable_folder(path.parent if str(path.parent) else Path("."), what)
     if path.exists() and not os.access(path, os.W_OK):
         raise InputError(f"{what}: the file exists and cannot be written (permission denied)")
+
+
+def check_picture_file(path: Path | None, flag: str) -> None:
+    """:func:`check_output_file`, and ``path``'s extension names a format matplotlib writes
+    (``x.txt`` failed after the work; ``x`` was written as ``x.png``)."""
+    if path is None:
+        return
+    check_output_file(path, flag)
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in kinds:
+        raise InputError(f"{flag} {path}: give a picture file ending in one of ." + ", .".join(sorted(kinds)))
+
+
+def check_distinct_outputs(outputs: dict[str, Path | None], inputs: Iterable[str | Path | None]) -> None:
+    """No two of ``outputs`` (flag -> path) are one file, and none is one of the ``inputs`` files
+    (model and cluster files; names of built-in profiles are not files): ``--trace model.yaml``
+    replaced the model file, ``--plot`` and ``--trace`` on one path kept only the picture."""
+    given = [(flag, path) for flag, path in outputs.items() if path is not None]
+    for i, (flag, path) in enumerate(given):
+        for other, other_path in given[:i]:
+            if os.path.realpath(path) == os.path.realpath(other_path):
+                raise InputError(f"{other} and {flag} name the same file {path}: give each its own")
+        if not path.exists():
+            continue
+        for source in inputs:
+            if source is not None and Path(source).is_file() and os.path.samefile(path, source):
+                raise InputError(f"{flag} {path}: is an input of this command; give another file name")
+
+
+def warn_replacing(*paths: Path | None) -> None:
+    """Say which existing files an output is about to replace (nothing the user wrote is replaced
+    without a word)."""
+    for path in paths:
+        if path is not None and path.exists():
+            log.warning("autoplan: replacing %s", path)
 
 
 def check_run_dir(out_dir: Path, force: bool, flag: str = "-o") -> list[str]:

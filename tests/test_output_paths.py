@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 from autoplan.outputs import check_output_file, check_run_dir
 from hwprofiles import InputError
@@ -83,9 +83,42 @@ def test_the_readme_emit_target_is_ignored_by_git():
     """The README emits into runs/: its files must not show up as changes of the checkout."""
     import subprocess
 
-    from conftest import REPO
-
     r = subprocess.run(["git", "check-ignore", "-q", "runs/gpt3-175b/plan.json"], cwd=REPO)
     if r.returncode == 128:
         pytest.skip("not a git checkout")
     assert r.returncode == 0
+
+
+def test_an_output_never_replaces_an_input_or_another_output(tmp_path):
+    """--trace onto the model file had replaced it with the trace; --plot and --trace on one path
+    kept only the picture: both are refused before the work, the input untouched."""
+    model = tmp_path / "mine.yaml"
+    model.write_text((REPO / "autoplan" / "models" / "tiny.yaml").read_text())
+    before = model.read_text()
+    args = ["simulate", "--model", str(model), "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "t=2"]
+    _one_line_bad_input(run_cli(*args, "--trace", str(model)), "--trace", "is an input")
+    assert model.read_text() == before
+    same = str(tmp_path / "t.png")
+    _one_line_bad_input(run_cli(*SIMULATE, "--plot", same, "--trace", same), "--plot", "--trace", "same file")
+
+
+@pytest.mark.parametrize("name", ["timeline.txt", "timeline"])
+def test_a_picture_needs_a_format_matplotlib_writes(tmp_path, name):
+    """x.txt failed after the work (an internal error); x was written as x.png: both refused first."""
+    r = run_cli(*SIMULATE, "--plot", str(tmp_path / name))
+    _one_line_bad_input(r, "--plot", ".png")
+    assert not list(tmp_path.iterdir())
+
+
+def test_emit_force_replaces_a_link_not_the_file_it_points_to(tmp_path):
+    """--force writes the run dir's own files: a launch.sh that is a link to a file elsewhere is
+    replaced as a link, the file it pointed to kept."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "launch.sh").symlink_to(victim)
+    r = run_cli(*EMIT, "-o", str(out), "--force")
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "precious\n"
+    assert not (out / "launch.sh").is_symlink() and "autoplan.runtime.train" in (out / "launch.sh").read_text()

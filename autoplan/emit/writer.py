@@ -133,6 +133,8 @@ def write_run_dir(
     written = []
     for name, text in files.items():
         path = out_dir / name
+        if path.is_symlink():  # --force replaces the link itself, never the file it points to
+            path.unlink()
         path.write_text(text)
         if name.endswith((".sh", ".sbatch")):
             os.chmod(path, 0o755)
