@@ -193,7 +193,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     _job_args(p, plan_required=False, node_sizes=True)
     p.add_argument("--fix", default="", help="pin plan keys, e.g. t=8,p=8,zero=0,ckpt=full")
     p.add_argument("--top", type=_positive_int, default=8, help="simulate and show the K best candidates (default 8)")
-    p.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default and most: the cores)")
     p.add_argument(
         "--objective",
         choices=("time", "cost"),

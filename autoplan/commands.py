@@ -239,10 +239,11 @@ def _no_fit_hint(out: dict[str, Any], host_fits: bool, node: NodeProfile) -> str
 def _search_options(a: argparse.Namespace, fw: Framework, objective: str) -> SearchOptions:
     from autoplan.search import SearchOptions
 
+    cores = os.cpu_count() or 1
     return SearchOptions(
         fix=a.fix,
         top=a.top,
-        jobs=a.jobs or os.cpu_count() or 1,
+        jobs=min(a.jobs or cores, cores),  # CPU-bound workers: more than the cores only fork and wait
         objective=objective,
         fidelity=a.fidelity,
         progress=sys.stderr.isatty() and log.isEnabledFor(logging.INFO),

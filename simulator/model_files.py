@@ -39,7 +39,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     if not (isinstance(data.get("num_experts"), int) and data["num_experts"] >= 2):  # dense (0 or 1 expert)
         data.pop("num_experts", None)
         data.pop("moe_router_topk", None)
-    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
+    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or _default_activation(cfg)).lower()
     if act in ("silu", "swish", "swiglu"):
         data["activation"] = "swiglu"
     elif act.startswith("gelu"):
@@ -144,3 +144,15 @@ def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
     if seq_len is not None and seq_len < 1:
         raise SpecError(f"--seq-len: expected a positive integer, got {seq_len}")
     return model.with_seq_length(seq_len)
+
+
+#: model types whose transformers config class defaults ``hidden_act`` to "silu" (LlamaConfig,
+#: MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig, OlmoeConfig in
+#: transformers' models/*/configuration_*.py), so a config.json may leave it out
+SILU_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "olmoe")
+
+
+def _default_activation(cfg: dict[str, Any]) -> str:
+    """The activation a Hugging Face config without ``hidden_act`` means: its config class's
+    default (:data:`SILU_BY_DEFAULT`), gelu for the GPT-2 family and the others."""
+    return "silu" if str(cfg.get("model_type", "")) in SILU_BY_DEFAULT else "gelu"

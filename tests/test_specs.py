@@ -10,7 +10,7 @@ import yaml
 from hwprofiles import InputError
 from simulator.cost import params
 from simulator.job import Job
-from simulator.model_files import builtin_models, load_model
+from simulator.model_files import builtin_models, load_model, model_from_hf_config
 from simulator.plan import Plan, parse_plan, parse_plan_items, plan_errors, resolve_plan, validate_plan
 from simulator.specs import ModelSpec
 
@@ -372,3 +372,20 @@ def test_plan_kinds_are_enums_and_literals_that_agree():
         assert typing.get_args(hints[field]) == tuple(e.value for e in enum) == values
     assert {f.name for f in dataclasses.fields(Plan)} >= {"ckpt", "schedule", "offload"}
     assert Schedule.INTERLEAVED == "interleaved" and Recompute("full") is Recompute.FULL
+
+
+@pytest.mark.parametrize(("model_type", "activation"), [("mistral", "swiglu"), ("llama", "swiglu"), ("gpt2", "gelu")])
+def test_a_hugging_face_config_without_hidden_act_takes_its_config_classs_default(model_type, activation):
+    """transformers' LlamaConfig, MistralConfig, Qwen2Config, ... default hidden_act to "silu": a
+    Mistral config.json that leaves it out was planned as a gelu model (7.2B read as 5.4B)."""
+    cfg = {
+        "model_type": model_type,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+    }
+    assert model_from_hf_config(cfg, "config.json").activation == activation
