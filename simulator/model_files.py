@@ -152,7 +152,7 @@ def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
 SILU_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "olmoe")
 
 
-def _default_activation(cfg: dict[str, Any]) -> str:
+def _default_activation(cfg: Mapping[str, Any]) -> str:
     """The activation a Hugging Face config without ``hidden_act`` means: its config class's
     default (:data:`SILU_BY_DEFAULT`), gelu for the GPT-2 family and the others."""
     return "silu" if str(cfg.get("model_type", "")) in SILU_BY_DEFAULT else "gelu"
