@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from hwprofiles.names import Name
+from hwprofiles.schema.base import Strict
 
 # Hugging Face config.json keys -> ModelSpec keys (first present key wins).
 HF_KEYS: dict[str, tuple[str, ...]] = {
@@ -39,10 +40,11 @@ _KEY_ALIASES = {name: key for key, names in HF_KEYS.items() for name in names if
 }
 
 
-class ModelSpec(BaseModel):
-    """A decoder-only transformer. ``num_query_groups`` is the number of KV heads (GQA/MQA)."""
+class ModelSpec(Strict):
+    """A decoder-only transformer. ``num_query_groups`` is the number of KV heads (GQA/MQA).
+    A profile model (hwprofiles.schema.base.Strict): unknown keys, non-finite numbers and booleans
+    for numbers are errors; frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     KEY_ALIASES: ClassVar[dict[str, str]] = _KEY_ALIASES
 
     name: Name = "model"  # hwprofiles.names: letters, digits, . _ + - /

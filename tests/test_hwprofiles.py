@@ -268,3 +268,16 @@ def test_numbers_must_be_finite(tmp_path, value):
 
     with pytest.raises(ValueError, match="finite"):
         ModelSpec(name="m", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100, rope_theta=value)
+
+
+def test_a_boolean_is_not_a_number():
+    """YAML's true is not a count: pydantic's lax mode read `nodes: true` as one node and
+    `num_layers: true` as a one-layer model; a boolean field still takes one."""
+    from simulator.specs import ModelSpec
+
+    with pytest.raises(InputError, match=r"key 'nodes': expected an integer, not true or false"):
+        cluster_from_mapping({"name": "c", "nodes": True, "node": "dgx-a100-80gb"}, "c.yaml")
+    shape = {"name": "m", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, "seq_length": 64}
+    with pytest.raises(ValueError, match="expected an integer, not true or false"):
+        ModelSpec(num_layers=True, **shape)
+    assert not ModelSpec(num_layers=2, tie_embeddings=False, **shape).tie_embeddings
