@@ -14,13 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoplan.outputs import (
-    check_distinct_outputs,
-    check_output_file,
-    check_picture_file,
-    check_run_dir,
-    warn_replacing,
-)
+from autoplan import outputs
 from hwprofiles.errors import AutoplanError, FitError, InputError
 
 if TYPE_CHECKING:
@@ -134,18 +128,9 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
-def _check_picture_outputs(a: argparse.Namespace) -> None:
-    """--plot and --trace: a DES result to draw and paths that can be written, before the work."""
-    if (a.plot or a.trace) and a.fidelity != "des":
-        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
-    check_picture_file(a.plot, "--plot")
-    check_output_file(a.trace, "--trace")
-    check_distinct_outputs({"--plot": a.plot, "--trace": a.trace}, (a.model, a.cluster))
-
-
 def _write_pictures(result: Any, plot: Path | None, trace: Path | None) -> None:
-    """Draw the DES result (the options were checked before the work: :func:`_check_picture_outputs`)."""
-    warn_replacing(trace, plot)
+    """Draw the DES result (the options were checked before the work: outputs.check_timeline_outputs)."""
+    outputs.warn_replacing(trace, plot)
     if trace:
         from simulator.des.trace import write_trace
 
@@ -162,7 +147,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from autoplan.report import format_result
     from simulator import simulate
 
-    _check_picture_outputs(a)
+    outputs.check_timeline_outputs(a.plot, a.trace, a.fidelity, (a.model, a.cluster))
     job, _ = _make_job(a)
     if a.full and a.fidelity != "des":
         raise InputError("--full needs --fidelity des")
@@ -263,7 +248,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     a = argparse.Namespace(**{**vars(a), "fidelity": a.fidelity or ("analytic" if sizing else "des")})
     if sizing:
         return _cmd_sweep(a, counts)
-    _check_picture_outputs(a)
+    outputs.check_timeline_outputs(a.plot, a.trace, a.fidelity, (a.model, a.cluster))
     model, cluster = _load_job_inputs(a, counts[0] if counts else None)
     fw = _framework(a, cluster)
     opts = _search_options(a, fw, a.objective or "time")
@@ -291,8 +276,8 @@ def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
         raise InputError("--trace: a sweep over sizes has no single timeline; plan one size for its trace")
     if a.plot and not a.tokens:
         raise InputError("--plot over several sizes draws days to train against cost: give --tokens")
-    check_picture_file(a.plot, "--plot")
-    check_distinct_outputs({"--plot": a.plot}, (a.model, a.cluster))
+    outputs.check_picture_file(a.plot, "--plot")
+    outputs.check_distinct_outputs({"--plot": a.plot}, (a.model, a.cluster))
     model, cluster = _load_job_inputs(a, counts[0] if counts else None)
     fw = _framework(a, cluster)
     price = a.gpu_hour_price or cluster.price_per_gpu_hour
@@ -301,7 +286,7 @@ def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
     found = sweep(model, cluster, a.global_batch, counts or [cluster.nodes], opts, goal)
     out = found.to_dict()
     if a.plot:
-        warn_replacing(a.plot)
+        outputs.warn_replacing(a.plot)
         plot_sweep(out, a.plot)
     if a.json:
         _emit_json(out)
@@ -320,7 +305,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
     from autoplan.runtime.support import unsupported_reason
     from simulator import simulate
 
-    check_run_dir(a.out, a.force)
+    outputs.check_run_dir(a.out, a.force)
     model, cluster, plan = _plan_inputs(a)
     named = _framework_named(a, cluster)
     asked = a.target is not TARGETS  # tools named with --target (not the default: all, or the framework's)
@@ -391,9 +376,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from autoplan.runtime.tensor_parallel import split_layer
     from hwprofiles.calibrate import run_calibration
 
-    check_output_file(a.out, "-o")
-    check_output_file(a.node_out, "--node-out")
-    check_distinct_outputs({"-o": a.out, "--node-out": a.node_out}, ())
+    outputs.check_output_file(a.out, "-o")
+    outputs.check_output_file(a.node_out, "--node-out")
+    outputs.check_distinct_outputs({"-o": a.out, "--node-out": a.node_out}, ())
     progress = log.isEnabledFor(logging.INFO) and not a.no_progress
     files = run_calibration(
         a.device, a.out, split_layer, quick=a.quick, ranks=a.ranks, progress=progress, node_out=a.node_out

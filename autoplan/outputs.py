@@ -71,6 +71,18 @@ def check_distinct_outputs(outputs: dict[str, Path | None], inputs: Iterable[str
                 raise InputError(f"{flag} {path}: is an input of this command; give another file name")
 
 
+def check_timeline_outputs(
+    plot: Path | None, trace: Path | None, fidelity: str, inputs: Iterable[str | Path | None]
+) -> None:
+    """--plot and --trace of one job: a DES result to draw, and paths that can be written and are
+    neither ``inputs`` nor each other, before the work."""
+    if (plot or trace) and fidelity != "des":
+        raise InputError("--plot and --trace need --fidelity des (the analytic estimate has no timeline)")
+    check_picture_file(plot, "--plot")
+    check_output_file(trace, "--trace")
+    check_distinct_outputs({"--plot": plot, "--trace": trace}, inputs)
+
+
 def warn_replacing(*paths: Path | None) -> None:
     """Say which existing files an output is about to replace (nothing the user wrote is replaced
     without a word)."""
