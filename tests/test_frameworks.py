@@ -301,3 +301,17 @@ def test_torchtitans_chunked_loss_holds_an_eighth_of_the_torch_losss_peak():
     assert loss_transient_bytes(1e9, "chunked", 2) == (1.75e9, 1.75e9)
     assert kept_logits_bytes(1e9, "torch", 2, inflight=3) + loss_transient_bytes(1e9, "torch", 2)[1] == 20e9
     assert load_framework("torchtitan").base_runtime().cross_entropy == "chunked"
+
+
+def test_a_pinned_option_key_a_stack_never_runs_is_refused_by_name():
+    """--fix prec=fp8 under autoplan's program (no fp8 linears) had said only that the pins leave
+    no valid plan; without a pinned ZeRO stage the option keys are checked with each stage the
+    stack runs, so the refusal names the key, and a key that one stage runs passes."""
+    from autoplan.frameworks.space import fix_refusal
+    from simulator.model_files import load_model
+
+    model = load_model("llama2-7b")
+    program = load_framework("autoplan")
+    assert "does not run prec=fp8" in fix_refusal(program, model, {"prec": "fp8"})
+    assert fix_refusal(program, model, {"offload": "cpu"}) is None  # with ZeRO-3
+    assert fix_refusal(load_framework("megatron"), model, {"prec": "fp8"}) is None

@@ -62,8 +62,14 @@ def _option_rule(fw: Framework, model: ModelSpec) -> OptionRule:
 
 def fix_refusal(fw: Framework, model: ModelSpec, fix: Mapping[str, Any]) -> str | None:
     """Why ``fw`` runs no plan with the pinned keys ``fix`` (--fix), or None. A pinned schedule
-    is one of a pipeline (p > 1 unless p is pinned too): one stage runs 1F1B everywhere."""
+    is one of a pipeline (p > 1 unless p is pinned too): one stage runs 1F1B everywhere. Without
+    a pinned ZeRO stage the option keys (precision, offload, recomputation...) are checked with
+    each stage the stack runs: refused when every one is (``--fix prec=fp8`` under a stack without
+    fp8 had been let through to "no valid plan")."""
     pins = dict(fix)
     if "schedule" in pins and "p" not in pins:
         pins["p"] = 2
-    return next(fw.refusals(model, pins), None)
+    if "zero" in pins:
+        return next(fw.refusals(model, pins), None)
+    why = [next(fw.refusals(model, {**pins, "zero": zero}), None) for zero in fw.runs.zero]
+    return None if None in why else why[0]
