@@ -122,3 +122,26 @@ def test_emit_force_replaces_a_link_not_the_file_it_points_to(tmp_path):
     assert r.returncode == 0, r.stderr
     assert victim.read_text() == "precious\n"
     assert not (out / "launch.sh").is_symlink() and "autoplan.runtime.train" in (out / "launch.sh").read_text()
+
+
+def test_emit_force_removes_the_previous_plans_other_tool_files(tmp_path):
+    """A plan emitted for every tool, then another plan for torch only with --force: the earlier
+    megatron_args.txt would contradict the new plan.json. The files the earlier plan.json lists
+    and this emit does not write are removed (said); the user's own files, and any name that is not
+    a plain file name in the run dir, are left alone."""
+    import json
+
+    out = tmp_path / "run"
+    assert run_cli(*EMIT[:-1], "t=2,p=2", "-o", str(out)).returncode == 0
+    assert (out / "megatron_args.txt").exists()
+    (out / "notes.txt").write_text("mine\n")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    record = json.loads((out / "plan.json").read_text())
+    record["exports"]["megatron"]["files"].append("../outside.txt")
+    (out / "plan.json").write_text(json.dumps(record))
+    r = run_cli(*EMIT[:-1], "t=4", "--target", "torch", "--force", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "removed" in r.stderr and not (out / "megatron_args.txt").exists()
+    assert (out / "notes.txt").read_text() == "mine\n" and outside.read_text() == "keep\n"
+    assert json.loads((out / "plan.json").read_text())["plan"]["t"] == 4

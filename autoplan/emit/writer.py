@@ -130,6 +130,8 @@ def write_run_dir(
     files: dict[str, str] = {PLAN_FILE: json.dumps(plan_json(job, prediction, train, exports), indent=2) + "\n"}
     for export in exports:
         files.update(export.files)
+    if force:
+        _remove_stale(out_dir, set(files))
     written = []
     for name, text in files.items():
         path = out_dir / name
@@ -140,3 +142,21 @@ def write_run_dir(
             os.chmod(path, 0o755)
         written.append(path)
     return written
+
+
+def _remove_stale(out_dir: Path, writing: set[str]) -> None:
+    """With --force, the files the last emit into ``out_dir`` wrote (its plan.json's exports) that
+    this one does not: another tool's files of the previous plan would contradict the new plan.json
+    (``emit --target torch --force`` over a plan emitted for every tool kept its megatron_args.txt).
+    Only plain names listed there are removed, each with a warning; the user's other files stay."""
+    try:
+        previous = json.loads((out_dir / PLAN_FILE).read_text())["exports"]
+        names = [name for record in previous.values() for name in record["files"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # no earlier emit here, or a plan.json it did not write: nothing is known to be stale
+    for name in names:
+        path = out_dir / str(name)
+        if name in writing or Path(str(name)).name != name or not (path.is_file() or path.is_symlink()):
+            continue
+        path.unlink()
+        log.warning("autoplan emit: --force: removed %s (the previous plan's; this plan does not write it)", path)
