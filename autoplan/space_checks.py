@@ -38,7 +38,7 @@ def check_cluster_size(model: ModelSpec, gpus: int, global_batch: int) -> None:
     if global_batch > MAX_GLOBAL_BATCH:
         raise PlanError(
             f"--global-batch {global_batch:,}: the search takes at most {MAX_GLOBAL_BATCH:,} sequences per step "
-            "(2**40; `simulate --plan` prices any batch)"
+            "(`simulate --plan` prices any batch)"
         )
     most = max_usable_gpus(model, global_batch)
     if gpus > most:

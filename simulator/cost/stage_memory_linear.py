@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from simulator.cost import memory, params
 from simulator.cost.ops import dtype_bytes
+from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes
 from simulator.cost.stage_memory import flight_buffers, layer_activations, pending_weight_inputs, sharding_buffers
 from simulator.cost.workload import padded_vocab_size
@@ -104,9 +105,10 @@ class DeviceMemoryModel:
         psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
         fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
         bucket = memory.bucket_bytes_of(runtime, plan.d)
-        if runtime.dp_buckets == "all" and (plan.d > 1 or plan.offload != "none"):  # a copy of every gradient
-            fixed += sharding_buffers(model, plan, psi, bucket, True, gb)
-            layer_states += psi_layer * gb
+        if runtime.dp_buckets == "all":  # a copy of every gradient: linear in the parameters, exact
+            held = sharding_buffers(model, plan, psi, bucket, True, gb)
+            fixed += held
+            layer_states += sharding_buffers(model, plan, psi + psi_layer, bucket, True, gb) - held
         else:  # two buckets in flight, at their cap
             fixed += sharding_buffers(model, plan, None, bucket, False, gb)
         fixed += flight_buffers(model, cluster, plan, m, stage, last, runtime.cross_entropy)
@@ -165,11 +167,12 @@ def _phases(job: Job, psi: float, psi_layer: float, last: bool, a_none: float) -
     copies = runtime.weight_copy_bytes
     logits = memory.logits_elements(model, plan.mb, plan.t, padded_vocab_size(model, plan.t), runtime.cross_entropy)
     loss_forward, loss_backward = memory.loss_transient_bytes(logits, runtime.cross_entropy, e) if last else (0.0, 0.0)
-    saved_full = 0.0 if plan.p > 1 else -copies * psi_layer  # weight_copies_saved
+    held, per_layer = weight_copies_held(copies, psi), weight_copies_held(copies, psi_layer)
+    saved_full = weight_copies_saved(copies, 0.0, psi_layer, plan.p > 1)  # a fully recomputed layer's share
     phases = [
-        Phase(copies * psi + loss_forward, copies * psi_layer, 0.0, 0.0),
-        Phase(copies * psi + loss_backward, copies * psi_layer, saved_full, 0.0),
-        Phase(copies * psi, copies * psi_layer, saved_full, a_none),
+        Phase(held + loss_forward, per_layer, 0.0, 0.0),
+        Phase(held + loss_backward, per_layer, saved_full, 0.0),
+        Phase(held, per_layer, saved_full, a_none),
     ]
     return _uncovered(phases)
 
