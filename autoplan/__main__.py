@@ -1,3 +1,20 @@
-from autoplan.cli import run
+"""``python -m autoplan`` and the ``autoplan`` command (pyproject.toml's entry point): the command
+line (:mod:`autoplan.cli`), loaded inside a Ctrl-C handler so that an interrupt while its modules
+load ends as one at any later moment does (:mod:`autoplan.interrupt`), not with a traceback."""
 
-run()
+from typing import NoReturn
+
+from autoplan import interrupt
+
+
+def run() -> NoReturn:
+    interrupt.install()
+    try:
+        from autoplan import cli
+    except KeyboardInterrupt:
+        interrupt.leave(interrupt.report())
+    cli.run()
+
+
+if __name__ == "__main__":
+    run()

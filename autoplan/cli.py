@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from autoplan import __version__
+from autoplan import __version__, interrupt
 from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK, HANDLERS
 from autoplan.emit.export import TARGETS, Target
 from autoplan.frameworks import FRAMEWORKS
@@ -348,6 +348,8 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def _fail(msg: str, code: int) -> int:
+    if interrupt.interrupted():  # an error a Ctrl-C caused (a library may wrap its KeyboardInterrupt)
+        return interrupt.report()
     print(f"autoplan: error: {' '.join(str(msg).split()).removeprefix('autoplan: ')}", file=sys.stderr)
     return code
 
@@ -361,11 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         if not a.command:
             build_parser().print_help()
             return EXIT_BAD_INPUT
-        return HANDLERS[a.command](a)
+        code = HANDLERS[a.command](a)
+        interrupt.check()  # a Ctrl-C whose KeyboardInterrupt the interpreter dropped
+        return code
     except AutoplanError as e:  # InputError/SpecError/PlanError 2, FitError 3, RunError 1
         return _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return interrupt.report()
     except BrokenPipeError:
         return EXIT_OK
     except Exception as e:  # an internal error: one line, the traceback only on request
@@ -379,11 +383,14 @@ def run() -> NoReturn:
     is left at exit is frozen out of the garbage collector first (``gc.freeze``): the interpreter's
     last collection would walk every object the libraries made (pandas through OR-tools, pydantic,
     numpy), a fifth of a second of a main-job ``plan``; modules are still torn down, files closed
-    and exit handlers run."""
+    and exit handlers run. After a Ctrl-C it exits at once instead (:mod:`autoplan.interrupt`)."""
     code = main()
+    if interrupt.interrupted():  # exit now: autoplan.interrupt says why
+        interrupt.leave(code if code == interrupt.EXIT_INTERRUPTED else interrupt.report())
     gc.freeze()
     raise SystemExit(code)
 
 
 if __name__ == "__main__":
+    interrupt.install()
     run()

@@ -133,6 +133,12 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     # each of 10 finalists of the 175B, 1T and Llama-2-70B jobs in 0.002-0.11 s, where presolve and
     # no hint took 0.004-0.57 s and three times ran out of the time limit (the optima agree).
     solver.parameters.cp_model_presolve = False
+    # CP-SAT's own Ctrl-C handler, on by default, sets SIGINT back to the default action (not the
+    # one it found) when a solve ends: a search worker, which ignores SIGINT, would then die of a
+    # Ctrl-C, possibly holding a lock of the pool's queues so that the search hangs as it ends the
+    # pool (seen 2026-11-29); in a process that answers Ctrl-C (one job, a notebook), the next
+    # Ctrl-C would end the process without a word. The solve is short (WORK_LIMIT): no handler.
+    solver.parameters.catch_sigint_signal = False
     status = solver.solve(mdl)
     if status not in (sat.OPTIMAL, sat.FEASIBLE):
         return None

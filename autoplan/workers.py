@@ -12,9 +12,11 @@ import multiprocessing as mp
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from autoplan import interrupt
 from autoplan.frameworks.pricing import plan_runtime
 from hwprofiles.errors import AutoplanError
 from simulator.job import Job
@@ -57,9 +59,11 @@ class Pool:
     holds itself in a cycle (about 30 kB per finalist partitioned).
 
     The workers ignore SIGINT: Ctrl-C reaches the whole foreground process group, and only the
-    parent answers it (a KeyboardInterrupt; leaving the ``with`` block ends the workers). A
-    worker that ends while the pool runs (``multiprocessing.Pool`` would start another and wait
-    for the lost task forever) is a :class:`WorkerDied` in :meth:`imap`."""
+    parent answers it (a KeyboardInterrupt; leaving the ``with`` block ends the workers). SIGINT
+    is blocked while the pool forks (:func:`_sigint_blocked`), so a Ctrl-C then is answered once
+    the pool stands, as at any other moment. A worker that ends while the pool runs
+    (``multiprocessing.Pool`` would start another and wait for the lost task forever) is a
+    :class:`WorkerDied` in :meth:`imap`."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
@@ -69,10 +73,15 @@ class Pool:
             before = set(mp.active_children())
             gc.freeze()
             try:
-                self.pool = mp.get_context("fork").Pool(jobs, initializer=_init_worker)
+                with _sigint_blocked():
+                    self.pool = mp.get_context("fork").Pool(jobs, initializer=_init_worker)
+                    self.workers = [w for w in mp.active_children() if w not in before]
+            except BaseException:  # a Ctrl-C held back during the fork, answered on leaving the block
+                if self.pool is not None:
+                    self.pool.terminate()
+                raise
             finally:
                 gc.unfreeze()
-            self.workers = [w for w in mp.active_children() if w not in before]
 
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
         """``fn`` over ``items`` in order, in the workers (WorkerDied when one of them ends)."""
@@ -89,6 +98,7 @@ class Pool:
                 return
             except mp.TimeoutError:
                 self._check_workers()
+            interrupt.check()  # a Ctrl-C the interpreter dropped (autoplan.interrupt)
 
     def _check_workers(self) -> None:
         """WorkerDied when a worker has ended, saying how."""
@@ -117,10 +127,33 @@ def _ending(code: int) -> str:
     return f"was killed by {name}" + (" (the out-of-memory killer?)" if code == -signal.SIGKILL else "")
 
 
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT held back (blocked, not lost) for the ``with`` block, then delivered if it came.
+
+    A Ctrl-C that lands while the parent forks its workers is otherwise mishandled two ways
+    (both seen on 2 cores, 2026-11-29, by sending SIGINT at random moments of a search):
+    the KeyboardInterrupt is raised inside one of the interpreter's at-fork callbacks, which
+    prints "Exception ignored in ... _releaseLock" and goes on, so the search ends with exit 0;
+    or a worker forked before its initializer has run dies of it, and ``Pool.terminate`` then
+    waits forever for the task queue's lock. A child inherits the blocked mask; the worker's
+    initializer ignores SIGINT before it unblocks it (:func:`_init_worker`). The pool's handler
+    threads, started inside the block, keep SIGINT blocked; Python runs the handler in the main
+    thread whichever thread the kernel delivers the signal to."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _init_worker() -> None:
-    """A worker's start: the cyclic garbage collector off, SIGINT ignored (:class:`Pool`)."""
+    """A worker's start: the cyclic garbage collector off, SIGINT ignored, then unblocked: a
+    Ctrl-C held back during the fork is dropped here (:func:`_sigint_blocked`; only the parent
+    answers it)."""
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class _NoBar:

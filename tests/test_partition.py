@@ -1,5 +1,10 @@
 """CP-SAT layer partition and recomputation choice."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from autoplan.partition import levelled_split, optimize_partition
@@ -168,3 +173,29 @@ def test_the_partition_prices_the_plan_as_its_runtime_runs_it():
         default_choice.plan.ckpt == "none" and not estimate(Job(model, cluster, default_choice.plan, 64, program)).fits
     )
     assert program_choice.plan.ckpt != "none" and estimate(Job(model, cluster, program_choice.plan, 64, program)).fits
+
+
+SOLVE_THEN_CTRL_C = """
+import os, signal, sys, time
+from autoplan.partition import optimize_partition
+from hwprofiles import load_cluster
+from simulator.job import Job
+from simulator.plan import Plan
+from test_partition import heavy_ends_model
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a search worker does
+job = Job.make(heavy_ends_model(), load_cluster("dgx-a100-80gb", 1), Plan(t=2, p=4, d=1, mb=1, ckpt="full"), 32)
+assert optimize_partition(job, choose_recompute=False) is not None  # a solve ran
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.2)
+print("still here")
+"""
+
+
+def test_a_solve_leaves_the_ctrl_c_handler_as_it_was():
+    """CP-SAT's own SIGINT handler resets SIGINT to the default action when a solve ends; a search
+    worker that ignores Ctrl-C would then die of one (and could hang the pool it leaves)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parent.parent)])}
+    done = subprocess.run(
+        [sys.executable, "-c", SOLVE_THEN_CTRL_C], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr[-2000:]
