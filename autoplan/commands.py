@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from autoplan.emit.export import Target
     from autoplan.frameworks import Framework
     from autoplan.search import SearchOptions
-    from hwprofiles.schema import ClusterSpec, NodeProfile
+    from hwprofiles.schema import ClusterSpec
     from simulator import Fidelity
     from simulator.job import Job
     from simulator.plan import Plan
@@ -148,7 +148,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from simulator import simulate
 
     outputs.check_timeline_outputs(a.plot, a.trace, a.fidelity, (a.model, a.cluster))
-    job, _ = _make_job(a)
+    job, fw = _make_job(a)
     if a.full and a.fidelity != "des":
         raise InputError("--full needs --fidelity des")
     fidelity, fallback = _fidelity_within_budget(job, a)
@@ -163,7 +163,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         print(format_result(out))
     _warn_bubble(out)
     if not result.fits:  # the result is the output; the exit code and this hint say it does not fit
-        log.warning("%s", _no_fit_hint(out, result.host_fits, result.job.cluster.node))
+        from autoplan.fit_hints import simulated_no_fit
+
+        log.warning("%s", simulated_no_fit(out, result.host_fits, job.cluster, fw, job.model))
         return EXIT_NO_FIT
     return EXIT_OK
 
@@ -191,34 +193,6 @@ def _warn_bubble(out: dict[str, Any]) -> None:
     warning = bubble_warning(out)
     if warning:
         log.warning("%s", warning)
-
-
-def _no_fit_hint(out: dict[str, Any], host_fits: bool, node: NodeProfile) -> str:
-    """Why a simulated plan does not fit and what would help, from its memory breakdown (offload=nvme
-    only where the ``node`` has NVMe drives: autoplan.space.offloads)."""
-    from autoplan.space import offloads
-
-    if not host_fits:
-        nvme = "offload=nvme with zero=3, or " if "nvme" in offloads(node, {}) else ""
-        return (
-            f"autoplan: the plan does not fit: the offloaded optimizer state ({out.get('host_memory_gib', 0):.0f} GiB) "
-            f"exceeds host memory; try {nvme}more nodes"
-        )
-    need, cap = out["peak_memory_gib"], out["memory_capacity_gib"]
-    mem = out["memory_breakdown_gib"]
-    plan = out["plan"]
-    hints = []
-    if mem["activations"] > 0.3 * need:
-        hints.append("ckpt=full" if plan["ckpt"] != "full" else "a smaller mb")
-        if plan["t"] > 1 and not plan["sp"]:
-            hints.append("sp=1")
-    if mem["optimizer"] + mem["grads"] + mem["params"] > 0.3 * need:
-        hints.append(f"zero={min(3, plan['zero'] + 1)}" if plan["zero"] < 3 else "offload=cpu")
-        hints.append("more pipeline stages (p) or tensor parallelism (t)")
-    return (
-        f"autoplan: the plan does not fit: it needs {need:.1f} GiB per GPU but {cap:.1f} GiB is usable; "
-        f"try {', '.join(hints) or 'more GPUs'} (or 'autoplan plan' to search)"
-    )
 
 
 def _search_options(a: argparse.Namespace, fw: Framework, objective: str) -> SearchOptions:

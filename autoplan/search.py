@@ -16,12 +16,11 @@ at a longer step can cost fewer GPU-hours per million tokens.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autoplan import space, space_checks
+from autoplan import fit_hints, space, space_checks
 from autoplan.finalists import prepare, refine_and_simulate_all
 from autoplan.frameworks import Framework
 from autoplan.frameworks import space as framework_space
@@ -232,7 +231,7 @@ def _check_scores(
     if not scores.total:
         raise PlanError(space_checks.explain_empty(model, cluster.num_gpus, global_batch, fix) + _framework_note(fw))
     if not scores.feasible:
-        raise NoPlanFits(_no_fit_message(model, cluster, global_batch, scores, fix))
+        raise NoPlanFits(fit_hints.search_no_fit(model, cluster, fix, scores, fw))
     if not scores.leaders:  # plans fit, but none of the fastest runs unchanged in the framework's files
         assert fw is not None and scores.refused is not None
         raise NoPlanFits(_unrunnable_message(fw, scores))
@@ -285,40 +284,3 @@ def _pareto(front: list[Scored], gpn: int, limit: int = 12) -> list[dict[str, An
         }
         for s in front
     ]
-
-
-def _no_host_fit_message(cluster: ClusterSpec, smallest: Scored) -> str:
-    """No plan fits, and the one needing least GPU memory fits the GPU: its offloaded state
-    exceeds the host memory."""
-    nvme = " or offload=nvme with zero=3" if "nvme" in space.offloads(cluster.node, {}) else ""
-    return (
-        f"no plan fits: the plans that fit in GPU memory (the smallest needs {smallest.peak_memory / GiB:.1f} of "
-        f"{cluster.gpu.usable_memory_bytes / GiB:.1f} GiB usable: {smallest.plan.to_string()}) offload more "
-        f"optimizer state than the {cluster.node.host_memory_GiB:g} GiB of host memory a node has; try more nodes "
-        f"(--nodes){nvme}"
-    )
-
-
-def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, B: int, scores: Scores, fix: dict[str, Any]) -> str:
-    """What the smallest plan needed, the capacity, and what would make it fit."""
-    smallest = scores.smallest
-    assert smallest is not None  # scores of at least one plan
-    cap = cluster.gpu.usable_memory_bytes
-    need = smallest.peak_memory
-    if need <= cap:  # it fits the GPU, so what it offloads does not fit the host
-        return _no_host_fit_message(cluster, smallest)
-    hints = []
-    ratio = need / cap
-    if ratio > 1:
-        hints.append(f"about {math.ceil(cluster.nodes * ratio)}+ nodes (--nodes)")
-    if fix.get("offload", "none") == "none" and "offload" in fix:
-        hints.append("allowing offload (drop offload= from --fix)")
-    elif not scores.offload:
-        hints.append("offload=" + "/".join(off for off in space.offloads(cluster.node, {}) if off != "none"))
-    if "ckpt" in fix and fix["ckpt"] != "full":
-        hints.append("ckpt=full")
-    hints.append("a smaller --global-batch or --seq-len (less activation memory)")
-    return (
-        f"no plan fits: the smallest needs {need / GiB:.1f} GiB per GPU ({smallest.plan.to_string()}) "
-        f"but each {cluster.gpu.name} has {cap / GiB:.1f} GiB usable; try " + ", or ".join(hints)
-    )
