@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -261,15 +261,15 @@ def megatron_1f1b_best(row: PublishedRow, max_mb: int = 16) -> tuple[Job, SimRes
 
 
 def with_gpu(rows: Iterable[VTrainRow], gpu: GpuProfile) -> list[VTrainRow]:
-    """The same runs on clusters whose nodes carry ``gpu`` (one copy per distinct cluster)."""
+    """The same runs, each with the runtime it is predicted with, on clusters whose nodes carry
+    ``gpu`` (one copy per distinct cluster)."""
     swapped: dict[int, ClusterSpec] = {}
     out = []
     for r in rows:
         c = r.job.cluster
         if id(c) not in swapped:
             swapped[id(c)] = c.model_copy(update={"node": c.node.model_copy(update={"gpu": gpu})})
-        j = r.job
-        out.append(VTrainRow(r.index, Job(j.model, swapped[id(c)], j.plan, j.global_batch), r.measured_s, r.label))
+        out.append(VTrainRow(r.index, replace(r.job, cluster=swapped[id(c)]), r.measured_s, r.label))
     return out
 
 
