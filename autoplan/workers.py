@@ -131,15 +131,14 @@ def _ending(code: int) -> str:
 def _sigint_blocked() -> Iterator[None]:
     """SIGINT held back (blocked, not lost) for the ``with`` block, then delivered if it came.
 
-    A Ctrl-C that lands while the parent forks its workers is otherwise mishandled two ways
-    (both seen on 2 cores, 2026-11-29, by sending SIGINT at random moments of a search):
-    the KeyboardInterrupt is raised inside one of the interpreter's at-fork callbacks, which
-    prints "Exception ignored in ... _releaseLock" and goes on, so the search ends with exit 0;
-    or a worker forked before its initializer has run dies of it, and ``Pool.terminate`` then
-    waits forever for the task queue's lock. A child inherits the blocked mask; the worker's
-    initializer ignores SIGINT before it unblocks it (:func:`_init_worker`). The pool's handler
-    threads, started inside the block, keep SIGINT blocked; Python runs the handler in the main
-    thread whichever thread the kernel delivers the signal to."""
+    A Ctrl-C that lands while the parent forks its workers raises its KeyboardInterrupt inside
+    one of the interpreter's at-fork callbacks, which prints "Exception ignored in ...
+    _releaseLock" and goes on: the search ended with exit 0 (seen on 2 cores, 2026-11-29, by
+    sending SIGINT at random moments of a search); and a worker forked then would get it before
+    its initializer ignores SIGINT. A child inherits the blocked mask; the worker's initializer
+    ignores SIGINT before it unblocks it (:func:`_init_worker`). The pool's handler threads,
+    started inside the block, keep SIGINT blocked; Python runs the handler in the main thread
+    whichever thread the kernel delivers the signal to."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
