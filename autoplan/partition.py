@@ -123,7 +123,23 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     _add_devices(mdl, job, n, f, s)
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
 
-    solver = sat.CpSolver()
+    solver = _solver(time_limit_s)
+    status = solver.solve(mdl)
+    if status not in (sat.OPTIMAL, sat.FEASIBLE):
+        return None
+    layers = tuple(int(solver.value(x)) for x in n)
+    rec = tuple((int(solver.value(f[c])), int(solver.value(s[c]))) for c in range(chunks)) if choose_recompute else None
+    div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
+    return PartitionResult(
+        _solved_plan(plan, L, layers, rec),
+        solver.objective_value / US / div,
+        "OPTIMAL" if status == sat.OPTIMAL else "FEASIBLE",
+    )
+
+
+def _solver(time_limit_s: float) -> cp_model.CpSolver:
+    """CP-SAT set for the partition model (optimize_partition's docstring: where it stops)."""
+    solver = load_cp_model().CpSolver()
     solver.parameters.max_deterministic_time = WORK_LIMIT  # where it stops, on any machine (WORK_LIMIT)
     solver.parameters.max_time_in_seconds = time_limit_s  # a cap for a far slower machine
     solver.parameters.num_workers = 1
@@ -139,17 +155,7 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     # pool (seen 2026-11-29); in a process that answers Ctrl-C (one job, a notebook), the next
     # Ctrl-C would end the process without a word. The solve is short (WORK_LIMIT): no handler.
     solver.parameters.catch_sigint_signal = False
-    status = solver.solve(mdl)
-    if status not in (sat.OPTIMAL, sat.FEASIBLE):
-        return None
-    layers = tuple(int(solver.value(x)) for x in n)
-    rec = tuple((int(solver.value(f[c])), int(solver.value(s[c]))) for c in range(chunks)) if choose_recompute else None
-    div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
-    return PartitionResult(
-        _solved_plan(plan, L, layers, rec),
-        solver.objective_value / US / div,
-        "OPTIMAL" if status == sat.OPTIMAL else "FEASIBLE",
-    )
+    return solver
 
 
 def _add_devices(mdl: cp_model.CpModel, job: Job, n: list, f: list, s: list) -> None:
