@@ -238,7 +238,7 @@ def launch(
     )
     cmd = [
         "bash",
-        str(script),
+        str(script.absolute()),  # a run dir named "-x" is not an option of bash's
         "--steps",
         str(steps),
         "--warmup",

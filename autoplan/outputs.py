@@ -92,9 +92,34 @@ def warn_replacing(*paths: Path | None) -> None:
 
 
 def check_run_dir(out_dir: Path, force: bool, flag: str = "-o") -> list[str]:
-    """A run dir ``emit`` may write: new, or an empty folder, or (with ``force``) a folder that
-    holds files; returns the names already there. Its parent must exist or be creatable."""
-    what = f"{flag} {out_dir}"
+    """A run dir ``emit`` may write: a path its scripts can name (:func:`_check_run_dir_path`), new,
+    or an empty folder, or (with ``force``) a folder that holds files; returns the names already
+    there. Its parent must exist or be creatable."""
+    try:
+        _check_run_dir_path(out_dir, flag)
+        return _run_dir_contents(out_dir, force, f"{flag} {out_dir}")
+    except (OSError, RuntimeError) as e:  # a name too long for the file system, a loop of links
+        raise InputError(f"{flag} {str(out_dir)[:80]!r}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _check_run_dir_path(out_dir: Path, flag: str) -> None:
+    """InputError for a run dir whose path the emitted scripts would read as another: a control
+    character (the launchers find their folder with ``$(cd "$(dirname ...)" && pwd)``, and
+    ``$(...)`` drops trailing newlines: "dir\\n" became its neighbour "dir"), or a ':' (the torchtitan
+    launcher puts the run dir on PYTHONPATH, where ':' separates folders: "a:b" imported from "a")."""
+    text = str(out_dir)
+    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise InputError(f"{flag} {text[:80]!r}: a control character ({bad!r}) in the run dir's path")
+    if ":" in str(out_dir.resolve()):
+        raise InputError(
+            f"{flag} {text[:80]!r}: a ':' in the run dir's path (its launchers put it on PYTHONPATH, "
+            "where ':' separates folders)"
+        )
+
+
+def _run_dir_contents(out_dir: Path, force: bool, what: str) -> list[str]:
+    """The names in ``out_dir`` (none when it is new), after the checks of :func:`check_run_dir`."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{what}: exists and is not a folder")
     if out_dir.is_dir():

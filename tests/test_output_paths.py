@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from conftest import REPO, run_cli
 
@@ -145,3 +148,42 @@ def test_emit_force_removes_the_previous_plans_other_tool_files(tmp_path):
     assert "removed" in r.stderr and not (out / "megatron_args.txt").exists()
     assert (out / "notes.txt").read_text() == "mine\n" and outside.read_text() == "keep\n"
     assert json.loads((out / "plan.json").read_text())["plan"]["t"] == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("run\n", "a control character ('\\n')"),  # "$(cd ... && pwd)" drops it: the launchers ran in "run"
+        ("a\x1bb", "a control character ('\\x1b')"),
+        ("evil:x", "a ':' in the run dir's path"),  # the torchtitan launcher's PYTHONPATH would import from "evil"
+        ("x" * 300, "File name too long"),
+    ],
+)
+def test_a_run_dir_its_scripts_would_misname_is_refused(tmp_path, name, why):
+    with pytest.raises(InputError, match=re.escape(why)):
+        check_run_dir(tmp_path / name, force=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_dir_named_like_an_option_runs(tmp_path, monkeypatch):
+    """'autoplan run ./-x' of a run dir named '-x': bash is given the script's absolute path, not
+    "-x/launch.sh", which it read as options."""
+    import subprocess
+
+    from autoplan import launch
+    from autoplan.runtime.config import load_run_spec
+
+    commands: list[list[str]] = []
+
+    def recorded(cmd: list[str], **_kw: object) -> subprocess.Popen:
+        commands.append(cmd)
+        raise OSError("recorded")
+
+    tiny = ["--model", "tiny", "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", "d=4,mb=2"]
+    assert run_cli("emit", *tiny, "-o", "./-x", cwd=tmp_path).returncode == 0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch.subprocess, "Popen", recorded)
+    relative = Path("-x")
+    with pytest.raises(OSError, match="recorded"):
+        launch.launch(relative, load_run_spec(relative), 1, 0, 10, lambda _line: None)
+    assert commands and commands[0][:2] == ["bash", str(tmp_path / "-x" / "launch.sh")]

@@ -48,7 +48,7 @@ def launch_sh(job: Job) -> str:
 # multi-node:   on node i of N:  NNODES=N NODE_RANK=i MASTER_ADDR=<node 0 address> MASTER_PORT=29500 bash launch.sh
 # environment:  NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, RDZV_ID, PYTHON
 set -euo pipefail
-RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+RUN_DIR="$(cd -- "$(dirname -- "${{BASH_SOURCE[0]}}")" && pwd)"
 PYTHON="${{PYTHON:-python3}}"
 NNODES="${{NNODES:-{nodes}}}"
 NODE_RANK="${{NODE_RANK:-0}}"

@@ -46,7 +46,7 @@ def megatron_launch(job: Job, plan: Plan, train: TrainSettings, header: list[str
 #   TENSORBOARD_DIR (default: $RUN_DIR/tensorboard) change the rest.
 # multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
 set -euo pipefail
-RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+RUN_DIR="$(cd -- "$(dirname -- "${{BASH_SOURCE[0]}}")" && pwd)"
 : "${{MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (the directory of pretrain_gpt.py)}}"
 NNODES="${{NNODES:-{nodes}}}"
 NODE_RANK="${{NODE_RANK:-0}}"

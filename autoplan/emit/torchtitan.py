@@ -332,7 +332,7 @@ def torchtitan_launch(job: Job, schedule: TrainingSchedule, header: list[str]) -
 #   TRAIN_ITERS, SAVE_INTERVAL and OUTPUT_DIR (default: $RUN_DIR/outputs: checkpoint/ and tb/, resumed from) change the rest.
 # multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, RDZV_ID as for launch.sh
 set -euo pipefail
-RUN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+RUN_DIR="$(cd -- "$(dirname -- "${{BASH_SOURCE[0]}}")" && pwd)"
 NNODES="${{NNODES:-{nodes}}}"
 NODE_RANK="${{NODE_RANK:-0}}"
 NPROC_PER_NODE="${{NPROC_PER_NODE:-{per_node}}}"
