@@ -153,6 +153,34 @@ def test_plan_json_round_trip(tmp_path: Path):
     assert back == spec and back.num_microbatches == 4 and back.world_size == 8
 
 
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"d": 0}, "key 'd': expected a positive integer, got 0"),  # was a ZeroDivisionError
+        ({"mb": None}, "key 'mb': expected an integer, got 'None'"),  # was a TypeError
+        ({"schedule": "evil"}, "key 'schedule': expected one of"),  # was run without a word
+        ({"t": -1}, "key 't': expected a positive integer"),
+        ({"layers": [1, 2, 3]}, "layers= gives 3 stage sizes, expected p\\*v = 2"),
+        ({"global_batch": 1e400}, "expected a positive integer, got inf"),  # was an OverflowError
+        ({"global_batch": 7}, "global batch 7 is not divisible by d\\*mb"),
+    ],
+)
+def test_a_hand_edited_plan_json_meets_the_rules_a_plan_string_does(tmp_path: Path, edit, why):
+    """autoplan run reads plan.json's plan as --plan reads a plan string: one line naming the file."""
+    import json
+
+    from hwprofiles.errors import AutoplanError
+
+    spec = RunSpec(model=LLAMA_LIKE, plan=Plan(t=2, p=2, d=2), global_batch=8)
+    data = run_spec_to_dict(spec)
+    for key, value in edit.items():
+        (data if key == "global_batch" else data["plan"])[key] = value
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(AutoplanError, match=f"plan.json: key '(plan|global_batch)': .*{why}") as caught:
+        load_run_spec(tmp_path)
+    assert caught.value.exit_code == 2
+
+
 @pytest.mark.parametrize("theta", [10_000.0, 500_000.0])
 def test_rope_uses_the_models_rotary_base(theta):
     """Head dim 4: pair (x1, x3) turns by position / theta^(2/4); at position 1 a unit x1 becomes

@@ -6,12 +6,13 @@ Pure Python (no torch): the emitter writes this format and the workers read it b
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError
-from simulator.plan import Plan
+from simulator.plan import Plan, check_positive, parse_plan, parse_plan_items
 from simulator.specs import ModelSpec
 
 PLAN_FILE = "plan.json"
@@ -116,13 +117,25 @@ def load_run_spec(run_dir: Path) -> RunSpec:
     for key in ("model", "plan", "global_batch"):
         if key not in data:
             raise InputError(f"{path}: missing key '{key}'")
+    batch = data["global_batch"]
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise InputError(f"{path}: key 'global_batch': expected a positive integer, got {batch!r:.40}")
     try:
         model = ModelSpec.model_validate(data["model"])
-        plan = plan_from_dict(dict(data["plan"]))
-        batch = int(data["global_batch"])
+        text = plan_from_dict(dict(data["plan"])).to_string()
         train = TrainSettings.from_dict(dict(data.get("train") or {}))
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise InputError(f"{path}: invalid run spec: {str(e).splitlines()[0]}") from None
-    if batch < 1 or batch % (plan.d * plan.mb):
-        raise InputError(f"{path}: key 'global_batch': {batch} is not a positive multiple of d*mb = {plan.d * plan.mb}")
-    return RunSpec(model=model, plan=plan, global_batch=batch, train=train)
+    return RunSpec(
+        model=model, plan=_checked_plan(text, model, batch, f"{path}: key 'plan'"), global_batch=batch, train=train
+    )
+
+
+def _checked_plan(text: str, model: ModelSpec, global_batch: int, source: str) -> Plan:
+    """The plan written as ``text`` read as ``--plan`` reads it, every key typed and every rule of
+    simulator.plan checked (a hand-edited plan.json had run d=0 into a ZeroDivisionError and
+    schedule=evil without a word); its GPUs are its own t*cp*p*d."""
+    items = parse_plan_items(text, source)
+    check_positive(items, source)
+    gpus = math.prod(int(items.get(k, 1)) for k in ("t", "cp", "p", "d"))
+    return parse_plan(text, model, gpus, global_batch, source)[0]
