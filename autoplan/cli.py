@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from autoplan import __version__, interrupt
+from autoplan import __version__, interrupt, logs
 from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK, HANDLERS
 from autoplan.emit.export import TARGETS, Target
 from autoplan.frameworks import FRAMEWORKS
@@ -319,38 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     return root
 
 
-class _StderrHandler(logging.StreamHandler):
-    """A handler on the ``sys.stderr`` of the moment (a caller or a test may have replaced it)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value) -> None:
-        pass
-
-
-#: the packages whose diagnostics the command line shows (third-party loggers are left alone)
-LOGGERS = ("autoplan", "hwprofiles", "simulator", "benchmarks")
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Plain messages (``%(message)s``) of our packages' loggers on stderr, at ``level``.
-    Idempotent: a second call only changes the level."""
-    for name in LOGGERS:
-        logger = logging.getLogger(name)
-        logger.setLevel(level)
-        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-            handler = _StderrHandler()
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            logger.addHandler(handler)
-
-
 def _fail(msg: str, code: int) -> int:
     if interrupt.interrupted():  # an error a Ctrl-C caused (a library may wrap its KeyboardInterrupt)
         return interrupt.report()
-    print(f"autoplan: error: {' '.join(str(msg).split()).removeprefix('autoplan: ')}", file=sys.stderr)
+    print(f"autoplan: error: {logs.printable(' '.join(str(msg).split())).removeprefix('autoplan: ')}", file=sys.stderr)
     return code
 
 
@@ -359,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         a = build_parser().parse_args(argv)
         if a.verbose and a.quiet:  # one before the command, the other after it
             raise InputError("argument -q/--quiet: not allowed with argument -v/--verbose")
-        configure_logging(logging.DEBUG if a.verbose else logging.WARNING if a.quiet else logging.INFO)
+        logs.configure(logging.DEBUG if a.verbose else logging.WARNING if a.quiet else logging.INFO)
         if not a.command:
             build_parser().print_help()
             return EXIT_BAD_INPUT

@@ -80,9 +80,12 @@ def unsupported_architecture(cfg: Mapping[str, Any], seq_length: int | None) -> 
             return key, f"{what}: {key} = {cfg[key]!r}"
     window = cfg.get("sliding_window")
     window_on = cfg.get("use_sliding_window", True) is not False
-    if isinstance(window, int) and window > 0 and window_on and (seq_length is None or window < seq_length):
+    seq = (
+        seq_length if isinstance(seq_length, int) and not isinstance(seq_length, bool) else None
+    )  # a config's "64" is checked later
+    if isinstance(window, int) and window > 0 and window_on and (seq is None or window < seq):
         return "sliding_window", (
-            f"sliding-window attention over {window} tokens, shorter than the {seq_length}-token sequence "
+            f"sliding-window attention over {window} tokens, shorter than the {f'{seq}-token ' if seq else ''}sequence "
             "(autoplan models full attention; a --seq-len within the window plans it exactly)"
         )
     heads, hidden, head_dim = cfg.get("num_attention_heads"), cfg.get("hidden_size"), cfg.get("head_dim")

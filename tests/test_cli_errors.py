@@ -286,3 +286,17 @@ def test_no_fit_hint_is_a_warning_that_quiet_keeps():
     )
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.startswith("autoplan: the plan does not fit: it needs") and len(proc.stderr.splitlines()) == 1
+
+
+def test_an_input_quoted_in_an_error_cannot_drive_the_terminal(tmp_path, capsys):
+    """An unknown key holding ESC ]0; (retitle), BEL and U+202E (right-to-left override) is quoted
+    with escapes: the error line holds no control character."""
+    from autoplan import cli
+
+    model = tmp_path / "m.yaml"
+    model.write_text(
+        'name: m\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 2\nvocab_size: 100\nseq_length: 32\n"a\\u001b]0;T\\u0007\\u202eX": 1\n'
+    )
+    assert cli.main(["plan", "--model", str(model), "--cluster", "localhost-cpu", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "key 'a\\x1b]0;T\\x07\\u202eX': unknown key" in err and err.isascii() and err.count("\n") == 1, err

@@ -113,3 +113,12 @@ def test_sliding_window_shorter_than_the_sequence(tmp_path):
     with pytest.raises(InputError, match=r"key 'sliding_window'.*4096.*32768"):
         load_model(path)
     assert load_model(path, seq_len=4096).seq_length == 4096
+
+
+def test_a_window_beside_a_sequence_length_of_the_wrong_type_is_an_input_error(tmp_path):
+    """max_position_embeddings "64" (a string) beside a sliding window was a TypeError (exit 1)."""
+    path = write(tmp_path, dict(DENSE, sliding_window=16, max_position_embeddings="64"))
+    with pytest.raises(
+        InputError, match="key 'sliding_window': sliding-window attention over 16 tokens, shorter than the sequence"
+    ):
+        load_model(path)
