@@ -281,3 +281,22 @@ def test_a_boolean_is_not_a_number():
     with pytest.raises(ValueError, match="expected an integer, not true or false"):
         ModelSpec(num_layers=True, **shape)
     assert not ModelSpec(num_layers=2, tie_embeddings=False, **shape).tie_embeddings
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("32", "expected an integer, not text"), (32.0, "expected an integer, not a decimal number")],
+)
+def test_text_and_decimals_are_not_counts(value, why):
+    """A quoted figure or 32.0 for a count is refused, as the README's bad-input table says a
+    wrong type is (pydantic's lax mode had read both as 32); a number field still takes an integer."""
+    from simulator.specs import ModelSpec
+
+    with pytest.raises(InputError, match=f"key 'nodes': {why}"):
+        cluster_from_mapping({"name": "c", "nodes": value, "node": "dgx-a100-80gb"}, "c.yaml")
+    shape = {"name": "m", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, "seq_length": 64}
+    with pytest.raises(ValueError, match=why):
+        ModelSpec(num_layers=value, **shape)
+    with pytest.raises(ValueError, match="rope_theta\n  expected a number, not text"):
+        ModelSpec(num_layers=2, rope_theta="10000", **shape)
+    assert ModelSpec(num_layers=2, rope_theta=10000, **shape).rope_theta == 10000.0

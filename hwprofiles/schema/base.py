@@ -14,16 +14,31 @@ class Strict(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_boolean_for_another_type(cls, value: Any, info: ValidationInfo) -> Any:
-        """YAML's true and false are not numbers: pydantic's lax mode reads them as 1 and 0, so
-        ``num_layers: true`` was a model of one layer and ``nodes: true`` a cluster of one node."""
-        if isinstance(value, bool) and info.field_name is not None:
-            annotation = cls.model_fields[info.field_name].annotation
-            if annotation is not bool and bool not in get_args(annotation) and annotation is not Any:
-                raise PydanticCustomError("boolean", "expected {kind}, not true or false", {"kind": _kind(annotation)})
+    def _a_number_is_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number field takes a number: pydantic's lax mode read YAML's true and false as 1 and 0
+        (``num_layers: true`` was a model of one layer, ``nodes: true`` a cluster of one node),
+        the text "32" as 32 and 32.0 as the integer 32 (a quoted or mistyped figure passed without
+        a word)."""
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        kinds = {annotation, *get_args(annotation)}
+        if Any in kinds:
+            return value
+        if isinstance(value, bool) and bool not in kinds:
+            raise PydanticCustomError("boolean", "expected {kind}, not true or false", {"kind": _kind(annotation)})
+        if isinstance(value, str) and str not in kinds and kinds & {int, float}:
+            raise PydanticCustomError("text", "expected {kind}, not text", {"kind": _kind(annotation)})
+        if isinstance(value, float) and int in kinds and float not in kinds:
+            raise PydanticCustomError("decimal", "expected an integer, not a decimal number")
         return value
 
 
 def _kind(annotation: Any) -> str:
     """What a field holds, as an error names it."""
-    return {int: "an integer", float: "a number", str: "a name"}.get(annotation, "a value of its type")
+    kinds = {annotation, *get_args(annotation)}
+    return next((word for kind, word in _KINDS if kind in kinds), "a value of its type")
+
+
+#: the words for what a field holds, the widest number first (a float field takes an integer too)
+_KINDS = ((float, "a number"), (int, "an integer"), (str, "a name"))
