@@ -130,8 +130,8 @@ def test_emit_force_replaces_a_link_not_the_file_it_points_to(tmp_path):
 def test_emit_force_removes_the_previous_plans_other_tool_files(tmp_path):
     """A plan emitted for every tool, then another plan for torch only with --force: the earlier
     megatron_args.txt would contradict the new plan.json. The files the earlier plan.json lists
-    and this emit does not write are removed (said); the user's own files, and any name that is not
-    a plain file name in the run dir, are left alone."""
+    and this emit does not write are removed (said); the user's own files stay, even where a
+    hand-edited plan.json lists them, and so does any name that is not one emit writes."""
     import json
 
     out = tmp_path / "run"
@@ -141,7 +141,7 @@ def test_emit_force_removes_the_previous_plans_other_tool_files(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("keep\n")
     record = json.loads((out / "plan.json").read_text())
-    record["exports"]["megatron"]["files"].append("../outside.txt")
+    record["exports"]["megatron"]["files"] += ["../outside.txt", "notes.txt"]  # hand-edited: not emit's files
     (out / "plan.json").write_text(json.dumps(record))
     r = run_cli(*EMIT[:-1], "t=4", "--target", "torch", "--force", "-o", str(out))
     assert r.returncode == 0, r.stderr
@@ -187,3 +187,20 @@ def test_a_run_dir_named_like_an_option_runs(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="recorded"):
         launch.launch(relative, load_run_spec(relative), 1, 0, 10, lambda _line: None)
     assert commands and commands[0][:2] == ["bash", str(tmp_path / "-x" / "launch.sh")]
+
+
+def test_every_file_an_exporter_writes_is_one_force_may_remove(tmp_path):
+    """writer.EMITTED_FILES lists every name the exports write (GPT-style and Llama-style models,
+    every target), so --force can remove a previous plan's files and nothing else."""
+    import json
+
+    from autoplan.emit.writer import EMITTED_FILES
+
+    names: set[str] = set()
+    for model, plan in (("tiny", "t=2,p=2"), ("llama3-8b", "t=2,p=2")):
+        out = tmp_path / model
+        args = ["emit", "--model", model, "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", plan]
+        assert run_cli(*args, "--target", "all", "-o", str(out)).returncode == 0
+        exports = json.loads((out / "plan.json").read_text())["exports"]
+        names |= {name for record in exports.values() for name in record["files"]}
+    assert "torchtitan_config.py" in names and names <= EMITTED_FILES, names - EMITTED_FILES

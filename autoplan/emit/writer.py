@@ -30,6 +30,21 @@ def export_torch(job: Job, run_dir: Path) -> Export:
     return Export("torch", TORCH_RELEASE, files, job.plan)
 
 
+#: every file name an exporter writes (tests/test_output_paths.py checks the exports against it):
+#: what ``--force`` may remove where the previous plan.json lists it (:func:`_remove_stale`)
+EMITTED_FILES = frozenset(
+    {
+        "launch.sh",
+        "slurm.sbatch",
+        "megatron_args.txt",
+        "megatron_launch.sh",
+        "ds_config.json",
+        "deepspeed_setup.py",
+        "torchtitan_config.py",
+        "torchtitan_launch.sh",
+    }
+)
+
 EXPORTERS: dict[Target, Callable[[Job, TrainSettings, Path], Export]] = {
     "torch": lambda job, train, out: export_torch(job, out),
     "megatron": lambda job, train, out: export_megatron(job, train),
@@ -148,15 +163,18 @@ def _remove_stale(out_dir: Path, writing: set[str]) -> None:
     """With --force, the files the last emit into ``out_dir`` wrote (its plan.json's exports) that
     this one does not: another tool's files of the previous plan would contradict the new plan.json
     (``emit --target torch --force`` over a plan emitted for every tool kept its megatron_args.txt).
-    Only plain names listed there are removed, each with a warning; the user's other files stay."""
+    Only names an exporter writes (:data:`EMITTED_FILES`) listed there are removed, each with a
+    warning: a hand-edited list naming the user's own file removes nothing."""
     try:
         previous = json.loads((out_dir / PLAN_FILE).read_text())["exports"]
         names = [name for record in previous.values() for name in record["files"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # no earlier emit here, or a plan.json it did not write: nothing is known to be stale
     for name in names:
-        path = out_dir / str(name)
-        if name in writing or Path(str(name)).name != name or not (path.is_file() or path.is_symlink()):
+        if not isinstance(name, str) or name in writing or name not in EMITTED_FILES:
+            continue
+        path = out_dir / name
+        if not (path.is_file() or path.is_symlink()):
             continue
         path.unlink()
         log.warning("autoplan emit: --force: removed %s (the previous plan's; this plan does not write it)", path)
