@@ -139,8 +139,9 @@ def _search_then(send: str) -> subprocess.CompletedProcess:
     if send == "ctrl-c":
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
-    else:  # at once, while the scoring pool has work queued (a fast machine scores gpt-1t in 0.3 s)
-        assert _kill_one(workers), "the search's workers ended before one could be killed"
+    else:  # while the scoring pool's workers score (a fast machine scores gpt-1t in 0.3 s): a worker killed
+        time.sleep(0.1)  # as it waits for a task holds the task queue's lock, and Pool.terminate waits on it
+        assert _kill_one(_children(proc.pid)), "the search's workers ended before one could be killed"
     try:
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
