@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 
 from autoplan import __version__, interrupt, logs
 from autoplan.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_FIT, EXIT_OK, HANDLERS
+from autoplan.emit import safe_text
 from autoplan.emit.export import TARGETS, Target
 from autoplan.frameworks import FRAMEWORKS
 from hwprofiles.errors import AutoplanError, InputError
@@ -322,7 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _fail(msg: str, code: int) -> int:
     if interrupt.interrupted():  # an error a Ctrl-C caused (a library may wrap its KeyboardInterrupt)
         return interrupt.report()
-    print(f"autoplan: error: {logs.printable(' '.join(str(msg).split())).removeprefix('autoplan: ')}", file=sys.stderr)
+    print(
+        f"autoplan: error: {safe_text.printable(' '.join(str(msg).split())).removeprefix('autoplan: ')}",
+        file=sys.stderr,
+    )
     return code
 
 

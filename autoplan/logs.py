@@ -1,5 +1,4 @@
-"""What the command line writes on stderr besides its output: its packages' diagnostics (through
-:mod:`logging`, plain messages) and the error line's text made safe for a terminal."""
+"""The command line's diagnostics: its packages' loggers, plain messages on stderr."""
 
 from __future__ import annotations
 
@@ -33,10 +32,3 @@ def configure(level: int = logging.INFO) -> None:
             handler = _StderrHandler()
             handler.setFormatter(logging.Formatter("%(message)s"))
             logger.addHandler(handler)
-
-
-def printable(text: str) -> str:
-    """``text`` with what a terminal would act on written as escapes (control characters, bidi
-    overrides: str.isprintable), so an input quoted in an error cannot ring the bell, retitle the
-    terminal or reverse the line."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

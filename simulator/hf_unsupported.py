@@ -80,9 +80,8 @@ def unsupported_architecture(cfg: Mapping[str, Any], seq_length: int | None) -> 
             return key, f"{what}: {key} = {cfg[key]!r}"
     window = cfg.get("sliding_window")
     window_on = cfg.get("use_sliding_window", True) is not False
-    seq = (
-        seq_length if isinstance(seq_length, int) and not isinstance(seq_length, bool) else None
-    )  # a config's "64" is checked later
+    # only an integer length is compared: a config's "64" is refused when the model is built
+    seq = seq_length if isinstance(seq_length, int) and not isinstance(seq_length, bool) else None
     if isinstance(window, int) and window > 0 and window_on and (seq is None or window < seq):
         return "sliding_window", (
             f"sliding-window attention over {window} tokens, shorter than the {f'{seq}-token ' if seq else ''}sequence "

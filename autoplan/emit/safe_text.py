@@ -26,12 +26,18 @@ from hwprofiles.errors import InputError
 from hwprofiles.names import NAME_CHARS, NAME_MAX
 
 
+def printable(text: str) -> str:
+    """``text`` with each non-printable character (newline, carriage return, tab, NUL, ESC, BEL,
+    line and paragraph separators, bidirectional overrides: ``str.isprintable``) written as
+    Python's ``repr`` escapes it (``\\n``, ``\\x1b``, ``\\u202e``): nothing in it can end a line or
+    drive a terminal (the command line's error line, autoplan.cli)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def one_line(text: str) -> str:
-    """``text`` as one line of printable characters: each backslash doubled, each non-printable
-    character (newline, carriage return, tab, NUL, line and paragraph separators, bidirectional
-    overrides: ``str.isprintable``) written as Python's ``repr`` escapes it (``\\n``, ``\\x00``,
-    ``\\u2028``). It is also the body of a Python string literal with those escapes."""
-    return "".join("\\\\" if c == "\\" else c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """``text`` as one line of printable characters: each backslash doubled, then
+    :func:`printable`. It is also the body of a Python string literal with those escapes."""
+    return printable(text.replace("\\", "\\\\"))
 
 
 def comment_lines(lines: Iterable[str], prefix: str = "# ") -> str:

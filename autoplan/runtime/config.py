@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError
-from simulator.plan import Plan, check_positive, parse_plan, parse_plan_items
+from simulator.plan import Plan, check_positive, parse_plan_items, resolve_plan, validate_plan
 from simulator.specs import ModelSpec
 
 PLAN_FILE = "plan.json"
@@ -138,4 +138,6 @@ def _checked_plan(text: str, model: ModelSpec, global_batch: int, source: str) -
     items = parse_plan_items(text, source)
     check_positive(items, source)
     gpus = math.prod(int(items.get(k, 1)) for k in ("t", "cp", "p", "d"))
-    return parse_plan(text, model, gpus, global_batch, source)[0]
+    plan = resolve_plan(items, gpus, source)
+    validate_plan(model, plan, gpus, global_batch, source)
+    return plan
