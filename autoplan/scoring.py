@@ -209,7 +209,7 @@ def score_all(
     bar = progress(sum(map(len, shapes_by_nodes.values())), show_progress, "estimating plans", "layout", least=1000)
     parts: list[Scores] = []
     with Pool(jobs if len(tasks) > 1 else 1) as pool:
-        side = threading.Thread(target=meanwhile, daemon=True) if meanwhile and pool.pool else None
+        side = threading.Thread(target=meanwhile, daemon=True) if meanwhile and pool.forked else None
         if side:
             side.start()
         for task, part in zip(tasks, pool.imap(_score_shapes, tasks)):

@@ -11,8 +11,11 @@ import gc
 import multiprocessing as mp
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -34,7 +37,7 @@ def plan_job(nodes: int, plan: Plan) -> Job:
     return Job(SHARED["model"], cluster, plan, SHARED["B"], runtime)
 
 
-#: seconds between two checks that the workers are alive while the parent waits for a result
+#: seconds between two checks for a Ctrl-C the interpreter dropped while the parent waits for a result
 WATCH_S = 0.5
 
 
@@ -44,12 +47,20 @@ def can_fork() -> bool:
 
 class WorkerDied(AutoplanError):
     """A worker process ended in the middle of the search (killed: the out-of-memory killer, a
-    signal); the pool would wait for its task forever, so the search stops (exit 1)."""
+    signal); the search stops (exit 1)."""
 
 
 class Pool:
     """A fork pool of ``jobs`` workers sharing :data:`SHARED`, or a plain in-process map for one
-    job. The workers fork with the parent's objects frozen out of the garbage collector
+    job. Each worker has a pipe of its own and takes one task at a time from the parent, so the
+    workers share no lock. ``multiprocessing.Pool``'s workers share one task queue: a worker
+    killed while it waited on it kept the queue's lock, on which ``Pool.terminate`` then waited
+    for ever (a worker SIGKILLed at the start of a scoring hung the search, 2 cores,
+    2026-11-29), and that pool replaces a lost worker and waits for its task for ever. Here a
+    worker that ends while the pool runs is a :class:`WorkerDied` in :meth:`imap`, and leaving
+    the ``with`` block kills the workers, idle or busy.
+
+    The workers fork with the parent's objects frozen out of the garbage collector
     (``gc.freeze``, what the gc documentation advises before fork without exec), and run with
     the cyclic collector off (``gc.disable`` in :func:`_init_worker`): a worker lives for one
     phase of one search, and expanding and scoring plans and the DES make no reference cycles
@@ -61,59 +72,137 @@ class Pool:
     The workers ignore SIGINT: Ctrl-C reaches the whole foreground process group, and only the
     parent answers it (a KeyboardInterrupt; leaving the ``with`` block ends the workers). SIGINT
     is blocked while the pool forks (:func:`_sigint_blocked`), so a Ctrl-C then is answered once
-    the pool stands, as at any other moment. A worker that ends while the pool runs
-    (``multiprocessing.Pool`` would start another and wait for the lost task forever) is a
-    :class:`WorkerDied` in :meth:`imap`."""
+    the pool stands, as at any other moment."""
 
     def __init__(self, jobs: int):
         self.jobs = jobs
-        self.pool = None
-        self.workers: list[BaseProcess] = []
+        self.workers: list[_Worker] = []
         if jobs > 1 and can_fork():
-            before = set(mp.active_children())
+            context = mp.get_context("fork")
             gc.freeze()
             try:
                 with _sigint_blocked():
-                    self.pool = mp.get_context("fork").Pool(jobs, initializer=_init_worker)
-                    self.workers = [w for w in mp.active_children() if w not in before]
-            except BaseException:  # a Ctrl-C held back during the fork, answered on leaving the block
-                if self.pool is not None:
-                    self.pool.terminate()
+                    for _ in range(jobs):
+                        ours, theirs = context.Pipe()
+                        others = [w.conn for w in self.workers]  # the child closes them: only the parent holds them
+                        process = context.Process(target=_serve, args=(theirs, others), daemon=True)
+                        process.start()
+                        theirs.close()
+                        self.workers.append(_Worker(process, ours))
+            except BaseException:  # a Ctrl-C held back during the forks, answered on leaving the block
+                self.close()
                 raise
             finally:
                 gc.unfreeze()
 
+    @property
+    def forked(self) -> bool:
+        """Whether the work runs in worker processes (not in this one)."""
+        return bool(self.workers)
+
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
-        """``fn`` over ``items`` in order, in the workers (WorkerDied when one of them ends)."""
-        if self.pool is None:
+        """``fn`` over ``items`` in order, in the workers: WorkerDied when one of them ends, and an
+        exception ``fn`` raised in a worker raised here at its item."""
+        if not self.workers:
             return (fn(x) for x in items)
-        return self._watched(self.pool.imap(fn, items, chunksize=1))
+        return self._ordered(fn, items)
 
-    def _watched(self, results: Any) -> Iterator[Any]:
-        """``results`` (an imap iterator), checking the workers while waiting for the next one."""
-        while True:
-            try:
-                yield results.next(timeout=WATCH_S)
-            except StopIteration:
-                return
-            except mp.TimeoutError:
-                self._check_workers()
-            interrupt.check()  # a Ctrl-C the interpreter dropped (autoplan.interrupt)
+    def _ordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+        """The workers' results for ``items``, in order. Each idle worker is given the next item;
+        the parent waits on the workers' pipes and processes, ``WATCH_S`` at a time, checking
+        for a Ctrl-C the interpreter dropped (autoplan.interrupt)."""
+        done: dict[int, tuple[bool, Any]] = {}
+        idle, busy = list(self.workers), {}
+        sent = wanted = 0
+        while wanted < len(items):
+            if wanted in done:
+                ok, value = done.pop(wanted)
+                wanted += 1
+                if not ok:
+                    raise value
+                yield value
+                continue
+            while idle and sent < len(items):
+                worker = idle.pop(0)
+                worker.give((fn, items[sent]))
+                busy[worker.conn] = (worker, sent)
+                sent += 1
+            ready = set(wait([*busy, *(w.process.sentinel for w in self.workers)], timeout=WATCH_S))
+            interrupt.check()
+            for conn in [c for c in busy if c in ready]:
+                worker, index = busy.pop(conn)
+                done[index] = worker.take()
+                idle.append(worker)
+            ended = next((w for w in self.workers if w.process.sentinel in ready), None)
+            if ended is not None:
+                raise ended.died()
 
-    def _check_workers(self) -> None:
-        """WorkerDied when a worker has ended, saying how."""
-        dead = next((w for w in self.workers if w.exitcode is not None), None)
-        if dead is not None:
-            raise WorkerDied(
-                f"a search worker process (pid {dead.pid}) {_ending(dead.exitcode or 0)}; try fewer --jobs"
-            )
+    def close(self) -> None:
+        """Kill the workers, idle or busy (none holds anything the parent waits on), and reap them."""
+        for worker in self.workers:
+            worker.conn.close()
+            if worker.process.exitcode is None:
+                worker.process.kill()
+        for worker in self.workers:
+            worker.process.join()
+        self.workers = []
 
     def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pool:
-            self.pool.terminate()
+        self.close()
+
+
+@dataclass(frozen=True, eq=False)
+class _Worker:
+    """A worker process and the parent's end of its pipe."""
+
+    process: BaseProcess
+    conn: Connection
+
+    def give(self, task: tuple[Callable[[Any], Any], Any]) -> None:
+        try:
+            self.conn.send(task)
+        except OSError:  # the pipe is broken: the worker ended
+            raise self.died() from None
+
+    def take(self) -> tuple[bool, Any]:
+        """(True, the result) or (False, the exception) of the task the worker was given."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):  # it ended before or while answering
+            raise self.died() from None
+
+    def died(self) -> WorkerDied:
+        """The error of this worker's end, saying how it ended (once the kernel has reaped it)."""
+        self.process.join(WATCH_S)
+        code = self.process.exitcode or 0
+        return WorkerDied(f"a search worker process (pid {self.process.pid}) {_ending(code)}; try fewer --jobs")
+
+
+def _serve(conn: Connection, others: list[Connection]) -> None:
+    """A worker's life: the parent's tasks from ``conn``, one at a time, each answered with
+    (True, its result) or (False, the exception it raised, the traceback added as a note),
+    until the parent closes its end. ``others``: the pipes of the workers forked before this
+    one, which only the parent may hold (so that each worker sees its own pipe close)."""
+    for other in others:
+        other.close()
+    _init_worker()
+    while True:
+        try:
+            fn, item = conn.recv()
+        except EOFError:
+            return
+        try:
+            answer: tuple[bool, Any] = (True, fn(item))
+        except Exception as exc:
+            exc.add_note("in a search worker:\n" + traceback.format_exc())
+            answer = (False, exc)
+        try:
+            conn.send(answer)
+        except Exception as exc:  # an answer pickle cannot carry; nothing was written
+            conn.send((False, RuntimeError(f"a search worker's answer could not be sent back: {exc!r}")))
 
 
 def _ending(code: int) -> str:

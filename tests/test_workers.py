@@ -4,11 +4,16 @@ what they run must make no reference cycles, or their memory would grow with eve
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
 
 import pytest
 
 from autoplan import space
-from autoplan.workers import Pool, can_fork
+from autoplan.workers import Pool, WorkerDied, can_fork
 from hwprofiles.load import load_cluster
 from simulator.analytic.batch import estimate_batch
 from simulator.des import simulate_des
@@ -70,3 +75,44 @@ def test_workers_run_with_the_collector_off_and_the_parent_keeps_it() -> None:
     with Pool(2) as pool:
         assert list(pool.imap(_collector_on, range(4))) == [False] * 4
     assert gc.isenabled()
+
+
+# ---------------------------------------------------------------- the pool's own protocol
+
+needs_fork = pytest.mark.skipif(not can_fork(), reason="no fork start method")
+
+
+def _square_or_fail(x: int) -> int:
+    if x == 3:
+        raise ValueError("three")
+    return x * x
+
+
+def _sleep_then(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+@needs_fork
+def test_results_come_in_order_and_a_worker_error_is_raised_at_its_item() -> None:
+    got = []
+    with Pool(2) as pool:
+        with pytest.raises(ValueError, match="three") as raised:
+            for y in pool.imap(_square_or_fail, [0, 1, 2, 3, 4]):
+                got.append(y)
+        assert got == [0, 1, 4]
+        assert list(pool.imap(_sleep_then, [0.2, 0.0, 0.1])) == [0.2, 0.0, 0.1]  # the pool stays usable
+    assert "in a search worker" in "".join(raised.value.__notes__)
+
+
+@needs_fork
+def test_a_worker_killed_while_it_waits_for_a_task_ends_the_map_at_once() -> None:
+    """multiprocessing.Pool's idle worker held the task queue's lock; killed, it hung the pool."""
+    with Pool(2) as pool:
+        busy, idle = (w.process for w in pool.workers)  # one task: the first worker takes it
+        threading.Timer(0.3, os.kill, (idle.pid, signal.SIGKILL)).start()
+        started = time.monotonic()
+        with pytest.raises(WorkerDied, match=f"pid {idle.pid}.*SIGKILL"):
+            next(iter(pool.imap(_sleep_then, [30.0])))
+        assert time.monotonic() - started < 5
+    assert busy.exitcode is not None and not mp.active_children()  # the busy one was killed on leaving
