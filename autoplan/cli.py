@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from autoplan.emit.export import TARGETS, Target
 from autoplan.frameworks import FRAMEWORKS
 from hwprofiles.errors import AutoplanError, InputError
 from hwprofiles.headroom import MemoryHeadroom
+from hwprofiles.number_text import parse_decimal, parse_integer
 from simulator.model_files import builtin_models
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _positive_int(text: str) -> int:
     try:
-        v = int(text)
+        v = parse_integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if v < 1:
@@ -94,10 +94,10 @@ def _positive_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     try:
-        v = float(text)
+        v = parse_decimal(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
+    if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return v
 
@@ -111,7 +111,9 @@ def _memory_headroom(text: str) -> MemoryHeadroom:
 
 def _targets(text: str) -> tuple[Target, ...]:
     """``--target``: comma-separated tool names, or ``all``."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    names = [t.strip() for t in text.split(",")]
+    if "" in names:
+        raise argparse.ArgumentTypeError(f"an empty name in {text!r} (expected {', '.join(TARGETS)} or all)")
     if names == ["all"]:
         return TARGETS
     unknown = [n for n in names if n not in TARGETS]
@@ -259,7 +261,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     """``autoplan run``: the emitted directory and how long to run it."""
     p.add_argument("dir", type=Path, help="a directory written by 'autoplan emit'")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the whole run is stopped (default 600)")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=600.0, help="seconds before the whole run is stopped (default 600)"
+    )
     p.add_argument(
         "--allow-oversubscribe",
         action="store_true",
@@ -320,13 +324,18 @@ def build_parser() -> argparse.ArgumentParser:
     return root
 
 
+#: the longest error line: a message quoting a 100 kB --plan keeps its start and its end
+ERROR_LINE_MAX = 1000
+
+
 def _fail(msg: str, code: int) -> int:
     if interrupt.interrupted():  # an error a Ctrl-C caused (a library may wrap its KeyboardInterrupt)
         return interrupt.report()
-    print(
-        f"autoplan: error: {safe_text.printable(' '.join(str(msg).split())).removeprefix('autoplan: ')}",
-        file=sys.stderr,
-    )
+    line = safe_text.printable(" ".join(str(msg).split())).removeprefix("autoplan: ")
+    if len(line) > ERROR_LINE_MAX:
+        cut = len(line) - ERROR_LINE_MAX
+        line = f"{line[: ERROR_LINE_MAX * 3 // 4]} ... ({cut:,} characters left out) ... {line[-ERROR_LINE_MAX // 4 :]}"
+    print(f"autoplan: error: {line}", file=sys.stderr)
     return code
 
 

@@ -248,6 +248,8 @@ def _cmd_sweep(a: argparse.Namespace, counts: list[int] | None) -> int:
 
     if a.trace:
         raise InputError("--trace: a sweep over sizes has no single timeline; plan one size for its trace")
+    if a.gpu_hour_price and not a.tokens:
+        raise InputError("--gpu-hour-price needs --tokens (a cost is that of training on them)")
     if a.plot and not a.tokens:
         raise InputError("--plot over several sizes draws days to train against cost: give --tokens")
     outputs.check_picture_file(a.plot, "--plot")

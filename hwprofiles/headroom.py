@@ -14,7 +14,7 @@ from hwprofiles.errors import SpecError
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from hwprofiles.units import GiB
 
-_FORM = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>%|GiB|G)?\s*$", re.IGNORECASE)
+_FORM = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>%|GiB|G)?\s*$", re.IGNORECASE | re.ASCII)
 
 
 @dataclass(frozen=True)

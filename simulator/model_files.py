@@ -141,9 +141,7 @@ def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
         model = model_from_hf_config(data, str(path), seq_len)
     else:
         model = build(ModelSpec, data, str(path))
-    if seq_len is not None and seq_len < 1:
-        raise SpecError(f"--seq-len: expected a positive integer, got {seq_len}")
-    return model.with_seq_length(seq_len)
+    return model.with_seq_length(seq_len, "--seq-len")
 
 
 #: model types whose transformers config class defaults ``hidden_act`` to "silu" (LlamaConfig,

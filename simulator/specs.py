@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from hwprofiles.load import build
 from hwprofiles.names import Name
 from hwprofiles.schema.base import Strict
 
@@ -48,13 +49,17 @@ class ModelSpec(Strict):
     KEY_ALIASES: ClassVar[dict[str, str]] = _KEY_ALIASES
 
     name: Name = "model"  # hwprofiles.names: letters, digits, . _ + - /
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
-    num_query_groups: int | None = Field(default=None, ge=1)
-    ffn_hidden_size: int | None = Field(default=None, ge=1)
-    vocab_size: int = Field(ge=1)
-    seq_length: int = Field(ge=1)
+    # the upper bounds are far above any published transformer (the largest have about 200 layers,
+    # a hidden size of 25,600 and 256k-token vocabularies, a context of 10M tokens: PaLM, Chowdhery
+    # et al. 2022; Gemma 2; Llama 4 Scout) and keep every per-layer loop and integer array of the
+    # estimates in range (num_layers: 10**20 overflowed an index)
+    num_layers: int = Field(ge=1, le=10_000)
+    hidden_size: int = Field(ge=1, le=2**20)
+    num_attention_heads: int = Field(ge=1, le=2**16)
+    num_query_groups: int | None = Field(default=None, ge=1, le=2**16)
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=2**22)
+    vocab_size: int = Field(ge=1, le=2**24)
+    seq_length: int = Field(ge=1, le=2**30)
     activation: Literal["gelu", "swiglu"] = "gelu"
     tie_embeddings: bool = True
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
@@ -68,7 +73,7 @@ class ModelSpec(Strict):
     # mixture of experts (Megatron-LM --num-experts, --moe-router-topk): every layer's MLP is
     # num_experts expert MLPs of ffn_hidden_size (Megatron's --moe-ffn-hidden-size) and a router that
     # sends each token to moe_router_topk of them; None: a dense MLP
-    num_experts: int | None = Field(default=None, ge=2)
+    num_experts: int | None = Field(default=None, ge=2, le=2**20)
     moe_router_topk: int = Field(default=2, ge=1)
     # the busiest expert-parallel rank's routed tokens over the mean (1: balanced routing; an
     # auxiliary load-balancing loss keeps it near 1): the rank the others wait for at each all-to-all
@@ -132,5 +137,9 @@ class ModelSpec(Strict):
         """Rows of a learned position embedding: the sequence length."""
         return self.seq_length
 
-    def with_seq_length(self, seq: int | None) -> ModelSpec:
-        return self if seq is None or seq == self.seq_length else self.model_copy(update={"seq_length": seq})
+    def with_seq_length(self, seq: int | None, source: str = "sequence length") -> ModelSpec:
+        """This model at sequence length ``seq`` (None: as it is), held to the field's bounds (a
+        SpecError naming ``source``)."""
+        if seq is None or seq == self.seq_length:
+            return self
+        return build(ModelSpec, {**self.model_dump(), "seq_length": seq}, source)

@@ -41,6 +41,7 @@ FILES = {
     "duplicate_key.yaml": yaml.safe_dump(MODEL) + "num_layers: 8\n",
     "duplicate_node_key.yaml": yaml.safe_dump(NODE) + "gpus_per_node: 4\n",
     "empty.yaml": "",
+    "huge_layers.yaml": yaml.safe_dump(dict(MODEL, num_layers=10**20)),
     "bad.json": '{"model_type": "llama", "num_hidden_layers": 2,,}',
     "relu.json": json.dumps(
         {
@@ -135,6 +136,22 @@ CASES = {
         ["duplicate_key.yaml", "line 7", "key 'num_layers' given twice (first on line 4)"],
     ),
     "duplicate-node-key": (sim(cluster="{dir}/duplicate_node_key.yaml"), ["key 'gpus_per_node' given twice"]),
+    # numbers as the documentation writes them (hwprofiles.number_text), within the models' bounds
+    "plan-of-commas": (sim(plan=","), ["--plan", "no key=value item in ','"]),
+    "full-width-digit-in-plan": (sim(plan="t=\uff12"), ["--plan", "key 't'", "integer"]),
+    "full-width-batch": (sim(global_batch="\uff11\uff16"), ["--global-batch", "positive integer"]),
+    "full-width-node-count": (["plan", *GOOD[:-2], "--nodes", "1,\uff12"], ["--nodes", "node count"]),
+    "tokens-with-underscores": (["plan", *GOOD[:-2], "--tokens", "1_000"], ["--tokens", "positive number"]),
+    "tokens-beyond-bound": (["plan", *GOOD[:-2], "--tokens", "1e300"], ["--tokens 1e+300: at most 1e+15"]),
+    "price-without-tokens": (["plan", *GOOD[:-2], "--gpu-hour-price", "2"], ["--gpu-hour-price needs --tokens"]),
+    "run-timeout-nan": (["run", "{dir}", "--timeout", "nan"], ["--timeout", "positive number", "'nan'"]),
+    "empty-target-name": (
+        ["emit", *GOOD, "-o", "{dir}/out", "--target", "torch,,megatron"],
+        ["--target", "an empty name in 'torch,,megatron'"],
+    ),
+    "layers-beyond-bound": (sim(model="{dir}/huge_layers.yaml"), ["'num_layers'", "less than or equal to 10000"]),
+    "seq-len-beyond-bound": (sim(seq_len=str(2**40)), ["--seq-len", "'seq_length'", "less than or equal"]),
+    "long-input-shortened": (sim(plan="t=" + "1x" * 50000), ["key 't'", "characters left out) ... x1x1"]),
 }
 
 

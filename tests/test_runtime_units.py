@@ -157,7 +157,10 @@ def test_plan_json_round_trip(tmp_path: Path):
     ("edit", "why"),
     [
         ({"d": 0}, "key 'd': expected a positive integer, got 0"),  # was a ZeroDivisionError
-        ({"mb": None}, "key 'mb': expected an integer, got 'None'"),  # was a TypeError
+        ({"mb": None}, "key 'mb': expected integers, got None"),  # was a TypeError
+        ({"d": "2"}, "key 'd': expected integers, got '2'"),  # was read as 2
+        ({"layers": [1.0, 3]}, "key 'layers': expected integers"),
+        ({"schedule": 1}, "key 'schedule': expected a string, got 1"),
         ({"schedule": "evil"}, "key 'schedule': expected one of"),  # was run without a word
         ({"t": -1}, "key 't': expected a positive integer"),
         ({"layers": [1, 2, 3]}, "layers= gives 3 stage sizes, expected p\\*v = 2"),

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError
-from simulator.plan import Plan, check_positive, parse_plan_items, resolve_plan, validate_plan
+from simulator.plan import (
+    PLAN_INT_KEYS,
+    PLAN_STR_KEYS,
+    Plan,
+    check_positive,
+    parse_plan_items,
+    resolve_plan,
+    validate_plan,
+)
 from simulator.specs import ModelSpec
 
 PLAN_FILE = "plan.json"
@@ -71,13 +79,30 @@ class RunSpec:
 
 
 def plan_from_dict(d: dict[str, Any]) -> Plan:
-    """Inverse of ``Plan.to_dict`` (lists back to tuples, ``num_microbatches`` dropped)."""
+    """Inverse of ``Plan.to_dict`` (lists back to tuples, ``num_microbatches`` dropped). A count
+    must be a JSON integer and a name a string (TypeError naming the key): a hand-edited
+    ``"d": "4"`` is not read as 4."""
     kw = {k: v for k, v in d.items() if k in Plan.__dataclass_fields__}
+    for key, value in kw.items():
+        if key in PLAN_STR_KEYS and not isinstance(value, str):
+            raise TypeError(f"key '{key}': expected a string, got {value!r:.40}")
+        counts = [value] if key in PLAN_INT_KEYS else _flat(value) if key in ("layers", "recompute") else []
+        if any(not isinstance(x, int) or isinstance(x, bool) for x in counts):
+            raise TypeError(f"key '{key}': expected integers, got {value!r:.40}")
     if kw.get("layers") is not None:
-        kw["layers"] = tuple(int(x) for x in kw["layers"])
+        kw["layers"] = tuple(kw["layers"])
     if kw.get("recompute") is not None:
-        kw["recompute"] = tuple((int(f), int(s)) for f, s in kw["recompute"])
+        kw["recompute"] = tuple((f, s) for f, s in kw["recompute"])
     return Plan(**kw)
+
+
+def _flat(value: Any) -> list[Any]:
+    """The items of a list, or of a list of pairs (a recomputation map); None is no items."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        return [value]
+    return [y for x in value for y in (x if isinstance(x, list) else [x])]
 
 
 def run_spec_to_dict(spec: RunSpec) -> dict[str, Any]:
@@ -120,15 +145,17 @@ def load_run_spec(run_dir: Path) -> RunSpec:
     batch = data["global_batch"]
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise InputError(f"{path}: key 'global_batch': expected a positive integer, got {batch!r:.40}")
+    source = f"{path}: key 'plan'"
+    try:
+        text = plan_from_dict(dict(data["plan"])).to_string()
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{source}: {str(e).splitlines()[0]}") from None
     try:
         model = ModelSpec.model_validate(data["model"])
-        text = plan_from_dict(dict(data["plan"])).to_string()
         train = TrainSettings.from_dict(dict(data.get("train") or {}))
     except (ValueError, TypeError, OverflowError) as e:
         raise InputError(f"{path}: invalid run spec: {str(e).splitlines()[0]}") from None
-    return RunSpec(
-        model=model, plan=_checked_plan(text, model, batch, f"{path}: key 'plan'"), global_batch=batch, train=train
-    )
+    return RunSpec(model=model, plan=_checked_plan(text, model, batch, source), global_batch=batch, train=train)
 
 
 def _checked_plan(text: str, model: ModelSpec, global_batch: int, source: str) -> Plan:

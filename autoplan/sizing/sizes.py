@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from hwprofiles.errors import InputError
+from hwprofiles.number_text import parse_integer
 
 #: the most sizes one sweep plans (each is a whole search)
 MAX_SIZES = 1024
@@ -13,7 +14,7 @@ def parse_node_counts(text: str) -> list[int]:
     """The node counts ``text`` names, ascending and distinct; InputError (one line) otherwise."""
     text = text.strip()
     try:
-        parts = [int(x) for x in text.split(":" if ":" in text else ",")]
+        parts = [parse_integer(x) for x in text.split(":" if ":" in text else ",")]
     except ValueError:
         raise InputError(f"--nodes {text!r}: expected a node count N, a range A:B or A:B:S, or a list A,B,C") from None
     if ":" in text:

@@ -30,6 +30,10 @@ from simulator.specs import ModelSpec
 SECONDS_PER_DAY = 86400.0
 
 
+#: the most tokens a sweep prices: about 70 times Llama 3's 15 trillion (Dubey et al. 2024, section 3.1)
+MAX_TOKENS = 1e15
+
+
 @dataclass(frozen=True)
 class Goal:
     """What the sweep is for: ``tokens`` to train (None: only per-step figures), the price of a
@@ -39,6 +43,14 @@ class Goal:
     price: float | None = None
     deadline_days: float | None = None
     objective: Literal["time", "cost"] = "time"
+
+    def __post_init__(self) -> None:
+        """InputError for a goal the sweep cannot price: a deadline without tokens, or more tokens
+        than :data:`MAX_TOKENS` (days and costs then print as hundreds of digits)."""
+        if self.deadline_days is not None and self.tokens is None:
+            raise InputError("--deadline needs --tokens (the days to train depend on the tokens)")
+        if self.tokens is not None and self.tokens > MAX_TOKENS:
+            raise InputError(f"--tokens {self.tokens:g}: at most {MAX_TOKENS:g} (Llama 3 trained on 15e12)")
 
 
 @dataclass(frozen=True)
@@ -153,8 +165,6 @@ def sweep(
     The sizes are shared among ``opts.jobs`` worker processes, each searching a whole size in
     its own process (``jobs`` = 1 inside): a size's search is too short (about a second) for
     its own pool to pay, which forks twice per size, and the sizes are independent."""
-    if goal.deadline_days is not None and goal.tokens is None:
-        raise InputError("--deadline needs --tokens (the days to train depend on the tokens)")
     t0 = time.perf_counter()
     _SWEEP.update(model=model, cluster=cluster, B=global_batch, opts=replace(opts, jobs=1, progress=False), goal=goal)
     rows: list[SizeRow] = []

@@ -7,12 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from hwprofiles.errors import PlanError
+from hwprofiles.number_text import parse_integer
 from simulator.plan.fields import PLAN_INT_KEYS, PLAN_KEYS, PLAN_STR_KEYS, Plan
 
 
 def _parse_int(key: str, raw: str, source: str) -> int:
     try:
-        return int(raw)
+        return parse_integer(raw)
     except ValueError:
         raise PlanError(f"{source}: key '{key}': expected an integer, got {raw!r}") from None
 
@@ -66,6 +67,8 @@ def parse_plan_items(text: str, source: str = "--plan") -> dict[str, Any]:
             items[key] = _parse_list(key, val, source)
         else:
             items[key] = _parse_recompute(val, source)
+    if not items:
+        raise PlanError(f"{source}: no key=value item in {text!r} (expected e.g. t=8,p=8,mb=1,ckpt=full)")
     return items
 
 
