@@ -76,27 +76,32 @@ def read_yaml(path: str | Path) -> Any:
         raise SpecError(f"{p}: cannot read: {e}") from None
 
 
-def validation_message(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:
+def validation_message(
+    source: str, err: ValidationError, model: type[BaseModel] | None = None, keys: Mapping[str, str] | None = None
+) -> str:
     """One line for every pydantic error: the source, then each error's dotted key, what was
     expected and what was given, unknown keys first (with a typo, "num_layer", the missing key it
-    was meant to be is a consequence) and, knowing the ``model``, what an unknown key may have meant."""
+    was meant to be is a consequence) and, knowing the ``model``, what an unknown key may have meant.
+    ``keys``: how the input file names a field, where it is not by the field's name (a Hugging Face
+    config's ``key 'num_hidden_layers'`` for ``num_layers``)."""
     errors = sorted(err.errors(), key=lambda x: x.get("type") != "extra_forbidden")
-    return f"{source}: " + "; ".join(_error_text(x, model) for x in errors)
+    return f"{source}: " + "; ".join(_error_text(x, model, keys or {}) for x in errors)
 
 
-def _error_text(error: Any, model: type[BaseModel] | None) -> str:
+def _error_text(error: Any, model: type[BaseModel] | None, keys: Mapping[str, str]) -> str:
     """One pydantic error as ``key 'a.b': what was expected (got ...)``."""
     loc = tuple(str(x) for x in error.get("loc", ()))
     key = ".".join(loc) or "(top level)"
+    named = keys.get(key, f"key '{key}'")
     if error.get("type") == "extra_forbidden":
-        return f"key '{key}': unknown key{_meant(loc, model)}"
+        return f"{named}: unknown key{_meant(loc, model)}"
     given = error.get("input")
     shown = (
         ""
         if error.get("type") == "missing" or isinstance(given, (dict, list, BaseModel))
         else f" (got {_shortened(repr(given))})"
     )
-    return f"key '{key}': {error.get('msg', 'invalid value')}{shown}"
+    return f"{named}: {error.get('msg', 'invalid value')}{shown}"
 
 
 def _meant(loc: tuple[str, ...], model: type[BaseModel] | None) -> str:
@@ -141,14 +146,15 @@ def _shortened(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
-def build(model: type[BaseModel], data: Any, source: str) -> Any:
-    """Validate ``data`` into ``model``; errors become a one-line SpecError naming ``source``."""
+def build(model: type[BaseModel], data: Any, source: str, keys: Mapping[str, str] | None = None) -> Any:
+    """Validate ``data`` into ``model``; errors become a one-line SpecError naming ``source`` and
+    each key as the input names it (``keys``: validation_message)."""
     if not isinstance(data, Mapping):
         raise SpecError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
     try:
         return model.model_validate(dict(data))
     except ValidationError as e:
-        raise SpecError(validation_message(source, e, model)) from None
+        raise SpecError(validation_message(source, e, model, keys)) from None
 
 
 def _names(directory: Path) -> list[str]:

@@ -66,7 +66,12 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     if found is not None:
         key, why = found
         raise SpecError(f"{source}: key '{key}': {why}; refusing to plan it as a different (dense) model")
-    model = build(ModelSpec, data, source)
+    # each key named as the config spells it: the one read, or (missing) the names it may have
+    keys = {
+        key: "key " + " or ".join(f"'{n}'" for n in ([taken[key]] if key in taken else names))
+        for key, names in HF_KEYS.items()
+    }
+    model = build(ModelSpec, data, source, keys)
     model = model.model_copy(update={"name": _hf_name(cfg, source, model)})
     if seq_len is None and "seq_length" in taken:
         log.info(

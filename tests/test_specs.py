@@ -200,6 +200,11 @@ def test_hf_bad_configs(tmp_path):
     missing = {k: v for k, v in LLAMA2_7B_CONFIG.items() if k != "vocab_size"}
     with pytest.raises(InputError, match=r"config\.json: key 'vocab_size'"):
         load_model(write_json(tmp_path, "missing", missing))
+    no_layers = {k: v for k, v in LLAMA2_7B_CONFIG.items() if k != "num_hidden_layers"}  # named as HF names it
+    with pytest.raises(InputError, match="key 'num_hidden_layers' or 'n_layer' or 'num_layers': Field required"):
+        load_model(write_json(tmp_path, "no-layers", no_layers))
+    with pytest.raises(InputError, match="key 'num_hidden_layers': Input should be greater than or equal to 1"):
+        load_model(write_json(tmp_path, "zero-layers", dict(LLAMA2_7B_CONFIG, num_hidden_layers=0)))
     bad = tmp_path / "bad.json"
     bad.write_text('{"model_type": "gpt2", "n_layer": 2,')
     with pytest.raises(InputError, match=r"bad\.json: line \d+ malformed JSON"):
