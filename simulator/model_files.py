@@ -66,12 +66,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], source: str, seq_len: int | Non
     if found is not None:
         key, why = found
         raise SpecError(f"{source}: key '{key}': {why}; refusing to plan it as a different (dense) model")
-    # each key named as the config spells it: the one read, or (missing) the names it may have
-    keys = {
-        key: "key " + " or ".join(f"'{n}'" for n in ([taken[key]] if key in taken else names))
-        for key, names in HF_KEYS.items()
-    }
-    model = build(ModelSpec, data, source, keys)
+    model = build(ModelSpec, data, source, _named_as_read(taken))
     model = model.model_copy(update={"name": _hf_name(cfg, source, model)})
     if seq_len is None and "seq_length" in taken:
         log.info(
@@ -147,6 +142,16 @@ def load_model(ref: str, seq_len: int | None = None) -> ModelSpec:
     else:
         model = build(ModelSpec, data, str(path))
     return model.with_seq_length(seq_len, "--seq-len")
+
+
+def _named_as_read(taken: Mapping[str, str]) -> dict[str, str]:
+    """How an error names each ModelSpec key of a Hugging Face config: as the key it was read from
+    (``taken``), or, missing, by the names it may have (``key 'num_hidden_layers' or 'n_layer' or
+    'num_layers'``): hwprofiles.load.validation_message."""
+    return {
+        key: "key " + " or ".join(f"'{n}'" for n in ([taken[key]] if key in taken else names))
+        for key, names in HF_KEYS.items()
+    }
 
 
 #: model types whose transformers config class defaults ``hidden_act`` to "silu" (LlamaConfig,
