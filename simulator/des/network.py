@@ -53,7 +53,7 @@ def finish_tolerance(size: float, rate: float, now: float) -> float:
 class Flow:
     """One transfer in flight. ``owner`` is the engine task that waits for it."""
 
-    __slots__ = ("links", "owner", "rate", "rem", "size", "solo", "weights")
+    __slots__ = ("links", "owner", "rate", "rem", "seq", "size", "solo", "weights")
 
     def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
         self.size = size
@@ -63,6 +63,7 @@ class Flow:
         self.links = links
         self.weights = weights
         self.owner = owner
+        self.seq = 0  # its place in the network's flows (set by Network.add)
 
 
 class Network:
@@ -71,8 +72,10 @@ class Network:
     ``link_bytes[L]``: bytes that crossed link L (all copies included, counted when each flow
     starts); ``series[L]`` (when ``record`` is true) lists (time, load/capacity) changes for
     the trace, ``load`` the current load of each link. A flow enters only by :meth:`add` and
-    leaves only by :meth:`pop_finished`: they keep ``users`` (the flows on each link), ``shared``
-    (the links with more than one) and each flow's ``solo`` rate, which the allocation reads.
+    leaves only by :meth:`pop_finished`: they keep ``users`` (the flows on each link, a flow
+    twice on a link whose route crosses it twice), ``shared`` (the links with more than one),
+    ``touched`` (the links a flow entered or left since the last allocation) and each flow's
+    ``solo`` rate, which the allocation reads.
     """
 
     def __init__(self, capacities: list[float], record: bool = True):
@@ -85,8 +88,10 @@ class Network:
         self.record = record
         self.series: dict[int, list[tuple[float, float]]] = {}
         self.reallocations = 0
-        self.users: dict[int, int] = {}  # flows in flight on each link (a link twice on one route: twice)
+        self.users: dict[int, list[Flow]] = {}  # flows in flight on each link (a link twice on one route: twice)
         self.shared = 0  # links with more than one of them
+        self.touched: set[int] = set()
+        self._seq = 0
 
     def advance(self, now: float) -> None:
         """Move every flow forward to ``now`` at its current rate."""
@@ -101,16 +106,27 @@ class Network:
         self.advance(now)
         self.flows.append(flow)
         self.dirty = True
+        flow.seq = self._seq
+        self._seq += 1
+        self.touched.update(flow.links)
         lb, users, cap = self.link_bytes, self.users, self.cap
         size = flow.size
         for lid, w in zip(flow.links, flow.weights):
             lb[lid] = lb.get(lid, 0.0) + size * w
-            n = users.get(lid, 0) + 1
-            users[lid] = n
-            if n == 2:
-                self.shared += 1
-        if flow.links:
-            flow.solo = min([cap[lid] / w for lid, w in zip(flow.links, flow.weights)])
+            on = users.get(lid)
+            if on is None:
+                users[lid] = [flow]
+            else:
+                on.append(flow)
+                if len(on) == 2:
+                    self.shared += 1
+        if len(set(flow.links)) == len(flow.links):
+            flow.solo = min([cap[lid] / w for lid, w in zip(flow.links, flow.weights)], default=math.inf)
+        else:  # a route that crosses a link twice takes its capacity twice: its weights add up there
+            weight: dict[int, float] = {}
+            for lid, w in zip(flow.links, flow.weights):
+                weight[lid] = weight.get(lid, 0.0) + w
+            flow.solo = min(cap[lid] / w for lid, w in weight.items())
 
     def pop_finished(self, now: float) -> list[int]:
         """Advance to ``now``; remove the flows finished within :func:`finish_tolerance` and
@@ -130,20 +146,30 @@ class Network:
         return done
 
     def _release(self, flow: Flow) -> None:
-        """Take a finished flow off its links' counts."""
+        """Take a finished flow off its links."""
         users = self.users
+        self.touched.update(flow.links)
         for lid in flow.links:
-            n = users[lid] - 1
-            users[lid] = n
-            if n == 1:
+            on = users[lid]
+            on.remove(flow)
+            if len(on) == 1:
                 self.shared -= 1
 
     def allocate(self, now: float) -> float:
-        """Weighted max-min rates by progressive filling; returns the next completion time."""
+        """Weighted max-min rates by progressive filling; returns the next completion time.
+
+        Only the flows that share links, directly or through others, with a link a flow entered
+        or left since the last allocation (:meth:`_touched_flows`) are filled again: a set of
+        flows that shares no link with the others is filled by progressive filling exactly as
+        it would be among them (its links' shares change only when its own flows freeze, and the
+        link found first among equal shares comes first in both), so the others' rates stand
+        as they are, to the bit. A ZeRO-3 layer gather keeps one such set per pipeline stage in
+        flight. With ``record`` (a trace's link loads) every flow is filled."""
         self.dirty = False
         self.reallocations += 1
         flows = self.flows
         cap = self.cap
+        touched, self.touched = self.touched, set()
         if not flows:
             if self.record:
                 self._record(now, {})
@@ -151,14 +177,16 @@ class Network:
             return math.inf
         if len(flows) == 1 or not self.shared:  # no two flows on one link
             return self._allocate_disjoint(now, flows)
-        residual = max_min_fill(flows, cap)
-        for f in flows:
-            if f.rate < 0.0:  # a flow on no link: unconstrained
-                f.rate = math.inf
         if self.record:
+            residual = max_min_fill(flows, cap)
             new_load = {lid: cap[lid] - r for lid, r in residual.items()}
             self._record(now, new_load)
             self.load = new_load
+        else:
+            max_min_fill(self._touched_flows(touched), cap)
+        for f in flows:
+            if f.rate < 0.0:  # a flow on no link: unconstrained
+                f.rate = math.inf
         nxt = math.inf
         for f in flows:
             if f.rate > 0.0:
@@ -166,6 +194,23 @@ class Network:
                 if t < nxt:
                     nxt = t
         return now + max(nxt, 0.0)
+
+    def _touched_flows(self, touched: set[int]) -> list[Flow]:
+        """The flows on the ``touched`` links and every flow linked to them by a shared link, in
+        the order they entered the network."""
+        users = self.users
+        found: dict[int, Flow] = {}
+        seen = set(touched)
+        stack = list(touched)
+        while stack:
+            for f in users[stack.pop()]:
+                if f.seq not in found:
+                    found[f.seq] = f
+                    for lid in f.links:
+                        if lid not in seen:
+                            seen.add(lid)
+                            stack.append(lid)
+        return [found[k] for k in sorted(found)]
 
     def _allocate_disjoint(self, now: float, flows: list[Flow]) -> float:
         """Flows that share no link with each other (a lone flow among them) each run at their
