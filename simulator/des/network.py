@@ -74,8 +74,8 @@ class Network:
     the trace, ``load`` the current load of each link. A flow enters only by :meth:`add` and
     leaves only by :meth:`pop_finished`: they keep ``users`` (the flows on each link, a flow
     twice on a link whose route crosses it twice), ``shared`` (the links with more than one),
-    ``touched`` (the links a flow entered or left since the last allocation) and each flow's
-    ``solo`` rate, which the allocation reads.
+    the flows that left since the last allocation and each flow's ``solo`` rate, which the
+    allocation reads.
     """
 
     def __init__(self, capacities: list[float], record: bool = True):
@@ -88,10 +88,11 @@ class Network:
         self.record = record
         self.series: dict[int, list[tuple[float, float]]] = {}
         self.reallocations = 0
-        self.users: dict[int, list[Flow]] = {}  # flows in flight on each link (a link twice on one route: twice)
+        self.users: dict[int, int] = {}  # flows in flight on each link (a link twice on one route: twice)
         self.shared = 0  # links with more than one of them
-        self.touched: set[int] = set()
-        self._seq = 0
+        self._seq = 0  # the next flow's Flow.seq
+        self._settled = 0  # the seq of the first flow that entered since the last allocation
+        self._left: list[Flow] = []  # the flows that left since the last allocation
 
     def advance(self, now: float) -> None:
         """Move every flow forward to ``now`` at its current rate."""
@@ -108,25 +109,18 @@ class Network:
         self.dirty = True
         flow.seq = self._seq
         self._seq += 1
-        self.touched.update(flow.links)
         lb, users, cap = self.link_bytes, self.users, self.cap
         size = flow.size
         for lid, w in zip(flow.links, flow.weights):
             lb[lid] = lb.get(lid, 0.0) + size * w
-            on = users.get(lid)
-            if on is None:
-                users[lid] = [flow]
-            else:
-                on.append(flow)
-                if len(on) == 2:
-                    self.shared += 1
-        if len(set(flow.links)) == len(flow.links):
-            flow.solo = min([cap[lid] / w for lid, w in zip(flow.links, flow.weights)], default=math.inf)
-        else:  # a route that crosses a link twice takes its capacity twice: its weights add up there
-            weight: dict[int, float] = {}
-            for lid, w in zip(flow.links, flow.weights):
-                weight[lid] = weight.get(lid, 0.0) + w
-            flow.solo = min(cap[lid] / w for lid, w in weight.items())
+            n = users.get(lid, 0) + 1
+            users[lid] = n
+            if n == 2:
+                self.shared += 1
+        if flow.links:
+            flow.solo = min([cap[lid] / w for lid, w in zip(flow.links, flow.weights)])
+        else:  # on no link: unconstrained, whatever the others do
+            flow.rate = math.inf
 
     def pop_finished(self, now: float) -> list[int]:
         """Advance to ``now``; remove the flows finished within :func:`finish_tolerance` and
@@ -146,20 +140,20 @@ class Network:
         return done
 
     def _release(self, flow: Flow) -> None:
-        """Take a finished flow off its links."""
+        """Take a finished flow off its links' counts."""
         users = self.users
-        self.touched.update(flow.links)
+        self._left.append(flow)
         for lid in flow.links:
-            on = users[lid]
-            on.remove(flow)
-            if len(on) == 1:
+            n = users[lid] - 1
+            users[lid] = n
+            if n == 1:
                 self.shared -= 1
 
     def allocate(self, now: float) -> float:
         """Weighted max-min rates by progressive filling; returns the next completion time.
 
         Only the flows that share links, directly or through others, with a link a flow entered
-        or left since the last allocation (:meth:`_touched_flows`) are filled again: a set of
+        or left since the last allocation (:meth:`_changed_flows`) are filled again: a set of
         flows that shares no link with the others is filled by progressive filling exactly as
         it would be among them (its links' shares change only when its own flows freeze, and the
         link found first among equal shares comes first in both), so the others' rates stand
@@ -169,21 +163,24 @@ class Network:
         self.reallocations += 1
         flows = self.flows
         cap = self.cap
-        touched, self.touched = self.touched, set()
-        if not flows:
+        if not self.shared:  # no link with two flows (or one flow twice: filled, its solo rate is not its rate)
+            self._left.clear()
+            self._settled = self._seq
+            if flows:
+                return self._allocate_disjoint(now, flows)
             if self.record:
                 self._record(now, {})
                 self.load = {}
             return math.inf
-        if len(flows) == 1 or not self.shared:  # no two flows on one link
-            return self._allocate_disjoint(now, flows)
         if self.record:
             residual = max_min_fill(flows, cap)
             new_load = {lid: cap[lid] - r for lid, r in residual.items()}
             self._record(now, new_load)
             self.load = new_load
         else:
-            max_min_fill(self._touched_flows(touched), cap)
+            max_min_fill(self._changed_flows(), cap)
+        self._left.clear()
+        self._settled = self._seq
         for f in flows:
             if f.rate < 0.0:  # a flow on no link: unconstrained
                 f.rate = math.inf
@@ -195,15 +192,27 @@ class Network:
                     nxt = t
         return now + max(nxt, 0.0)
 
-    def _touched_flows(self, touched: set[int]) -> list[Flow]:
-        """The flows on the ``touched`` links and every flow linked to them by a shared link, in
-        the order they entered the network."""
-        users = self.users
+    def _changed_flows(self) -> list[Flow]:
+        """The flows that share a link, directly or through others, with a flow that entered or
+        left since the last allocation, in the order they entered the network."""
+        flows = self.flows
+        stack = [lid for f in self._left for lid in f.links]
+        k = len(flows) - 1
+        while k >= 0 and flows[k].seq >= self._settled:  # the flows that entered: last in the list
+            stack.extend(flows[k].links)
+            k -= 1
+        on_link: dict[int, list[Flow]] = {}
+        for f in flows:
+            for lid in f.links:
+                on = on_link.get(lid)
+                if on is None:
+                    on_link[lid] = [f]
+                else:
+                    on.append(f)
         found: dict[int, Flow] = {}
-        seen = set(touched)
-        stack = list(touched)
+        seen = set(stack)
         while stack:
-            for f in users[stack.pop()]:
+            for f in on_link.get(stack.pop(), ()):
                 if f.seq not in found:
                     found[f.seq] = f
                     for lid in f.links:
