@@ -12,8 +12,8 @@ random moments of ``autoplan plan``):
 * raised out of an ``exec`` (dataclasses build their methods with it, during an import),
   CPython 3.11 marks the interrupt unhandled even once caught, and the process then kills
   itself with SIGINT at exit instead of exiting 130. :func:`leave` exits at once, skipping
-  the interpreter's finalization (and with it any worker pool's finalizer, which can wait
-  on a queue lock a dead worker held);
+  the interpreter's finalization (and with it the finalizers of the libraries' threads and
+  pools);
 * raised while the command line's modules load, before any handler: the entry point
   (:mod:`autoplan.__main__`) loads them inside one.
 """

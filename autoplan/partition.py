@@ -151,8 +151,8 @@ def _solver(time_limit_s: float) -> cp_model.CpSolver:
     solver.parameters.cp_model_presolve = False
     # CP-SAT's own Ctrl-C handler, on by default, sets SIGINT back to the default action (not the
     # one it found) when a solve ends: a search worker, which ignores SIGINT, would then die of a
-    # Ctrl-C, possibly holding a lock of the pool's queues so that the search hangs as it ends the
-    # pool (seen 2026-11-29); in a process that answers Ctrl-C (one job, a notebook), the next
+    # Ctrl-C (with multiprocessing.Pool, holding a lock of its queues: the search hung as it ended
+    # the pool, seen 2026-11-29); in a process that answers Ctrl-C (one job, a notebook), the next
     # Ctrl-C would end the process without a word. The solve is short (WORK_LIMIT): no handler.
     solver.parameters.catch_sigint_signal = False
     return solver
