@@ -77,6 +77,7 @@ class Pool:
     def __init__(self, jobs: int):
         self.jobs = jobs
         self.workers: list[_Worker] = []
+        self.closed = False
         if jobs > 1 and can_fork():
             context = mp.get_context("fork")
             gc.freeze()
@@ -102,7 +103,11 @@ class Pool:
 
     def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
         """``fn`` over ``items`` in order, in the workers: WorkerDied when one of them ends, and an
-        exception ``fn`` raised in a worker raised here at its item."""
+        exception ``fn`` raised in a worker raised here at its item. A map left before its end
+        (an exception, a ``break``) kills the workers: a busy one's answer would otherwise be
+        taken for the next map's."""
+        if self.closed:
+            raise RuntimeError("the worker pool is closed")
         if not self.workers:
             return (fn(x) for x in items)
         return self._ordered(fn, items)
@@ -112,30 +117,34 @@ class Pool:
         the parent waits on the workers' pipes and processes, ``WATCH_S`` at a time, checking
         for a Ctrl-C the interpreter dropped (autoplan.interrupt)."""
         done: dict[int, tuple[bool, Any]] = {}
-        idle, busy = list(self.workers), {}
+        idle, busy = list(self.workers), {}  # busy: the workers with a task, by their pipes
         sent = wanted = 0
-        while wanted < len(items):
-            if wanted in done:
-                ok, value = done.pop(wanted)
-                wanted += 1
-                if not ok:
-                    raise value
-                yield value
-                continue
-            while idle and sent < len(items):
-                worker = idle.pop(0)
-                worker.give((fn, items[sent]))
-                busy[worker.conn] = (worker, sent)
-                sent += 1
-            ready = set(wait([*busy, *(w.process.sentinel for w in self.workers)], timeout=WATCH_S))
-            interrupt.check()
-            for conn in [c for c in busy if c in ready]:
-                worker, index = busy.pop(conn)
-                done[index] = worker.take()
-                idle.append(worker)
-            ended = next((w for w in self.workers if w.process.sentinel in ready), None)
-            if ended is not None:
-                raise ended.died()
+        try:
+            while wanted < len(items):
+                if wanted in done:
+                    ok, value = done.pop(wanted)
+                    wanted += 1
+                    if not ok:
+                        raise value
+                    yield value
+                    continue
+                while idle and sent < len(items):
+                    worker = idle.pop(0)
+                    worker.give((fn, items[sent]))
+                    busy[worker.conn] = (worker, sent)
+                    sent += 1
+                ready = set(wait([*busy, *(w.process.sentinel for w in self.workers)], timeout=WATCH_S))
+                interrupt.check()
+                for conn in [c for c in busy if c in ready]:
+                    worker, index = busy.pop(conn)
+                    done[index] = worker.take()
+                    idle.append(worker)
+                ended = next((w for w in self.workers if w.process.sentinel in ready), None)
+                if ended is not None:
+                    raise ended.died()
+        finally:
+            if busy:  # left before its end (imap's docstring)
+                self.close()
 
     def close(self) -> None:
         """Kill the workers, idle or busy (none holds anything the parent waits on), and reap them."""
@@ -146,6 +155,7 @@ class Pool:
         for worker in self.workers:
             worker.process.join()
         self.workers = []
+        self.closed = True
 
     def __enter__(self) -> Pool:
         return self

@@ -85,6 +85,8 @@ needs_fork = pytest.mark.skipif(not can_fork(), reason="no fork start method")
 def _square_or_fail(x: int) -> int:
     if x == 3:
         raise ValueError("three")
+    if x == 30:
+        time.sleep(30)
     return x * x
 
 
@@ -97,12 +99,32 @@ def _sleep_then(x: float) -> float:
 def test_results_come_in_order_and_a_worker_error_is_raised_at_its_item() -> None:
     got = []
     with Pool(2) as pool:
+        assert list(pool.imap(_sleep_then, [0.2, 0.0, 0.1])) == [0.2, 0.0, 0.1]  # in order, not as they end
+        assert list(pool.imap(_square_or_fail, [0, 1, 2])) == [0, 1, 4]  # a pool maps again
         with pytest.raises(ValueError, match="three") as raised:
-            for y in pool.imap(_square_or_fail, [0, 1, 2, 3, 4]):
+            for y in pool.imap(_square_or_fail, [0, 1, 2, 3]):
                 got.append(y)
         assert got == [0, 1, 4]
-        assert list(pool.imap(_sleep_then, [0.2, 0.0, 0.1])) == [0.2, 0.0, 0.1]  # the pool stays usable
-    assert "in a search worker" in "".join(raised.value.__notes__)
+        assert "in a search worker" in "".join(raised.value.__notes__)
+
+
+@needs_fork
+def test_a_map_left_while_a_worker_is_busy_kills_the_workers() -> None:
+    """Its answer would otherwise be taken for the next map's."""
+    with Pool(2) as pool:
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="three"):
+            list(pool.imap(_square_or_fail, [3, 30]))  # the second worker sleeps 30 s
+        assert time.monotonic() - started < 5 and not mp.active_children()
+        with pytest.raises(RuntimeError, match="closed"):
+            pool.imap(_square_or_fail, [0])
+
+
+@needs_fork
+def test_a_map_left_early_with_its_workers_idle_leaves_the_pool_usable() -> None:
+    with Pool(2) as pool:
+        assert next(iter(pool.imap(_square_or_fail, [0]))) == 0  # the map, left, is closed at once
+        assert list(pool.imap(_square_or_fail, [1, 2])) == [1, 4]
 
 
 @needs_fork
