@@ -311,18 +311,40 @@ def cmd_emit(a: argparse.Namespace) -> int:
         level = logging.WARNING if export.changes or (export.refused and asked) else logging.INFO
         for line in export_summary(export, jobs[export.target]):
             log.log(level, "%s", line)
-    if "torch" in jobs and not prediction["fits"]:  # plan.json's prediction is the torch program's
-        log.warning(
-            "torch      predicted (analytic) for autoplan's program: %.1f GiB per GPU, does NOT fit in %.0f GiB "
-            "(it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)",
-            prediction["peak_memory_gib"],
-            prediction["memory_capacity_gib"],
-        )
-    hint = f"; run it with: autoplan run {a.out}" if "torch" in jobs else ""
+    misfits = _misfits({t: prediction if jobs[t] is job else simulate(jobs[t], "analytic").to_dict() for t in jobs})
+    hint = f"; run it with: autoplan run {a.out}" if "torch" in jobs and "torch" not in misfits else ""
     log.info("wrote %d files to %s%s", len(files), a.out, hint)
     for f in files:
         print(f)
-    return EXIT_OK
+    # what was asked for: the tools named, else the framework's files (autoplan's program by default)
+    framework = named.name if named else "autoplan"
+    asked_for = set(jobs) if asked else {t for t in jobs if framework_of_target(t).name == framework}
+    return EXIT_NO_FIT if asked_for & set(misfits) else EXIT_OK
+
+
+def _misfits(predictions: dict[Target, dict[str, Any]]) -> list[Target]:
+    """The tools whose files were written for a plan predicted not to fit as their framework runs
+    it, each said in a warning line: emit still writes them (to edit, or to see), and exits 3 as
+    ``simulate`` does when one of them is what was asked for (cmd_emit)."""
+    from autoplan.frameworks import framework_of_target
+
+    misfits = [t for t, p in predictions.items() if not p["fits"]]
+    for t in misfits:
+        p = predictions[t]
+        why = (
+            " (it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)"
+            if t == "torch"
+            else ""
+        )
+        log.warning(
+            "%-10s predicted (analytic) as %s runs it: %.1f GiB per GPU, does NOT fit in %.0f GiB%s",
+            t,
+            framework_of_target(t).name,
+            p["peak_memory_gib"],
+            p["memory_capacity_gib"],
+            why,
+        )
+    return misfits
 
 
 def _framework_targets(fw: Framework) -> tuple[Target, ...]:

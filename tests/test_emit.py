@@ -217,10 +217,11 @@ def test_the_other_tools_are_predicted_with_their_own_memory_layout(tmp_path):
     args = ["emit", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "128", "--global-batch", "1536"]
     args += ["--plan", "t=4,p=8,mb=2,zero=1,v=6,schedule=interleaved,sp=1", "-o", str(tmp_path / "run")]
     done = run_cli(*args)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr  # written, but a tool's plan does not fit: as simulate says it
     program = json.loads((tmp_path / "run" / "plan.json").read_text())["prediction"]
     assert not program["fits"]
-    assert "predicted (analytic) for autoplan's program" in done.stderr and "does NOT fit" in done.stderr
+    assert "torch      predicted (analytic) as autoplan runs it:" in done.stderr and "does NOT fit" in done.stderr
+    assert "run it with" not in done.stderr  # no advice to run what does not fit
     deepspeed = next(line for line in done.stderr.splitlines() if "predicted (analytic)" in line)
     assert ", fits in 75 GiB" in deepspeed, deepspeed
 
@@ -317,3 +318,14 @@ def test_prediction_of_the_emitted_program_prices_autocast_copies_only_where_the
     logits = 4096 * padded_vocab_size(model, 8) / 8
     recompute = layer_activations(model, 1, 8, False, 2, kernels="eager")[2]
     assert copies("full") == pytest.approx(2 * psi + 6 * logits - max(8 * logits, recompute), rel=1e-9)
+
+
+def test_each_tool_whose_plan_does_not_fit_is_named_and_emit_exits_3(tmp_path):
+    """Every tool's files are written for the plan as its framework runs it; each one whose plan is
+    predicted not to fit gets its own warning line (Megatron's went unsaid), and the exit is 3."""
+    args = ["emit", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--nodes", "16", "--global-batch", "1536"]
+    done = run_cli(*args, "--plan", "t=1,p=1", "--framework", "megatron", "-o", str(tmp_path / "run"))
+    assert done.returncode == 3, done.stderr
+    said = [line.split()[0] for line in done.stderr.splitlines() if "does NOT fit" in line]
+    assert sorted(said) == ["megatron", "torch"], done.stderr
+    assert (tmp_path / "run" / "megatron_args.txt").is_file() and "run it with" not in done.stderr

@@ -200,7 +200,7 @@ def test_every_file_an_exporter_writes_is_one_force_may_remove(tmp_path):
     for model, plan in (("tiny", "t=2,p=2"), ("llama3-8b", "t=2,p=2")):
         out = tmp_path / model
         args = ["emit", "--model", model, "--cluster", "localhost-cpu", "--global-batch", "8", "--plan", plan]
-        assert run_cli(*args, "--target", "all", "-o", str(out)).returncode == 0
+        assert run_cli(*args, "--target", "all", "-o", str(out)).returncode in (0, 3)  # 3: written, does not fit
         exports = json.loads((out / "plan.json").read_text())["exports"]
         names |= {name for record in exports.values() for name in record["files"]}
     assert "torchtitan_config.py" in names and names <= EMITTED_FILES, names - EMITTED_FILES
