@@ -49,9 +49,9 @@ class ModelSpec(Strict):
     KEY_ALIASES: ClassVar[dict[str, str]] = _KEY_ALIASES
 
     name: Name = "model"  # hwprofiles.names: letters, digits, . _ + - /
-    # the upper bounds are far above any published transformer (the largest have about 200 layers,
-    # a hidden size of 25,600 and 256k-token vocabularies, a context of 10M tokens: PaLM, Chowdhery
-    # et al. 2022; Gemma 2; Llama 4 Scout) and keep every per-layer loop and integer array of the
+    # the upper bounds are far above any published transformer (128 layers of hidden size 25,600 in
+    # the 1T-parameter GPT of Narayanan et al. 2021, gpt-1t here; 256k-token vocabularies in Gemma 2;
+    # 10M-token contexts in Llama 4 Scout) and keep every per-layer loop and integer array of the
     # estimates in range (num_layers: 10**20 overflowed an index)
     num_layers: int = Field(ge=1, le=10_000)
     hidden_size: int = Field(ge=1, le=2**20)
