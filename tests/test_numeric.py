@@ -72,3 +72,17 @@ def test_last_bucket_and_bubble_both_forms():
     kinds = ScheduleKind(np.array([False, True]), np.array([False, False]), np.array([False, False]), False)
     assert pipeline_bubble(9.0, 36.0, kinds, np.array([1, 2])).tolist() == [27.0, 13.5]
     assert not math.isnan(pipeline_bubble(9.0, 36.0, ScheduleKind.of("1f1b", 1), 1))
+
+
+def test_distinct_codes_are_uniques_answer_without_loading_numpy_ma() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    codes = np.array([3, 0, 3, 7, 0])
+    assert numeric.distinct_codes(codes).tolist() == np.unique(codes).tolist() == [0, 3, 7]
+    assert numeric.distinct_codes(np.array([], dtype=np.int64)).tolist() == []
+    check = "import sys, numpy; from simulator.numeric import distinct_codes; distinct_codes(numpy.array([2, 0]))"
+    check += "; assert 'numpy.ma' not in sys.modules"  # np.unique imports it: 10-20 ms in every search worker
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr

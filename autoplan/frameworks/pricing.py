@@ -8,6 +8,7 @@ import numpy as np
 
 from autoplan.frameworks import Framework
 from autoplan.runtime.support import DP_MODES, dp_mode_code, plan_program_runtime, program_runtime
+from simulator.numeric import distinct_codes
 from simulator.plan import Plan
 from simulator.plan.table import PlanTable
 from simulator.runtime_spec import Runtime
@@ -36,11 +37,13 @@ def runtime_groups(
     t, p = plans.array("t"), plans.array("p")
     loss = (t > 1) * (1 + (p > 1))  # 0: t = 1, 1: t > 1 without a pipeline, 2: with one
     if not fw.program:
-        return [(fw.loss_runtime(runtime, c > 0, c == 2), np.flatnonzero(loss == c)) for c in map(int, np.unique(loss))]
+        return [
+            (fw.loss_runtime(runtime, c > 0, c == 2), np.flatnonzero(loss == c)) for c in map(int, distinct_codes(loss))
+        ]
     col = {k: plans.array(k) for k in ("zero", "d", "cp", "offload", "ep")}
     mode = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", t, p, col["ep"])
     codes = 3 * mode + loss
     return [
         (program_runtime(runtime, DP_MODES[c // 3], backend, c % 3 > 0, c % 3 == 2), np.flatnonzero(codes == c))
-        for c in map(int, np.unique(codes))
+        for c in map(int, distinct_codes(codes))
     ]

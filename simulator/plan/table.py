@@ -19,6 +19,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from simulator.numeric import distinct_codes
 from simulator.plan.fields import Plan
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Plan)}
@@ -91,4 +92,4 @@ class PlanTable(Sequence[Plan]):
     def values(self, name: str) -> list[Any]:
         """The values the field ``name`` takes in some plan (in no set order)."""
         values, index = self.column(name)
-        return [values[j] for j in np.unique(index).tolist()]
+        return [values[j] for j in distinct_codes(index).tolist()]
