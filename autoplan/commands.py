@@ -275,7 +275,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
     """Write the run dir: the named framework's files (and autoplan's program where it runs the
     plan), or with --target the tools named; each tool's prediction priced as its framework runs it."""
     from autoplan.emit.export import TARGETS
-    from autoplan.emit.writer import EXPORTERS, export_summary, write_run_dir
+    from autoplan.emit.writer import EXPORTERS, export_summary, write_run_dir, written_fits
     from autoplan.frameworks import check_plan, framework_of_target
     from autoplan.runtime.config import TrainSettings
     from autoplan.runtime.support import unsupported_reason
@@ -307,11 +307,14 @@ def cmd_emit(a: argparse.Namespace) -> int:
     prediction = simulate(job, "analytic").to_dict()
     exports = [EXPORTERS[t](jobs[t], TrainSettings(), a.out) for t in TARGETS if t in jobs]
     files = write_run_dir(job, prediction, a.out, force=a.force, exports=exports)
-    for export in exports:  # what runs differently from the plan, or a tool the user named refusing, is a warning
-        level = logging.WARNING if export.changes or (export.refused and asked) else logging.INFO
+    # files that run a plan that does not fit (emit exits 3 when the user asked for them: below)
+    misfits = [e.target for e in exports if not written_fits(e, jobs[e.target])]
+    for (
+        export
+    ) in exports:  # what runs differently from the plan or does not fit, or a tool named refusing, is a warning
+        warn = export.changes or (export.refused and asked) or export.target in misfits
         for line in export_summary(export, jobs[export.target]):
-            log.log(level, "%s", line)
-    misfits = _misfits({t: prediction if jobs[t] is job else simulate(jobs[t], "analytic").to_dict() for t in jobs})
+            log.log(logging.WARNING if warn else logging.INFO, "%s", line)
     hint = f"; run it with: autoplan run {a.out}" if "torch" in jobs and "torch" not in misfits else ""
     log.info("wrote %d files to %s%s", len(files), a.out, hint)
     for f in files:
@@ -320,31 +323,6 @@ def cmd_emit(a: argparse.Namespace) -> int:
     framework = named.name if named else "autoplan"
     asked_for = set(jobs) if asked else {t for t in jobs if framework_of_target(t).name == framework}
     return EXIT_NO_FIT if asked_for & set(misfits) else EXIT_OK
-
-
-def _misfits(predictions: dict[Target, dict[str, Any]]) -> list[Target]:
-    """The tools whose files were written for a plan predicted not to fit as their framework runs
-    it, each said in a warning line: emit still writes them (to edit, or to see), and exits 3 as
-    ``simulate`` does when one of them is what was asked for (cmd_emit)."""
-    from autoplan.frameworks import framework_of_target
-
-    misfits = [t for t, p in predictions.items() if not p["fits"]]
-    for t in misfits:
-        p = predictions[t]
-        why = (
-            " (it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)"
-            if t == "torch"
-            else ""
-        )
-        log.warning(
-            "%-10s predicted (analytic) as %s runs it: %.1f GiB per GPU, does NOT fit in %.0f GiB%s",
-            t,
-            framework_of_target(t).name,
-            p["peak_memory_gib"],
-            p["memory_capacity_gib"],
-            why,
-        )
-    return misfits
 
 
 def _framework_targets(fw: Framework) -> tuple[Target, ...]:

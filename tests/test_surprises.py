@@ -216,7 +216,7 @@ def test_the_cost_objective_reports_the_nodes_its_plan_uses_and_emit_accepts_the
     assert best["nodes"] < 32 and found["nodes_given"] == 32  # fewer GPUs cost less here
     assert best["gpus"] == best["nodes"] * 8 and best["cluster"] == f"dgx-h100-x{best['nodes']}"
     args = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", str(best["nodes"]), "--global-batch", "256"]
-    plan = ["--plan", best["plan_string"], "--target", "megatron,deepspeed"]  # fp8: not autoplan's own program
+    plan = ["--plan", best["plan_string"], "--target", "megatron"]  # fp8: not autoplan's own program (nor DeepSpeed)
     assert main(["-q", "emit", *args, *plan, "-o", str(tmp_path / "run")]) == 0
 
 

@@ -88,9 +88,18 @@ def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings, export
     }
 
 
+def written_fits(export: Export, job: Job) -> bool:
+    """Whether the plan ``export``'s files run fits, as ``job``'s runtime (its framework's) runs it
+    (the analytic estimate); True when nothing was written."""
+    from simulator.analytic import estimate
+
+    return export.written is None or estimate(replace(job, plan=export.written)).fits
+
+
 def export_summary(export: Export, job: Job) -> list[str]:
     """What ``autoplan emit`` prints for one target: its files and how they relate to the plan; a
-    closest plan comes with its own analytic prediction."""
+    closest plan comes with its own analytic prediction, the plan as given with one when it does
+    not fit."""
     head = f"{export.target:<11}"
     if export.refused:
         return [f"{head}not written ({export.release}): {export.refused}"]
@@ -98,6 +107,7 @@ def export_summary(export: Export, job: Job) -> list[str]:
     files = ", ".join(export.files)
     if export.exact:
         lines = [f"{head}{files} ({export.release}): the plan as given"]
+        lines += _no_fit_line(export.target, job)
     else:
         from simulator.analytic import estimate
 
@@ -112,6 +122,21 @@ def export_summary(export: Export, job: Job) -> list[str]:
         )
     lines += [f"{'':11}note: {n}" for n in export.notes]
     return lines
+
+
+def _no_fit_line(target: Target, job: Job) -> list[str]:
+    """The prediction line of a plan as given that does not fit as ``target``'s framework runs
+    it (none when it fits)."""
+    from simulator.analytic import estimate
+
+    found = estimate(job)
+    if found.fits:
+        return []
+    why = " (it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)"
+    return [
+        f"{'':11}  predicted (analytic): {found.peak_memory / 2**30:.1f} GiB per GPU, does NOT fit in "
+        f"{found.memory_capacity / 2**30:.0f} GiB{why if target == 'torch' else ''}"
+    ]
 
 
 def build_exports(job: Job, out_dir: Path, train: TrainSettings, targets: Iterable[Target] = TARGETS) -> list[Export]:
