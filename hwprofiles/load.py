@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hwprofiles.errors import SpecError
+from hwprofiles.names import NAME_MAX
 from hwprofiles.schema import ClusterSpec, GpuProfile, NodeProfile
 
 ROOT = Path(__file__).resolve().parent
@@ -224,8 +225,11 @@ def _cluster_of_node(node: NodeProfile, nodes: int | None, source: str) -> Clust
 
 
 def _node_cluster_name(node: NodeProfile, nodes: int) -> str:
-    """The name of a cluster made of ``nodes`` copies of ``node``: ``<node>-x<nodes>``."""
-    return f"{node.name}-x{nodes}"
+    """The name of a cluster made of ``nodes`` copies of ``node``: ``<node>-x<nodes>``, the node's
+    name cut where the whole would pass the name rule's length (a node named with 199 characters,
+    which the rule allows, made a cluster name of 202 that it refused, blaming the node file)."""
+    suffix = f"-x{nodes}"
+    return node.name[: NAME_MAX - len(suffix)] + suffix
 
 
 def with_nodes(cluster: ClusterSpec, nodes: int) -> ClusterSpec:

@@ -300,3 +300,17 @@ def test_text_and_decimals_are_not_counts(value, why):
     with pytest.raises(ValueError, match="rope_theta\n  expected a number, not text"):
         ModelSpec(num_layers=2, rope_theta="10000", **shape)
     assert ModelSpec(num_layers=2, rope_theta=10000, **shape).rope_theta == 10000.0
+
+
+def test_a_node_with_the_longest_name_makes_clusters_of_any_size(tmp_path):
+    """A cluster of nodes is named <node>-x<N>: a 200-character node name (the name rule's most)
+    made a 203-character cluster name, refused as the node file's."""
+    from hwprofiles.names import NAME_MAX
+
+    node = yaml.safe_load((NODE_DIR / "dgx-a100-80gb.yaml").read_text())
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(dict(node, name="n" * NAME_MAX)))
+    two = load_cluster(str(path), 2)
+    thousand = with_nodes(two, 1000)
+    assert (len(two.name), two.name[-4:]) == (NAME_MAX, "n-x2")
+    assert (len(thousand.name), thousand.name[-7:]) == (NAME_MAX, "n-x1000")
