@@ -275,7 +275,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
     """Write the run dir: the named framework's files (and autoplan's program where it runs the
     plan), or with --target the tools named; each tool's prediction priced as its framework runs it."""
     from autoplan.emit.export import TARGETS
-    from autoplan.emit.writer import EXPORTERS, export_summary, write_run_dir, written_fits
+    from autoplan.emit.writer import EXPORTERS, export_summary, write_run_dir, written_estimate
     from autoplan.frameworks import check_plan, framework_of_target
     from autoplan.runtime.config import TrainSettings
     from autoplan.runtime.support import unsupported_reason
@@ -307,13 +307,13 @@ def cmd_emit(a: argparse.Namespace) -> int:
     prediction = simulate(job, "analytic").to_dict()
     exports = [EXPORTERS[t](jobs[t], TrainSettings(), a.out) for t in TARGETS if t in jobs]
     files = write_run_dir(job, prediction, a.out, force=a.force, exports=exports)
+    written = {e.target: written_estimate(e, jobs[e.target]) for e in exports}
     # files that run a plan that does not fit (emit exits 3 when the user asked for them: below)
-    misfits = [e.target for e in exports if not written_fits(e, jobs[e.target])]
-    for (
-        export
-    ) in exports:  # what runs differently from the plan or does not fit, or a tool named refusing, is a warning
+    misfits = [t for t, found in written.items() if found is not None and not found.fits]
+    # what runs differently from the plan or does not fit, or a tool named refusing, is a warning
+    for export in exports:
         warn = export.changes or (export.refused and asked) or export.target in misfits
-        for line in export_summary(export, jobs[export.target]):
+        for line in export_summary(export, jobs[export.target], written[export.target]):
             log.log(logging.WARNING if warn else logging.INFO, "%s", line)
     hint = f"; run it with: autoplan run {a.out}" if "torch" in jobs and "torch" not in misfits else ""
     log.info("wrote %d files to %s%s", len(files), a.out, hint)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan import __version__
 from autoplan.emit.deepspeed import export_deepspeed
@@ -20,6 +20,9 @@ from autoplan.outputs import check_run_dir
 from autoplan.runtime.config import PLAN_FILE, RunSpec, TrainSettings, run_spec_to_dict
 from hwprofiles.errors import InputError
 from simulator.job import Job
+
+if TYPE_CHECKING:
+    from simulator.result import SimResult
 
 log = logging.getLogger(__name__)
 TORCH_RELEASE = "autoplan's torch.distributed program"
@@ -88,32 +91,32 @@ def plan_json(job: Job, prediction: dict[str, Any], train: TrainSettings, export
     }
 
 
-def written_fits(export: Export, job: Job) -> bool:
-    """Whether the plan ``export``'s files run fits, as ``job``'s runtime (its framework's) runs it
-    (the analytic estimate); True when nothing was written."""
+def written_estimate(export: Export, job: Job) -> SimResult | None:
+    """The analytic estimate of the plan ``export``'s files run, as ``job``'s runtime (its
+    framework's) runs it; None when nothing was written."""
     from simulator.analytic import estimate
 
-    return export.written is None or estimate(replace(job, plan=export.written)).fits
+    return None if export.written is None else estimate(replace(job, plan=export.written))
 
 
-def export_summary(export: Export, job: Job) -> list[str]:
+def export_summary(export: Export, job: Job, written: SimResult | None) -> list[str]:
     """What ``autoplan emit`` prints for one target: its files and how they relate to the plan; a
     closest plan comes with its own analytic prediction, the plan as given with one when it does
-    not fit."""
+    not fit. ``written``: :func:`written_estimate`."""
     head = f"{export.target:<11}"
     if export.refused:
         return [f"{head}not written ({export.release}): {export.refused}"]
-    assert export.written is not None
+    assert export.written is not None and written is not None
     files = ", ".join(export.files)
     if export.exact:
         lines = [f"{head}{files} ({export.release}): the plan as given"]
-        lines += _no_fit_line(export.target, job)
+        lines += _no_fit_line(export.target, written)
     else:
         from simulator.analytic import estimate
 
         lines = [f"{head}{files} ({export.release}): NOT the plan as given; it runs {export.written.to_string()}"]
         lines += [f"{'':11}  changed {c.describe()}" for c in export.changes]
-        mine, planned = estimate(replace(job, plan=export.written)), estimate(job)
+        mine, planned = written, estimate(job)
         fits = "fits" if mine.fits else "does NOT fit"
         lines.append(
             f"{'':11}  predicted (analytic): {mine.step_time:.2f} s/step, {mine.peak_memory / 2**30:.1f} GiB per GPU, "
@@ -124,12 +127,9 @@ def export_summary(export: Export, job: Job) -> list[str]:
     return lines
 
 
-def _no_fit_line(target: Target, job: Job) -> list[str]:
-    """The prediction line of a plan as given that does not fit as ``target``'s framework runs
-    it (none when it fits)."""
-    from simulator.analytic import estimate
-
-    found = estimate(job)
+def _no_fit_line(target: Target, found: SimResult) -> list[str]:
+    """The prediction line of a plan as given that does not fit (``found``: its estimate as
+    ``target``'s framework runs it); none when it fits."""
     if found.fits:
         return []
     why = " (it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)"
