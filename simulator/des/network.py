@@ -164,8 +164,7 @@ class Network:
         flows = self.flows
         cap = self.cap
         if not self.shared:  # no link with two flows (or one flow twice: filled, its solo rate is not its rate)
-            self._left.clear()
-            self._settled = self._seq
+            self._settle()
             if flows:
                 return self._allocate_disjoint(now, flows)
             if self.record:
@@ -179,8 +178,7 @@ class Network:
             self.load = new_load
         else:
             max_min_fill(self._changed_flows(), cap)
-        self._left.clear()
-        self._settled = self._seq
+        self._settle()
         for f in flows:
             if f.rate < 0.0:  # a flow on no link: unconstrained
                 f.rate = math.inf
@@ -191,6 +189,11 @@ class Network:
                 if t < nxt:
                     nxt = t
         return now + max(nxt, 0.0)
+
+    def _settle(self) -> None:
+        """Every flow's rate is set: none has entered or left since (:meth:`_changed_flows`)."""
+        self._left.clear()
+        self._settled = self._seq
 
     def _changed_flows(self) -> list[Flow]:
         """The flows that share a link, directly or through others, with a flow that entered or
