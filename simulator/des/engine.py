@@ -22,6 +22,7 @@ builder walks to attribute waiting time.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,7 @@ class Engine:
         self.now = 0.0
         self.events = 0
         self._heap: list[tuple[float, int, int, int]] = []
-        self._seq = 0
+        self._next_seq = itertools.count(1).__next__  # ties break in the order events were made
         # streams
         self.stream_name: list[str] = []
         self.stream_queue: list[list[int]] = []
@@ -86,31 +87,40 @@ class Engine:
         self._busy.append(False)
         return len(self.stream_name) - 1
 
-    def task(self, stream: int, duration: float, kind: str, deps: Sequence[int] = (), info: Any = None) -> int:
-        """A fixed-duration task, queued at the end of ``stream``."""
+    def task(
+        self,
+        stream: int,
+        duration: float,
+        kind: str,
+        deps: Sequence[int] = (),
+        info: Any = None,
+        phases: Sequence[Phase] = (),
+    ) -> int:
+        """A task queued at the end of ``stream``: of a fixed ``duration``, or with ``phases`` a
+        transfer (:meth:`transfer`)."""
         tid = len(self.stream)
         self.stream.append(stream)
         self.dur.append(duration)
         self.kind.append(kind)
         self.info.append(info)
         n = 0
+        succ = self._succ
         for d in deps:
             if d >= 0:
-                self._succ[d].append(tid)
+                succ[d].append(tid)
                 n += 1
         self._ndeps.append(n)
-        self._succ.append([])
+        succ.append([])
         self.stream_queue[stream].append(tid)
+        if phases:
+            self._phases[tid] = phases
         return tid
 
     def transfer(
         self, stream: int, phases: Sequence[Phase], kind: str, deps: Sequence[int] = (), info: Any = None
     ) -> int:
         """A task made of network phases; its duration is known only when it ends."""
-        tid = self.task(stream, 0.0, kind, deps, info)
-        if phases:
-            self._phases[tid] = phases
-        return tid
+        return self.task(stream, 0.0, kind, deps, info, phases)
 
     def add_dep(self, task: int, dep: int) -> None:
         """Make ``task`` wait for ``dep`` too (both already created, neither started)."""
@@ -125,8 +135,7 @@ class Engine:
     # ------------------------------------------------------------------ running
 
     def _push(self, time: float, code: int, arg: int) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (time, self._seq, code, arg))
+        heapq.heappush(self._heap, (time, self._next_seq(), code, arg))
 
     def _try_start(self, s: int, cause: int) -> None:
         if self._busy[s]:
@@ -145,7 +154,7 @@ class Engine:
         self.events += 1
         phases = self._phases.get(tid)
         if phases is None:
-            self._push(now + self.dur[tid], _FINISH, tid)
+            heapq.heappush(self._heap, (now + self.dur[tid], self._next_seq(), _FINISH, tid))
         else:
             self._phase_idx[tid] = 0
             self._begin_phase(tid, phases[0])
@@ -153,16 +162,17 @@ class Engine:
     def _begin_phase(self, tid: int, phase: Phase) -> None:
         net = self.net
         n = 0
+        now = self.now
         for fs in phase.flows:
             if fs.nbytes > 0.0 and fs.links:
                 if net is None:
                     raise RuntimeError("a transfer needs a network")
-                net.add(Flow(fs.nbytes, fs.links, fs.weights, tid), self.now)
+                net.add(Flow(fs.nbytes, fs.links, fs.weights, tid), now)
                 n += 1
         if n:
             self._open_flows[tid] = n
         else:
-            self._push(self.now + phase.latency, _PHASE_END, tid)
+            heapq.heappush(self._heap, (now + phase.latency, self._next_seq(), _PHASE_END, tid))
 
     def _phase_end(self, tid: int) -> None:
         phases = self._phases[tid]
@@ -179,21 +189,19 @@ class Engine:
         self.dur[tid] = now - self.start[tid]
         self.events += 1
         s = self.stream[tid]
-        self._busy[s] = False
-        self._pos[s] += 1
-        nd = self._ndeps
-        stream = self.stream
-        queue = self.stream_queue
-        pos = self._pos
-        busy = self._busy
+        nd, stream, queue, pos, busy = self._ndeps, self.stream, self.stream_queue, self._pos, self._busy
+        busy[s] = False
+        pos[s] += 1
         for v in self._succ[tid]:
             nd[v] -= 1
             if nd[v] == 0:
                 sv = stream[v]
-                # start v only if it heads its idle stream (inline of _try_start)
+                # start v only if it heads its idle stream (_try_start's test, inlined)
                 if not busy[sv] and queue[sv][pos[sv]] == v:
                     self._try_start(sv, tid)
-        self._try_start(s, tid)
+        q, head = queue[s], pos[s]
+        if head < len(q) and not busy[s] and not nd[q[head]]:  # the stream's next task, ready
+            self._try_start(s, tid)
 
     def run(self) -> float:
         """Run to completion; returns the time the last task ended."""
@@ -223,14 +231,15 @@ class Engine:
                 if arg != self._net_version:
                     continue
                 self.events += 1
+                open_flows, phase_idx, phases = self._open_flows, self._phase_idx, self._phases
                 for owner in net.pop_finished(time):
-                    left = self._open_flows[owner] - 1
+                    left = open_flows[owner] - 1
                     if left:
-                        self._open_flows[owner] = left
+                        open_flows[owner] = left
                     else:
-                        del self._open_flows[owner]
-                        lat = self._phases[owner][self._phase_idx[owner]].latency
-                        self._push(time + lat, _PHASE_END, owner)
+                        del open_flows[owner]
+                        lat = phases[owner][phase_idx[owner]].latency
+                        heapq.heappush(heap, (time + lat, self._next_seq(), _PHASE_END, owner))
                 if not net.dirty and net.flows:
                     # no flow ended at its completion time (finish_tolerance rules it out): re-arm
                     self._net_version += 1

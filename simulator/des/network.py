@@ -53,13 +53,14 @@ def finish_tolerance(size: float, rate: float, now: float) -> float:
 class Flow:
     """One transfer in flight. ``owner`` is the engine task that waits for it."""
 
-    __slots__ = ("links", "owner", "rate", "rem", "seq", "size", "solo", "weights")
+    __slots__ = ("links", "owner", "rate", "rem", "seq", "size", "solo", "tol", "weights")
 
     def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
         self.size = size
         self.rem = size
         self.rate = 0.0
         self.solo = math.inf  # its rate alone on its links (set by Network.add)
+        self.tol = FINISH_RTOL * size + FINISH_ATOL_BYTES  # finish_tolerance's first term
         self.links = links
         self.weights = weights
         self.owner = owner
@@ -75,7 +76,9 @@ class Network:
     leaves only by :meth:`pop_finished`: they keep ``users`` (the flows on each link, a flow
     twice on a link whose route crosses it twice), ``shared`` (the links with more than one),
     the flows that left since the last allocation and each flow's ``solo`` rate, which the
-    allocation reads.
+    allocation reads. Per-link figures are lists indexed by link id, and each route's solo
+    rate is worked out once (:meth:`_solo`): a pipeline sends one flow per microbatch on the
+    same route, tens of thousands per iteration.
     """
 
     def __init__(self, capacities: list[float], record: bool = True):
@@ -83,16 +86,25 @@ class Network:
         self.flows: list[Flow] = []
         self.last = 0.0
         self.dirty = False
-        self.link_bytes: dict[int, float] = {}
+        self._bytes = [0.0] * len(capacities)  # bytes that crossed each link (link_bytes)
         self.load: dict[int, float] = {}
         self.record = record
         self.series: dict[int, list[tuple[float, float]]] = {}
         self.reallocations = 0
-        self.users: dict[int, int] = {}  # flows in flight on each link (a link twice on one route: twice)
+        self.users = [0] * len(capacities)  # flows in flight on each link (a link twice on one route: twice)
         self.shared = 0  # links with more than one of them
         self._seq = 0  # the next flow's Flow.seq
         self._settled = 0  # the seq of the first flow that entered since the last allocation
         self._left: list[Flow] = []  # the flows that left since the last allocation
+        # id(links) -> (links, weights, solo rate): every route a flow took (link_bytes' links)
+        self._routes: dict[int, tuple[tuple[int, ...], tuple[float, ...], float]] = {}
+        self._more_links: set[int] = set()  # the links of routes not kept in _routes
+
+    @property
+    def link_bytes(self) -> dict[int, float]:
+        """Bytes that crossed each link any flow took (all copies included)."""
+        used = {lid for links, _, _ in self._routes.values() for lid in links} | self._more_links
+        return {lid: self._bytes[lid] for lid in sorted(used)}
 
     def advance(self, now: float) -> None:
         """Move every flow forward to ``now`` at its current rate."""
@@ -102,25 +114,42 @@ class Network:
                 f.rem -= f.rate * dt
         self.last = now
 
+    def _solo(self, links: tuple[int, ...], weights: tuple[float, ...]) -> float:
+        """The rate of a flow alone on ``links``: its tightest link's capacity / weight, kept per
+        route object (the route holds its tuples, so their ids stay theirs)."""
+        got = self._routes.get(id(links))
+        if got is not None and got[0] is links and got[1] is weights:
+            return got[2]
+        cap = self.cap
+        solo = min([cap[lid] / w for lid, w in zip(links, weights)])
+        if got is None:
+            self._routes[id(links)] = (links, weights, solo)
+        else:  # these links with other weights (not kept): their links still count in link_bytes
+            self._more_links.update(links)
+        return solo
+
     def add(self, flow: Flow, now: float) -> None:
         """Start a flow; its bytes (times its weights) count towards each link's total."""
-        self.advance(now)
+        if now != self.last:
+            self.advance(now)
         self.flows.append(flow)
         self.dirty = True
         flow.seq = self._seq
         self._seq += 1
-        lb, users, cap = self.link_bytes, self.users, self.cap
+        links = flow.links
+        if not links:  # on no link: unconstrained, whatever the others do
+            flow.rate = math.inf
+            return
+        weights = flow.weights
+        lb, users = self._bytes, self.users
         size = flow.size
-        for lid, w in zip(flow.links, flow.weights):
-            lb[lid] = lb.get(lid, 0.0) + size * w
-            n = users.get(lid, 0) + 1
+        for lid, w in zip(links, weights):
+            lb[lid] += size * w
+            n = users[lid] + 1
             users[lid] = n
             if n == 2:
                 self.shared += 1
-        if flow.links:
-            flow.solo = min([cap[lid] / w for lid, w in zip(flow.links, flow.weights)])
-        else:  # on no link: unconstrained, whatever the others do
-            flow.rate = math.inf
+        flow.solo = self._solo(links, weights)
 
     def pop_finished(self, now: float) -> list[int]:
         """Advance to ``now``; remove the flows finished within :func:`finish_tolerance` and
@@ -128,8 +157,12 @@ class Network:
         self.advance(now)
         done: list[int] = []
         keep: list[Flow] = []
+        clock = FINISH_CLOCK_ULPS * math.ulp(now)  # finish_tolerance's second term, per byte/s of rate
         for f in self.flows:
-            if f.rem <= finish_tolerance(f.size, f.rate, now):
+            tol = f.rate * clock
+            if tol < f.tol:
+                tol = f.tol
+            if f.rem <= tol:
                 done.append(f.owner)
                 self._release(f)
             else:

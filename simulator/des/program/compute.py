@@ -71,19 +71,23 @@ def add_passes(prog: Program, dev: Device) -> None:
     whole: dict[tuple[str, int, bool], Piece] = {}  # the one piece of each pass run whole
     di, task, add_mem = dev.idx, prog.eng.task, prog.mem.add_many
     first, last, piece_index = prog.first, prog.last, prog.piece_index
+    norec_mb, full = prog.norec_mb, prog.full
+    counts = dev.idx == 0 or (dev.dp == 0 and dev.tp == 0 and any(f + s for f, s in prog.recompute))  # _count's
     nred = 0
     for k, op in enumerate(order):
         kind, mb, local = op
         j = chunk[local]
-        norec = prog.norec(op)
-        _count(prog, dev, op, j, norec)
+        norec = mb == norec_mb
+        if counts:
+            _count(prog, dev, op, j, norec)
         bucketed = mode.overlap and kind == grads and (mode.per_mb or last_b[local] == k)
         if not (mode.zero3 or bucketed):  # one task, nothing beside it: _add_pass's loop, inlined (most passes)
             pc = whole.get((kind, j, norec))
             if pc is None:
                 pc = whole[(kind, j, norec)] = prog.pieces(kind, j, norec, "whole")[0]
             tid = task(cs, pc.dur, kind, (), pass_info((di, mb, j, "", pc.segs)))
-            piece_index[tid] = (di, len(pieces))
+            if full:
+                piece_index[tid] = (di, len(pieces))
             pieces.append(tid)
             add_mem(tid, di, pc.start_mem, pc.end_mem)
             first[(di, kind, mb, j)] = last[(di, kind, mb, j)] = tid
@@ -162,7 +166,8 @@ def _add_pass(
             extra += sigma * min(pc.dur, data_parallel.beside(prog, params, pc.first_gathered, op.kind == "B"))
         segs = (*pc.segs, ("dp", extra)) if extra > 0 else pc.segs
         tid = prog.eng.task(cs, pc.dur + extra, op.kind, (), pass_info((dev.idx, op.mb, j, "", segs)))
-        prog.piece_index[tid] = (dev.idx, len(pieces))
+        if prog.full:
+            prog.piece_index[tid] = (dev.idx, len(pieces))
         pieces.append(tid)
         if gather >= 0:
             prog.gate(tid, gather)

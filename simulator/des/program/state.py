@@ -152,8 +152,9 @@ class Program:
         self.dp_done: dict[int, list[int]] = {dev.idx: [] for dev in self.devices}  # reductions the step waits for
         self.pieces_of: dict[int, list[int]] = {}  # device idx -> compute tasks in stream order
         self.opt_last: dict[int, int] = {}  # device idx -> last task of its optimizer step
-        self.piece_index: dict[int, tuple[int, int]] = {}  # compute task -> (device, index in pieces_of)
-        self.gates: list[tuple[int, int]] = []  # (compute task, transfer it waits for)
+        # compute task -> (device, index in pieces_of): the full simulation's (pipeline.sync_tensor_groups)
+        self.piece_index: dict[int, tuple[int, int]] = {}
+        self.gates: list[tuple[int, int]] = []  # (compute task, transfer it waits for): the full simulation's
         self.serial_waits: dict[int, int] = {}  # device idx -> a reduce-scatter its next piece waits for
         self._piece_cache: dict[tuple, list[Piece]] = {}
         self._totals_cache: dict[tuple, tuple[float, float, int, int]] = {}
@@ -250,9 +251,13 @@ class Program:
             self._totals_cache[key] = got
         return got
 
-    def norec(self, op: PipeOp) -> bool:
-        """GPipe: the last microbatch's activations are still resident when its backward runs."""
-        return self.plan.schedule == "gpipe" and op.mb == self.m - 1 and any(f + s for f, s in self.recompute)
+    @functools.cached_property
+    def norec_mb(self) -> int:
+        """The microbatch whose backward recomputes nothing: GPipe's last, whose activations are
+        still resident when its backward runs (-1: none)."""
+        if self.plan.schedule == "gpipe" and any(f + s for f, s in self.recompute):
+            return self.m - 1
+        return -1
 
     # ------------------------------------------------------------------ plumbing
 
@@ -285,7 +290,7 @@ class Program:
         """An engine transfer of a prepared send (counted under its counter)."""
         if x.counter is not None:
             self.counters[x.counter] += x.sent
-        return self.eng.transfer(x.stream, x.phases, x.kind, deps, pass_info((x.device, mb, chunk, x.label, ())))
+        return self.eng.task(x.stream, 0.0, x.kind, deps, pass_info((x.device, mb, chunk, x.label, ())), x.phases)
 
     def group_task(
         self, dev: Device, key: tuple, dep: int, make: Callable[[], int], member: tuple[int, int] | None = None
@@ -308,4 +313,5 @@ class Program:
         """``piece`` waits for ``transfer`` (and, in the full simulation, so do the same
         pieces of its tensor-parallel peers: pipeline.sync_tensor_groups)."""
         self.eng.add_dep(piece, transfer)
-        self.gates.append((piece, transfer))
+        if self.full:  # the symmetric simulation's peers are copies: nothing to sync
+            self.gates.append((piece, transfer))
