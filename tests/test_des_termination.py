@@ -92,9 +92,11 @@ class _FrozenNetwork(Network):
 
 @pytest.mark.timeout(10)
 def test_engine_refuses_to_re_arm_at_the_same_instant():
+    """Two transfers on one link, so the network's allocation rates them (a flow alone on its
+    links ends by its own event: Network.add)."""
     eng = Engine(_FrozenNetwork([1.0], record=False))
-    s = eng.add_stream("s")
-    eng.transfer(s, [Phase((FlowSpec((0,), (1.0,), 10.0),), 0.0)], "send")
+    for name in ("a", "b"):
+        eng.transfer(eng.add_stream(name), [Phase((FlowSpec((0,), (1.0,), 10.0),), 0.0)], "send")
     with pytest.raises(RuntimeError, match="no progress"):
         eng.run()
 

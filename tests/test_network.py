@@ -93,3 +93,42 @@ def test_refilling_only_the_flows_linked_to_a_change_gives_the_rates_of_a_full_f
             full.allocate(full.last)
             assert [a.rate for a, _ in live] == [b.rate for _, b in live], step
     assert partial.reallocations == full.reallocations > 300
+
+
+def _transfers_on_one_link(record: bool, starts: list[float], size: float = 30.0) -> tuple[Network, Engine, list[int]]:
+    """Transfers of ``size`` bytes on one link of 10 B/s, each on its own stream, starting at ``starts``."""
+    net = Network([10.0], record=record)
+    eng = Engine(net)
+    ids = []
+    for i, at in enumerate(starts):
+        s = eng.add_stream(f"s{i}")
+        deps = [eng.task(s, at, "wait")] if at > 0 else []
+        ids.append(eng.transfer(s, [Phase((FlowSpec((0,), (1.0,), size),), 0.0)], "x", deps=deps))
+    eng.run()
+    return net, eng, ids
+
+
+def test_a_flow_alone_on_its_links_ends_at_its_solo_rate():
+    net, eng, (x,) = _transfers_on_one_link(False, [0.5])
+    assert eng.end[x] == 0.5 + 30.0 / 10.0
+    assert net.link_bytes == {0: 30.0}
+    assert net.users == [0] and not net.flows
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_flows_joining_one_running_alone_share_the_link_from_when_they_start(record):
+    """The first runs alone (Network.add, not recorded) until the second joins at 1 s, the third
+    at 2 s: 10 B alone, then 5 B/s each for 1 s, then 10/3 B/s each; every end as max-min gives."""
+    _, eng, (a, b, c) = _transfers_on_one_link(record, [0.0, 1.0, 2.0])
+    # at 2 s: a has 15 left, b 25, c 30; at 10/3 B/s each a ends at 6.5 s; then 5 B/s each: b (10
+    # left) ends at 8.5 s, c (15 left) has 5 left then, alone at 10 B/s: 9 s
+    assert eng.end[a] == pytest.approx(6.5)
+    assert eng.end[b] == pytest.approx(8.5)
+    assert eng.end[c] == pytest.approx(9.0)
+
+
+def test_three_flows_starting_together_on_one_link_share_it():
+    """Only the first of flows starting at one instant can start alone; the second makes it
+    share, and the third and later find the link taken (each gets a third: 9 s for 30 B each)."""
+    _, eng, ids = _transfers_on_one_link(False, [0.0, 0.0, 0.0])
+    assert [eng.end[x] for x in ids] == pytest.approx([9.0, 9.0, 9.0])

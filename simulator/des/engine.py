@@ -12,7 +12,9 @@
   events were created, so a run is exactly reproducible.
 * A run always ends: tasks are finite, and every network event ends at least one flow (each
   flow's end falls within :func:`simulator.des.network.finish_tolerance` of the time it was
-  scheduled for) or is re-armed strictly later (:func:`_next_completion` checks it).
+  scheduled for) or is re-armed strictly later (:func:`_next_completion` checks it); a flow
+  running alone on its links (:meth:`simulator.des.network.Network.add`) ends at its own event,
+  or joins the others.
 
 Task records are kept as flat lists (structure of arrays) indexed by task id; ``cause[t]`` is
 the task whose completion let ``t`` start (its critical predecessor), which the result
@@ -29,7 +31,7 @@ from typing import Any
 
 from simulator.des.network import Flow, Network
 
-_FINISH, _PHASE_END, _NET = 0, 1, 2
+_FINISH, _PHASE_END, _NET, _ALONE_END = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class Engine:
         self._phases: dict[int, Sequence[Phase]] = {}
         self._phase_idx: dict[int, int] = {}
         self._open_flows: dict[int, int] = {}
+        self._alone: dict[int, Flow] = {}  # the flows running alone (Network.add), by their end event's key
+        self._alone_key = itertools.count().__next__
         self._net_version = 0
 
     # ------------------------------------------------------------------ building
@@ -163,11 +167,17 @@ class Engine:
         net = self.net
         n = 0
         now = self.now
+        may_run_alone = len(phase.flows) == 1
         for fs in phase.flows:
             if fs.nbytes > 0.0 and fs.links:
                 if net is None:
                     raise RuntimeError("a transfer needs a network")
-                net.add(Flow(fs.nbytes, fs.links, fs.weights, tid), now)
+                flow = Flow(fs.nbytes, fs.links, fs.weights, tid)
+                end = net.add(flow, now, may_run_alone)
+                if end is not None:  # alone on its links: its own end event
+                    key = self._alone_key()
+                    self._alone[key] = flow
+                    heapq.heappush(self._heap, (end, self._next_seq(), _ALONE_END, key))
                 n += 1
         if n:
             self._open_flows[tid] = n
@@ -203,6 +213,19 @@ class Engine:
         if head < len(q) and not busy[s] and not nd[q[head]]:  # the stream's next task, ready
             self._try_start(s, tid)
 
+    def _flows_done(self, owners: Sequence[int], time: float) -> None:
+        """One flow of each of ``owners`` ended at ``time``: a phase whose last flow it was
+        ends after its latency."""
+        open_flows = self._open_flows
+        for owner in owners:
+            left = open_flows[owner] - 1
+            if left:
+                open_flows[owner] = left
+            else:
+                del open_flows[owner]
+                lat = self._phases[owner][self._phase_idx[owner]].latency
+                heapq.heappush(self._heap, (time + lat, self._next_seq(), _PHASE_END, owner))
+
     def run(self) -> float:
         """Run to completion; returns the time the last task ended."""
         n = len(self.stream)  # the tasks' records of a run, made at once (tasks are added before it)
@@ -227,19 +250,17 @@ class Engine:
             elif code == _PHASE_END:
                 self.events += 1
                 self._phase_end(arg)
+            elif code == _ALONE_END:
+                flow = self._alone.pop(arg)
+                if flow.lone:  # else it shared a link before its end: the network ends it
+                    net.end_alone(flow)
+                    self.events += 1
+                    self._flows_done((flow.owner,), time)
             else:
                 if arg != self._net_version:
                     continue
                 self.events += 1
-                open_flows, phase_idx, phases = self._open_flows, self._phase_idx, self._phases
-                for owner in net.pop_finished(time):
-                    left = open_flows[owner] - 1
-                    if left:
-                        open_flows[owner] = left
-                    else:
-                        del open_flows[owner]
-                        lat = phases[owner][phase_idx[owner]].latency
-                        heapq.heappush(heap, (time + lat, self._next_seq(), _PHASE_END, owner))
+                self._flows_done(net.pop_finished(time), time)
                 if not net.dirty and net.flows:
                     # no flow ended at its completion time (finish_tolerance rules it out): re-arm
                     self._net_version += 1

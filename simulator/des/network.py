@@ -7,7 +7,11 @@ same link, see :mod:`simulator.des.program`). Rates are the weighted max-min fai
 computed by progressive filling (Bertsekas & Gallager, "Data Networks", section 6.5.2):
 raise every unfrozen flow's rate together; the first link to fill,
 ``residual(L) / sum of unfrozen weights on L``, fixes the rate of its flows; repeat.
-Rates are recomputed whenever a flow starts or ends (lazily, once per simulated instant).
+Rates are recomputed whenever a flow starts or ends (lazily, once per simulated instant). A
+transfer's only flow that starts on links no other flow uses runs alone at its solo rate, with
+an end event of its own, until another flow joins one of its links (:meth:`Network.add`): the
+rate progressive filling would give it, without filling it again at every other start and end
+(most of a pipeline's sends between stages).
 
 A flow is over when what is left of it is within :func:`finish_tolerance` (a floating-point
 leftover, not data): see there for why a simulation with it always ends.
@@ -53,7 +57,7 @@ def finish_tolerance(size: float, rate: float, now: float) -> float:
 class Flow:
     """One transfer in flight. ``owner`` is the engine task that waits for it."""
 
-    __slots__ = ("links", "owner", "rate", "rem", "seq", "size", "solo", "tol", "weights")
+    __slots__ = ("links", "lone", "owner", "rate", "rem", "seq", "size", "solo", "start", "tol", "weights")
 
     def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
         self.size = size
@@ -65,6 +69,8 @@ class Flow:
         self.weights = weights
         self.owner = owner
         self.seq = 0  # its place in the network's flows (set by Network.add)
+        self.lone = False  # alone on its links since it started (Network.add): not among ``flows``
+        self.start = 0.0  # when it started (a lone flow's progress is worked out from it)
 
 
 class Network:
@@ -99,6 +105,7 @@ class Network:
         # id(links) -> (links, weights, solo rate): every route a flow took (link_bytes' links)
         self._routes: dict[int, tuple[tuple[int, ...], tuple[float, ...], float]] = {}
         self._more_links: set[int] = set()  # the links of routes not kept in _routes
+        self._lone_on: list[Flow | None] = [None] * len(capacities)  # the lone flow on each link
 
     @property
     def link_bytes(self) -> dict[int, float]:
@@ -128,28 +135,74 @@ class Network:
             self._more_links.update(links)
         return solo
 
-    def add(self, flow: Flow, now: float) -> None:
-        """Start a flow; its bytes (times its weights) count towards each link's total."""
+    def add(self, flow: Flow, now: float, may_run_alone: bool = False) -> float | None:
+        """Start a flow; its bytes (times its weights) count towards each link's total.
+
+        A flow that ``may_run_alone`` (a transfer's only flow) and finds no other flow on any of
+        its links runs *alone*: at its solo rate, outside ``flows`` and the allocation, and its
+        end time is returned for the caller to schedule (None for any other flow, which the
+        allocation rates). Filling it with the others would give it that rate (progressive
+        filling freezes a flow alone on its links at its tightest link's share) and leave theirs
+        as they are, until a flow joins one of its links: it then enters ``flows`` (:meth:`_join`)
+        and its scheduled end no longer counts (:meth:`end_alone` is not called). A pipeline's
+        sends between stages mostly run alone."""
         if now != self.last:
             self.advance(now)
-        self.flows.append(flow)
-        self.dirty = True
-        flow.seq = self._seq
-        self._seq += 1
         links = flow.links
         if not links:  # on no link: unconstrained, whatever the others do
+            self._enter(flow)
             flow.rate = math.inf
-            return
+            return None
         weights = flow.weights
-        lb, users = self._bytes, self.users
+        lb, users, lone_on = self._bytes, self.users, self._lone_on
         size = flow.size
+        alone = may_run_alone and not self.record
         for lid, w in zip(links, weights):
             lb[lid] += size * w
             n = users[lid] + 1
             users[lid] = n
-            if n == 2:
-                self.shared += 1
+            if n > 1:
+                alone = False
+                if n == 2:
+                    self.shared += 1
+                    other = lone_on[lid]
+                    if other is not None:
+                        self._join(other, now)
         flow.solo = self._solo(links, weights)
+        if not alone:
+            self._enter(flow)
+            return None
+        flow.lone = True
+        flow.start = now
+        flow.rate = flow.solo
+        for lid in links:
+            lone_on[lid] = flow
+        return now + size / flow.solo
+
+    def end_alone(self, flow: Flow) -> None:
+        """A flow that ran alone to its end leaves its links (no other flow's rate changes)."""
+        users, lone_on = self.users, self._lone_on
+        for lid in flow.links:
+            users[lid] -= 1
+            lone_on[lid] = None
+        flow.lone = False
+
+    def _enter(self, flow: Flow) -> None:
+        """``flow`` joins ``flows``, which the next allocation rates."""
+        self.flows.append(flow)
+        self.dirty = True
+        flow.seq = self._seq
+        self._seq += 1
+
+    def _join(self, flow: Flow, now: float) -> None:
+        """A flow that ran alone until ``now`` (another flow joins one of its links) enters ``flows``
+        with what is left of it at its solo rate; its scheduled end no longer counts."""
+        flow.lone = False
+        lone_on = self._lone_on
+        for lid in flow.links:
+            lone_on[lid] = None
+        flow.rem = flow.size - flow.solo * (now - flow.start)
+        self._enter(flow)
 
     def pop_finished(self, now: float) -> list[int]:
         """Advance to ``now``; remove the flows finished within :func:`finish_tolerance` and
