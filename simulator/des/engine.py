@@ -265,7 +265,7 @@ class Engine:
                     # no flow ended at its completion time (finish_tolerance rules it out): re-arm
                     self._net_version += 1
                     self._push(_next_completion(net, time), _NET, self._net_version)
-        unfinished = [t for t in range(len(self.stream)) if self.end[t] < 0]
+        unfinished = [t for t, e in enumerate(self.end) if e < 0] if min(self.end, default=0.0) < 0 else []
         if unfinished:
             t = unfinished[0]
             raise RuntimeError(

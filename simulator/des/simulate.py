@@ -110,7 +110,7 @@ def _critical_rank(it: _Iteration) -> tuple[int, dict[str, float], float]:
     """The rank that finishes last (by its last task): its index, its time breakdown and its
     bubble fraction (bubble / (compute + recompute + tp_comm + cp_comm + ep_comm))."""
     eng = it.eng
-    final_task = max(range(eng.num_tasks), key=lambda t: (eng.end[t], -t))
+    final_task = eng.end.index(max(eng.end))  # the first task to end last
     crit = eng.info[final_task].device
     breakdown = rank_breakdown(eng, it.prog.devices[crit].streams["compute"], final_task)
     busy = sum(breakdown[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm"))
