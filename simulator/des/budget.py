@@ -37,7 +37,9 @@ DES_BUDGET_S = 20.0
 #: nodes (tens of flows in flight, one ring per stage), 108,600 events/s, whose 317,992 events
 #: :func:`estimated_events` puts at 663,552: its estimate, at the pipeline's rate, is 1.3 times
 #: short (before each allocation refilled only the flows linked to a change,
-#: simulator.des.network, the run took 13.7 s at 23,000 events/s: six times short).
+#: simulator.des.network, the run took 13.7 s at 23,000 events/s: six times short). Later that day,
+#: with a lone flow's end and latency one event (Network.add) and the engine's hot paths trimmed:
+#: 403,000, 334,000 and 77,000 events/s (fewer events for the same run: 1.62, 0.54 and 4.05 CPU s).
 DES_EVENTS_PER_S = 100_000.0
 
 #: the most events a run may take: DES_BUDGET_S * DES_EVENTS_PER_S
@@ -45,12 +47,15 @@ DES_MAX_EVENTS = DES_BUDGET_S * DES_EVENTS_PER_S
 
 #: events per compute piece that is a whole pass or one gradient bucket of one: its task's
 #: start and end, and the transfer beside it (a pipeline send or the bucket's reduction: start,
-#: network event, latency, end); 4.4 to 6.0 measured per whole pass
-EVENTS_PER_PIECE = 6.0
+#: its flow's end with the latency after it when it ran alone, simulator.des.network.Network.add,
+#: else a network event and the latency, end); 4.2 to 4.9 measured per whole pass (2026-11-29:
+#: gpt-1t's interleaved reference run 652,603 events, gpt3-175b t=8,p=16 30,113)
+EVENTS_PER_PIECE = 5.0
 
 #: events per layer of a ZeRO-3 pass: the layer's task, its parameter gather and (backward) its
-#: gradient reduce-scatter, each with network events; 8 to 18 measured
-EVENTS_PER_ZERO3_LAYER = 18.0
+#: gradient reduce-scatter, each with network events; 8 to 14 measured (14.0: llama3-8b cp=8,
+#: 57,388 events for 4,096 layer passes, 2026-11-29)
+EVENTS_PER_ZERO3_LAYER = 14.0
 
 
 def estimated_events(job: Job, full: bool = False) -> float:

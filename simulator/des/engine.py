@@ -174,10 +174,10 @@ class Engine:
                     raise RuntimeError("a transfer needs a network")
                 flow = Flow(fs.nbytes, fs.links, fs.weights, tid)
                 end = net.add(flow, now, may_run_alone)
-                if end is not None:  # alone on its links: its own end event
+                if end is not None:  # alone on its links: the phase ends by its own event, unless another joins
                     key = self._alone_key()
                     self._alone[key] = flow
-                    heapq.heappush(self._heap, (end, self._next_seq(), _ALONE_END, key))
+                    heapq.heappush(self._heap, (end + phase.latency, self._next_seq(), _ALONE_END, key))
                 n += 1
         if n:
             self._open_flows[tid] = n
@@ -250,12 +250,13 @@ class Engine:
             elif code == _PHASE_END:
                 self.events += 1
                 self._phase_end(arg)
-            elif code == _ALONE_END:
+            elif code == _ALONE_END:  # a phase whose only flow ran alone: over, its latency after that flow
                 flow = self._alone.pop(arg)
-                if flow.lone:  # else it shared a link before its end: the network ends it
-                    net.end_alone(flow)
+                if flow.lone:  # else another flow joined it: the network ends it
+                    net.leave(flow)
                     self.events += 1
-                    self._flows_done((flow.owner,), time)
+                    del self._open_flows[flow.owner]
+                    self._phase_end(flow.owner)
             else:
                 if arg != self._net_version:
                     continue

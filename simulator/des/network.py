@@ -57,7 +57,21 @@ def finish_tolerance(size: float, rate: float, now: float) -> float:
 class Flow:
     """One transfer in flight. ``owner`` is the engine task that waits for it."""
 
-    __slots__ = ("links", "lone", "owner", "rate", "rem", "seq", "size", "solo", "start", "tol", "weights")
+    __slots__ = (
+        "left",
+        "links",
+        "lone",
+        "owner",
+        "rate",
+        "rem",
+        "seq",
+        "size",
+        "solo",
+        "start",
+        "tol",
+        "until",
+        "weights",
+    )
 
     def __init__(self, size: float, links: tuple[int, ...], weights: tuple[float, ...], owner: int):
         self.size = size
@@ -71,6 +85,8 @@ class Flow:
         self.seq = 0  # its place in the network's flows (set by Network.add)
         self.lone = False  # alone on its links since it started (Network.add): not among ``flows``
         self.start = 0.0  # when it started (a lone flow's progress is worked out from it)
+        self.until = math.inf  # a lone flow's end
+        self.left = False  # a lone flow that has left its links (Network.leave)
 
 
 class Network:
@@ -143,9 +159,10 @@ class Network:
         end time is returned for the caller to schedule (None for any other flow, which the
         allocation rates). Filling it with the others would give it that rate (progressive
         filling freezes a flow alone on its links at its tightest link's share) and leave theirs
-        as they are, until a flow joins one of its links: it then enters ``flows`` (:meth:`_join`)
-        and its scheduled end no longer counts (:meth:`end_alone` is not called). A pipeline's
-        sends between stages mostly run alone."""
+        as they are, until a flow joins one of its links before its end: it then enters
+        ``flows`` (:meth:`_join`) and its scheduled end no longer counts (``lone`` is false). A
+        lone flow leaves its links at its end, or when a later flow finds it there over
+        (:meth:`leave`). A pipeline's sends between stages mostly run alone."""
         if now != self.last:
             self.advance(now)
         links = flow.links
@@ -159,15 +176,18 @@ class Network:
         alone = may_run_alone and not self.record
         for lid, w in zip(links, weights):
             lb[lid] += size * w
+            other = lone_on[lid]
+            if other is not None:  # the only flow on the link, running alone
+                if other.until <= now:
+                    self.leave(other)
+                else:
+                    self._join(other, now)
             n = users[lid] + 1
             users[lid] = n
             if n > 1:
                 alone = False
                 if n == 2:
                     self.shared += 1
-                    other = lone_on[lid]
-                    if other is not None:
-                        self._join(other, now)
         flow.solo = self._solo(links, weights)
         if not alone:
             self._enter(flow)
@@ -175,17 +195,20 @@ class Network:
         flow.lone = True
         flow.start = now
         flow.rate = flow.solo
+        flow.until = until = now + size / flow.solo
         for lid in links:
             lone_on[lid] = flow
-        return now + size / flow.solo
+        return until
 
-    def end_alone(self, flow: Flow) -> None:
-        """A flow that ran alone to its end leaves its links (no other flow's rate changes)."""
+    def leave(self, flow: Flow) -> None:
+        """A flow that ran alone to its end leaves its links (no other flow's rate changes); once."""
+        if flow.left:
+            return
+        flow.left = True
         users, lone_on = self.users, self._lone_on
         for lid in flow.links:
             users[lid] -= 1
             lone_on[lid] = None
-        flow.lone = False
 
     def _enter(self, flow: Flow) -> None:
         """``flow`` joins ``flows``, which the next allocation rates."""
