@@ -199,3 +199,23 @@ def test_a_solve_leaves_the_ctrl_c_handler_as_it_was():
         [sys.executable, "-c", SOLVE_THEN_CTRL_C], capture_output=True, text=True, timeout=60, env=env
     )
     assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr[-2000:]
+
+
+def test_one_layer_per_chunk_without_recomputation_has_nothing_to_partition():
+    """The search skips CP-SAT for a finalist without recomputation whose p*v chunks hold one layer
+    each (autoplan.finalists._worth_partitioning): the solver, asked, finds no faster plan, even on
+    the heavy-ends model, whose last stage carries ~10 layers' worth of LM head."""
+    from autoplan.finalists import _worth_partitioning
+
+    model = heavy_ends_model()
+    cluster = load_cluster("dgx-a100-80gb", nodes=2)
+    plan = Plan(t=1, p=8, d=2, mb=1, v=2, schedule="interleaved", ckpt="none")
+    assert not _worth_partitioning(plan, model.num_layers)
+    assert _worth_partitioning(plan.replace(ckpt="selective"), model.num_layers)
+    assert _worth_partitioning(plan.replace(v=1), model.num_layers)
+    job = Job.make(model, cluster, plan, 32)
+    uniform = estimate(job)
+    assert uniform.fits
+    part = optimize_partition(job)
+    assert part is not None
+    assert estimate(Job.make(model, cluster, part.plan, 32)).step_time >= uniform.step_time * (1 - 1e-6)
