@@ -212,7 +212,7 @@ def score_all(
         side = threading.Thread(target=meanwhile, daemon=True) if meanwhile and pool.forked else None
         if side:
             side.start()
-        for task, part in zip(tasks, pool.imap(_score_shapes, tasks)):
+        for task, part in zip(tasks, pool.imap(_score_shapes, tasks, blocks=True)):
             parts.append(part)
             bar.update(task[2] - task[1])
         if side:

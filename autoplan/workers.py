@@ -101,24 +101,27 @@ class Pool:
         """Whether the work runs in worker processes (not in this one)."""
         return bool(self.workers)
 
-    def imap(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterable[Any]:
+    def imap(self, fn: Callable[[Any], Any], items: list[Any], blocks: bool = False) -> Iterable[Any]:
         """``fn`` over ``items`` in order, in the workers: WorkerDied when one of them ends, and an
-        exception ``fn`` raised in a worker raised here at its item. A map left before its end
-        (an exception, a ``break``) kills the workers: a busy one's answer would otherwise be
-        taken for the next map's."""
+        exception ``fn`` raised in a worker raised here at its item. Each idle worker is given
+        the next item, or with ``blocks`` the next of its own contiguous share of them, and
+        when that is done the last of the largest share left (items next to each other that
+        share work, as runs of plans of neighbouring layouts do, stay on one worker's warm
+        caches). A map left before its end (an exception, a ``break``) kills the workers: a busy
+        one's answer would otherwise be taken for the next map's."""
         if self.closed:
             raise RuntimeError("the worker pool is closed")
         if not self.workers:
             return (fn(x) for x in items)
-        return self._ordered(fn, items)
+        return self._ordered(fn, items, _Shares(len(items), len(self.workers) if blocks else 1))
 
-    def _ordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
-        """The workers' results for ``items``, in order. Each idle worker is given the next item;
-        the parent waits on the workers' pipes and processes, ``WATCH_S`` at a time, checking
-        for a Ctrl-C the interpreter dropped (autoplan.interrupt)."""
+    def _ordered(self, fn: Callable[[Any], Any], items: list[Any], shares: _Shares) -> Iterator[Any]:
+        """The workers' results for ``items``, in order, each worker given items as ``shares``
+        deals them; the parent waits on the workers' pipes and processes, ``WATCH_S`` at a time,
+        checking for a Ctrl-C the interpreter dropped (autoplan.interrupt)."""
         done: dict[int, tuple[bool, Any]] = {}
         idle, busy = list(self.workers), {}  # busy: the workers with a task, by their pipes
-        sent = wanted = 0
+        wanted = 0
         try:
             while wanted < len(items):
                 if wanted in done:
@@ -128,11 +131,11 @@ class Pool:
                         raise value
                     yield value
                     continue
-                while idle and sent < len(items):
+                while idle and shares.left:
                     worker = idle.pop(0)
-                    worker.give((fn, items[sent]))
-                    busy[worker.conn] = (worker, sent)
-                    sent += 1
+                    index = shares.deal(self.workers.index(worker))
+                    worker.give((fn, items[index]))
+                    busy[worker.conn] = (worker, index)
                 ready = set(wait([*busy, *(w.process.sentinel for w in self.workers)], timeout=WATCH_S))
                 interrupt.check()
                 for conn in [c for c in busy if c in ready]:
@@ -162,6 +165,27 @@ class Pool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Shares:
+    """Item indexes 0..n-1 dealt to ``k`` workers: worker i first takes, in order, the i-th of k
+    contiguous shares (with k = 1, every worker the next item), then the last item of the
+    largest share left."""
+
+    def __init__(self, n: int, k: int):
+        self.bounds = [[i * n // k, (i + 1) * n // k] for i in range(k)]
+        self.left = n
+
+    def deal(self, worker: int) -> int:
+        own = self.bounds[worker % len(self.bounds)]
+        if own[0] < own[1]:
+            own[0] += 1
+            self.left -= 1
+            return own[0] - 1
+        other = max(self.bounds, key=lambda b: b[1] - b[0])
+        other[1] -= 1
+        self.left -= 1
+        return other[1]
 
 
 @dataclass(frozen=True, eq=False)

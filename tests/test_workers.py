@@ -107,6 +107,23 @@ def test_results_come_in_order_and_a_worker_error_is_raised_at_its_item() -> Non
         assert "in a search worker" in "".join(raised.value.__notes__)
 
 
+def test_shares_deal_each_worker_its_block_then_the_largest_left() -> None:
+    from autoplan.workers import _Shares
+
+    shares = _Shares(8, 2)  # blocks 0-3 and 4-7
+    dealt = [shares.deal(w) for w in (0, 1, 1, 1, 1, 1, 0, 0)]
+    assert dealt == [0, 4, 5, 6, 7, 3, 1, 2]  # worker 1, done first, takes the end of worker 0's block
+    assert shares.left == 0
+    one = _Shares(5, 1)
+    assert [one.deal(w) for w in (0, 1, 1, 0, 1)] == [0, 1, 2, 3, 4]  # one share: the next item
+
+
+@needs_fork
+def test_blocks_keep_the_results_in_order() -> None:
+    with Pool(2) as pool:
+        assert list(pool.imap(_sleep_then, [0.1, 0.0, 0.0, 0.0, 0.05], blocks=True)) == [0.1, 0.0, 0.0, 0.0, 0.05]
+
+
 @needs_fork
 def test_a_map_left_while_a_worker_is_busy_kills_the_workers() -> None:
     """Its answer would otherwise be taken for the next map's."""
