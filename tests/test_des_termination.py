@@ -1,5 +1,5 @@
 """The DES always ends (issue 31, "Hangs"): flows finish within a tolerance relative to their size
-and to the clock (simulator.des.network.finish_tolerance), the engine never re-arms a network
+and to the clock (simulator.des.flow.finish_tolerance), the engine never re-arms a network
 event at the same instant, and the commands reported to hang answer. Every command here runs
 in a subprocess killed with its workers after a deadline (bounded_cli), and every engine run
 under pytest-timeout, so a hang fails the test."""
@@ -13,7 +13,8 @@ import pytest
 from bounded_cli import run_bounded
 
 from simulator.des.engine import Engine, FlowSpec, Phase
-from simulator.des.network import Flow, Network, finish_tolerance
+from simulator.des.flow import Flow, finish_tolerance
+from simulator.des.network import Network
 
 # A link of 2**33 bytes/s (8.6 GB/s) at simulated time 2**20 s (12 days), where the clock's
 # grid is ulp(2**20) = 2**(20 - 52) = 2**-32 s: the link moves 2**33 * 2**-32 = 2 bytes per ulp.

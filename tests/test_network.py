@@ -68,7 +68,7 @@ def test_refilling_only_the_flows_linked_to_a_change_gives_the_rates_of_a_full_f
     to the bit, over random routes, weights, arrivals and departures."""
     import random
 
-    from simulator.des.network import Flow
+    from simulator.des.flow import Flow
 
     rng = random.Random(7)
     caps = [rng.choice([25e9, 50e9, 100e9, 300e9]) for _ in range(40)]

@@ -11,7 +11,7 @@
 * Events are kept in a heap ordered by (time, sequence number): ties break in the order the
   events were created, so a run is exactly reproducible.
 * A run always ends: tasks are finite, and every network event ends at least one flow (each
-  flow's end falls within :func:`simulator.des.network.finish_tolerance` of the time it was
+  flow's end falls within :func:`simulator.des.flow.finish_tolerance` of the time it was
   scheduled for) or is re-armed strictly later (:func:`_next_completion` checks it); a flow
   running alone on its links (:meth:`simulator.des.network.Network.add`) ends at its own event,
   or joins the others.
@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.des.network import Flow, Network
+from simulator.des.flow import Flow
+from simulator.des.network import Network
 
 _FINISH, _PHASE_END, _NET, _ALONE_END = 0, 1, 2, 3
 
@@ -279,7 +280,7 @@ class Engine:
 def _next_completion(net: Network, now: float) -> float:
     """The network's next completion time, which must lie after ``now``: a network event that
     ends no flow and is re-armed at the same instant would repeat forever (the simulated clock
-    stops where ``now + rem / rate`` rounds back to ``now``; :func:`simulator.des.network.finish_tolerance`
+    stops where ``now + rem / rate`` rounds back to ``now``; :func:`simulator.des.flow.finish_tolerance`
     ends such flows, so this is a guard)."""
     nxt = net.allocate(now)
     if not nxt > now:
