@@ -80,7 +80,7 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
     choose_recompute = "ckpt" not in fix
     if opts.partition and plan.split_backward and choose_recompute:
         candidates = _lighter_recompute(plan)
-    elif opts.partition and _worth_partitioning(plan, model.num_layers):
+    elif opts.partition and _worth_partitioning(plan):
         candidates = _partitioned(nodes, plan, choose_recompute)
     else:
         candidates = []
@@ -108,10 +108,13 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
 def _partitioned(nodes: int, plan: Plan, choose_recompute: bool) -> list[Plan]:
     """The plans CP-SAT's layer split and recomputation map make of ``plan``, the levelled split
     first (the same pipeline time as the solver's is kept: ties go to the first). Chunks of one
-    layer each have no other split, and recomputing nothing is fastest: when ``plan`` without
-    recomputation fits, that is the solver's answer, found without it (gpt-1t's t=16,p=32,v=4
-    finalists with ckpt=selective: 0.08 s of CP-SAT each)."""
-    if choose_recompute and plan.p * plan.v >= SHARED["model"].num_layers:
+    layer each (p*v = L) have no other split: with the recomputation pinned nothing is left to
+    choose, and otherwise recomputing nothing is fastest, so ``plan`` without recomputation is
+    the solver's answer when it fits, found without it (gpt-1t's t=16,p=32,v=4 finalists: 0.08 s
+    of CP-SAT each)."""
+    if plan.p * plan.v >= SHARED["model"].num_layers:
+        if not choose_recompute:
+            return []
         lightest = plan.replace(ckpt="none")
         if estimate(plan_job(nodes, lightest)).fits:
             return [lightest]
@@ -136,17 +139,12 @@ def _simulate(args: tuple[int, Plan]) -> SimResult:
     return result
 
 
-def _worth_partitioning(plan: Plan, layers: int) -> bool:
+def _worth_partitioning(plan: Plan) -> bool:
     """The CP-SAT model can help when stages are uneven (p > 1: embedding and head) or when
     recomputation can be chosen per layer (ckpt not none). Its objective is 1F1B's or the
     interleaved schedule's pipeline time, so zero-bubble plans (whose bubble the weight-gradient
-    passes fill; ZB-V's chunks in a V) keep the uniform split. A plan without recomputation
-    whose p*v chunks hold one of the ``layers`` each has no other split (every chunk holds at
-    least one), and recomputing a layer of a finalist, which fits, only adds time: gpt-1t's 128
-    layers as t=16,p=32,v=4. (--fix takes no layer split or recomputation map:
-    autoplan.space.parse_fix.)"""
+    passes fill; ZB-V's chunks in a V) keep the uniform split. (--fix takes no layer split or
+    recomputation map: autoplan.space.parse_fix.)"""
     if plan.split_backward:
-        return False
-    if plan.ckpt == "none" and plan.p * plan.v >= layers:
         return False
     return plan.p > 1 or plan.ckpt != "none"

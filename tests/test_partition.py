@@ -201,21 +201,26 @@ def test_a_solve_leaves_the_ctrl_c_handler_as_it_was():
     assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr[-2000:]
 
 
-def test_one_layer_per_chunk_without_recomputation_has_nothing_to_partition():
-    """The search skips CP-SAT for a finalist without recomputation whose p*v chunks hold one layer
-    each (autoplan.finalists._worth_partitioning): the solver, asked, finds no faster plan, even on
-    the heavy-ends model, whose last stage carries ~10 layers' worth of LM head."""
-    from autoplan.finalists import _worth_partitioning
+def test_one_layer_per_chunk_is_refined_without_the_solver(monkeypatch):
+    """A finalist whose p*v chunks hold one layer each has no other split: the search takes the
+    plan without recomputation when it fits, and nothing with the recomputation pinned
+    (autoplan.finalists._partitioned), without CP-SAT. The solver, asked, agrees: on the
+    heavy-ends model, whose last stage carries ~10 layers' worth of LM head, it finds nothing
+    faster than the uniform plan without recomputation."""
+    from autoplan import finalists
+    from autoplan.workers import SHARED
 
     model = heavy_ends_model()
     cluster = load_cluster("dgx-a100-80gb", nodes=2)
-    plan = Plan(t=1, p=8, d=2, mb=1, v=2, schedule="interleaved", ckpt="none")
-    assert not _worth_partitioning(plan, model.num_layers)
-    assert _worth_partitioning(plan.replace(ckpt="selective"), model.num_layers)
-    assert _worth_partitioning(plan.replace(v=1), model.num_layers)
-    job = Job.make(model, cluster, plan, 32)
-    uniform = estimate(job)
+    plan = Plan(t=1, p=8, d=2, mb=1, v=2, schedule="interleaved", ckpt="selective")
+    for key, value in {"model": model, "clusters": {2: cluster}, "B": 32, "opts": SearchOptions()}.items():
+        monkeypatch.setitem(SHARED, key, value)
+    monkeypatch.setattr(finalists, "optimize_partition", None)  # not called
+    assert finalists._partitioned(2, plan, True) == [plan.replace(ckpt="none")]
+    assert finalists._partitioned(2, plan, False) == []
+    lightest = Job.make(model, cluster, plan.replace(ckpt="none"), 32)
+    uniform = estimate(lightest)
     assert uniform.fits
-    part = optimize_partition(job)
+    part = optimize_partition(Job.make(model, cluster, plan, 32))
     assert part is not None
     assert estimate(Job.make(model, cluster, part.plan, 32)).step_time >= uniform.step_time * (1 - 1e-6)
