@@ -36,7 +36,18 @@ def finish_tolerance(size: float, rate: float, now: float) -> float:
     tolerance with a margin of 4. So every network event ends at least one flow. The second
     term moves a flow's end by at most two ulps of the clock: the DES results of the tests and
     benchmarks are bit for bit those from before it."""
-    return max(FINISH_RTOL * size + FINISH_ATOL_BYTES, FINISH_CLOCK_ULPS * rate * math.ulp(now))
+    return max(size_tolerance(size), rate * clock_tolerance(now))
+
+
+def size_tolerance(size: float) -> float:
+    """:func:`finish_tolerance`'s first term, of a flow's size (each Flow keeps its own: ``tol``)."""
+    return FINISH_RTOL * size + FINISH_ATOL_BYTES
+
+
+def clock_tolerance(now: float) -> float:
+    """:func:`finish_tolerance`'s second term per byte/s of rate, at the clock ``now`` (times 2, a
+    power of two, is exact: the same bits as FINISH_CLOCK_ULPS * rate * ulp(now))."""
+    return FINISH_CLOCK_ULPS * math.ulp(now)
 
 
 class Flow:
@@ -63,7 +74,7 @@ class Flow:
         self.rem = size
         self.rate = 0.0
         self.solo = math.inf  # its rate alone on its links (set by Network.add)
-        self.tol = FINISH_RTOL * size + FINISH_ATOL_BYTES  # finish_tolerance's first term
+        self.tol = size_tolerance(size)  # finish_tolerance's first term
         self.links = links
         self.weights = weights
         self.owner = owner

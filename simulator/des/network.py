@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.des.flow import FINISH_CLOCK_ULPS, Flow, max_min_fill
+from simulator.des.flow import Flow, clock_tolerance, max_min_fill
 
 
 class Network:
@@ -168,7 +168,7 @@ class Network:
         self.advance(now)
         done: list[int] = []
         keep: list[Flow] = []
-        clock = FINISH_CLOCK_ULPS * math.ulp(now)  # finish_tolerance's second term, per byte/s of rate
+        clock = clock_tolerance(now)  # finish_tolerance: max(f.tol, rate * clock)
         for f in self.flows:
             tol = f.rate * clock
             if tol < f.tol:
