@@ -75,7 +75,6 @@ class Pool:
     the pool stands, as at any other moment."""
 
     def __init__(self, jobs: int):
-        self.jobs = jobs
         self.workers: list[_Worker] = []
         self.closed = False
         if jobs > 1 and can_fork():
