@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from operator import mul
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from autoplan.cpsat import load_cp_model
 from simulator.cost.block_times import TP_EMBEDDING, TP_HEAD, job_block_times, tp_per_full_recompute, tp_per_layer
@@ -94,6 +95,11 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     deterministic work (the same answer on any machine), or after ``time_limit_s`` seconds on a
     machine so slow that this comes first.
 
+    The model without its memory constraints is solved first (:func:`_time_optimum`, shared by
+    the finalists that differ only in what they hold, such as ZeRO twins): a split optimal without
+    them that meets them (:func:`_fits`) is optimal with them, within the same relative gap, since
+    the constraints only remove splits. The full model is solved only when it does not.
+
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
     and only the split is optimized. A context- or expert-parallel plan is partitioned on one rank's view
     (simulator.cost.rank_view.rank_job; its microbatch count m is the same)."""
@@ -101,12 +107,58 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     if plan.cp > 1 or plan.ep > 1:
         found = optimize_partition(rank_job(job), choose_recompute, time_limit_s)
         return None if found is None else dataclasses.replace(found, plan=user_plan(found.plan, plan))
-    model = job.model
-    sat = load_cp_model()
-
-    L, chunks = model.num_layers, plan.p * plan.v
-    if chunks > L:
+    if plan.p * plan.v > job.model.num_layers:
         return None
+    times = LayerTimes.of(job)
+    rows = _memory_rows(job)
+    relaxed = _time_optimum(job, times, choose_recompute, time_limit_s)
+    solved = (
+        relaxed
+        if relaxed is not None and _fits(rows, *relaxed[:3])
+        else _solve(job, times, rows, choose_recompute, time_limit_s)
+    )
+    if solved is None:
+        return None
+    layers, full, sel, objective, status = solved
+    rec = tuple(zip(full, sel)) if choose_recompute else None
+    div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
+    return PartitionResult(_solved_plan(plan, job.model.num_layers, layers, rec), objective / US / div, status)
+
+
+#: a solved split: per chunk its layers, fully and selectively recomputed layers; the objective
+#: (integer microseconds); "OPTIMAL" (within the solver's relative gap) or "FEASIBLE"
+Solved = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], float, str]
+
+#: :func:`_time_optimum`'s answers by what decides them (bounded: cleared when full)
+_TIME_OPTIMA: dict[tuple, Solved | None] = {}
+
+
+def _time_optimum(job: Job, times: LayerTimes, choose_recompute: bool, time_limit_s: float) -> Solved | None:
+    """The split (and recomputation) that minimizes the pipeline time with no memory limit,
+    when the solver proves it optimal (None otherwise: the full model decides). Cached by what
+    decides it: the layers, the plan's pipeline shape, schedule, microbatches, pinned
+    recomputation and starting split, and the layer times."""
+    plan, L = job.plan, job.model.num_layers
+    key = (
+        L, plan.p, plan.v, plan.schedule, job.m, times, choose_recompute, plan.ckpt,
+        plan.chunk_layers(L), plan.chunk_recompute(L), time_limit_s,
+    )  # fmt: skip
+    if key not in _TIME_OPTIMA:
+        if len(_TIME_OPTIMA) >= 256:
+            _TIME_OPTIMA.clear()
+        found = _solve(job, times, None, choose_recompute, time_limit_s)
+        _TIME_OPTIMA[key] = found if found is not None and found[4] == "OPTIMAL" else None
+    return _TIME_OPTIMA[key]
+
+
+def _solve(
+    job: Job, times: LayerTimes, rows: list[MemoryRow] | None, choose_recompute: bool, time_limit_s: float
+) -> Solved | None:
+    """CP-SAT's split of ``job``'s plan (module docstring) under the memory ``rows`` (None: no
+    memory limit), started from the plan's own; None when nothing fits."""
+    sat = load_cp_model()
+    plan, L = job.plan, job.model.num_layers
+    chunks = plan.p * plan.v
     mdl = sat.CpModel()
     n = [mdl.new_int_var(1, L, f"n{c}") for c in range(chunks)]
     mdl.add(sum(n) == L)
@@ -120,21 +172,16 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     else:
         f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
         s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
-    _add_devices(mdl, job, n, f, s)
+    _add_times(mdl, job, times, n, f, s)
+    if rows is not None:
+        _add_memory(mdl, rows, n, f, s)
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
-
     solver = _solver(time_limit_s)
     status = solver.solve(mdl)
     if status not in (sat.OPTIMAL, sat.FEASIBLE):
         return None
-    layers = tuple(int(solver.value(x)) for x in n)
-    rec = tuple((int(solver.value(f[c])), int(solver.value(s[c]))) for c in range(chunks)) if choose_recompute else None
-    div = plan.v if plan.schedule == "interleaved" and plan.v > 1 else 1
-    return PartitionResult(
-        _solved_plan(plan, L, layers, rec),
-        solver.objective_value / US / div,
-        "OPTIMAL" if status == sat.OPTIMAL else "FEASIBLE",
-    )
+    value = lambda xs: tuple(int(solver.value(x)) for x in xs)
+    return value(n), value(f), value(s), solver.objective_value, "OPTIMAL" if status == sat.OPTIMAL else "FEASIBLE"
 
 
 def _solver(time_limit_s: float) -> cp_model.CpSolver:
@@ -158,13 +205,11 @@ def _solver(time_limit_s: float) -> cp_model.CpSolver:
     return solver
 
 
-def _add_devices(mdl: cp_model.CpModel, job: Job, n: list, f: list, s: list) -> None:
-    """Per device: its time, its memory constraints; then the pipeline-time objective."""
+def _add_times(mdl: cp_model.CpModel, job: Job, lt: LayerTimes, n: list, f: list, s: list) -> None:
+    """Per device: its time per microbatch; then the pipeline-time objective (module docstring)."""
     sat = load_cp_model()
     plan, m = job.plan, job.m
     L, chunks = job.model.num_layers, plan.p * plan.v
-    lt = LayerTimes.of(job)
-    cap = job.cluster.gpu.usable_memory_bytes
     dev_chunks = rank_chunks(plan.schedule, plan.p, plan.v)
     for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
         for i, a in enumerate(ids):
@@ -184,22 +229,64 @@ def _add_devices(mdl: cp_model.CpModel, job: Job, n: list, f: list, s: list) -> 
             tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + (lt.emb if first else 0) + (lt.head if last else 0)
         )
         times.append(tm)
-        mem = DeviceMemoryModel.of(job, i, first, last)
-        any_full = mdl.new_bool_var(f"anyfull{i}")
-        mdl.add(sum(f[c] for c in ids) == 0).only_enforce_if(~any_full)
-        budget = _coef(cap) - _coef(mem.fixed)  # the estimate's limit: a split fits where the estimate says it does
-        for vec in mem.occupancy:  # one constraint per reachable per-chunk occupancy of the schedule ...
-            lasting = mem.coefficients(vec)
-            for ph in mem.phases:  # ... and per phase that can be the largest
-                coefs = [_coef(x) for cn, cf, cs in lasting for x in (cn + ph.per_layer, cf + ph.per_full, cs)]
-                expr = sat.LinearExpr.weighted_sum([*terms, any_full], [*coefs, _coef(ph.any_full)])
-                mdl.add(expr <= budget - _coef(ph.constant))
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:
         mdl.minimize(m * plan.v * worst + sum(times) - worst)
     else:
         mdl.minimize((m - 1) * worst + sum(times))
+
+
+class MemoryRow(NamedTuple):
+    """One memory constraint of a device (module docstring), in integer thousandths of a MiB:
+    ``coefs`` per (n_c, f_c, s_c) of the device's chunks ``chunks`` in turn, plus ``any_full``
+    when some f_c > 0, at most ``limit``."""
+
+    device: int
+    chunks: tuple[int, ...]
+    coefs: tuple[int, ...]
+    any_full: int
+    limit: int
+
+
+def _memory_rows(job: Job) -> list[MemoryRow]:
+    """Every memory constraint of ``job``'s devices: one per reachable occupancy vector of the
+    schedule and per phase that can be the largest (simulator.cost.stage_memory_linear), each
+    within the GPU's usable memory: a split fits where the estimate says it does."""
+    plan = job.plan
+    chunks, cap = plan.p * plan.v, job.cluster.gpu.usable_memory_bytes
+    rows = []
+    for i, ids in enumerate(rank_chunks(plan.schedule, plan.p, plan.v)):
+        mem = DeviceMemoryModel.of(job, i, 0 in ids, chunks - 1 in ids)
+        budget = _coef(cap) - _coef(mem.fixed)
+        for vec in mem.occupancy:
+            lasting = mem.coefficients(vec)
+            for ph in mem.phases:
+                coefs = tuple(_coef(x) for cn, cf, cs in lasting for x in (cn + ph.per_layer, cf + ph.per_full, cs))
+                rows.append(MemoryRow(i, tuple(ids), coefs, _coef(ph.any_full), budget - _coef(ph.constant)))
+    return rows
+
+
+def _add_memory(mdl: cp_model.CpModel, rows: list[MemoryRow], n: list, f: list, s: list) -> None:
+    """The memory ``rows`` as constraints, with each device's "some layer fully recomputed" flag."""
+    sat = load_cp_model()
+    any_full: dict[int, cp_model.IntVar] = {}
+    for row in rows:
+        if row.device not in any_full:
+            flag = any_full[row.device] = mdl.new_bool_var(f"anyfull{row.device}")
+            mdl.add(sum(f[c] for c in row.chunks) == 0).only_enforce_if(~flag)
+        terms = [x for c in row.chunks for x in (n[c], f[c], s[c])]
+        mdl.add(sat.LinearExpr.weighted_sum([*terms, any_full[row.device]], [*row.coefs, row.any_full]) <= row.limit)
+
+
+def _fits(rows: list[MemoryRow], n: tuple[int, ...], f: tuple[int, ...], s: tuple[int, ...]) -> bool:
+    """Whether the split (n, f, s) meets every memory row, each device's flag set by its own f."""
+    for row in rows:
+        values = [x for c in row.chunks for x in (n[c], f[c], s[c])]
+        flag = any(f[c] for c in row.chunks)
+        if sum(map(mul, row.coefs, values)) + (row.any_full if flag else 0) > row.limit:
+            return False
+    return True
 
 
 def _hint_plan(mdl: cp_model.CpModel, plan: Plan, L: int, n: list, f: list | None, s: list | None) -> None:

@@ -224,3 +224,84 @@ def test_one_layer_per_chunk_is_refined_without_the_solver(monkeypatch):
     part = optimize_partition(Job.make(model, cluster, plan, 32))
     assert part is not None
     assert estimate(Job.make(model, cluster, part.plan, 32)).step_time >= uniform.step_time * (1 - 1e-6)
+
+
+def _solves(monkeypatch):
+    """Each CP-SAT solve of autoplan.partition, recorded as "time only" or "with memory"."""
+    from autoplan import partition
+
+    calls: list[str] = []
+    real = partition._solve
+
+    def solve(job, times, rows, choose_recompute, time_limit_s):
+        calls.append("time only" if rows is None else "with memory")
+        return real(job, times, rows, choose_recompute, time_limit_s)
+
+    monkeypatch.setattr(partition, "_solve", solve)
+    monkeypatch.setattr(partition, "_TIME_OPTIMA", {})
+    return calls
+
+
+def test_a_split_optimal_without_the_memory_limit_is_taken_where_it_fits(monkeypatch):
+    """The heavy-ends plan fits with room to spare: the split optimal for time alone meets the
+    memory rows, so the full model is not solved, and its answer is the full model's optimum
+    (the rows only remove splits). A ZeRO twin with the same times reuses the first solve."""
+    from autoplan import partition
+
+    calls = _solves(monkeypatch)
+    model, cluster = heavy_ends_model(), load_cluster("dgx-a100-80gb", nodes=1)
+    job = Job.make(model, cluster, Plan(t=2, p=4, d=1, mb=1, ckpt="full"), 32)
+    part = optimize_partition(job, choose_recompute=False)
+    assert part is not None and calls == ["time only"]
+    times, rows = partition.LayerTimes.of(job), partition._memory_rows(job)
+    full = partition._solve(job, times, rows, False, 2.0)
+    assert full is not None and full[4] == "OPTIMAL"
+    assert part.objective_s * partition.US == pytest.approx(full[3], rel=1e-3)  # CP-SAT's relative gap
+    twin = Job.make(model, cluster, Plan(t=2, p=4, d=1, mb=1, ckpt="full", zero=1), 32)
+    assert optimize_partition(twin, choose_recompute=False) is not None
+    assert calls == ["time only", "with memory"]  # the twin: no second time-only solve
+
+
+def test_the_full_model_decides_where_the_time_optimum_does_not_fit(monkeypatch):
+    """Recomputing nothing is fastest, but the materialized scores then overflow the A100: the
+    time-only split fails the memory rows, the full model chooses the recomputation, and its
+    answer fits as the estimate sees it."""
+    from autoplan import partition
+
+    calls = _solves(monkeypatch)
+    model, cluster = materialized_scores_model(), load_cluster("dgx-a100-80gb", nodes=1)
+    job = Job.make(model, cluster, Plan(t=1, p=1, d=8, mb=4, zero=3, ckpt="full"), 64)
+    relaxed = partition._time_optimum(job, partition.LayerTimes.of(job), True, 2.0)
+    assert relaxed is not None and not any(relaxed[1]) and not any(relaxed[2])  # no recomputation
+    assert not partition._fits(partition._memory_rows(job), *relaxed[:3])
+    part = optimize_partition(job, choose_recompute=True)
+    assert calls == ["time only", "with memory"]
+    assert part is not None and estimate(Job.make(model, cluster, part.plan, 64)).fits
+
+
+def test_the_memory_rows_agree_with_the_linear_memory_model():
+    """_fits reads the rows the full model adds; each device's peak from
+    DeviceMemoryModel.bytes (its own sum over occupancies and phases) tells the same, away from
+    the rounding to thousandths of a MiB: the heavy-ends split (6.8 GiB at its last stage) fits
+    an A100, and not a GPU of 7 GiB."""
+    from autoplan import partition
+    from simulator.cost.schedules import rank_chunks
+    from simulator.cost.stage_memory_linear import DeviceMemoryModel
+
+    model = heavy_ends_model()
+    for gib, expected in ((80, True), (7, False)):
+        cluster = load_cluster("dgx-a100-80gb", nodes=1)
+        node = cluster.node.model_copy(update={"gpu": cluster.gpu.model_copy(update={"memory_GiB": gib})})
+        cluster = cluster.model_copy(update={"node": node})
+        plan = Plan(t=2, p=4, d=1, mb=1, ckpt="none", layers=(3, 5, 5, 3))
+        job = Job.make(model, cluster, plan, 32)
+        n, rec = plan.chunk_layers(16), plan.chunk_recompute(16)
+        f, s = tuple(x for x, _ in rec), tuple(y for _, y in rec)
+        peaks = [
+            DeviceMemoryModel.of(job, i, 0 in ids, 3 in ids).bytes(
+                [n[c] for c in ids], [f[c] for c in ids], [s[c] for c in ids]
+            )
+            for i, ids in enumerate(rank_chunks(plan.schedule, plan.p, plan.v))
+        ]
+        assert all(p <= cluster.gpu.usable_memory_bytes for p in peaks) is expected
+        assert partition._fits(partition._memory_rows(job), n, f, s) is expected
