@@ -172,9 +172,7 @@ def _solve(
     else:
         f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
         s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
-    _add_times(mdl, job, times, n, f, s)
-    if rows is not None:
-        _add_memory(mdl, rows, n, f, s)
+    _add_devices(mdl, job, times, rows, n, f, s)
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
     solver = _solver(time_limit_s)
     status = solver.solve(mdl)
@@ -205,8 +203,13 @@ def _solver(time_limit_s: float) -> cp_model.CpSolver:
     return solver
 
 
-def _add_times(mdl: cp_model.CpModel, job: Job, lt: LayerTimes, n: list, f: list, s: list) -> None:
-    """Per device: its time per microbatch; then the pipeline-time objective (module docstring)."""
+def _add_devices(
+    mdl: cp_model.CpModel, job: Job, lt: LayerTimes, rows: list[MemoryRow] | None, n: list, f: list, s: list
+) -> None:
+    """Per device: its time per microbatch and its memory ``rows`` (None: no memory limit); then
+    the pipeline-time objective (module docstring). The constraints go in device by device, so
+    the full model is the one the solver always had: where it stops at its work limit, it stops
+    at the same split."""
     sat = load_cp_model()
     plan, m = job.plan, job.m
     L, chunks = job.model.num_layers, plan.p * plan.v
@@ -229,6 +232,8 @@ def _add_times(mdl: cp_model.CpModel, job: Job, lt: LayerTimes, n: list, f: list
             tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + (lt.emb if first else 0) + (lt.head if last else 0)
         )
         times.append(tm)
+        if rows is not None:
+            _add_memory(mdl, i, ids, [r for r in rows if r.device == i], terms, f)
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:
@@ -267,16 +272,16 @@ def _memory_rows(job: Job) -> list[MemoryRow]:
     return rows
 
 
-def _add_memory(mdl: cp_model.CpModel, rows: list[MemoryRow], n: list, f: list, s: list) -> None:
-    """The memory ``rows`` as constraints, with each device's "some layer fully recomputed" flag."""
+def _add_memory(
+    mdl: cp_model.CpModel, device: int, chunks: list[int], rows: list[MemoryRow], terms: list, f: list
+) -> None:
+    """Device ``device``'s memory ``rows`` as constraints over its ``terms`` (n_c, f_c, s_c of its
+    ``chunks`` in turn), with its "some layer fully recomputed" flag."""
     sat = load_cp_model()
-    any_full: dict[int, cp_model.IntVar] = {}
+    any_full = mdl.new_bool_var(f"anyfull{device}")
+    mdl.add(sum(f[c] for c in chunks) == 0).only_enforce_if(~any_full)
     for row in rows:
-        if row.device not in any_full:
-            flag = any_full[row.device] = mdl.new_bool_var(f"anyfull{row.device}")
-            mdl.add(sum(f[c] for c in row.chunks) == 0).only_enforce_if(~flag)
-        terms = [x for c in row.chunks for x in (n[c], f[c], s[c])]
-        mdl.add(sat.LinearExpr.weighted_sum([*terms, any_full[row.device]], [*row.coefs, row.any_full]) <= row.limit)
+        mdl.add(sat.LinearExpr.weighted_sum([*terms, any_full], [*row.coefs, row.any_full]) <= row.limit)
 
 
 def _fits(rows: list[MemoryRow], n: tuple[int, ...], f: tuple[int, ...], s: tuple[int, ...]) -> bool:
