@@ -110,12 +110,12 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     if plan.p * plan.v > job.model.num_layers:
         return None
     times = LayerTimes.of(job)
-    rows = _memory_rows(job)
+    memory = _device_memory(job)
     relaxed = _time_optimum(job, times, choose_recompute, time_limit_s)
     solved = (
         relaxed
-        if relaxed is not None and _fits(rows, *relaxed[:3])
-        else _solve(job, times, rows, choose_recompute, time_limit_s)
+        if relaxed is not None and _fits(memory, *relaxed[:3])
+        else _solve(job, times, memory, choose_recompute, time_limit_s)
     )
     if solved is None:
         return None
@@ -152,10 +152,10 @@ def _time_optimum(job: Job, times: LayerTimes, choose_recompute: bool, time_limi
 
 
 def _solve(
-    job: Job, times: LayerTimes, rows: list[MemoryRow] | None, choose_recompute: bool, time_limit_s: float
+    job: Job, times: LayerTimes, memory: list[DeviceMemory] | None, choose_recompute: bool, time_limit_s: float
 ) -> Solved | None:
-    """CP-SAT's split of ``job``'s plan (module docstring) under the memory ``rows`` (None: no
-    memory limit), started from the plan's own; None when nothing fits."""
+    """CP-SAT's split of ``job``'s plan (module docstring) under each device's ``memory``
+    constraints (None: no memory limit), started from the plan's own; None when nothing fits."""
     sat = load_cp_model()
     plan, L = job.plan, job.model.num_layers
     chunks = plan.p * plan.v
@@ -172,7 +172,7 @@ def _solve(
     else:
         f = [n[c] if plan.ckpt == "full" else 0 for c in range(chunks)]
         s = [n[c] if plan.ckpt == "selective" else 0 for c in range(chunks)]
-    _add_devices(mdl, job, times, rows, n, f, s)
+    _add_devices(mdl, job, times, memory, n, f, s)
     _hint_plan(mdl, plan, L, n, f if choose_recompute else None, s if choose_recompute else None)
     solver = _solver(time_limit_s)
     status = solver.solve(mdl)
@@ -204,9 +204,9 @@ def _solver(time_limit_s: float) -> cp_model.CpSolver:
 
 
 def _add_devices(
-    mdl: cp_model.CpModel, job: Job, lt: LayerTimes, rows: list[MemoryRow] | None, n: list, f: list, s: list
+    mdl: cp_model.CpModel, job: Job, lt: LayerTimes, memory: list[DeviceMemory] | None, n: list, f: list, s: list
 ) -> None:
-    """Per device: its time per microbatch and its memory ``rows`` (None: no memory limit); then
+    """Per device: its time per microbatch and its ``memory`` constraints (None: no memory limit); then
     the pipeline-time objective (module docstring). The constraints go in device by device, so
     the full model is the one the solver always had: where it stops at its work limit, it stops
     at the same split."""
@@ -232,8 +232,8 @@ def _add_devices(
             tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + (lt.emb if first else 0) + (lt.head if last else 0)
         )
         times.append(tm)
-        if rows is not None:
-            _add_memory(mdl, i, ids, [r for r in rows if r.device == i], terms, f)
+        if memory is not None:
+            _add_memory(mdl, i, memory[i], terms, f)
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
     if plan.schedule == "interleaved" and plan.v > 1:
@@ -244,53 +244,60 @@ def _add_devices(
 
 class MemoryRow(NamedTuple):
     """One memory constraint of a device (module docstring), in integer thousandths of a MiB:
-    ``coefs`` per (n_c, f_c, s_c) of the device's chunks ``chunks`` in turn, plus ``any_full``
-    when some f_c > 0, at most ``limit``."""
+    ``coefs`` per (n_c, f_c, s_c) of the device's chunks in turn, plus ``any_full`` when some
+    f_c > 0, at most ``limit``."""
 
-    device: int
-    chunks: tuple[int, ...]
     coefs: tuple[int, ...]
     any_full: int
     limit: int
 
 
-def _memory_rows(job: Job) -> list[MemoryRow]:
-    """Every memory constraint of ``job``'s devices: one per reachable occupancy vector of the
-    schedule and per phase that can be the largest (simulator.cost.stage_memory_linear), each
-    within the GPU's usable memory: a split fits where the estimate says it does."""
+class DeviceMemory(NamedTuple):
+    """A pipeline device's chunks and its memory constraints."""
+
+    chunks: tuple[int, ...]
+    rows: tuple[MemoryRow, ...]
+
+
+def _device_memory(job: Job) -> list[DeviceMemory]:
+    """The memory constraints of each of ``job``'s devices, in device order: one per reachable
+    occupancy vector of the schedule and per phase that can be the largest
+    (simulator.cost.stage_memory_linear), each within the GPU's usable memory: a split fits where
+    the estimate says it does."""
     plan = job.plan
     chunks, cap = plan.p * plan.v, job.cluster.gpu.usable_memory_bytes
-    rows = []
+    devices = []
     for i, ids in enumerate(rank_chunks(plan.schedule, plan.p, plan.v)):
         mem = DeviceMemoryModel.of(job, i, 0 in ids, chunks - 1 in ids)
         budget = _coef(cap) - _coef(mem.fixed)
+        rows = []
         for vec in mem.occupancy:
             lasting = mem.coefficients(vec)
             for ph in mem.phases:
                 coefs = tuple(_coef(x) for cn, cf, cs in lasting for x in (cn + ph.per_layer, cf + ph.per_full, cs))
-                rows.append(MemoryRow(i, tuple(ids), coefs, _coef(ph.any_full), budget - _coef(ph.constant)))
-    return rows
+                rows.append(MemoryRow(coefs, _coef(ph.any_full), budget - _coef(ph.constant)))
+        devices.append(DeviceMemory(tuple(ids), tuple(rows)))
+    return devices
 
 
-def _add_memory(
-    mdl: cp_model.CpModel, device: int, chunks: list[int], rows: list[MemoryRow], terms: list, f: list
-) -> None:
-    """Device ``device``'s memory ``rows`` as constraints over its ``terms`` (n_c, f_c, s_c of its
-    ``chunks`` in turn), with its "some layer fully recomputed" flag."""
+def _add_memory(mdl: cp_model.CpModel, device: int, memory: DeviceMemory, terms: list, f: list) -> None:
+    """Device ``device``'s memory constraints over its ``terms`` (n_c, f_c, s_c of its chunks in
+    turn), with its "some layer fully recomputed" flag."""
     sat = load_cp_model()
     any_full = mdl.new_bool_var(f"anyfull{device}")
-    mdl.add(sum(f[c] for c in chunks) == 0).only_enforce_if(~any_full)
-    for row in rows:
+    mdl.add(sum(f[c] for c in memory.chunks) == 0).only_enforce_if(~any_full)
+    for row in memory.rows:
         mdl.add(sat.LinearExpr.weighted_sum([*terms, any_full], [*row.coefs, row.any_full]) <= row.limit)
 
 
-def _fits(rows: list[MemoryRow], n: tuple[int, ...], f: tuple[int, ...], s: tuple[int, ...]) -> bool:
-    """Whether the split (n, f, s) meets every memory row, each device's flag set by its own f."""
-    for row in rows:
-        values = [x for c in row.chunks for x in (n[c], f[c], s[c])]
-        flag = any(f[c] for c in row.chunks)
-        if sum(map(mul, row.coefs, values)) + (row.any_full if flag else 0) > row.limit:
-            return False
+def _fits(memory: list[DeviceMemory], n: tuple[int, ...], f: tuple[int, ...], s: tuple[int, ...]) -> bool:
+    """Whether the split (n, f, s) meets every device's memory constraints, its flag set by its own f."""
+    for device in memory:
+        values = [x for c in device.chunks for x in (n[c], f[c], s[c])]
+        flag = any(f[c] for c in device.chunks)
+        for row in device.rows:
+            if sum(map(mul, row.coefs, values)) + (row.any_full if flag else 0) > row.limit:
+                return False
     return True
 
 

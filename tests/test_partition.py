@@ -233,9 +233,9 @@ def _solves(monkeypatch):
     calls: list[str] = []
     real = partition._solve
 
-    def solve(job, times, rows, choose_recompute, time_limit_s):
-        calls.append("time only" if rows is None else "with memory")
-        return real(job, times, rows, choose_recompute, time_limit_s)
+    def solve(job, times, memory, choose_recompute, time_limit_s):
+        calls.append("time only" if memory is None else "with memory")
+        return real(job, times, memory, choose_recompute, time_limit_s)
 
     monkeypatch.setattr(partition, "_solve", solve)
     monkeypatch.setattr(partition, "_TIME_OPTIMA", {})
@@ -253,7 +253,7 @@ def test_a_split_optimal_without_the_memory_limit_is_taken_where_it_fits(monkeyp
     job = Job.make(model, cluster, Plan(t=2, p=4, d=1, mb=1, ckpt="full"), 32)
     part = optimize_partition(job, choose_recompute=False)
     assert part is not None and calls == ["time only"]
-    times, rows = partition.LayerTimes.of(job), partition._memory_rows(job)
+    times, rows = partition.LayerTimes.of(job), partition._device_memory(job)
     full = partition._solve(job, times, rows, False, 2.0)
     assert full is not None and full[4] == "OPTIMAL"
     assert part.objective_s * partition.US == pytest.approx(full[3], rel=1e-3)  # CP-SAT's relative gap
@@ -273,7 +273,7 @@ def test_the_full_model_decides_where_the_time_optimum_does_not_fit(monkeypatch)
     job = Job.make(model, cluster, Plan(t=1, p=1, d=8, mb=4, zero=3, ckpt="full"), 64)
     relaxed = partition._time_optimum(job, partition.LayerTimes.of(job), True, 2.0)
     assert relaxed is not None and not any(relaxed[1]) and not any(relaxed[2])  # no recomputation
-    assert not partition._fits(partition._memory_rows(job), *relaxed[:3])
+    assert not partition._fits(partition._device_memory(job), *relaxed[:3])
     part = optimize_partition(job, choose_recompute=True)
     assert calls == ["time only", "with memory"]
     assert part is not None and estimate(Job.make(model, cluster, part.plan, 64)).fits
@@ -304,4 +304,4 @@ def test_the_memory_rows_agree_with_the_linear_memory_model():
             for i, ids in enumerate(rank_chunks(plan.schedule, plan.p, plan.v))
         ]
         assert all(p <= cluster.gpu.usable_memory_bytes for p in peaks) is expected
-        assert partition._fits(partition._memory_rows(job), n, f, s) is expected
+        assert partition._fits(partition._device_memory(job), n, f, s) is expected
