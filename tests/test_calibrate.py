@@ -16,6 +16,7 @@ from autoplan.runtime.tensor_parallel import split_layer
 from hwprofiles import InputError, load_cluster, load_gpu, load_node
 from hwprofiles.calibrate import default_node_path, gpu_reference, run_calibration
 from hwprofiles.calibrate.fit import CollectiveSample, bus_factor, fit_gemm_curve, fit_link, ring_steps
+from hwprofiles.calibrate.host import cpu_cores
 from hwprofiles.calibrate.profile_text import num
 from hwprofiles.load import GPU_DIR, NODE_DIR
 from hwprofiles.schema import GemmPoint
@@ -264,7 +265,11 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     assert link.figures("reduce_scatter") == (rs.bytes_per_s, rs.latency_s)
     cluster = load_cluster(str(written[1]))  # --cluster <node file> works
     assert cluster.num_gpus == 2
+    if cpu_cores() >= 2:  # two ranks with a core each: the wait of a collective after computing
+        assert set(node.sync_wait_us) == {2} and 0 <= node.sync_wait_us[2] < 1e5
     # the measured host times change predictions: without them the per-op launch model is used
+    # (both without the sync wait, which adds the same to each)
+    cluster = cluster.model_copy(update={"node": cluster.node.model_copy(update={"sync_wait_us": None})})
     plan, _ = parse_plan("t=2", load_model("tiny"), 2, 8)
     job = Job(load_model("tiny"), cluster, plan, 8)
     bare_gpu = g.model_copy(update={"eager": None, "elementwise_GBps": {}})

@@ -39,7 +39,7 @@ from hwprofiles.calibrate.host import resident_GiB
 from hwprofiles.calibrate.ranks import compute_slots, tp_ratios
 from hwprofiles.calibrate.reference_layers import LayerSplit
 from hwprofiles.calibrate.settings import Timing
-from hwprofiles.calibrate.wait import busy_wait_s
+from hwprofiles.calibrate.wait import busy_wait_s, sync_wait_s
 
 _MAX_CALLS = 10_000
 _JOIN_POLL_S = 0.2
@@ -55,6 +55,7 @@ class CommResult:
     tp_ratios: TpRatios  # the tensor-parallel reference layer's host time over the plain one's (mean over ranks)
     compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
     busy_wait_s: float | None = None  # CPU, 3+ ranks: extra message latency while the other ranks compute
+    sync_wait_s: dict[int, float] | None = None  # CPU: busy ranks -> extra time of a collective after computing
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
@@ -172,23 +173,24 @@ def _worker(
         slots = compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
         tp = tp_ratios(world, device, eager_repeats, split_layer)
         wait = busy_wait_s(rank, world) if device.type == "cpu" else None
+        sync = sync_wait_s(rank, world) if device.type == "cpu" else None
         dist.barrier()
         if rank == 0:
-            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots, wait))
+            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots, wait, sync))
     finally:
         dist.destroy_process_group()
 
 
 def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
     """Record one message from rank 0; on the final one returns (rank 0's RSS, the TP layer's
-    host time ratios, the compute slots, the busy wait)."""
+    host time ratios, the compute slots, the busy wait, the sync waits)."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
         tick(f"{op} {nbytes} B x{size}")
         return None
     tick("tensor-parallel layer host time")
-    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5], msg[6]
+    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5], msg[6], msg[7]
 
 
 def measure_collectives(
@@ -249,4 +251,5 @@ def measure_collectives(
         tp_ratios=final[1],
         compute_slots=final[2],
         busy_wait_s=final[3],
+        sync_wait_s=final[4],
     )

@@ -11,7 +11,7 @@ import json
 
 from hwprofiles.calibrate.eager import OPT_LARGE_ELEMENTS, OPT_LARGE_TENSORS
 from hwprofiles.calibrate.result import Calibration
-from hwprofiles.calibrate.settings import EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
+from hwprofiles.calibrate.settings import BURST_GEMMS, EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
 from hwprofiles.units import GB
 
 
@@ -320,6 +320,14 @@ def _node_optional_lines(c: Calibration, s: str) -> list[str]:
             f"busy_latency_us: {{{c.ranks}: {num(c.busy_wait_s * 1e6)}}}   # with this many ranks: extra one-way "
             f"latency of a 16 KiB send/recv between two ranks while the others run training steps (a woken "
             f"rank waits for a core), median of {WAIT_ROUNDS} rounds of busy minus idle; {s}"
+        )
+    if c.device == "cpu" and c.sync_wait_s:
+        waits = ", ".join(f"{k}: {num(v * 1e6)}" for k, v in sorted(c.sync_wait_s.items()))
+        lines.append(
+            f"sync_wait_us: {{{waits}}}   # busy ranks with a core each: extra time of a blocking collective "
+            f"issued after computing (ranks arriving apart, a blocked rank woken): a scalar all-reduce after "
+            f"each burst of {BURST_GEMMS[0]} fp32 GEMMs {'x'.join(map(str, BURST_GEMMS[1:]))}, mean time inside "
+            f"over calls and ranks less that of the same all-reduces back to back, median of {WAIT_ROUNDS}; {s}"
         )
     if c.device == "cpu" and not c.compute_slots:
         lines.append(

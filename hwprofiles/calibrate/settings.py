@@ -24,6 +24,11 @@ EAGER_ROUNDS = 3
 SLOT_ROUNDS = 5
 #: rounds (idle, then busy ping-pong) behind the busy-core message wait (calibrate.wait); the median is kept
 WAIT_ROUNDS = 5
+#: one compute burst of the sync-wait benchmark (calibrate.wait): count, m, k, n of fp32 GEMMs on one
+#: thread (~1.7 ms on this project's 2-core VM, about the compute between a small model's TP all-reduces)
+BURST_GEMMS = (4, 256, 256, 512)
+#: bursts, each followed by a scalar all-reduce, per round of the sync-wait benchmark
+SYNC_CALLS = 100
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,20 @@ run training steps of the reference GPT layer
 (``calibrate.reference_layers.layer_training_step``, as the compute-slots loop), each for 8 times
 the idle ping-pong's duration, so that they stay busy to its end. The extra one-way
 latency is the median over rounds of busy minus idle (on this 2-core host: ~120 us idle,
-~370-670 us with the two other ranks computing). Call on every rank.
+~370-670 us with the two other ranks computing).
+
+Sync wait (``sync_wait_us``): ranks that each have a core still lose time at every blocking
+collective they issue between computations, which the back-to-back collective benchmark
+never sees. The ranks arrive apart (a shared host's cores jitter: on this project's 2-core
+VM two ranks finishing the same 1.7 ms of GEMMs at once land 0.2-0.7 ms apart on average,
+with a tail of several ms), and the rank that arrived first sleeps in the collective and is
+woken (~0.1 ms one way here, ~0.3 ms after 20 ms asleep; 2026-11-29). Measured: for every
+number of busy ranks from 2 up to the cores (more ranks than cores are time-sliced, which
+compute_slots and the busy latency above price), the busy ranks alternate a burst of
+single-threaded GEMMs (:data:`BURST_GEMMS`, about the compute between a small model's
+tensor-parallel all-reduces) and a scalar all-reduce among them; the wait is the mean time
+inside those all-reduces, over calls and ranks, less that of the same all-reduces back to
+back; the median over rounds. Call every function here on every rank.
 """
 
 from __future__ import annotations
@@ -21,8 +34,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from hwprofiles.calibrate.host import cpu_cores
 from hwprofiles.calibrate.reference_layers import layer_training_step
-from hwprofiles.calibrate.settings import WAIT_ROUNDS
+from hwprofiles.calibrate.settings import BURST_GEMMS, SYNC_CALLS, WAIT_ROUNDS
 
 MESSAGE_BYTES = 16384
 PINGS = 200
@@ -71,3 +85,41 @@ def busy_wait_s(rank: int, world: int, rounds: int = WAIT_ROUNDS) -> float | Non
         dist.barrier()
         extra.append(max(0.0, busy - float(idle[0])))
     return statistics.median(extra) if rank == 0 else None
+
+
+def _burst(a: torch.Tensor, b: torch.Tensor) -> None:
+    for _ in range(BURST_GEMMS[0]):
+        torch.mm(a, b)
+
+
+def _sync_round(rank: int, busy: int, group: object, calls: int) -> float:
+    """One round's wait per all-reduce (seconds), the mean over the busy ranks (module docstring)."""
+    _, m, k, n = BURST_GEMMS
+    a, b, flag = torch.randn(m, k), torch.randn(k, n), torch.zeros(1)
+    inside = alone = 0.0
+    dist.barrier()
+    if rank < busy:
+        for _ in range(calls):
+            _burst(a, b)
+            t0 = time.perf_counter()
+            dist.all_reduce(flag, group=group)
+            inside += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            dist.all_reduce(flag, group=group)
+        alone = time.perf_counter() - t0
+    waits = torch.tensor([(inside - alone) / calls if rank < busy else 0.0], dtype=torch.float64)
+    dist.all_reduce(waits)
+    return float(waits.item()) / busy
+
+
+def sync_wait_s(rank: int, world: int, rounds: int = WAIT_ROUNDS, calls: int = SYNC_CALLS) -> dict[int, float]:
+    """Per number of busy ranks from 2 up to the cores this process may use (and the world):
+    the extra seconds of a blocking collective issued after computing (module docstring), the
+    median over ``rounds``, at least 0; empty with one rank or one core."""
+    counts = range(2, min(world, cpu_cores()) + 1)
+    groups = {busy: dist.new_group(list(range(busy))) for busy in range(2, world + 1)}  # every rank creates each
+    return {
+        busy: max(0.0, statistics.median(_sync_round(rank, busy, groups[busy], calls) for _ in range(rounds)))
+        for busy in counts
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hwprofiles.names import Name
 from hwprofiles.schema.base import Strict
@@ -127,11 +127,18 @@ class NodeProfile(Strict):
         "compute (CPU ranks that outnumber the cores: a woken rank waits for a core); written by calibrate",
     )
 
-    @field_validator("busy_latency_us")
+    sync_wait_us: dict[int, float] | None = Field(
+        default=None,
+        description="per number of busy ranks: extra time of a blocking collective or message issued after "
+        "computing (the ranks arrive apart and a blocked rank is woken; CPU ranks with a core each); "
+        "written by calibrate",
+    )
+
+    @field_validator("busy_latency_us", "sync_wait_us")
     @classmethod
-    def _busy_latency_keys(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+    def _per_rank_microseconds(cls, v: dict[int, float] | None, info: ValidationInfo) -> dict[int, float] | None:
         if v and (any(k < 1 for k in v) or any(not (x >= 0 and math.isfinite(x)) for x in v.values())):
-            raise ValueError(f"busy_latency_us maps numbers of ranks (>= 1) to microseconds >= 0, got {v!r}")
+            raise ValueError(f"{info.field_name} maps numbers of ranks (>= 1) to microseconds >= 0, got {v!r}")
         return v
 
     def busy_latency_s(self, ranks: int) -> float:
@@ -139,6 +146,13 @@ class NodeProfile(Strict):
         the entry measured with the most ranks up to ``ranks``; 0 below every measured count
         (fewer ranks than the calibration had keep cores free) or when not measured."""
         us = _measured_at(self.busy_latency_us or {}, ranks)
+        return us * US if us is not None else 0.0
+
+    def sync_wait_s(self, ranks: int) -> float:
+        """Extra time of each blocking collective or message of ``ranks`` busy ranks of this node
+        (sync_wait_us): the entry measured with the most ranks up to ``ranks``; 0 with one rank,
+        below every measured count, or when not measured."""
+        us = _measured_at(self.sync_wait_us or {}, ranks) if ranks > 1 else None
         return us * US if us is not None else 0.0
 
     @field_validator("compute_slots")

@@ -22,6 +22,7 @@ more than the intra-node link.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ class GroupLink:
     per_collective: tuple[tuple[str, float, float], ...] = ()  # (name, bytes/s, latency): own fits inside a node
     nodes: int = 1  # nodes the group spans
     intra_latency: float = 0.0  # seconds per step inside a node, for a group that spans several
+    call_wait: float = 0.0  # seconds once per call: the busy ranks' sync wait (:func:`sync_wait`)
 
     def figures(self, collective: str) -> tuple[float, float]:
         """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.CollectiveName)."""
@@ -49,10 +51,11 @@ class GroupLink:
 
     def latency_seconds(self, collective: str, n: int) -> float:
         """The latency terms of ``collective`` over the group's ``n`` ranks: its steps inside and
-        across nodes at their per-step latencies (hwprofiles.algorithms.latency_split)."""
+        across nodes at their per-step latencies (hwprofiles.algorithms.latency_split), and once
+        the call's :attr:`call_wait`."""
         lat = self.figures(collective)[1]
         intra = lat if self.nodes <= 1 else self.intra_latency
-        return latency_seconds(n, self.nodes, collective, self.trees, intra, lat)
+        return latency_seconds(n, self.nodes, collective, self.trees, intra, lat) + (self.call_wait if n > 1 else 0.0)
 
 
 def node_link(cluster: ClusterSpec) -> GroupLink:
@@ -87,20 +90,34 @@ def in_pass_wait(cluster: ClusterSpec) -> float:
     return cluster.node.busy_latency_s(cluster.gpus_per_node)
 
 
-def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
-    """:func:`group_link` for a collective inside a pass (tensor-parallel all-reduces): every
-    step pays :func:`in_pass_wait` more when the group sits in one node."""
+def sync_wait(cluster: ClusterSpec) -> float:
+    """Extra seconds of every blocking collective or message that a node's ranks issue after
+    computing, once per call: the ranks arrive apart (the jitter of a shared host's cores) and
+    a rank blocked in it is woken (NodeProfile.sync_wait_us, measured by calibrate on CPU hosts
+    for ranks with a core each: a scalar all-reduce after a short compute burst against the
+    same all-reduces back to back); 0 on a GPU node, where the host runs ahead of the kernels."""
+    return cluster.node.sync_wait_s(cluster.gpus_per_node)
+
+
+def sync_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
+    """:func:`group_link` for a collective issued between computations: inside one node each
+    call pays :func:`sync_wait` once."""
     link = group_link(cluster, shape)
+    wait = sync_wait(cluster) if shape.nodes <= 1 else 0.0
+    return dataclasses.replace(link, call_wait=wait) if wait else link
+
+
+def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
+    """:func:`sync_link` for a collective inside a pass (tensor-parallel all-reduces): every
+    step pays :func:`in_pass_wait` more when the group sits in one node."""
+    link = sync_link(cluster, shape)
     wait = in_pass_wait(cluster) if shape.nodes <= 1 else 0.0
     if not wait:
         return link
-    return GroupLink(
-        link.bandwidth,
-        link.latency + wait,
-        link.trees,
-        tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective),
-        link.nodes,
-        link.intra_latency,
+    return dataclasses.replace(
+        link,
+        latency=link.latency + wait,
+        per_collective=tuple((name, bw, lat + wait) for name, bw, lat in link.per_collective),
     )
 
 

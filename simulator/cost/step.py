@@ -98,12 +98,14 @@ def pipeline_send(cluster: ClusterSpec, plan: Plan, act_bytes: float, crosses: b
     activation (b*s*h*e). Across nodes with t > 1 and no SP each TP rank sends 1/t and the
     receivers all-gather it over the node's links (Megatron's scatter/gather optimization,
     Narayanan et al. 2021, section 4.1); with SP each rank sends its 1/t shard; inside a node a
-    receiver woken by the message waits for a busy core (collectives.in_pass_wait)."""
+    receiver woken by the message waits for a busy core (collectives.in_pass_wait), and each
+    message pays the ranks' sync wait (collectives.sync_wait)."""
     t = plan.t
     if crosses and t > 1 and not plan.sp:
         intra = collectives.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
         return act_bytes / t, collectives.all_gather_time(act_bytes, t, intra)
-    return act_bytes / (t if plan.sp else 1), 0.0 if crosses else collectives.in_pass_wait(cluster)
+    wait = 0.0 if crosses else collectives.in_pass_wait(cluster) + collectives.sync_wait(cluster)
+    return act_bytes / (t if plan.sp else 1), wait
 
 
 def tied_embedding_bytes(model: ModelSpec, t: int, e: int) -> float:
@@ -119,7 +121,8 @@ def step_sync_time(job: Job) -> float:
     reduces it over the world, Megatron-LM over the model-parallel group after the data-
     parallel reduction) and, with d > 1, the loss average over the data-parallel group
     (Megatron-LM ``average_losses_across_data_parallel_group``). Each costs its group's latency
-    steps (rings on gloo, trees on NCCL: hwprofiles.algorithms) times the link latency."""
+    steps (rings on gloo, trees on NCCL: hwprofiles.algorithms) times the link latency, and inside
+    a CPU node the ranks' sync wait (collectives.sync_link)."""
     plan, cluster = job.plan, job.cluster
     return _SYNC.get_or_make((cluster,), (plan.t, plan.p, plan.d), lambda: _step_sync_time(cluster, plan))
 
@@ -127,11 +130,11 @@ def step_sync_time(job: Job) -> float:
 def _step_sync_time(cluster: ClusterSpec, plan: Plan) -> float:
     gpn = cluster.gpus_per_node
     world = plan.t * plan.p * plan.d
-    world_link = collectives.group_link(cluster, layout.group_shape(world, 1, gpn))
+    world_link = collectives.sync_link(cluster, layout.group_shape(world, 1, gpn))
     norm = collectives.all_reduce_time(GRAD_NORM_BYTES, world, world_link)
     if plan.d == 1:
         return norm
-    dp_link = collectives.group_link(cluster, layout.dp_shape(plan.t, plan.d, gpn))
+    dp_link = collectives.sync_link(cluster, layout.dp_shape(plan.t, plan.d, gpn))
     return norm + collectives.all_reduce_time(LOSS_BYTES, plan.d, dp_link)
 
 

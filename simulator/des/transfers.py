@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hwprofiles.algorithms import Collective, latency_steps, uses_trees
-from simulator.cost.collectives import in_pass_wait
+from simulator.cost.collectives import in_pass_wait, sync_wait
 from simulator.cost.layout import rank_of
 from simulator.des.engine import FlowSpec, Phase
 from simulator.des.flows import PhasePlan, collective_phases
@@ -186,12 +186,14 @@ class Transfers:
 
     def _data_parallel(self, op: Collective, gpus: list[int]) -> list[RoutedPhase]:
         """The routed phases of a data-parallel collective over ``gpus``: inside one node each
-        latency step also pays the busy-core wait (collectives.in_pass_wait), as the closed form's
-        links do (collectives.dp_link, simulator.cost.zero3.shard_links)."""
+        latency step also pays the busy-core wait (collectives.in_pass_wait) and the call the ranks'
+        sync wait (collectives.sync_wait), as the closed form's links do (collectives.dp_link,
+        simulator.cost.zero3.shard_links)."""
         cluster = self.topo.cluster
         wait = 0.0
         if len(gpus) > 1 and len({g // cluster.gpus_per_node for g in gpus}) == 1:
-            wait = latency_steps(len(gpus), op, uses_trees(cluster.node.backend)) * in_pass_wait(cluster)
+            steps = latency_steps(len(gpus), op, uses_trees(cluster.node.backend))
+            wait = steps * in_pass_wait(cluster) + sync_wait(cluster)
         return self._routed(collective_phases(self.topo, op, gpus, 1.0), wait)
 
     def dp_class(self, stage: int, op: Collective) -> TransferClass:
