@@ -5,8 +5,8 @@ localhost-cpu node: ``autoplan emit`` + ``autoplan run`` of each plan, measured 
 
 ``--node`` predicts with a node profile of this machine (``autoplan calibrate --device cpu
 --ranks 4 -o CPU.yaml --node-out NODE.yaml``, as a user checks a plan on their own host); the
-default is the built-in localhost-cpu (a 2-core Intel Xeon VM, 2026-11-27; before it an AMD EPYC VM,
-2026-11-21).
+default is the built-in localhost-cpu (a 2-core Intel Xeon VM, 2026-11-29; before it another, 2026-11-27,
+and an AMD EPYC VM, 2026-11-21).
 
 Each run also reports the host's speed right after it against the profile's (``autoplan run``'s
 host speed check, hwprofiles/calibrate/speed.py) and the prediction at that speed: on a shared VM

@@ -177,7 +177,7 @@ def test_importing_hwprofiles_and_calibrate_does_not_import_torch():
 def test_committed_cpu_profiles_are_measured_and_load():
     gpu = load_gpu("cpu")
     assert gpu.name == "cpu" and gpu.default_dtype == "fp32" and "fp32" in gpu.peak_tflops
-    assert gpu.measured is not None and gpu.measured["date"] == "2026-11-27"
+    assert gpu.measured is not None and gpu.measured["date"] == "2026-11-29"
     assert {"device", "torch", "host"} <= set(gpu.measured)
     assert gpu.gemm.table and all(p.dtype == "fp32" for p in gpu.gemm.table)
     # the tiny model's shapes (m = mb*seq = 64..512, n, k = 128..512) are inside the table's range
@@ -190,6 +190,7 @@ def test_committed_cpu_profiles_are_measured_and_load():
     assert set(node.compute_slots) == {2, 3, 4} and all(1 <= v <= 4 for v in node.compute_slots.values())
     assert set(node.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
     assert set(node.busy_latency_us) == {4} and 0 < node.busy_latency_us[4] < 1e5
+    assert set(node.sync_wait_us) == {2} and 0 < node.sync_wait_us[2] < 1e5  # 2 cores: 2 busy ranks
     assert node.gpu.eager is not None and node.gpu.eager.tp_layer_forward_us is not None
     cluster = load_cluster("localhost-cpu")
     assert cluster.nodes == 1 and cluster.network.topology == "single-switch" and cluster.num_gpus == 4
@@ -209,7 +210,7 @@ def test_committed_cpu_profile_numbers_carry_their_source():
         lines = [ln for ln in numbers.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         with_numbers = [ln for ln in lines if has_number(ln.split("#")[0].strip().lstrip("- "))]
         assert len(with_numbers) >= 5 and all("#" in ln for ln in with_numbers), path
-        assert "measured by autoplan calibrate on 2026-11-27" in text
+        assert "measured by autoplan calibrate on 2026-11-29" in text
 
 
 # --------------------------------------------------------------------------- end to end
