@@ -24,9 +24,11 @@ from simulator.plan import Plan
 
 
 def _cpu_cluster(wait_us: float | None):
-    """The committed localhost-cpu cluster with ``busy_latency_us: {4: wait_us}`` (None: absent)."""
+    """The committed localhost-cpu cluster with ``busy_latency_us: {4: wait_us}`` (None: absent)
+    and no sync wait (tests/test_sync_wait.py), so that only the busy-core wait differs."""
     c = load_cluster("localhost-cpu")
-    node = c.node.model_copy(update={"busy_latency_us": None if wait_us is None else {4: wait_us}})
+    update = {"busy_latency_us": None if wait_us is None else {4: wait_us}, "sync_wait_us": None}
+    node = c.node.model_copy(update=update)
     return c.model_copy(update={"node": node})
 
 

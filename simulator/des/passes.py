@@ -32,6 +32,7 @@ activations exist while it is recomputed and back-propagated (:mod:`simulator.co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from simulator.cost.block_times import (
@@ -186,6 +187,7 @@ class Item:
     free_buf: float = 0.0
     params: float = 0.0  # this layer's parameters on one rank (buckets, ZeRO-3 gathers)
     gathered: float = 0.0  # bytes of all-gathering them (ZeRO-3: forward and backward passes)
+    units: int = 1  # sharded units they belong to: 2 where the chunk's root unit rides along (:func:`root_units`)
     tp_bytes: float = 0.0  # bytes one rank sends in TP collectives
     tp_layer_all_reduces: float = 0
     rec_full: int = 0
@@ -203,6 +205,7 @@ class Piece:
     first_params: float
     first_gathered: float  # bytes of all-gathering the first item's parameters
     params: float
+    first_units: int = 1  # sharded units of the first item's parameters (Item.units)
 
 
 def merge_segs(segs: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
@@ -237,7 +240,14 @@ def make_piece(kind: str, its: list[Item]) -> Piece:
             ("buffers", -(work_buf + sum(it.free_buf for it in its))),
         )
     return Piece(
-        segs, sum(d for _, d in segs), start, end, its[0].params, its[0].gathered, sum(it.params for it in its)
+        segs,
+        sum(d for _, d in segs),
+        start,
+        end,
+        its[0].params,
+        its[0].gathered,
+        sum(it.params for it in its),
+        its[0].units,
     )
 
 
@@ -262,10 +272,21 @@ def pass_items(c: Costs, kind: str, modes: list[str], first: bool, last: bool, s
         has_emb, has_head = first and i == 0, last and i == n - 1
         params = c.layer_params + (c.emb_params if has_emb else 0.0) + (c.head_params if has_head else 0.0)
         if kind == "F":
-            out.append(forward_item(c, modes[i], has_emb, has_head, params))
+            item = forward_item(c, modes[i], has_emb, has_head, params)
         else:
-            out.append(backward_item(c, modes[i], has_emb, has_head, params, split))
+            item = backward_item(c, modes[i], has_emb, has_head, params, split)
+        out.append(dataclasses.replace(item, units=root_units(has_emb, has_head, first)))
     return out
+
+
+def root_units(has_emb: bool, has_head: bool, first: bool) -> int:
+    """Sharded units whose parameters a layer's item gathers and reduce-scatters: its layer's,
+    and on the chunk's root piece the root unit's too (embedding, final norm and head, one unit:
+    simulator.cost.zero3.units), whose collectives the closed form counts one per pass and
+    microbatch. The root piece is the embedding's layer, or without the embedding the head's
+    (the head's parameters, when the embedding's layer carries the root unit, ride along with
+    their layer's collective, so that the bytes stay where the items hold them)."""
+    return 2 if has_emb or (has_head and not first) else 1
 
 
 def forward_item(c: Costs, mode: str, has_emb: bool, has_head: bool, params: float) -> Item:

@@ -158,7 +158,15 @@ def _add_pass(
         gather = -1
         if gathers:
             gather = data_parallel.zero3_gather(
-                prog, dev, pc.first_params, pc.first_gathered, pieces, regather, mode.serial, mode.backward_gathers
+                prog,
+                dev,
+                pc.first_params,
+                pc.first_gathered,
+                pieces,
+                regather,
+                mode.serial,
+                mode.backward_gathers,
+                pc.first_units,
             )
             extra += copy_out_time(pc.first_gathered, prog.job.runtime, prog.job.cluster.gpu)
         if mode.zero3 or bucketed:
@@ -181,7 +189,7 @@ def _add_pass(
             prog.first[(dev.idx, op.kind, op.mb, j)] = tid
         prog.last[(dev.idx, op.kind, op.mb, j)] = tid
         if mode.zero3 and op.kind == "B":
-            scatter = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, tid, nred)
+            scatter = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, tid, nred, pc.first_units)
             if mode.serial:
                 prog.serial_waits[dev.idx] = scatter
             nred += 1

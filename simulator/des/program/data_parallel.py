@@ -72,11 +72,13 @@ def zero3_gather(
     times: float = 1.0,
     serial: bool = False,
     buffered: bool = True,
+    units: int = 1,
 ) -> int:
     """All-gather one layer's ``params`` parameters (``gathered`` bytes), at most one layer ahead
     of the compute (``serial``, a synchronous rank: after the previous piece, none ahead), in
     :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the other (DeepSpeed: one
-    per module); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
+    per module), one more for the root unit riding along (``units`` = 2, simulator.des.passes.
+    root_units); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
     (simulator.cost.zero3). Its buffer (``buffered``) holds the layer's parameters at the gather
     dtype (fp8 parameters' difference is in the static fp8 term, simulator.cost.precision.
     fp8_layer_bytes); FSDP2's ZeRO-2 keeps its unsharded parameters, which the static model
@@ -109,7 +111,7 @@ def zero3_gather(
             (dep,),
         )
     cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
-    k = gathers_per_layer(prog.job.runtime)  # DeepSpeed gathers module by module (simulator.cost.zero3)
+    k = gathers_per_layer(prog.job.runtime) + units - 1  # DeepSpeed: module by module (simulator.cost.zero3)
     send = Send("zero", cls, per, size / k, "zero", "param gather", "dp_bytes")
 
     def gathers() -> int:
@@ -124,13 +126,21 @@ def zero3_gather(
     return g
 
 
-def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int) -> int:
-    """Reduce-scatter one layer's gradients after its backward (``n``: the rank's reduction
-    count); returns the reduce-scatter's task."""
+def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, n: int, units: int = 1) -> int:
+    """Reduce-scatter one layer's gradients after its backward, one collective per sharded unit
+    they belong to (``units``: 2 with the root unit, simulator.des.passes.root_units; ``n``: the
+    rank's reduction count); returns the reduce-scatter's task."""
     size = params * grad_reduce_bytes(prog)
     cls, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
-    send = Send("dp", cls, per, size, "dp", "grad reduce-scatter", "dp_bytes")
-    rs = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
+    send = Send("dp", cls, per, size / units, "dp", "grad reduce-scatter", "dp_bytes")
+
+    def scatters() -> int:
+        last = piece
+        for _ in range(units):
+            last = prog.transfer(dev, send, (last,))
+        return last
+
+    rs = prog.group_task(dev, ("red", n), piece, scatters, member)
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, rs, size, n), size))
     return rs
 
