@@ -134,6 +134,23 @@ def _count(prog: Program, dev: Device, op: PipeOp, j: int, norec: bool) -> None:
         prog.recomputed["selective"] += rec_s
 
 
+def _zero3_gather(
+    prog: Program, dev: Device, pc: Piece, pieces: list[int], regather: float, mode: ReductionMode
+) -> int:
+    """The all-gather of piece ``pc``'s first parameters before it (data_parallel.zero3_gather)."""
+    return data_parallel.zero3_gather(
+        prog,
+        dev,
+        pc.first_params,
+        pc.first_gathered,
+        pieces,
+        regather,
+        mode.serial,
+        mode.backward_gathers,
+        pc.first_units,
+    )
+
+
 def _add_pass(
     prog: Program,
     dev: Device,
@@ -157,17 +174,7 @@ def _add_pass(
         extra = host  # what the data-parallel traffic beside this piece, and FSDP2's hooks, cost it
         gather = -1
         if gathers:
-            gather = data_parallel.zero3_gather(
-                prog,
-                dev,
-                pc.first_params,
-                pc.first_gathered,
-                pieces,
-                regather,
-                mode.serial,
-                mode.backward_gathers,
-                pc.first_units,
-            )
+            gather = _zero3_gather(prog, dev, pc, pieces, regather, mode)
             extra += copy_out_time(pc.first_gathered, prog.job.runtime, prog.job.cluster.gpu)
         if mode.zero3 or bucketed:
             params = pc.first_params if mode.zero3 else pc.params

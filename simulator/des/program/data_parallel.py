@@ -77,9 +77,8 @@ def zero3_gather(
     """All-gather one layer's ``params`` parameters (``gathered`` bytes), at most one layer ahead
     of the compute (``serial``, a synchronous rank: after the previous piece, none ahead), in
     :func:`simulator.cost.zero3.gathers_per_layer` collectives one after the other (DeepSpeed: one
-    per module), one more for the root unit riding along (``units`` = 2, simulator.des.passes.
-    root_units); ``times`` > 1 when DeepSpeed gathers it again for the recompute forward
-    (simulator.cost.zero3). Its buffer (``buffered``) holds the layer's parameters at the gather
+    per module), one more for a root unit riding along (``units`` = 2, passes.root_units);
+    ``times`` > 1 when DeepSpeed gathers it again for the recompute forward (simulator.cost.zero3). Its buffer (``buffered``) holds the layer's parameters at the gather
     dtype (fp8 parameters' difference is in the static fp8 term, simulator.cost.precision.
     fp8_layer_bytes); FSDP2's ZeRO-2 keeps its unsharded parameters, which the static model
     states charge (simulator.cost.memory), so its gathers add none."""
