@@ -150,8 +150,10 @@ class NodeProfile(Strict):
 
     def sync_wait_s(self, ranks: int) -> float:
         """Extra time of each blocking collective or message of ``ranks`` busy ranks of this node
-        (sync_wait_us): the entry measured with the most ranks up to ``ranks``; 0 with one rank,
-        below every measured count, or when not measured."""
+        (sync_wait_us): the entry measured with the most ranks up to ``ranks``, so more ranks than
+        cores (which calibrate does not measure) take the cores' entry, their time-slicing being
+        what busy_latency_us and compute_slots add; 0 with one rank, below every measured count,
+        or when not measured."""
         us = _measured_at(self.sync_wait_us or {}, ranks) if ranks > 1 else None
         return us * US if us is not None else 0.0
 
