@@ -112,14 +112,7 @@ def zero3_gather(
     cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
     k = gathers_per_layer(prog.job.runtime) + units - 1  # DeepSpeed: module by module (simulator.cost.zero3)
     send = Send("zero", cls, per, size / k, "zero", "param gather", "dp_bytes")
-
-    def gathers() -> int:
-        last = dep
-        for _ in range(k):
-            last = prog.transfer(dev, send, (last,))
-        return last
-
-    g = prog.group_task(dev, ("z3g", len(pieces)), dep, gathers, member)
+    g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: _in_turn(prog, dev, send, k, dep), member)
     if buffered:
         prog.mem.add(g, dev.idx, False, "buffers", params * gather_bytes(prog))
     return g
@@ -132,16 +125,18 @@ def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, 
     size = params * grad_reduce_bytes(prog)
     cls, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
     send = Send("dp", cls, per, size / units, "dp", "grad reduce-scatter", "dp_bytes")
-
-    def scatters() -> int:
-        last = piece
-        for _ in range(units):
-            last = prog.transfer(dev, send, (last,))
-        return last
-
-    rs = prog.group_task(dev, ("red", n), piece, scatters, member)
+    rs = prog.group_task(dev, ("red", n), piece, lambda: _in_turn(prog, dev, send, units, piece), member)
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, rs, size, n), size))
     return rs
+
+
+def _in_turn(prog: Program, dev: Device, send: Send, count: int, dep: int) -> int:
+    """``count`` transfers of ``send``, each after the one before, the first after ``dep``;
+    returns the last."""
+    last = dep
+    for _ in range(count):
+        last = prog.transfer(dev, send, (last,))
+    return last
 
 
 def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
