@@ -30,6 +30,7 @@ from operator import mul
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from autoplan.cpsat import load_cp_model
+from autoplan.pipeline_balance import balanced_layers, device_extras, pipeline_objective
 from simulator.cost.block_times import TP_EMBEDDING, TP_HEAD, job_block_times, tp_per_full_recompute, tp_per_layer
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.rank_view import rank_job, user_plan
@@ -95,10 +96,10 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     deterministic work (the same answer on any machine), or after ``time_limit_s`` seconds on a
     machine so slow that this comes first.
 
-    The model without its memory constraints is solved first (:func:`_time_optimum`, shared by
-    the finalists that differ only in what they hold, such as ZeRO twins): a split optimal without
-    them that meets them (:func:`_fits`) is optimal with them, within the same relative gap, since
-    the constraints only remove splits. The full model is solved only when it does not.
+    The model without its memory constraints is solved first, in closed form
+    (:func:`_time_optimum`, autoplan.pipeline_balance): a split optimal without them that meets
+    them (:func:`_fits`) is optimal with them, since the constraints only remove splits. The full
+    model goes to CP-SAT only when it does not.
 
     With ``choose_recompute`` False the recomputation follows ``plan.ckpt`` for every layer
     and only the split is optimized. A context- or expert-parallel plan is partitioned on one rank's view
@@ -111,12 +112,8 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
         return None
     times = LayerTimes.of(job)
     memory = _device_memory(job)
-    relaxed = _time_optimum(job, times, choose_recompute, time_limit_s)
-    solved = (
-        relaxed
-        if relaxed is not None and _fits(memory, *relaxed[:3])
-        else _solve(job, times, memory, choose_recompute, time_limit_s)
-    )
+    relaxed = _time_optimum(job, times, choose_recompute)
+    solved = relaxed if _fits(memory, *relaxed[:3]) else _solve(job, times, memory, choose_recompute, time_limit_s)
     if solved is None:
         return None
     layers, full, sel, objective, status = solved
@@ -129,26 +126,30 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
 #: (integer microseconds); "OPTIMAL" (within the solver's relative gap) or "FEASIBLE"
 Solved = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], float, str]
 
-#: :func:`_time_optimum`'s answers by what decides them (bounded: cleared when full)
-_TIME_OPTIMA: dict[tuple, Solved | None] = {}
 
+def _time_optimum(job: Job, times: LayerTimes, choose_recompute: bool) -> Solved:
+    """The split that minimizes the pipeline time with no memory limit (autoplan.pipeline_balance:
+    no recomputation, or the plan's pinned one at its cost per layer), the plan's own split where
+    it is as good (the finalist the analytic model ranked, as CP-SAT's search started from it)."""
+    plan, L, m = job.plan, job.model.num_layers, job.m
+    pinned = {"full": times.full_extra, "selective": times.sel_extra}.get(plan.ckpt, 0) if not choose_recompute else 0
+    per = times.per_layer + pinned
+    extras = device_extras(plan.schedule, plan.p, plan.v, times.emb, times.head)
+    interleaved = plan.schedule == "interleaved"
 
-def _time_optimum(job: Job, times: LayerTimes, choose_recompute: bool, time_limit_s: float) -> Solved | None:
-    """The split (and recomputation) that minimizes the pipeline time with no memory limit,
-    when the solver proves it optimal (None otherwise: the full model decides). Cached by what
-    decides it: the layers, the plan's pipeline shape, schedule, microbatches, pinned
-    recomputation and starting split, and the layer times."""
-    plan, L = job.plan, job.model.num_layers
-    key = (
-        L, plan.p, plan.v, plan.schedule, job.m, times, choose_recompute, plan.ckpt,
-        plan.chunk_layers(L), plan.chunk_recompute(L), time_limit_s,
-    )  # fmt: skip
-    if key not in _TIME_OPTIMA:
-        if len(_TIME_OPTIMA) >= 256:
-            _TIME_OPTIMA.clear()
-        found = _solve(job, times, None, choose_recompute, time_limit_s)
-        _TIME_OPTIMA[key] = found if found is not None and found[4] == "OPTIMAL" else None
-    return _TIME_OPTIMA[key]
+    def objective(split: tuple[int, ...]) -> int:
+        dev = [
+            sum(split[c] for c in ids) * per + x for ids, x in zip(rank_chunks(plan.schedule, plan.p, plan.v), extras)
+        ]
+        return pipeline_objective(max(dev), sum(dev), m, plan.v, interleaved)
+
+    best = balanced_layers(plan.schedule, plan.p, plan.v, L, per, times.emb, times.head)
+    own = plan.chunk_layers(L)
+    layers = own if objective(own) <= objective(best) else best
+    none = (0,) * len(layers)
+    full = layers if not choose_recompute and plan.ckpt == "full" else none
+    sel = layers if not choose_recompute and plan.ckpt == "selective" else none
+    return layers, full, sel, float(objective(layers)), "OPTIMAL"
 
 
 def _solve(
@@ -236,10 +237,7 @@ def _add_devices(
             _add_memory(mdl, i, memory[i], terms, f)
     worst = mdl.new_int_var(0, horizon, "worst")
     mdl.add_max_equality(worst, times)
-    if plan.schedule == "interleaved" and plan.v > 1:
-        mdl.minimize(m * plan.v * worst + sum(times) - worst)
-    else:
-        mdl.minimize((m - 1) * worst + sum(times))
+    mdl.minimize(pipeline_objective(worst, sum(times), m, plan.v, plan.schedule == "interleaved"))
 
 
 class MemoryRow(NamedTuple):
