@@ -61,6 +61,7 @@ class PlanColumns:
                 column = list(map(attrgetter(name), plans))
                 code = self._values[name] = {value: j for j, value in enumerate(dict.fromkeys(column))}
                 self._codes[name] = (np.fromiter(map(code.__getitem__, column), np.int64, n), len(code))
+        self._read: dict[int, Plan] = {}  # the plans read so far, by row (a PlanTable makes each anew)
         c = self.col
         self.t, self.p, self.d, self.v, self.zero, self.fp8ag = c["t"], c["p"], c["d"], c["v"], c["zero"], c["fp8ag"]
         self.m = microbatches(global_batch, self.d, c["mb"])
@@ -90,7 +91,14 @@ class PlanColumns:
             key = key * n + code
             combinations *= n
         first, inverse = group_codes(key, combinations)
-        return [value(self.plans[i], int(i)) for i in first.tolist()], inverse
+        return [value(self.plan(i), i) for i in first.tolist()], inverse
+
+    def plan(self, i: int) -> Plan:
+        """The plan of row ``i``, made once (the keys' first rows repeat across groupings)."""
+        found = self._read.get(i)
+        if found is None:
+            found = self._read[i] = self.plans[i]
+        return found
 
     def per_plan(self, names: Sequence[str], value: Callable[[Plan, int], float]) -> np.ndarray:
         """:meth:`per_key`'s values put back in the plans' order (a float per plan)."""
