@@ -143,7 +143,7 @@ def _time_optimum(job: Job, times: LayerTimes, choose_recompute: bool) -> Solved
         ]
         return pipeline_objective(max(dev), sum(dev), m, plan.v, interleaved)
 
-    best = balanced_layers(plan.schedule, plan.p, plan.v, L, per, times.emb, times.head)
+    best = balanced_layers(plan.schedule, plan.p, plan.v, L, per, extras)
     own = plan.chunk_layers(L)
     layers = own if objective(own) <= objective(best) else best
     none = (0,) * len(layers)
@@ -213,8 +213,9 @@ def _add_devices(
     at the same split."""
     sat = load_cp_model()
     plan, m = job.plan, job.m
-    L, chunks = job.model.num_layers, plan.p * plan.v
+    L = job.model.num_layers
     dev_chunks = rank_chunks(plan.schedule, plan.p, plan.v)
+    extras = device_extras(plan.schedule, plan.p, plan.v, lt.emb, lt.head)
     for ids in dev_chunks:  # interleaving runs a device's chunks in turn: keep them within one layer
         for i, a in enumerate(ids):
             for b in ids[i + 1 :]:
@@ -222,16 +223,13 @@ def _add_devices(
                 mdl.add(n[b] - n[a] <= 1)
     horizon = (lt.per_layer + lt.full_extra) * L + lt.emb + lt.head + 1
     times = []
-    for i, ids in enumerate(dev_chunks):
-        first, last = 0 in ids, chunks - 1 in ids
+    for i, (ids, extra) in enumerate(zip(dev_chunks, extras)):
         tm = mdl.new_int_var(0, horizon, f"time{i}")
         # each constraint as one weighted sum over the device's (n, f, s): the model Python's sum
         # of products builds (the same CP-SAT proto), made in C++ rather than term by term
         terms = [x for c in ids for x in (n[c], f[c], s[c])]
         per_chunk = (lt.per_layer, lt.full_extra, lt.sel_extra) * len(ids)
-        mdl.add(
-            tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + (lt.emb if first else 0) + (lt.head if last else 0)
-        )
+        mdl.add(tm == sat.LinearExpr.weighted_sum(terms, per_chunk) + extra)
         times.append(tm)
         if memory is not None:
             _add_memory(mdl, i, memory[i], terms, f)

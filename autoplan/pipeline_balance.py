@@ -52,11 +52,10 @@ def least_worst(extras: list[int], per_layer: int, layers: int, v: int) -> int:
     return lo
 
 
-def balanced_layers(schedule: str, p: int, v: int, layers: int, per_layer: int, emb: int, head: int) -> tuple[int, ...]:
+def balanced_layers(schedule: str, p: int, v: int, layers: int, per_layer: int, extras: list[int]) -> tuple[int, ...]:
     """Layers per chunk (model order) of the memory-free optimum (module docstring) for devices
-    whose layers cost ``per_layer`` microseconds each, with the embedding's ``emb`` and the
-    head's ``head`` on the devices that hold them."""
-    extras = device_extras(schedule, p, v, emb, head)
+    whose layers cost ``per_layer`` microseconds each, besides ``extras`` each
+    (:func:`device_extras`)."""
     worst = least_worst(extras, per_layer, layers, v)
     counts = [(worst - x) // per_layer for x in extras]
     surplus = sum(counts) - layers

@@ -20,7 +20,7 @@ def test_a_hand_derived_split():
     4, 5, 5, 2 = 16; so T* = 50 and the split is (4, 5, 5, 2): times 45, 50, 50, 45."""
     assert device_extras("1f1b", 4, 1, 5, 25) == [5, 0, 0, 25]
     assert least_worst([5, 0, 0, 25], 10, 16, 1) == 50
-    assert balanced_layers("1f1b", 4, 1, 16, 10, 5, 25) == (4, 5, 5, 2)
+    assert balanced_layers("1f1b", 4, 1, 16, 10, [5, 0, 0, 25]) == (4, 5, 5, 2)
     # m = 8: (m - 1) * 50 + (45 + 50 + 50 + 45) = 540; interleaved v = 2: 8 * 2 * 50 + 190 - 50
     assert pipeline_objective(50, 190, 8, 1, False) == 540
     assert pipeline_objective(50, 190, 8, 2, True) == 940
@@ -29,7 +29,7 @@ def test_a_hand_derived_split():
 def test_the_first_devices_give_back_the_surplus():
     """p=3, 10 layers of 10 us, no embedding or head: T* = 40 lets each device take 4 (12), and
     the 2 layers too many come off device 0 first: (2, 4, 4)."""
-    assert balanced_layers("1f1b", 3, 1, 10, 10, 0, 0) == (2, 4, 4)
+    assert balanced_layers("1f1b", 3, 1, 10, 10, device_extras("1f1b", 3, 1, 0, 0)) == (2, 4, 4)
 
 
 def test_zero_bubble_v_puts_both_ends_on_device_0():
@@ -37,7 +37,7 @@ def test_zero_bubble_v_puts_both_ends_on_device_0():
     10 us, embedding 5 and head 15 on device 0 (x = 20, 0): T* = 50 (device 0: 3 layers, device
     1: 5), each device's layers spread over its chunks, its later chunk taking the remainder."""
     assert device_extras("zbv", 2, 2, 5, 15) == [20, 0]
-    split = balanced_layers("zbv", 2, 2, 8, 10, 5, 15)
+    split = balanced_layers("zbv", 2, 2, 8, 10, device_extras("zbv", 2, 2, 5, 15))
     assert split == (1, 2, 3, 2)  # chunk 0 and 3 on device 0 (1 + 2), chunks 1 and 2 on device 1 (2 + 3)
 
 
