@@ -79,3 +79,21 @@ def analytic_and_des(model, cluster, plan_text: str, batch: int, time_rel: float
     assert d.step_time == pytest.approx(a.step_time, rel=time_rel), plan_text
     assert d.peak_memory == pytest.approx(a.peak_memory, rel=memory_rel), plan_text
     return a, d
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free at the moment (for a test's own process group)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def localhost_cpu(ranks: int | None = None, **node_fields: object):
+    """The committed localhost-cpu cluster (``ranks`` ranks; None: the node's) with the node's
+    ``node_fields`` replaced, e.g. one CPU wait set and the other removed to test it alone."""
+    from hwprofiles import load_cluster
+
+    c = load_cluster("localhost-cpu", gpus_per_node=ranks)
+    return c.model_copy(update={"node": c.node.model_copy(update=node_fields)})

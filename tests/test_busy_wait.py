@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
-from conftest import NODE_MAPPING
+from conftest import NODE_MAPPING, free_port, localhost_cpu
 
 from hwprofiles import load_cluster
 from hwprofiles.load import node_from_mapping
@@ -26,10 +25,7 @@ from simulator.plan import Plan
 def _cpu_cluster(wait_us: float | None):
     """The committed localhost-cpu cluster with ``busy_latency_us: {4: wait_us}`` (None: absent)
     and no sync wait (tests/test_sync_wait.py), so that only the busy-core wait differs."""
-    c = load_cluster("localhost-cpu")
-    update = {"busy_latency_us": None if wait_us is None else {4: wait_us}, "sync_wait_us": None}
-    node = c.node.model_copy(update=update)
-    return c.model_copy(update={"node": node})
+    return localhost_cpu(busy_latency_us=None if wait_us is None else {4: wait_us}, sync_wait_us=None)
 
 
 def test_lookup_takes_the_largest_measured_count_up_to_the_ranks():
@@ -81,12 +77,6 @@ def test_gpu_nodes_have_no_wait():
     assert collectives.in_pass_link(c, shape) == collectives.group_link(c, shape)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_worker(rank: int, world: int, port: int, out) -> None:
     import torch.distributed as dist
 
@@ -111,7 +101,7 @@ def test_calibrate_measures_the_wait_with_three_ranks():
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(_wait_worker, args=(3, _free_port(), out), nprocs=3, join=True, start_method="spawn")
+    mp.start_processes(_wait_worker, args=(3, free_port(), out), nprocs=3, join=True, start_method="spawn")
     got = out.get(timeout=10)
     assert got is not None and math.isfinite(got) and got >= 0.0
     assert busy_wait_s(0, 2) is None

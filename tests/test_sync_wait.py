@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
-from conftest import NODE_MAPPING
+from conftest import NODE_MAPPING, free_port, localhost_cpu
 
 from hwprofiles import load_cluster
 from hwprofiles.load import node_from_mapping
@@ -30,9 +29,7 @@ WAIT_US = 300.0
 def _cpu_cluster(wait_us: float | None, ranks: int = 2):
     """The committed localhost-cpu cluster with ``ranks`` ranks, ``sync_wait_us: {2: wait_us}``
     (None: absent) and no busy-core latency, so that only the sync wait differs."""
-    c = load_cluster("localhost-cpu", gpus_per_node=ranks)
-    update = {"busy_latency_us": None, "sync_wait_us": None if wait_us is None else {2: wait_us}}
-    return c.model_copy(update={"node": c.node.model_copy(update=update)})
+    return localhost_cpu(ranks, busy_latency_us=None, sync_wait_us=None if wait_us is None else {2: wait_us})
 
 
 def test_lookup_takes_the_largest_measured_count_up_to_the_ranks():
@@ -106,12 +103,6 @@ def test_gpu_nodes_and_one_rank_have_no_wait():
     assert collectives.sync_wait(_cpu_cluster(WAIT_US, ranks=1)) == 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sync_worker(rank: int, world: int, port: int, out) -> None:
     import torch
     import torch.distributed as dist
@@ -138,7 +129,7 @@ def test_calibrate_measures_the_wait_with_two_ranks():
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(_sync_worker, args=(2, _free_port(), out), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_sync_worker, args=(2, free_port(), out), nprocs=2, join=True, start_method="spawn")
     got = out.get(timeout=10)
     if cpu_cores() < 2:
         assert got == {}
