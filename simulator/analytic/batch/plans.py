@@ -62,12 +62,27 @@ class PlanColumns:
                 code = self._values[name] = {value: j for j, value in enumerate(dict.fromkeys(column))}
                 self._codes[name] = (np.fromiter(map(code.__getitem__, column), np.int64, n), len(code))
         self._read: dict[int, Plan] = {}  # the plans read so far, by row (a PlanTable makes each anew)
+        self.col["m"] = microbatches(global_batch, self.col["d"], self.col["mb"])
+        self._name_columns()
+
+    def _name_columns(self) -> None:
         c = self.col
         self.t, self.p, self.d, self.v, self.zero, self.fp8ag = c["t"], c["p"], c["d"], c["v"], c["zero"], c["fp8ag"]
-        self.m = microbatches(global_batch, self.d, c["mb"])
+        self.m = c["m"]
         self.shard_group = shard_group_of(c["hsdp"], self.d)  # the rank view's grad group: d
         self.replicas = replicas_of(self.d, self.shard_group)
-        self.col["m"] = self.m
+
+    def take(self, rows: np.ndarray) -> PlanColumns:
+        """The columns of the plans of ``rows``, in that order (their codes kept)."""
+        sub = object.__new__(PlanColumns)
+        plans = self.plans
+        sub.plans = plans.take(rows) if isinstance(plans, PlanTable) else [plans[i] for i in rows.tolist()]
+        sub.col = {name: values[rows] for name, values in self.col.items()}
+        sub._codes = {name: (code[rows], n) for name, (code, n) in self._codes.items()}
+        sub._values = self._values
+        sub._read = {}
+        sub._name_columns()
+        return sub
 
     def is_(self, name: str, value: Any) -> np.ndarray:
         """Which plans have ``value`` in the (non-integer) field ``name``."""
@@ -81,9 +96,14 @@ class PlanColumns:
             self._codes[name] = (inverse, len(first))
         return self._codes[name]
 
-    def per_key(self, names: Sequence[str], value: Callable[[Plan, int], Any]) -> tuple[list, np.ndarray]:
+    def per_key(
+        self, names: Sequence[str], value: Callable[[Plan, int], Any], memo: dict | None = None
+    ) -> tuple[list, np.ndarray]:
         """(``value(plan, i)`` of each distinct combination of the fields ``names``, for i the
-        first plan that has it; the index of each plan's combination in that list)."""
+        first plan that has it; the index of each plan's combination in that list). ``memo``: the
+        values found before, by the fields' values (a dictionary shared by every batch whose
+        ``value`` gives the same for the same fields: the sizes of a sweep, the rank views of a
+        search), read first and filled with what is new."""
         key = np.zeros(len(self.plans), dtype=np.int64)
         combinations = 1
         for name in names:  # mixed radix: each field's code a digit (fewer than 2**63 combinations)
@@ -91,7 +111,26 @@ class PlanColumns:
             key = key * n + code
             combinations *= n
         first, inverse = group_codes(key, combinations)
-        return [value(self.plan(i), i) for i in first.tolist()], inverse
+        if memo is None:
+            return [value(self.plan(i), i) for i in first.tolist()], inverse
+        found = []
+        for i, fields in zip(first.tolist(), self._field_values(names, first)):
+            hit = memo.get(fields, memo)  # the memo itself: not found (no value is the memo)
+            if hit is memo:
+                hit = memo[fields] = value(self.plan(i), i)
+            found.append(hit)
+        return found, inverse
+
+    def _field_values(self, names: Sequence[str], rows: np.ndarray) -> list[tuple]:
+        """The values of the fields ``names`` of the plans of ``rows``, a tuple per plan."""
+        columns = []
+        for name in names:
+            if name in self._values:  # coded: the values in the order of their codes
+                values = list(self._values[name])
+                columns.append([values[c] for c in self._codes[name][0][rows].tolist()])
+            else:
+                columns.append(self.col[name][rows].tolist())
+        return list(zip(*columns))
 
     def plan(self, i: int) -> Plan:
         """The plan of row ``i``, made once (the keys' first rows repeat across groupings)."""
@@ -100,7 +139,9 @@ class PlanColumns:
             found = self._read[i] = self.plans[i]
         return found
 
-    def per_plan(self, names: Sequence[str], value: Callable[[Plan, int], float]) -> np.ndarray:
+    def per_plan(
+        self, names: Sequence[str], value: Callable[[Plan, int], float], memo: dict | None = None
+    ) -> np.ndarray:
         """:meth:`per_key`'s values put back in the plans' order (a float per plan)."""
-        values, inverse = self.per_key(names, value)
+        values, inverse = self.per_key(names, value, memo)
         return np.array(values, dtype=float)[inverse]

@@ -12,13 +12,14 @@ stage_params, simulator.cost.stage_memory.held_activations and activation_bytes.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from hwprofiles.schema import AttentionKernel, ClusterSpec
+from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.cost import memory, params
 from simulator.cost.block_times import BlockTimes, block_times, busy_ranks, host_async
@@ -65,10 +66,10 @@ def column(values: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class StageArrays(StageSpans):
-    """Each plan's distinct stages (simulator.cost.stage.StageCost's fields as plans x G arrays;
-    ``total``, ``forward_span`` and ``backward_span`` from StageSpans), the first device of each
-    (``dev``), the devices it stands for (``count``) and which slots are real (``valid``)."""
+class StageShapes:
+    """Each plan's distinct stages without their times (what the memory estimate reads): the first
+    device of each (``dev``), the devices it stands for (``count``), which slots are real
+    (``valid``), and simulator.cost.stage.StageCost's layer and parameter fields as plans x G arrays."""
 
     valid: np.ndarray
     dev: np.ndarray
@@ -83,6 +84,17 @@ class StageArrays(StageSpans):
     sharded_params: np.ndarray
     layer_params: np.ndarray  # the stage's transformer layers' parameters on one rank
     layer_params_each: np.ndarray  # one layer's (plans x 1)
+
+    def take(self, rows: np.ndarray) -> StageShapes:
+        """The shapes of the plans of ``rows``, in that order."""
+        return StageShapes(**{f.name: getattr(self, f.name)[rows] for f in fields(StageShapes)})
+
+
+@dataclass(frozen=True)
+class StageArrays(StageShapes, StageSpans):
+    """Each plan's distinct stages with their per-microbatch times (StageCost's time fields;
+    ``total``, ``forward_span`` and ``backward_span`` from StageSpans)."""
+
     forward: np.ndarray
     backward: np.ndarray
     backward_weight: np.ndarray
@@ -153,22 +165,11 @@ def _plan_block_times(
     return _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
 
 
-def stage_arrays(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    P: PlanColumns,
-    kernels: LayerKernels,
-    attention: AttentionKernel,
-    loss: CrossEntropy = "fp32",
-    busy: np.ndarray | None = None,
-) -> StageArrays:
-    """Each plan's distinct stages (module docstring): the devices' kinds of each split, the
-    layer-level times of each (t, sp, mb, prec) with the layer's kernels, attention kernel and
-    cross-entropy, combined by simulator.cost.stage.stage_times; ``busy``: each plan's ranks
-    computing at once on a node whose ranks share its processor (:func:`busy_column`, which a
-    CPU node needs; None on a GPU node)."""
+def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
+    """Each plan's distinct stages (module docstring): the devices' kinds of each split and the
+    stages' parameters on one rank."""
     L = model.num_layers
-    groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)))
+    groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)), memo((model,), "kinds"))
     width = max(map(len, groups))
     key, slot = np.array([(k, j) for k, gs in enumerate(groups) for j in range(len(gs))]).T
     table = np.zeros((8, len(groups), width))  # dev, count, and the kind's six fields
@@ -177,15 +178,15 @@ def stage_arrays(
     valid[key, slot] = True
     dev, count, n, full, sel, first, last, turn = table[:, split_of]
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
-    bt = _plan_block_times(model, cluster, P, kernels, attention, loss, busy)
-    times = stage_times(model, bt, n, full, sel, first, last)
-    per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t))
+    per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t), memo((model,), "rank params"))
     layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float)[t_of].T[:, :, None]
     head_p = P.per_plan(
-        ("t", "p"), lambda q, i: params.head_params_per_rank(model, q.t, q.p, padded_vocab_size(model, q.t))
+        ("t", "p"),
+        lambda q, i: params.head_params_per_rank(model, q.t, q.p, padded_vocab_size(model, q.t)),
+        memo((model,), "head params"),
     )
     stage_p = params.stage_params(n, first, last, layer_p, emb_p, head_p[:, None])
-    return StageArrays(
+    return StageShapes(
         valid=valid[split_of],
         dev=dev,
         count=count,
@@ -199,8 +200,29 @@ def stage_arrays(
         sharded_params=stage_p + n * sharded_extra,  # StageShape.sharded_params
         layer_params=n * layer_p,
         layer_params_each=layer_p,
-        **times._asdict(),
     )
+
+
+def stage_arrays(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    P: PlanColumns,
+    shapes: StageShapes,
+    kernels: LayerKernels,
+    attention: AttentionKernel,
+    loss: CrossEntropy = "fp32",
+    busy: np.ndarray | None = None,
+) -> StageArrays:
+    """The stages of ``shapes`` (:func:`stage_shapes` of the plans ``P``) with their times: the
+    layer-level times of each (t, sp, mb, prec) with the layer's kernels, attention kernel and
+    cross-entropy, combined by simulator.cost.stage.stage_times; ``busy``: each plan's ranks
+    computing at once on a node whose ranks share its processor (:func:`busy_column`, which a
+    CPU node needs; None on a GPU node)."""
+    bt = _plan_block_times(model, cluster, P, kernels, attention, loss, busy)
+    times = stage_times(
+        model, bt, shapes.layers, shapes.full_layers, shapes.selective_layers, shapes.first, shapes.last
+    )
+    return StageArrays(**{f.name: getattr(shapes, f.name) for f in fields(StageShapes)}, **times._asdict())
 
 
 @dataclass(frozen=True)
@@ -215,17 +237,18 @@ class ScheduleCounts:
     head_in_flight: np.ndarray
 
 
-def schedule_counts(P: PlanColumns, S: StageArrays) -> ScheduleCounts:
-    """:class:`ScheduleCounts` of each plan's stages, computed per split and m."""
+def schedule_counts(model: ModelSpec, P: PlanColumns, S: StageShapes) -> ScheduleCounts:
+    """:class:`ScheduleCounts` of each plan's stages (``S``: the stages of the plans ``P`` of
+    ``model``), computed per split and m."""
     width, groups = S.valid.shape[1], S.valid.sum(axis=1)
 
     def counts(q: Plan, i: int) -> list[tuple[float, float, float, float]]:
         m, schedule, p, v = int(P.m[i]), q.schedule, q.p, q.v
-        out = [_device_counts(schedule, dev, p, m, v) for dev in S.dev[i, : int(groups[i])].astype(int).tolist()]
-        return out + [(0.0, 0.0, 0.0, 0.0)] * (width - len(out))
+        return [_device_counts(schedule, dev, p, m, v) for dev in S.dev[i, : int(groups[i])].astype(int).tolist()]
 
-    per, inv = P.per_key((*SPLIT_KEY, "m"), counts)
-    return ScheduleCounts(*np.array(per, dtype=float)[inv].transpose(2, 0, 1))
+    per, inv = P.per_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"))
+    padded = [c + [(0.0, 0.0, 0.0, 0.0)] * (width - len(c)) for c in per]
+    return ScheduleCounts(*np.array(padded, dtype=float)[inv].transpose(2, 0, 1))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -244,7 +267,7 @@ def stage_activations(
     model: ModelSpec,
     cluster: ClusterSpec,
     P: PlanColumns,
-    S: StageArrays,
+    S: StageShapes,
     counts: ScheduleCounts,
     kernels: LayerKernels = "fused",
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +287,7 @@ def stage_activations(
             memory.embedding_activation_bytes(q.mb, s, h, q.t, sp),
         )
 
-    per, inv = P.per_key(("t", "sp", "mb", "prec"), per_layer)
+    per, inv = P.per_key(("t", "sp", "mb", "prec"), per_layer, memo((model, cluster.gpu), ("activations", kernels)))
     pf, ps, pn, w_in, emb = (a[:, None] for a in np.array(per, dtype=float)[inv].T)
     n, full, sel = S.layers, S.full_layers, S.selective_layers
     occupied = held_activations(counts.in_flight, n, full, sel, pf, ps, pn)
