@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from autoplan.cpsat import load_cp_model
 from autoplan.pipeline_balance import balanced_layers, device_extras, pipeline_objective
+from autoplan.pipeline_memory import Row, memory_balanced
 from simulator.cost.block_times import TP_EMBEDDING, TP_HEAD, job_block_times, tp_per_full_recompute, tp_per_layer
 from simulator.cost.experts import ALL_TO_ALLS_PER_PASS
 from simulator.cost.rank_view import rank_job, user_plan
@@ -113,7 +114,12 @@ def optimize_partition(job: Job, choose_recompute: bool = True, time_limit_s: fl
     times = LayerTimes.of(job)
     memory = _device_memory(job)
     relaxed = _time_optimum(job, times, choose_recompute)
-    solved = relaxed if _fits(memory, *relaxed[:3]) else _solve(job, times, memory, choose_recompute, time_limit_s)
+    solved = (
+        relaxed
+        if _fits(memory, *relaxed[:3])
+        else _memory_optimum(job, times, memory, choose_recompute)
+        or _solve(job, times, memory, choose_recompute, time_limit_s)
+    )
     if solved is None:
         return None
     layers, full, sel, objective, status = solved
@@ -150,6 +156,30 @@ def _time_optimum(job: Job, times: LayerTimes, choose_recompute: bool) -> Solved
     full = layers if not choose_recompute and plan.ckpt == "full" else none
     sel = layers if not choose_recompute and plan.ckpt == "selective" else none
     return layers, full, sel, float(objective(layers)), "OPTIMAL"
+
+
+def _memory_optimum(job: Job, times: LayerTimes, memory: list[DeviceMemory], choose_recompute: bool) -> Solved | None:
+    """The optimum under the devices' ``memory`` in closed form where the pipeline holds one chunk
+    per device (autoplan.pipeline_memory); None where that form does not apply (CP-SAT decides)."""
+    plan = job.plan
+    if plan.v != 1:
+        return None
+    rows = [[Row(r.coefs[0], r.coefs[1], r.coefs[2], r.any_full, r.limit) for r in device.rows] for device in memory]
+    extras = device_extras(plan.schedule, plan.p, 1, times.emb, times.head)
+    recompute = "choose" if choose_recompute else plan.ckpt
+    costs = (times.full_extra, times.sel_extra)
+    found = memory_balanced(rows, extras, times.per_layer, costs, job.model.num_layers, job.m, recompute)
+    if found is None:
+        return None
+    order = [ids[0] for ids in rank_chunks(plan.schedule, plan.p, 1)]  # device -> its chunk
+
+    def by_chunk(per_device: tuple[int, ...]) -> tuple[int, ...]:
+        out = [0] * plan.p
+        for chunk, x in zip(order, per_device):
+            out[chunk] = x
+        return tuple(out)
+
+    return by_chunk(found.layers), by_chunk(found.full), by_chunk(found.sel), float(found.objective), "OPTIMAL"
 
 
 def _solve(

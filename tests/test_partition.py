@@ -145,9 +145,10 @@ def test_the_solver_stops_by_its_work_not_the_clock(monkeypatch):
 
     monkeypatch.setattr(sat.CpSolver, "solve", spy)
     cluster = load_cluster("dgx-a100-80gb", 1)
-    # memory binds here (test_the_full_model_decides_where_the_time_optimum_does_not_fit): one solve
+    # memory binds here (test_the_full_model_decides_where_the_time_optimum_does_not_fit): the full
+    # model, as CP-SAT solves it for a pipeline that interleaves chunks
     job = Job.make(materialized_scores_model(), cluster, Plan(t=1, p=1, d=8, mb=4, zero=3, ckpt="full"), 64)
-    assert optimize_partition(job, time_limit_s=7.0)
+    assert partition._solve(job, partition.LayerTimes.of(job), partition._device_memory(job), True, 7.0)
     (params,) = seen
     assert params.max_deterministic_time == partition.WORK_LIMIT and params.num_workers == 1
     assert params.max_time_in_seconds == 7.0
@@ -263,8 +264,9 @@ def test_a_split_optimal_without_the_memory_limit_is_taken_where_it_fits(monkeyp
 
 def test_the_full_model_decides_where_the_time_optimum_does_not_fit(monkeypatch):
     """Recomputing nothing is fastest, but the materialized scores then overflow the A100: the
-    time-only split fails the memory rows, the full model chooses the recomputation, and its
-    answer fits as the estimate sees it."""
+    time-only split fails the memory rows, the closed form under memory (autoplan.pipeline_memory,
+    one chunk per device) chooses the recomputation without CP-SAT, its answer fits as the
+    estimate sees it, and CP-SAT's solve of the full model is no better."""
     from autoplan import partition
 
     calls = _solves(monkeypatch)
@@ -274,8 +276,11 @@ def test_the_full_model_decides_where_the_time_optimum_does_not_fit(monkeypatch)
     assert not any(relaxed[1]) and not any(relaxed[2])  # no recomputation
     assert not partition._fits(partition._device_memory(job), *relaxed[:3])
     part = optimize_partition(job, choose_recompute=True)
-    assert calls == ["with memory"]
+    assert calls == []
     assert part is not None and estimate(Job.make(model, cluster, part.plan, 64)).fits
+    times, rows = partition.LayerTimes.of(job), partition._device_memory(job)
+    full = partition._solve(job, times, rows, True, 10.0)
+    assert full is not None and part.objective_s * partition.US <= full[3] * (1 + 1e-9)
 
 
 def test_the_memory_rows_agree_with_the_linear_memory_model():
