@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from simulator.cost import memory, params
+from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes
@@ -80,40 +81,11 @@ class DeviceMemoryModel:
     @staticmethod
     def of(job: Job, stage: int, first: bool, last: bool) -> DeviceMemoryModel:
         """Device ``stage`` of ``job`` (its rank view: the caller's), as the job's runtime holds it."""
-        model, cluster, plan, m, runtime = job.model, job.cluster, job.plan, job.m, job.runtime
-        e = dtype_bytes(cluster.gpu)
-        pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
-        a_full, a_sel, a_none = layer_activations(
-            model, plan.mb, plan.t, bool(plan.sp), e, plan.prec, runtime.layer_kernels
-        )
-        psi_layer = params.layer_params_per_rank(model, plan.t)
-        layer_states = memory.model_state_bytes(
-            psi_layer,
-            plan.shard_group,
-            plan.zero,
-            plan.offload,
-            pb,
-            gb,
-            k,
-            psi_layer + params.layer_sharded_extra(model, plan.t),
-        ).total
-        if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
-            layer_states += fp8_layer_bytes(plan, psi_layer, e)
-        layer_states += fp8_shard_bytes(
-            plan.fp8ag, plan.zero, psi_layer, e, plan.shard_group
-        )  # fp8 parameters' ZeRO-3 shards
-        psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
-        fixed = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
-        bucket = memory.bucket_bytes_of(runtime, plan.d)
-        if runtime.dp_buckets == "all":  # a copy of every gradient: linear in the parameters, exact
-            held = sharding_buffers(model, plan, psi, bucket, True, gb)
-            fixed += held
-            layer_states += sharding_buffers(model, plan, psi + psi_layer, bucket, True, gb) - held
-        else:  # two buckets in flight, at their cap
-            fixed += sharding_buffers(model, plan, None, bucket, False, gb)
-        fixed += flight_buffers(model, cluster, plan, m, stage, last, runtime.cross_entropy)
+        model, plan, m = job.model, job.plan, job.m
+        terms = _device_terms(job, first, last)
+        fixed = terms.held + flight_buffers(model, job.cluster, plan, m, stage, last, job.runtime.cross_entropy)
         if plan.zero == 3:
-            fixed += memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
+            fixed += terms.zero3_copies
         if first:
             inflight = memory.end_chunk_in_flight(plan.schedule, stage, plan.p, m, plan.v, 0)
             fixed += inflight * memory.embedding_activation_bytes(
@@ -122,14 +94,14 @@ class DeviceMemoryModel:
         occupancy = memory.chunk_occupancy(plan.schedule, stage, plan.p, m, plan.v)
         return DeviceMemoryModel(
             fixed,
-            layer_states,
-            a_full,
-            a_sel,
-            a_none,
+            terms.layer_states,
+            terms.a_full,
+            terms.a_sel,
+            terms.a_none,
             occupancy,
             plan.schedule == "gpipe" and m > 1,
-            _phases(job, psi, psi_layer, last, a_none),
-            pending_weight_inputs(model, cluster, plan, m, stage),
+            terms.phases,
+            pending_weight_inputs(model, job.cluster, plan, m, stage),
         )
 
     def coefficients(self, vec: tuple[int, ...]) -> list[tuple[float, float, float]]:
@@ -156,6 +128,61 @@ class DeviceMemoryModel:
             for ph in self.phases
         )
         return self.fixed + worst + transient
+
+
+class _DeviceTerms(NamedTuple):
+    """What a device's form takes from its job and from whether it holds the embedding and the
+    head, the same for every device of a pipeline that holds the same ends."""
+
+    held: float  # its non-layer parameters' model states and the gradient buffers
+    zero3_copies: float  # ZeRO-3: the fp8 weight copies of the layers it holds gathered
+    layer_states: float
+    a_full: float
+    a_sel: float
+    a_none: float
+    phases: tuple[Phase, ...]
+
+
+_TERMS = IdentityCache(1024)  # per job and ends: a pipeline's devices ask for the same
+
+
+def _device_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
+    return _TERMS.get_or_make((job,), (first, last), lambda: _make_terms(job, first, last))
+
+
+def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
+    model, cluster, plan, runtime = job.model, job.cluster, job.plan, job.runtime
+    e = dtype_bytes(cluster.gpu)
+    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
+    a_full, a_sel, a_none = layer_activations(
+        model, plan.mb, plan.t, bool(plan.sp), e, plan.prec, runtime.layer_kernels
+    )
+    psi_layer = params.layer_params_per_rank(model, plan.t)
+    layer_states = memory.model_state_bytes(
+        psi_layer,
+        plan.shard_group,
+        plan.zero,
+        plan.offload,
+        pb,
+        gb,
+        k,
+        psi_layer + params.layer_sharded_extra(model, plan.t),
+    ).total
+    if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
+        layer_states += fp8_layer_bytes(plan, psi_layer, e)
+    layer_states += fp8_shard_bytes(plan.fp8ag, plan.zero, psi_layer, e, plan.shard_group)  # fp8 parameters' shards
+    psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
+    held = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
+    bucket = memory.bucket_bytes_of(runtime, plan.d)
+    if runtime.dp_buckets == "all":  # a copy of every gradient: linear in the parameters, exact
+        buffers = sharding_buffers(model, plan, psi, bucket, True, gb)
+        held += buffers
+        layer_states += sharding_buffers(model, plan, psi + psi_layer, bucket, True, gb) - buffers
+    else:  # two buckets in flight, at their cap
+        held += sharding_buffers(model, plan, None, bucket, False, gb)
+    zero3_copies = memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
+    phases = _phases(job, psi, psi_layer, last, a_none)
+    return _DeviceTerms(held, zero3_copies, layer_states, a_full, a_sel, a_none, phases)
 
 
 def _phases(job: Job, psi: float, psi_layer: float, last: bool, a_none: float) -> tuple[Phase, ...]:
