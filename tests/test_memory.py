@@ -318,6 +318,16 @@ def test_one_chunk_occupancy_stops_growing_at_2p(schedule):
     assert memory.chunk_occupancy("gpipe", 0, 4, 24) == ((24,),)
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zbh1", "gpipe"])
+def test_one_chunk_occupancy_is_the_in_flight_count(schedule):
+    """With one chunk per device chunk_occupancy gives in_flight_microbatches' count without a
+    replay: the one vector the replay reaches, for every m (fewer microbatches than stages too)."""
+    for p in (1, 2, 3, 5, 8):
+        for m in range(1, 3 * p + 2):
+            for s in range(p):
+                assert memory.chunk_occupancy(schedule, s, p, m) == memory.replayed_occupancy(schedule, s, p, m)
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 @pytest.mark.parametrize("v", [2, 3, 4])
 def test_interleaved_occupancy_stops_growing_at_2p(p, v):

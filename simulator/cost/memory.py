@@ -202,7 +202,11 @@ def chunk_occupancy(schedule: str, stage: int, p: int, m: int, v: int = 1) -> tu
     and which chunk peaks matters when chunks differ (uneven recomputation). Replayed
     (:func:`replayed_occupancy`) over :func:`occupancy_horizon` microbatches: the counts of a
     longer run are the same, so one cache entry serves every m past the horizon (the plans of a
-    cluster-size sweep: each size's d gives its own m)."""
+    cluster-size sweep: each size's d gives its own m). One chunk per device (v = 1, not ZB-V):
+    the count of :func:`in_flight_microbatches`, the one vector the replay reaches (checked
+    against it in tests/test_memory.py)."""
+    if v == 1 and schedule != "zbv":
+        return ((int(in_flight_microbatches(schedule, stage, p, m, 1)),),)
     return _replayed_once(schedule, stage, p, min(m, occupancy_horizon(schedule, p, m)), v)
 
 
