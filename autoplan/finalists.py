@@ -1,4 +1,4 @@
-"""Steps 4 and 5 of the search: each finalist's CP-SAT layer partition and recomputation map
+"""Steps 4 and 5 of the search: each finalist's layer partition and recomputation map
 (:mod:`autoplan.partition`), kept when the analytic model predicts it faster than the uniform
 split, then the simulation (DES by default) of each distinct refined plan, in the worker pool.
 """

@@ -174,7 +174,7 @@ def _top_plans_table(top: list[dict[str, Any]]) -> str:
 
 
 def _partition_table(partition: list[dict[str, Any]]) -> str:
-    """The CP-SAT partition's gains: each uniform plan beside its optimized layer split."""
+    """The partition's gains: each uniform plan beside its optimized layer split."""
     return table(
         ["uniform plan", "optimized layers / recompute", "uniform s", "optimized s", "gain"],
         [
@@ -199,7 +199,7 @@ def format_plan_report(found: dict[str, Any]) -> str:
     lines.append(_top_plans_table(found["top"]))
     if found.get("partition"):
         lines.append("")
-        lines.append("CP-SAT layer partition / recompute vs the uniform split:")
+        lines.append("layer partition / recompute vs the uniform split:")
         lines.append(_partition_table(found["partition"]))
     lines.append("")
     lines.append("time vs memory Pareto set (analytic):")

@@ -4,7 +4,7 @@
 2. estimate each with the analytic model over arrays (memory and time; ``simulator.analytic.batch``), in ``--jobs`` processes;
 3. keep the feasible ones, rank them by the objective, take the top K plus everything within
    ``tolerance`` of the best;
-4. give each of those the CP-SAT layer partition and recomputation map (``autoplan.partition``)
+4. give each of those its layer partition and recomputation map (``autoplan.partition``)
    and keep it when it is predicted faster than the uniform split;
 5. simulate the finalists with the DES (with the analytic estimate, and a warning, when their
    DES would run past its time budget: simulator.des.budget) and return the best, the top K

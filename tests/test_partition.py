@@ -1,4 +1,4 @@
-"""CP-SAT layer partition and recomputation choice."""
+"""The layer partition and recomputation choice (closed forms and CP-SAT)."""
 
 import os
 import subprocess
