@@ -38,7 +38,6 @@ from autoplan.runtime.grads import (
     replicas,
     settle_partial_grads,
 )
-from autoplan.runtime.host_memory import release_free_memory
 from autoplan.runtime.init import init_parameters
 from autoplan.runtime.model import GPT, keep_experts, layer_recompute, lm_loss, set_context
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
@@ -300,6 +299,4 @@ class Trainer:
         if loss is not None and self.plan.d > 1:
             dist.all_reduce(loss, group=self.dp_group)
             loss = loss / self.plan.d
-        if self.env.device.type == "cpu" and self.env.world > 1:
-            release_free_memory()  # what gloo's collectives left in malloc's arenas (runtime.host_memory)
         return StepResult(loss=float(loss) if loss is not None else None, grad_norm=norm)
