@@ -74,3 +74,60 @@ def test_never_worse_than_cp_sat_on_gpt_1t(nodes, text):
     assert closed is not None and solved is not None
     assert partition._fits(memory, *closed[:3]) and sum(closed[0]) == model.num_layers
     assert closed[3] <= solved[3] * (1 + 1e-9)
+
+
+def _brute_force(rows, extras, per_layer, costs, layers, m):
+    """The least objective over every split and every device's (F, S), by enumeration."""
+    best = None
+    p = len(rows)
+
+    def splits(left, devices):
+        if devices == 1:
+            yield (left,)
+            return
+        for n in range(1, left - devices + 2):
+            for rest in splits(left - n, devices - 1):
+                yield (n, *rest)
+
+    for split in splits(layers, p):
+        times = []
+        for n, device_rows, x in zip(split, rows, extras):
+            fitting = [
+                f * costs[0] + s * costs[1]
+                for f in range(n + 1)
+                for s in range(n - f + 1)
+                if all(
+                    n * r.per_layer + f * r.per_full + s * r.per_sel + (r.any_full if f else 0) <= r.limit
+                    for r in device_rows
+                )
+            ]
+            if not fitting:
+                break
+            times.append(n * per_layer + x + min(fitting))
+        else:
+            value = (m - 1) * max(times) + sum(times)
+            best = value if best is None else min(best, value)
+    return best
+
+
+def test_the_optimum_of_every_small_case_by_enumeration():
+    """Random small pipelines (2-3 devices, 4-7 layers, 1-3 memory rows each, m of 1-6): the
+    closed form's objective is the least over every split and recomputation, or None exactly
+    where nothing fits."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        p, layers, m = rng.randint(2, 3), rng.randint(4, 7), rng.randint(1, 6)
+        rows = [
+            [
+                Row(rng.randint(5, 12), -rng.randint(0, 5), -rng.randint(0, 3), rng.randint(0, 4), rng.randint(15, 60))
+                for _ in range(rng.randint(1, 3))
+            ]
+            for _ in range(p)
+        ]
+        extras = [rng.randint(0, 30) for _ in range(p)]
+        costs = (rng.randint(5, 15), rng.randint(1, 5))
+        found = memory_balanced(rows, extras, 10, costs, layers, m, "choose")
+        expected = _brute_force(rows, extras, 10, costs, layers, m)
+        assert (found.objective if found else None) == expected, (rows, extras, costs, layers, m)
