@@ -27,9 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwprofiles.algorithms import Collective, latency_seconds, uses_trees
-from hwprofiles.schema import ClusterSpec
+from hwprofiles.schema import ClusterSpec, NodeProfile
+from simulator.cost.cache import IdentityCache
 from simulator.cost.layout import GroupShape, dp_shape
 from simulator.numeric import where
+
+_NODE_LINKS = IdentityCache(64)
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,12 @@ class GroupLink:
 
 
 def node_link(cluster: ClusterSpec) -> GroupLink:
-    """The link of a group inside one node, with the node's per-collective fits when calibrated."""
-    node = cluster.node
+    """The link of a group inside one node, with the node's per-collective fits when calibrated
+    (cached per node: every size of a sweep holds the same node object)."""
+    return _NODE_LINKS.get_or_make((cluster.node,), None, lambda: _node_link(cluster.node))
+
+
+def _node_link(node: NodeProfile) -> GroupLink:
     fits = tuple((name, *node.intra_figures(name)) for name in sorted(node.collectives or ()))
     return GroupLink(node.intra_node.bytes_per_s, node.intra_node.latency_s, uses_trees(node.backend), fits)
 
