@@ -76,8 +76,9 @@ def test_never_worse_than_cp_sat_on_gpt_1t(nodes, text):
     assert closed[3] <= solved[3] * (1 + 1e-9)
 
 
-def _brute_force(rows, extras, per_layer, costs, layers, m):
-    """The least objective over every split and every device's (F, S), by enumeration."""
+def _brute_force(rows, extras, per_layer, costs, layers, m, recompute="choose"):
+    """The least objective over every split and every device's (F, S) (pinned: F or S = N, or
+    none), by enumeration."""
     best = None
     p = len(rows)
 
@@ -92,11 +93,13 @@ def _brute_force(rows, extras, per_layer, costs, layers, m):
     for split in splits(layers, p):
         times = []
         for n, device_rows, x in zip(split, rows, extras):
+            pinned = {"full": (n, 0), "selective": (0, n), "none": (0, 0)}.get(recompute)
             fitting = [
                 f * costs[0] + s * costs[1]
                 for f in range(n + 1)
                 for s in range(n - f + 1)
-                if all(
+                if (pinned is None or (f, s) == pinned)
+                and all(
                     n * r.per_layer + f * r.per_full + s * r.per_sel + (r.any_full if f else 0) <= r.limit
                     for r in device_rows
                 )
@@ -110,10 +113,11 @@ def _brute_force(rows, extras, per_layer, costs, layers, m):
     return best
 
 
-def test_the_optimum_of_every_small_case_by_enumeration():
+@pytest.mark.parametrize("recompute", ["choose", "full", "selective", "none"])
+def test_the_optimum_of_every_small_case_by_enumeration(recompute):
     """Random small pipelines (2-3 devices, 4-7 layers, 1-3 memory rows each, m of 1-6): the
-    closed form's objective is the least over every split and recomputation, or None exactly
-    where nothing fits."""
+    closed form's objective is the least over every split and recomputation (chosen, or pinned
+    as the plan's ckpt), or None exactly where nothing fits."""
     import random
 
     rng = random.Random(7)
@@ -128,6 +132,6 @@ def test_the_optimum_of_every_small_case_by_enumeration():
         ]
         extras = [rng.randint(0, 30) for _ in range(p)]
         costs = (rng.randint(5, 15), rng.randint(1, 5))
-        found = memory_balanced(rows, extras, 10, costs, layers, m, "choose")
-        expected = _brute_force(rows, extras, 10, costs, layers, m)
+        found = memory_balanced(rows, extras, 10, costs, layers, m, recompute)
+        expected = _brute_force(rows, extras, 10, costs, layers, m, recompute)
         assert (found.objective if found else None) == expected, (rows, extras, costs, layers, m)
