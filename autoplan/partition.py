@@ -171,15 +171,8 @@ def _memory_optimum(job: Job, times: LayerTimes, memory: list[DeviceMemory], cho
     found = memory_balanced(rows, extras, times.per_layer, costs, job.model.num_layers, job.m, recompute)
     if found is None:
         return None
-    order = [ids[0] for ids in rank_chunks(plan.schedule, plan.p, 1)]  # device -> its chunk
-
-    def by_chunk(per_device: tuple[int, ...]) -> tuple[int, ...]:
-        out = [0] * plan.p
-        for chunk, x in zip(order, per_device):
-            out[chunk] = x
-        return tuple(out)
-
-    return by_chunk(found.layers), by_chunk(found.full), by_chunk(found.sel), float(found.objective), "OPTIMAL"
+    # one chunk per device: device i holds chunk i (simulator.cost.schedules.rank_chunks with v = 1)
+    return found.layers, found.full, found.sel, float(found.objective), "OPTIMAL"
 
 
 def _solve(
