@@ -25,7 +25,7 @@ from autoplan.frameworks.pricing import runtime_groups
 from autoplan.space import Shape, plan_table
 from autoplan.workers import SHARED, Pool, plan_job, progress
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic.batch import estimate_batch
+from simulator.analytic.batch import estimate_groups
 from simulator.gc_pause import paused_gc
 from simulator.plan import Plan
 from simulator.plan.table import PlanTable
@@ -158,14 +158,8 @@ def _estimates(plans: PlanTable, cluster: ClusterSpec) -> tuple[np.ndarray, np.n
     runs it with (autoplan.frameworks.pricing.runtime_groups: one batch per runtime)."""
     opts = SHARED["opts"]
     groups = runtime_groups(opts.framework, opts.base_runtime, plans, cluster.node.backend)
-    if len(groups) == 1:
-        r = estimate_batch(SHARED["model"], cluster, plans, SHARED["B"], groups[0][0])
-        return r.step_time, r.peak_memory, r.fits
-    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
-    for runtime, rows in groups:
-        r = estimate_batch(SHARED["model"], cluster, plans.take(rows), SHARED["B"], runtime)
-        step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
-    return step, peak, fits
+    r = estimate_groups(SHARED["model"], cluster, plans, SHARED["B"], groups)
+    return r.step_time, r.peak_memory, r.fits
 
 
 def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:

@@ -14,8 +14,9 @@ import pytest
 from autoplan.space import enumerate_plans, offloads, precisions
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
-from simulator.analytic.batch import estimate_batch
+from simulator.analytic.batch import estimate_batch, estimate_groups
 from simulator.analytic.batch.plans import group_codes
+from simulator.analytic.batch.stages import padded_rows
 from simulator.job import Job
 from simulator.model_files import load_model
 from simulator.plan import parse_plan
@@ -108,3 +109,28 @@ def test_grouping_equals_numpy_unique(bound):
     assert np.array_equal(first, want_first) and np.array_equal(inverse, want_inverse.reshape(-1))
     empty_first, empty_inverse = group_codes(np.zeros(0, dtype=np.int64), 0)
     assert len(empty_first) == len(empty_inverse) == 0
+
+
+@pytest.mark.parametrize("case", [SPACES[0], SPACES[2]], ids=lambda c: f"{c[0]}-{c[2]}")
+def test_runtime_groups_estimated_together_equal_each_group_alone(case) -> None:
+    """estimate_groups (the plans' stages made once for every group) gives each plan what
+    estimate_batch of its group alone gives, whatever the groups and their order."""
+    from autoplan import space
+
+    name, node, nodes, B = case
+    model, cluster = load_model(name), load_cluster(node, nodes)
+    layouts = list(space.shapes(model, cluster.num_gpus, B, {}))
+    table = space.plan_table(model, layouts, {}, cluster.gpus_per_node, space.precisions(cluster.gpu, {}))
+    group = np.random.default_rng(7).integers(0, 3, len(table))
+    groups = [(rt, np.flatnonzero(group == k)) for k, rt in enumerate((PROGRAM, OVERLAPPED, CHUNKED))]
+    together = estimate_groups(model, cluster, table, B, groups[::-1])
+    for runtime, rows in groups:
+        alone = estimate_batch(model, cluster, table.take(rows), B, runtime)
+        for field in ("step_time", "peak_memory", "fits"):
+            assert np.array_equal(getattr(together, field)[rows], getattr(alone, field)), (runtime.name, field)
+
+
+def test_padded_rows_stack_arrays_of_different_lengths() -> None:
+    got = padded_rows([np.array([[1.0, 2.0]]), np.array([[3.0, 4.0], [5.0, 6.0]]), np.array([[7.0, 8.0]])], 3)
+    want = [[[1, 2], [0, 0], [0, 0]], [[3, 4], [5, 6], [0, 0]], [[7, 8], [0, 0], [0, 0]]]
+    assert got.shape == (3, 3, 2) and got.tolist() == want

@@ -42,6 +42,19 @@ def test_columns_and_values() -> None:
     assert sorted(unused.values("t")) == [1, 8]  # a row no plan has is not a value
 
 
+def test_a_taken_table_reads_its_columns_as_a_new_one_would() -> None:
+    """take() shares each factor's column codes (read once per factor rows), indexed by its own rows."""
+    table = _table()
+    table.column("ckpt")  # read before the take: its codes kept for the taken table
+    rows = np.array([4, 0, 2])
+    taken = table.take(rows)
+    fresh = PlanTable([Factor(f.names, f.rows, f.index[rows]) for f in table.factors])
+    for name in ("t", "schedule", "zero", "ckpt", "v"):
+        values, index = taken.column(name)
+        assert [values[j] for j in index.tolist()] == [getattr(table[i], name) for i in rows.tolist()]
+        assert values == fresh.column(name)[0] and np.array_equal(index, fresh.column(name)[1])
+
+
 def test_malformed_tables_are_refused() -> None:
     with pytest.raises(ValueError, match="not plan fields"):
         Factor(("t", "nodes"), [(1, 2)], np.array([0]))

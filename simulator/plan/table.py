@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
@@ -33,6 +33,9 @@ class Factor:
     names: tuple[str, ...]
     rows: Sequence[tuple[Any, ...]]
     index: np.ndarray
+    #: per field, (its distinct values, each row's index into them): read once per ``rows``,
+    #: shared with the factors :meth:`PlanTable.take` makes (a size's runtime groups read each)
+    codes: dict[str, tuple[list[Any], np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.names) - set(_DEFAULTS)
@@ -74,15 +77,19 @@ class PlanTable(Sequence[Plan]):
         """(the distinct values of the field ``name``, each plan's index into them)."""
         for f in self.factors:
             if name in f.names:
-                k = f.names.index(name)
-                per_row = [row[k] for row in f.rows]
-                code = {value: j for j, value in enumerate(dict.fromkeys(per_row))}
-                return list(code), np.array([code[v] for v in per_row], dtype=np.int64)[f.index]
+                found = f.codes.get(name)
+                if found is None:
+                    k = f.names.index(name)
+                    per_row = [row[k] for row in f.rows]
+                    code = {value: j for j, value in enumerate(dict.fromkeys(per_row))}
+                    found = f.codes[name] = (list(code), np.array([code[v] for v in per_row], dtype=np.int64))
+                values, of_row = found
+                return list(values), of_row[f.index]
         return [_DEFAULTS[name]], np.zeros(self._length, dtype=np.int64)
 
     def take(self, rows: np.ndarray) -> PlanTable:
         """The plans at positions ``rows`` (an integer array), in that order."""
-        return PlanTable([Factor(f.names, f.rows, f.index[rows]) for f in self.factors])
+        return PlanTable([Factor(f.names, f.rows, f.index[rows], f.codes) for f in self.factors])
 
     def array(self, name: str) -> np.ndarray:
         """Each plan's value of the field ``name``, as one array."""

@@ -24,14 +24,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic.batch.estimate import BatchEstimate, estimate_view
+from simulator.analytic.batch.estimate import BatchEstimate, estimate_stages, estimate_view
+from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.batch.stages import plan_stages
 from simulator.cost.rank_view import rank_model, rank_plan
 from simulator.plan import Plan
 from simulator.plan.table import PlanTable
 from simulator.runtime_spec import OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
 
-__all__ = ["BatchEstimate", "estimate_batch"]
+__all__ = ["BatchEstimate", "estimate_batch", "estimate_groups"]
 
 
 def _views(plans: Sequence[Plan]) -> set[tuple[int, int]]:
@@ -75,3 +77,26 @@ def estimate_batch(
     if views != {(1, 1)}:
         return _by_view(model, cluster, list(plans), global_batch, runtime, sorted(views))
     return estimate_view(model, cluster, plans, global_batch, runtime)
+
+
+def estimate_groups(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plans: PlanTable,
+    global_batch: int,
+    groups: Sequence[tuple[Runtime, np.ndarray]],
+) -> BatchEstimate:
+    """:func:`estimate_batch` of each group's plans (their positions in ``plans``) with the group's
+    runtime, put back in the plans' order. The plans' columns, stages and schedule counts, which
+    no runtime changes, are made once for all groups (simulator.analytic.batch.stages.plan_stages)."""
+    if len(groups) == 1:
+        return estimate_batch(model, cluster, plans, global_batch, groups[0][0])
+    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
+    shared = plan_stages(model, PlanColumns(plans, global_batch)) if _views(plans) == {(1, 1)} else None
+    for runtime, rows in groups:
+        if shared is None:
+            r = estimate_batch(model, cluster, plans.take(rows), global_batch, runtime)
+        else:
+            r = estimate_stages(model, cluster, shared.take(rows), global_batch, runtime)
+        step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
+    return BatchEstimate(step, peak, fits)

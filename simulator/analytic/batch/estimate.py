@@ -14,13 +14,13 @@ from simulator.analytic.batch.links import BatchLinks
 from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.analytic.batch.stages import (
+    PlanStages,
     StageShapes,
     busy_column,
     column,
-    schedule_counts,
+    plan_stages,
     stage_activations,
     stage_arrays,
-    stage_shapes,
 )
 from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, sharded_exposed
 from simulator.analytic.offload import offload_time, zero_infinity_exposed
@@ -71,15 +71,15 @@ class BatchEstimate:
     fits: np.ndarray
 
 
-def peak_memory(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageShapes, runtime: Runtime) -> np.ndarray:
+def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: Runtime) -> np.ndarray:
     """simulator.cost.stage_memory.stage_memory of each plan's stages, its worst stage's total."""
+    P, S, counts = X.plans, X.shapes, X.counts
     e = dtype_bytes(cluster.gpu)
     zero, shard = column(P.zero), column(P.shard_group)
     offloaded = column(~P.is_("offload", "none"))
     by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
     states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params)
-    counts = schedule_counts(model, P, S)
     working_set = P.per_plan(
         ("t",),
         lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t)),
@@ -121,9 +121,15 @@ def estimate_view(
     their rank view: simulator.cost.rank_view). Every plan's memory first; the step time only of
     those that fit in GPU memory (the others' is inf, as the planner scores them): most of a
     search's plans do not (63% of gpt3-175b's on 1,024 A100s, 86% of gpt-1t's on 3,072)."""
-    P = PlanColumns(plans, global_batch)
-    shapes = stage_shapes(model, P)
-    peak = peak_memory(model, cluster, P, shapes, runtime)
+    return estimate_stages(model, cluster, plan_stages(model, PlanColumns(plans, global_batch)), global_batch, runtime)
+
+
+def estimate_stages(
+    model: ModelSpec, cluster: ClusterSpec, X: PlanStages, global_batch: int, runtime: Runtime
+) -> BatchEstimate:
+    """:func:`estimate_view` of the plans of ``X`` (:func:`~simulator.analytic.batch.stages.plan_stages`)."""
+    P, shapes = X.plans, X.shapes
+    peak = peak_memory(model, cluster, X, runtime)
     psi = np.where(shapes.valid, shapes.params, -np.inf).max(axis=1)
     psi_sharded = np.where(shapes.valid, shapes.sharded_params, -np.inf).max(axis=1)
     psi_local = local_params(psi, P.zero, P.shard_group, psi_sharded)
@@ -131,9 +137,9 @@ def estimate_view(
     offloaded, nvme = ~P.is_("offload", "none"), P.is_("offload", "nvme")
     host_ok = host_fits(node, host_state_bytes(node.gpus_per_node, psi_local, P.zero), offloaded, nvme)
     gpu_ok = peak <= cluster.gpu.usable_memory_bytes
-    step = np.full(len(plans), np.inf)
+    step = np.full(len(P.plans), np.inf)
     rows = np.flatnonzero(gpu_ok)
-    if len(rows) == len(plans):
+    if len(rows) == len(P.plans):
         step = _step_times(model, cluster, P, shapes, global_batch, runtime, psi_local)
     elif len(rows):
         step[rows] = _step_times(
@@ -165,7 +171,9 @@ def _step_times(
     dp = DpPlan(column(P.zero), column(P.d), column(P.fp8ag), column(fsdp2))
     valid, rows = S.valid, np.arange(len(P.plans))
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
-    p2p = column(P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q))))
+    p2p = column(
+        P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q)), memo((model, cluster), "p2p"))
+    )
     sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
     sharded = sharded + zero_infinity_exposed(node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime)
     casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)
@@ -194,7 +202,7 @@ def _step_times(
     opt, off = step_end_seconds(
         offloaded, optimizer, offload_time(node, psi_local, offloaded, P.zero, nvme, runtime, P.m)
     )
-    tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)))
-    sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)))
+    tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)), memo((model, cluster), "tied"))
+    sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)), memo((cluster,), "sync"))
     step = step_seconds(pipe, dp_step_exposed(dp_exposed_s, tied, sync), gather_after, opt, off)
     return step

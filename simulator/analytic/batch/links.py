@@ -50,7 +50,7 @@ class BatchLinks:
 
     def __init__(self, cluster: ClusterSpec, P: PlanColumns):
         per, inv = P.per_key(("t", "d", "hsdp"), lambda q, i: _figures(cluster, q))
-        self._table = np.array(per)[inv][:, :, :, None]  # plans x role x (bandwidth, latency) x 1
+        self._table = np.array(per).take(inv, axis=0)[:, :, :, None]  # plans x role x (bandwidth, latency) x 1
         self._index = {key: j for j, key in enumerate(_ROLES)}
         self._ranks = {"dp": P.d[:, None], "shard": P.shard_group[:, None], "replica": P.replicas[:, None]}
 

@@ -1,7 +1,8 @@
-"""The values the batch estimate computes per distinct key that depend on neither the cluster's
-size nor the batch: one dictionary per kind of value and the objects it is computed from (by
-identity), shared by every batch of a process (the sizes of a sweep, a search's rank views),
-passed to PlanColumns.per_key as its ``memo``."""
+"""The values the batch estimate computes per distinct key, read by the key's field values: one
+dictionary per kind of value and the objects it is computed from (by identity), passed to
+PlanColumns.per_key as its ``memo``. Made from a model or a GPU profile, it is shared by every
+batch of a process (the sizes of a sweep, a search's rank views); made from a cluster (one size),
+by that size's batches (its runtime groups)."""
 
 from __future__ import annotations
 

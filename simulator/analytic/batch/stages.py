@@ -87,7 +87,7 @@ class StageShapes:
 
     def take(self, rows: np.ndarray) -> StageShapes:
         """The shapes of the plans of ``rows``, in that order."""
-        return StageShapes(**{f.name: getattr(self, f.name)[rows] for f in fields(StageShapes)})
+        return StageShapes(**{f.name: getattr(self, f.name).take(rows, axis=0) for f in fields(StageShapes)})
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,11 @@ def _plan_block_times(
             block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention, ranks, loss)
         )
 
-    blocks, block_of = P.per_key(BLOCK_KEY + (BUSY_KEY if busy is not None else ()), times)
-    return _block_arrays(np.array(blocks, dtype=float)[block_of].T[:, :, None])
+    if busy is None:  # a GPU node: the times of the plan's fields (block_times' own cache, read by field values)
+        blocks, block_of = P.per_key(BLOCK_KEY, times, memo((model, cluster), ("blocks", kernels, attention, loss)))
+    else:
+        blocks, block_of = P.per_key(BLOCK_KEY + BUSY_KEY, times)
+    return _block_arrays(np.array(blocks, dtype=float).take(block_of, axis=0).T[:, :, None])
 
 
 def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
@@ -176,10 +179,10 @@ def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
     table[:, key, slot] = np.array([(dev, count, *kind) for gs in groups for dev, kind, count in gs], dtype=float).T
     valid = np.zeros((len(groups), width), dtype=bool)
     valid[key, slot] = True
-    dev, count, n, full, sel, first, last, turn = table[:, split_of]
+    dev, count, n, full, sel, first, last, turn = table.take(split_of, axis=1)
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
     per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t), memo((model,), "rank params"))
-    layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float)[t_of].T[:, :, None]
+    layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float).take(t_of, axis=0).T[:, :, None]
     head_p = P.per_plan(
         ("t", "p"),
         lambda q, i: params.head_params_per_rank(model, q.t, q.p, padded_vocab_size(model, q.t)),
@@ -187,7 +190,7 @@ def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
     )
     stage_p = params.stage_params(n, first, last, layer_p, emb_p, head_p[:, None])
     return StageShapes(
-        valid=valid[split_of],
+        valid=valid.take(split_of, axis=0),
         dev=dev,
         count=count,
         layers=n,
@@ -236,19 +239,55 @@ class ScheduleCounts:
     embedding_in_flight: np.ndarray
     head_in_flight: np.ndarray
 
+    def take(self, rows: np.ndarray) -> ScheduleCounts:
+        """The counts of the plans of ``rows``, in that order."""
+        return ScheduleCounts(**{f.name: getattr(self, f.name).take(rows, axis=0) for f in fields(ScheduleCounts)})
+
+
+@dataclass(frozen=True)
+class PlanStages:
+    """Plans as columns with their distinct stages and their schedule's counts: what the batch
+    estimate reads that depends on the model and the plans alone, neither the cluster nor the
+    runtime (made once for a search's plans and taken for each runtime group: :func:`plan_stages`)."""
+
+    plans: PlanColumns
+    shapes: StageShapes
+    counts: ScheduleCounts
+
+    def take(self, rows: np.ndarray) -> PlanStages:
+        """The plans of ``rows``, in that order."""
+        return PlanStages(self.plans.take(rows), self.shapes.take(rows), self.counts.take(rows))
+
+
+def plan_stages(model: ModelSpec, P: PlanColumns) -> PlanStages:
+    """:class:`PlanStages` of the plans ``P`` of ``model``."""
+    shapes = stage_shapes(model, P)
+    return PlanStages(P, shapes, schedule_counts(model, P, shapes))
+
 
 def schedule_counts(model: ModelSpec, P: PlanColumns, S: StageShapes) -> ScheduleCounts:
     """:class:`ScheduleCounts` of each plan's stages (``S``: the stages of the plans ``P`` of
     ``model``), computed per split and m."""
     width, groups = S.valid.shape[1], S.valid.sum(axis=1)
 
-    def counts(q: Plan, i: int) -> list[tuple[float, float, float, float]]:
+    def counts(q: Plan, i: int) -> np.ndarray:
         m, schedule, p, v = int(P.m[i]), q.schedule, q.p, q.v
-        return [_device_counts(schedule, dev, p, m, v) for dev in S.dev[i, : int(groups[i])].astype(int).tolist()]
+        devices = S.dev[i, : int(groups[i])].astype(int).tolist()
+        return np.array([_device_counts(schedule, dev, p, m, v) for dev in devices], dtype=float)
 
     per, inv = P.per_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"))
-    padded = [c + [(0.0, 0.0, 0.0, 0.0)] * (width - len(c)) for c in per]
-    return ScheduleCounts(*np.array(padded, dtype=float)[inv].transpose(2, 0, 1))
+    return ScheduleCounts(*padded_rows(per, width).take(inv, axis=0).transpose(2, 0, 1))
+
+
+def padded_rows(per: list[np.ndarray], width: int) -> np.ndarray:
+    """The arrays ``per`` (each n_k x f, n_k <= ``width``) as one (len(per) x width x f) array,
+    each padded with zeros after its n_k rows."""
+    lengths = np.fromiter(map(len, per), np.int64, len(per))
+    flat = np.concatenate(per)
+    out = np.zeros((len(per), width, flat.shape[1]))
+    key = np.repeat(np.arange(len(per)), lengths)
+    out[key, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
+    return out
 
 
 @functools.lru_cache(maxsize=65536)
@@ -288,7 +327,7 @@ def stage_activations(
         )
 
     per, inv = P.per_key(("t", "sp", "mb", "prec"), per_layer, memo((model, cluster.gpu), ("activations", kernels)))
-    pf, ps, pn, w_in, emb = (a[:, None] for a in np.array(per, dtype=float)[inv].T)
+    pf, ps, pn, w_in, emb = (a[:, None] for a in np.array(per, dtype=float).take(inv, axis=0).T)
     n, full, sel = S.layers, S.full_layers, S.selective_layers
     occupied = held_activations(counts.in_flight, n, full, sel, pf, ps, pn)
     gpipe_kept = (P.is_("schedule", "gpipe") & (P.m > 1))[:, None]
