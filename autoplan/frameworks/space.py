@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from autoplan.frameworks import Framework
@@ -16,6 +17,7 @@ from simulator.specs import ModelSpec
 
 #: the shape fields the profile's rules read (the rest, d and mb, never change the answer)
 _SHAPE_KEYS = ("t", "p", "cp", "ep", "schedule", "sp")
+_SHAPE_KEY = attrgetter(*_SHAPE_KEYS)  # a shape's values of them, as one tuple
 
 
 #: each framework's and model's rules (shape_rule, option_rule), kept: every size of a sweep asks
@@ -31,7 +33,7 @@ def _shape_rule(fw: Framework, model: ModelSpec) -> Callable[[Shape], bool]:
     cache: dict[tuple[Any, ...], bool] = {}
 
     def runs(shape: Shape) -> bool:
-        key = tuple(getattr(shape, k) for k in _SHAPE_KEYS)
+        key = _SHAPE_KEY(shape)
         found = cache.get(key)
         if found is None:
             found = cache[key] = next(fw.refusals(model, dict(zip(_SHAPE_KEYS, key))), None) is None
