@@ -36,6 +36,11 @@ def group_codes(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     return first, inverse
 
 
+def _no_plan(i: int) -> None:
+    """PlanColumns.per_key's plan for a value that reads the columns alone."""
+    return None
+
+
 class PlanColumns:
     """The plans' fields as arrays (one row per plan), read from the plans in one pass (from a
     :class:`~simulator.plan.table.PlanTable`, its columns as they are), and the grouping of the
@@ -62,6 +67,7 @@ class PlanColumns:
                 code = self._values[name] = {value: j for j, value in enumerate(dict.fromkeys(column))}
                 self._codes[name] = (np.fromiter(map(code.__getitem__, column), np.int64, n), len(code))
         self._read: dict[int, Plan] = {}  # the plans read so far, by row (a PlanTable makes each anew)
+        self._lists: dict[str, list] | None = None  # _value_lists
         self.col["m"] = microbatches(global_batch, self.col["d"], self.col["mb"])
         self._name_columns()
 
@@ -80,6 +86,7 @@ class PlanColumns:
         sub.col = {name: values[rows] for name, values in self.col.items()}
         sub._codes = {name: (code[rows], n) for name, (code, n) in self._codes.items()}
         sub._values = self._values
+        sub._lists = self._lists
         sub._read = {}
         sub._name_columns()
         return sub
@@ -97,13 +104,18 @@ class PlanColumns:
         return self._codes[name]
 
     def per_key(
-        self, names: Sequence[str], value: Callable[[Plan, int], Any], memo: dict | None = None
+        self,
+        names: Sequence[str],
+        value: Callable[[Plan | None, int], Any],
+        memo: dict | None = None,
+        reads_plan: bool = True,
     ) -> tuple[list, np.ndarray]:
         """(``value(plan, i)`` of each distinct combination of the fields ``names``, for i the
         first plan that has it; the index of each plan's combination in that list). ``memo``: the
         values found before, by the fields' values (a dictionary shared by every batch whose
         ``value`` gives the same for the same fields: the sizes of a sweep, the rank views of a
-        search), read first and filled with what is new."""
+        search), read first and filled with what is new. ``reads_plan`` False: ``value`` reads
+        the plan's columns at row i, and is given None for the plan (not made)."""
         key = np.zeros(len(self.plans), dtype=np.int64)
         combinations = 1
         for name in names:  # mixed radix: each field's code a digit (fewer than 2**63 combinations)
@@ -111,13 +123,14 @@ class PlanColumns:
             key = key * n + code
             combinations *= n
         first, inverse = group_codes(key, combinations)
+        plan = self.plan if reads_plan else _no_plan
         if memo is None:
-            return [value(self.plan(i), i) for i in first.tolist()], inverse
+            return [value(plan(i), i) for i in first.tolist()], inverse
         found = []
         for i, fields in zip(first.tolist(), self._field_values(names, first)):
             hit = memo.get(fields, memo)  # the memo itself: not found (no value is the memo)
             if hit is memo:
-                hit = memo[fields] = value(self.plan(i), i)
+                hit = memo[fields] = value(plan(i), i)
             found.append(hit)
         return found, inverse
 
@@ -126,11 +139,23 @@ class PlanColumns:
         columns = []
         for name in names:
             if name in self._values:  # coded: the values in the order of their codes
-                values = list(self._values[name])
+                values = self._value_lists()[name]
                 columns.append([values[c] for c in self._codes[name][0][rows].tolist()])
             else:
                 columns.append(self.col[name][rows].tolist())
         return list(zip(*columns))
+
+    def value_of(self, name: str, i: int) -> Any:
+        """The field ``name`` of the plan of row ``i``, read from its column."""
+        if name in self._values:
+            return self._value_lists()[name][int(self._codes[name][0][i])]
+        return int(self.col[name][i])
+
+    def _value_lists(self) -> dict[str, list]:
+        """Each coded field's values in the order of their codes (made once)."""
+        if self._lists is None:
+            self._lists = {name: list(values) for name, values in self._values.items()}
+        return self._lists
 
     def plan(self, i: int) -> Plan:
         """The plan of row ``i``, made once (the keys' first rows repeat across groupings)."""

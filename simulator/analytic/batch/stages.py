@@ -60,6 +60,12 @@ _BLOCK_FIELDS = attrgetter(
 )
 
 
+def by_key(per: list, inverse: np.ndarray) -> np.ndarray:
+    """Each plan's tuple of :meth:`PlanColumns.per_key` values (``per``, ``inverse``), as one
+    row per tuple field (fields x plans, each field's row contiguous)."""
+    return np.ascontiguousarray(np.array(per, dtype=float).T).take(inverse, axis=1)
+
+
 def column(values: Any) -> Any:
     """A per-plan array as a column beside the stages (plans x 1)."""
     return values[:, None]
@@ -165,7 +171,7 @@ def _plan_block_times(
         blocks, block_of = P.per_key(BLOCK_KEY, times, memo((model, cluster), ("blocks", kernels, attention, loss)))
     else:
         blocks, block_of = P.per_key(BLOCK_KEY + BUSY_KEY, times)
-    return _block_arrays(np.array(blocks, dtype=float).take(block_of, axis=0).T[:, :, None])
+    return _block_arrays(by_key(blocks, block_of)[:, :, None])
 
 
 def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
@@ -182,7 +188,7 @@ def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
     dev, count, n, full, sel, first, last, turn = table.take(split_of, axis=1)
     first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
     per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t), memo((model,), "rank params"))
-    layer_p, sharded_extra, emb_p = np.array(per_t, dtype=float).take(t_of, axis=0).T[:, :, None]
+    layer_p, sharded_extra, emb_p = by_key(per_t, t_of)[:, :, None]
     head_p = P.per_plan(
         ("t", "p"),
         lambda q, i: params.head_params_per_rank(model, q.t, q.p, padded_vocab_size(model, q.t)),
@@ -270,13 +276,14 @@ def schedule_counts(model: ModelSpec, P: PlanColumns, S: StageShapes) -> Schedul
     ``model``), computed per split and m."""
     width, groups = S.valid.shape[1], S.valid.sum(axis=1)
 
-    def counts(q: Plan, i: int) -> np.ndarray:
-        m, schedule, p, v = int(P.m[i]), q.schedule, q.p, q.v
+    def counts(_: None, i: int) -> np.ndarray:
+        m, schedule, p, v = int(P.m[i]), P.value_of("schedule", i), int(P.p[i]), int(P.v[i])
         devices = S.dev[i, : int(groups[i])].astype(int).tolist()
         return np.array([_device_counts(schedule, dev, p, m, v) for dev in devices], dtype=float)
 
-    per, inv = P.per_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"))
-    return ScheduleCounts(*padded_rows(per, width).take(inv, axis=0).transpose(2, 0, 1))
+    per, inv = P.per_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"), reads_plan=False)
+    by_field = np.ascontiguousarray(padded_rows(per, width).transpose(2, 0, 1))  # each field's rows contiguous
+    return ScheduleCounts(*by_field.take(inv, axis=1))
 
 
 def padded_rows(per: list[np.ndarray], width: int) -> np.ndarray:
@@ -327,7 +334,7 @@ def stage_activations(
         )
 
     per, inv = P.per_key(("t", "sp", "mb", "prec"), per_layer, memo((model, cluster.gpu), ("activations", kernels)))
-    pf, ps, pn, w_in, emb = (a[:, None] for a in np.array(per, dtype=float).take(inv, axis=0).T)
+    pf, ps, pn, w_in, emb = by_key(per, inv)[:, :, None]
     n, full, sel = S.layers, S.full_layers, S.selective_layers
     occupied = held_activations(counts.in_flight, n, full, sel, pf, ps, pn)
     gpipe_kept = (P.is_("schedule", "gpipe") & (P.m > 1))[:, None]
