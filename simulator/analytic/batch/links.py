@@ -12,6 +12,7 @@ import numpy as np
 
 from hwprofiles.algorithms import Collective
 from hwprofiles.schema import ClusterSpec
+from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.analytic.data_parallel import dp_links
 from simulator.cost.collectives import GroupLink, ring_seconds
@@ -49,7 +50,7 @@ class BatchLinks:
     traffic uses, and those collectives' times (simulator.analytic.data_parallel.DpCollectives)."""
 
     def __init__(self, cluster: ClusterSpec, P: PlanColumns):
-        per, inv = P.per_key(("t", "d", "hsdp"), lambda q, i: _figures(cluster, q))
+        per, inv = P.per_key(("t", "d", "hsdp"), lambda q, i: _figures(cluster, q), memo((cluster,), "dp link figures"))
         self._table = np.array(per).take(inv, axis=0)[:, :, :, None]  # plans x role x (bandwidth, latency) x 1
         self._index = {key: j for j, key in enumerate(_ROLES)}
         self._ranks = {"dp": P.d[:, None], "shard": P.shard_group[:, None], "replica": P.replicas[:, None]}
