@@ -15,7 +15,7 @@ from autoplan.space import enumerate_plans, offloads, precisions
 from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.analytic.batch import estimate_batch, estimate_groups
-from simulator.analytic.batch.plans import group_codes
+from simulator.analytic.batch.plans import PlanColumns, group_codes
 from simulator.analytic.batch.stages import padded_rows
 from simulator.job import Job
 from simulator.model_files import load_model
@@ -134,3 +134,21 @@ def test_padded_rows_stack_arrays_of_different_lengths() -> None:
     got = padded_rows([np.array([[1.0, 2.0]]), np.array([[3.0, 4.0], [5.0, 6.0]]), np.array([[7.0, 8.0]])], 3)
     want = [[[1, 2], [0, 0], [0, 0]], [[3, 4], [5, 6], [0, 0]], [[7, 8], [0, 0], [0, 0]]]
     assert got.shape == (3, 3, 2) and got.tolist() == want
+
+
+def test_values_read_from_the_columns_are_the_plans_fields() -> None:
+    """per_row_key (a value reading PlanColumns.value_of, no Plan made) groups and answers as
+    per_key does with the plans themselves."""
+    from autoplan import space
+
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", 16)
+    layouts = list(space.shapes(model, cluster.num_gpus, 256, {}))
+    table = space.plan_table(model, layouts, {}, cluster.gpus_per_node, space.precisions(cluster.gpu, {}))
+    P = PlanColumns(table, 256).take(np.arange(len(table))[::-3])
+    names = ("schedule", "p", "ckpt", "zero")
+    by_rows = P.per_row_key(names, lambda i: tuple(P.value_of(n, i) for n in names))
+    by_plans = P.per_key(names, lambda q, i: tuple(getattr(q, n) for n in names))
+    assert by_rows[0] == by_plans[0] and np.array_equal(by_rows[1], by_plans[1])
+    assert len(by_rows[0]) > 10
+    got = [by_rows[0][k] for k in by_rows[1].tolist()]
+    assert got == [tuple(getattr(P.plans[i], n) for n in names) for i in range(len(P.plans))]

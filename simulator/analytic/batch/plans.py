@@ -36,11 +36,6 @@ def group_codes(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     return first, inverse
 
 
-def _no_plan(i: int) -> None:
-    """PlanColumns.per_key's plan for a value that reads the columns alone."""
-    return None
-
-
 class PlanColumns:
     """The plans' fields as arrays (one row per plan), read from the plans in one pass (from a
     :class:`~simulator.plan.table.PlanTable`, its columns as they are), and the grouping of the
@@ -104,18 +99,20 @@ class PlanColumns:
         return self._codes[name]
 
     def per_key(
-        self,
-        names: Sequence[str],
-        value: Callable[[Plan | None, int], Any],
-        memo: dict | None = None,
-        reads_plan: bool = True,
+        self, names: Sequence[str], value: Callable[[Plan, int], Any], memo: dict | None = None
     ) -> tuple[list, np.ndarray]:
         """(``value(plan, i)`` of each distinct combination of the fields ``names``, for i the
         first plan that has it; the index of each plan's combination in that list). ``memo``: the
         values found before, by the fields' values (a dictionary shared by every batch whose
         ``value`` gives the same for the same fields: the sizes of a sweep, the rank views of a
-        search), read first and filled with what is new. ``reads_plan`` False: ``value`` reads
-        the plan's columns at row i, and is given None for the plan (not made)."""
+        search), read first and filled with what is new."""
+        return self.per_row_key(names, lambda i: value(self.plan(i), i), memo)
+
+    def per_row_key(
+        self, names: Sequence[str], value: Callable[[int], Any], memo: dict | None = None
+    ) -> tuple[list, np.ndarray]:
+        """:meth:`per_key` of a ``value`` that reads the plan of row i from the columns
+        (:meth:`value_of`), no :class:`Plan` made."""
         key = np.zeros(len(self.plans), dtype=np.int64)
         combinations = 1
         for name in names:  # mixed radix: each field's code a digit (fewer than 2**63 combinations)
@@ -123,14 +120,13 @@ class PlanColumns:
             key = key * n + code
             combinations *= n
         first, inverse = group_codes(key, combinations)
-        plan = self.plan if reads_plan else _no_plan
         if memo is None:
-            return [value(plan(i), i) for i in first.tolist()], inverse
+            return [value(i) for i in first.tolist()], inverse
         found = []
         for i, fields in zip(first.tolist(), self._field_values(names, first)):
             hit = memo.get(fields, memo)  # the memo itself: not found (no value is the memo)
             if hit is memo:
-                hit = memo[fields] = value(plan(i), i)
+                hit = memo[fields] = value(i)
             found.append(hit)
         return found, inverse
 

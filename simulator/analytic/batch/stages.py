@@ -276,12 +276,12 @@ def schedule_counts(model: ModelSpec, P: PlanColumns, S: StageShapes) -> Schedul
     ``model``), computed per split and m."""
     width, groups = S.valid.shape[1], S.valid.sum(axis=1)
 
-    def counts(_: None, i: int) -> np.ndarray:
+    def counts(i: int) -> np.ndarray:
         m, schedule, p, v = int(P.m[i]), P.value_of("schedule", i), int(P.p[i]), int(P.v[i])
         devices = S.dev[i, : int(groups[i])].astype(int).tolist()
         return np.array([_device_counts(schedule, dev, p, m, v) for dev in devices], dtype=float)
 
-    per, inv = P.per_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"), reads_plan=False)
+    per, inv = P.per_row_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"))
     by_field = np.ascontiguousarray(padded_rows(per, width).transpose(2, 0, 1))  # each field's rows contiguous
     return ScheduleCounts(*by_field.take(inv, axis=1))
 
