@@ -132,6 +132,7 @@ _BLOCKS = IdentityCache(4096)
 _ATTENTION_GPUS = IdentityCache(64)
 _SLOWDOWNS = IdentityCache(1024)  # compute_slowdown per node, ranks and busy ranks
 _WORK = IdentityCache(4096)  # block_work per model and GPU
+_COMM = IdentityCache(4096)  # _comm_times per model, node and GPU
 
 
 def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
@@ -261,8 +262,7 @@ def _block_times(
     gpu = _ATTENTION_GPUS.get_or_make((cluster.gpu,), attention, lambda: cluster.gpu.for_attention(attention))
     e = dtype_bytes(gpu)
     slow, dev = compute_slowdown(cluster, busy), device_slowdown(cluster)
-    act = boundary_activation_bytes(model, mb, e)
-    link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    act, all_reduce, all_to_all, loss_comm = _comm_times(model, cluster, gpu, t, mb, loss)
     asy = host_async(cluster)
     eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, gpu, t, mb, e, slow, asy, dev)
@@ -278,13 +278,42 @@ def _block_times(
         layer=layer,
         embedding=at_pace(work.embedding, (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None),
         head=at_pace(work.head, (eager.head_forward_us, eager.head_backward_us) if eager else None),
-        tp_all_reduce=_tp_all_reduce(collectives.all_reduce_time(act, t, link), t, sp, kernels, asy, gpu, layer_fwd),
+        tp_all_reduce=_tp_all_reduce(all_reduce, t, sp, kernels, asy, gpu, layer_fwd),
         act_bytes=act,
         cp_forward=cp_f,
         cp_backward=cp_b,
         fp8_weight_cast=cast,
-        ep_all_to_all=experts.all_to_all_time(model, cluster, mb, t, e),
-        loss_comm=loss_collectives_time(loss, mb * model.seq_length, t, link, padded_vocab_size(model, t) * e),
+        ep_all_to_all=all_to_all,
+        loss_comm=loss_comm,
+    )
+
+
+def _comm_times(
+    model: ModelSpec, cluster: ClusterSpec, gpu: GpuProfile, t: int, mb: int, loss: CrossEntropy
+) -> tuple[float, float, float, float]:
+    """(one boundary activation's bytes, one TP all-reduce of it, one expert all-to-all, the
+    loss's collectives) of a microbatch of ``mb`` on ``gpu`` (the layer's attention kernel's
+    view of the cluster's). Where the TP and EP groups sit inside one node they depend on the
+    node alone (its links and waits), so they are cached per model, node and GPU: every size of
+    a sweep shares them (with_nodes keeps the node object)."""
+    gpn = cluster.gpus_per_node
+    ep_shape = layout.group_shape(experts.expert_parallel(model), t, gpn)
+    if layout.tp_shape(t, gpn).nodes > 1 or ep_shape.nodes > 1:
+        return _comm(model, cluster, gpu, t, mb, loss)
+    return _COMM.get_or_make((model, cluster.node, gpu), (t, mb, loss), lambda: _comm(model, cluster, gpu, t, mb, loss))
+
+
+def _comm(
+    model: ModelSpec, cluster: ClusterSpec, gpu: GpuProfile, t: int, mb: int, loss: CrossEntropy
+) -> tuple[float, float, float, float]:
+    e = dtype_bytes(gpu)
+    act = boundary_activation_bytes(model, mb, e)
+    link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
+    return (
+        act,
+        collectives.all_reduce_time(act, t, link),
+        experts.all_to_all_time(model, cluster, mb, t, e),
+        loss_collectives_time(loss, mb * model.seq_length, t, link, padded_vocab_size(model, t) * e),
     )
 
 
