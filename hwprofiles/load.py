@@ -236,15 +236,16 @@ def with_nodes(cluster: ClusterSpec, nodes: int) -> ClusterSpec:
     """``cluster`` with ``nodes`` nodes, renamed where its name counts them (a node's cluster,
     :func:`_node_cluster_name`; a cluster file's name is kept), checked as a cluster file of that
     size is (a node without NICs makes no cluster of several): SpecError otherwise. It holds
-    ``cluster``'s very node (and GPU) object, equal to the checked one."""
+    ``cluster``'s very node (and GPU) and network objects, equal to the checked ones."""
     counted = _node_cluster_name(cluster.node, cluster.nodes)
     name = cluster.name
     if name == counted or name.startswith(f"{counted}-"):  # also <node>-x<N>-<G>gpn (--gpus-per-node)
         name = _node_cluster_name(cluster.node, nodes) + name[len(counted) :]
     data = {**cluster.model_dump(), "nodes": nodes, "name": name}
     sized = build(ClusterSpec, data, f"cluster {cluster.name} on {nodes} nodes")
-    # what the estimators cache per GPU by identity (simulator.cost.block_times.block_work) serves every size
-    return sized.model_copy(update={"node": cluster.node})
+    # what the estimators cache per node, GPU or network by identity (simulator.cost.block_times,
+    # simulator.analytic.pipeline.p2p_seconds) serves every size: a network does not depend on the size
+    return sized.model_copy(update={"node": cluster.node, "network": cluster.network})
 
 
 def load_cluster(ref: str, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterSpec:

@@ -82,10 +82,23 @@ def stage_microbatch(total: Any, weight_casts: Any, sends: Any, p2p: Any, sharde
 
 
 def p2p_exposed(job: Job) -> float:
-    """Seconds of one pipeline send (cached per model, cluster and layout; see _p2p_time)."""
+    """Seconds of one pipeline send of ``job``'s plan (:func:`p2p_seconds`)."""
     plan = job.plan
+    return p2p_seconds(job.model, job.cluster, plan.t, plan.sp, plan.mb, plan.p, plan.d)
+
+
+def p2p_seconds(model: ModelSpec, cluster: ClusterSpec, t: int, sp: int, mb: int, p: int, d: int) -> float:
+    """Seconds of one pipeline send (:func:`_p2p_time`) of a plan with these fields; 0 with one
+    stage. It depends on the plan through t, sp, mb and whether a stage boundary crosses nodes,
+    and on the cluster through its node and network alone: cached per model, node and network
+    (every size of a sweep holds the same ones: hwprofiles.load.with_nodes)."""
+    if p == 1:
+        return 0.0
+    crosses = layout.pp_crosses_nodes(t, p, d, cluster.gpus_per_node)
     return _P2P.get_or_make(
-        (job.model, job.cluster), (plan.t, plan.sp, plan.mb, plan.p, plan.d), lambda: _p2p_time(job)
+        (model, cluster.node, cluster.network),
+        (t, bool(sp), mb, crosses),
+        lambda: _p2p_time(model, cluster, Plan(t=t, sp=sp, mb=mb, p=p, d=d)),
     )
 
 
@@ -100,15 +113,12 @@ def _pipeline_link(cluster: ClusterSpec, plan: Plan) -> tuple[float, float, bool
     return (*node.intra_figures("send_recv"), False)
 
 
-def _p2p_time(job: Job) -> float:
+def _p2p_time(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     """Seconds of one pipeline send (b*s*h elements). With t > 1 across nodes each TP rank
     sends b*s*h/t over its own NIC and the receivers all-gather over NVLink (Megatron's
     scatter/gather optimization, Narayanan et al. 2021, section 4.1). Inside a node the
     receiver may wait for a busy core (collectives.in_pass_wait)."""
-    plan, cluster = job.plan, job.cluster
-    if plan.p == 1:
-        return 0.0
-    act = boundary_activation_bytes(job.model, plan.mb, dtype_bytes(cluster.gpu))
+    act = boundary_activation_bytes(model, plan.mb, dtype_bytes(cluster.gpu))
     bw, lat, crosses = _pipeline_link(cluster, plan)
     size, extra = pipeline_send(cluster, plan, act, crosses)
     return collectives.p2p_time(size, bw, lat) + extra

@@ -26,7 +26,7 @@ from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, 
 from simulator.analytic.offload import offload_time, zero_infinity_exposed
 from simulator.analytic.pipeline import (
     ScheduleKind,
-    p2p_exposed,
+    p2p_seconds,
     p2p_sends,
     pipeline_bubble,
     skipped_recompute,
@@ -172,7 +172,9 @@ def _step_times(
     valid, rows = S.valid, np.arange(len(P.plans))
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
     p2p = column(
-        P.per_plan(("t", "sp", "mb", "p", "d"), lambda q, i: p2p_exposed(job_of(q)), memo((model, cluster), "p2p"))
+        P.per_row(
+            ("t", "sp", "mb", "p", "d"), lambda i: p2p_seconds(model, cluster, *P.ints(("t", "sp", "mb", "p", "d"), i))
+        )
     )
     sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
     sharded = sharded + zero_infinity_exposed(node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime)

@@ -141,6 +141,10 @@ class PlanColumns:
                 columns.append(self.col[name][rows].tolist())
         return list(zip(*columns))
 
+    def ints(self, names: Sequence[str], i: int) -> tuple[int, ...]:
+        """The integer fields ``names`` of the plan of row ``i``, read from their columns."""
+        return tuple(int(self.col[name][i]) for name in names)
+
     def value_of(self, name: str, i: int) -> Any:
         """The field ``name`` of the plan of row ``i``, read from its column."""
         if name in self._values:
@@ -165,4 +169,9 @@ class PlanColumns:
     ) -> np.ndarray:
         """:meth:`per_key`'s values put back in the plans' order (a float per plan)."""
         values, inverse = self.per_key(names, value, memo)
+        return np.array(values, dtype=float)[inverse]
+
+    def per_row(self, names: Sequence[str], value: Callable[[int], float], memo: dict | None = None) -> np.ndarray:
+        """:meth:`per_row_key`'s values put back in the plans' order (a float per plan)."""
+        values, inverse = self.per_row_key(names, value, memo)
         return np.array(values, dtype=float)[inverse]
