@@ -161,16 +161,17 @@ def _plan_block_times(
     once per distinct (t, sp, mb, prec), and per distinct :data:`BUSY_KEY` where the node's ranks
     share its processor (``busy``: :func:`busy_column`): the times depend on how many compute at once."""
 
-    def times(q: Plan, i: int) -> tuple[float, ...]:
+    def times(i: int) -> tuple[float, ...]:
+        t, sp, mb = P.ints(("t", "sp", "mb"), i)
         ranks = None if busy is None else busy[i]
-        return _BLOCK_FIELDS(
-            block_times(model, cluster, q.t, bool(q.sp), q.mb, q.prec, kernels, attention, ranks, loss)
-        )
+        prec = P.value_of("prec", i)
+        return _BLOCK_FIELDS(block_times(model, cluster, t, bool(sp), mb, prec, kernels, attention, ranks, loss))
 
     if busy is None:  # a GPU node: the times of the plan's fields (block_times' own cache, read by field values)
-        blocks, block_of = P.per_key(BLOCK_KEY, times, memo((model, cluster), ("blocks", kernels, attention, loss)))
+        memo_ = memo((model, cluster), ("blocks", kernels, attention, loss))
+        blocks, block_of = P.per_row_key(BLOCK_KEY, times, memo_)
     else:
-        blocks, block_of = P.per_key(BLOCK_KEY + BUSY_KEY, times)
+        blocks, block_of = P.per_row_key(BLOCK_KEY + BUSY_KEY, times)
     return _block_arrays(by_key(blocks, block_of)[:, :, None])
 
 
