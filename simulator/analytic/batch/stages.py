@@ -278,9 +278,8 @@ def schedule_counts(model: ModelSpec, P: PlanColumns, S: StageShapes) -> Schedul
     width, groups = S.valid.shape[1], S.valid.sum(axis=1)
 
     def counts(i: int) -> np.ndarray:
-        m, schedule, p, v = int(P.m[i]), P.value_of("schedule", i), int(P.p[i]), int(P.v[i])
-        devices = S.dev[i, : int(groups[i])].astype(int).tolist()
-        return np.array([_device_counts(schedule, dev, p, m, v) for dev in devices], dtype=float)
+        devices = tuple(S.dev[i, : int(groups[i])].astype(int).tolist())
+        return _split_counts(P.value_of("schedule", i), int(P.p[i]), int(P.m[i]), int(P.v[i]), devices)
 
     per, inv = P.per_row_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"))
     by_field = np.ascontiguousarray(padded_rows(per, width).transpose(2, 0, 1))  # each field's rows contiguous
@@ -296,6 +295,13 @@ def padded_rows(per: list[np.ndarray], width: int) -> np.ndarray:
     key = np.repeat(np.arange(len(per)), lengths)
     out[key, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
     return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _split_counts(schedule: str, p: int, m: int, v: int, devices: tuple[int, ...]) -> np.ndarray:
+    """The :func:`_device_counts` of each of ``devices`` (a split's first device of each kind), one
+    row each (cached: the splits that differ in their recomputation alone have the same devices)."""
+    return np.array([_device_counts(schedule, dev, p, m, v) for dev in devices], dtype=float)
 
 
 @functools.lru_cache(maxsize=65536)
