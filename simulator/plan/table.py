@@ -87,8 +87,8 @@ class PlanTable(Sequence[Plan]):
                 return list(values), of_row[f.index]
         return [_DEFAULTS[name]], np.zeros(self._length, dtype=np.int64)
 
-    def take(self, rows: np.ndarray) -> PlanTable:
-        """The plans at positions ``rows`` (an integer array), in that order."""
+    def take(self, rows: np.ndarray | slice) -> PlanTable:
+        """The plans at positions ``rows`` (an integer array, or a slice), in that order."""
         return PlanTable([Factor(f.names, f.rows, f.index[rows], f.codes) for f in self.factors])
 
     def array(self, name: str) -> np.ndarray:

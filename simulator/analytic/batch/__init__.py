@@ -92,11 +92,17 @@ def estimate_groups(
     if len(groups) == 1:
         return estimate_batch(model, cluster, plans, global_batch, groups[0][0])
     step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
-    shared = plan_stages(model, PlanColumns(plans, global_batch)) if _views(plans) == {(1, 1)} else None
-    for runtime, rows in groups:
-        if shared is None:
+    if _views(plans) != {(1, 1)}:
+        for runtime, rows in groups:
             r = estimate_batch(model, cluster, plans.take(rows), global_batch, runtime)
-        else:
-            r = estimate_stages(model, cluster, shared.take(rows), global_batch, runtime)
+            step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
+        return BatchEstimate(step, peak, fits)
+    order = np.concatenate([rows for _, rows in groups])  # the plans group by group: each group a slice
+    shared = plan_stages(model, PlanColumns(plans.take(order), global_batch))
+    start = 0
+    for runtime, rows in groups:
+        stop = start + len(rows)
+        r = estimate_stages(model, cluster, shared.take(slice(start, stop)), global_batch, runtime)
         step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
+        start = stop
     return BatchEstimate(step, peak, fits)

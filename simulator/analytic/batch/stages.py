@@ -20,7 +20,7 @@ import numpy as np
 
 from hwprofiles.schema import AttentionKernel, ClusterSpec
 from simulator.analytic.batch.memo import memo
-from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.batch.plans import PlanColumns, Rows, take_rows
 from simulator.cost import memory, params
 from simulator.cost.block_times import BlockTimes, block_times, busy_ranks, host_async
 from simulator.cost.ops import dtype_bytes
@@ -91,9 +91,9 @@ class StageShapes:
     layer_params: np.ndarray  # the stage's transformer layers' parameters on one rank
     layer_params_each: np.ndarray  # one layer's (plans x 1)
 
-    def take(self, rows: np.ndarray) -> StageShapes:
+    def take(self, rows: Rows) -> StageShapes:
         """The shapes of the plans of ``rows``, in that order."""
-        return StageShapes(**{f.name: getattr(self, f.name).take(rows, axis=0) for f in fields(StageShapes)})
+        return StageShapes(**{f.name: take_rows(getattr(self, f.name), rows) for f in fields(StageShapes)})
 
 
 @dataclass(frozen=True)
@@ -246,9 +246,9 @@ class ScheduleCounts:
     embedding_in_flight: np.ndarray
     head_in_flight: np.ndarray
 
-    def take(self, rows: np.ndarray) -> ScheduleCounts:
+    def take(self, rows: Rows) -> ScheduleCounts:
         """The counts of the plans of ``rows``, in that order."""
-        return ScheduleCounts(**{f.name: getattr(self, f.name).take(rows, axis=0) for f in fields(ScheduleCounts)})
+        return ScheduleCounts(**{f.name: take_rows(getattr(self, f.name), rows) for f in fields(ScheduleCounts)})
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class PlanStages:
     shapes: StageShapes
     counts: ScheduleCounts
 
-    def take(self, rows: np.ndarray) -> PlanStages:
+    def take(self, rows: Rows) -> PlanStages:
         """The plans of ``rows``, in that order."""
         return PlanStages(self.plans.take(rows), self.shapes.take(rows), self.counts.take(rows))
 
