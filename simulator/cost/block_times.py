@@ -132,7 +132,7 @@ _BLOCKS = IdentityCache(4096)
 _ATTENTION_GPUS = IdentityCache(64)
 _SLOWDOWNS = IdentityCache(1024)  # compute_slowdown per node, ranks and busy ranks
 _WORK = IdentityCache(4096)  # block_work per model and GPU
-_COMM = IdentityCache(4096)  # _comm_times per model, node and GPU
+_COMM = IdentityCache(4096)  # _comm_times per model, node, network and GPU
 
 
 def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
@@ -293,14 +293,12 @@ def _comm_times(
 ) -> tuple[float, float, float, float]:
     """(one boundary activation's bytes, one TP all-reduce of it, one expert all-to-all, the
     loss's collectives) of a microbatch of ``mb`` on ``gpu`` (the layer's attention kernel's
-    view of the cluster's). Where the TP and EP groups sit inside one node they depend on the
-    node alone (its links and waits), so they are cached per model, node and GPU: every size of
-    a sweep shares them (with_nodes keeps the node object)."""
-    gpn = cluster.gpus_per_node
-    ep_shape = layout.group_shape(experts.expert_parallel(model), t, gpn)
-    if layout.tp_shape(t, gpn).nodes > 1 or ep_shape.nodes > 1:
-        return _comm(model, cluster, gpu, t, mb, loss)
-    return _COMM.get_or_make((model, cluster.node, gpu), (t, mb, loss), lambda: _comm(model, cluster, gpu, t, mb, loss))
+    view of the cluster's). Their groups' links depend on the node and the network alone
+    (simulator.cost.collectives.group_link), so they are cached per model, node, network and
+    GPU: every size of a sweep shares them (hwprofiles.load.with_nodes keeps those objects)."""
+    return _COMM.get_or_make(
+        (model, cluster.node, cluster.network, gpu), (t, mb, loss), lambda: _comm(model, cluster, gpu, t, mb, loss)
+    )
 
 
 def _comm(

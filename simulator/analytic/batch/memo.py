@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from hwprofiles.schema import ClusterSpec
 from simulator.cost.cache import IdentityCache
 
-_MEMOS = IdentityCache(256)
+_MEMOS = IdentityCache(256)  # from models and GPU profiles: what every size of a sweep shares
+_SIZE_MEMOS = IdentityCache(64)  # from a cluster (one size): emptied as a sweep moves on, the others kept
 
 
 def memo(objs: tuple[Any, ...], kind: Hashable) -> dict:
-    """The dictionary of the values of ``kind`` computed from ``objs`` (a model, a GPU profile)."""
-    return _MEMOS.get_or_make(objs, kind, dict)
+    """The dictionary of the values of ``kind`` computed from ``objs`` (a model, a GPU profile,
+    a cluster)."""
+    cache = _SIZE_MEMOS if any(isinstance(o, ClusterSpec) for o in objs) else _MEMOS
+    return cache.get_or_make(objs, kind, dict)
