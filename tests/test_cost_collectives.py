@@ -160,7 +160,7 @@ def test_the_losses_collectives_over_the_split_vocabulary():
     runs those three on each of 8 chunks of 500 bytes: 24 (0.5 us + 2 steps); DeepSpeed's AutoTP
     all-gathers the logits, 1,000 tokens of 100 bytes (50 bf16 logits) each: 100,000 bytes
     gathered, 50 us + 1 step; a whole-vocabulary loss runs none, and t = 1 none."""
-    from simulator.cost.block_times import loss_collectives_time
+    from simulator.cost.block_comm import loss_collectives_time
 
     link = GroupLink(1e9, 1e-4, trees=False)
     assert loss_collectives_time("split", 1000, 2, link) == pytest.approx(12e-6 + 1e-4)

@@ -4,8 +4,9 @@ expert-parallel communication inside them, and the cross-entropy's collectives o
 vocabulary; with the slowdowns of ranks that share a processor or wait for the slowest GPU.
 Cached per (model, cluster, t, sp, mb, precision, kernels, attention kernel, busy ranks, loss):
 the search asks for the same ones thousands of times. The passes' op sums beneath them
-(:class:`BlockWork`) are cached per model and GPU, so every cluster size of a sweep shares them
-and only paces them (the slowest-GPU factor depends on the GPU count)."""
+(:class:`BlockWork`) are cached per model and GPU, and their communication
+(simulator.cost.block_comm) per model, node and network, so every cluster size of a sweep
+shares them and only paces them (the slowest-GPU factor depends on the GPU count)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hwprofiles.schema import AttentionKernel, ClusterSpec, GpuProfile
-from simulator.cost import collectives, context, experts, layout, params
+from simulator.cost import context, experts, params
 from simulator.cost.attention import attention_ops
-from simulator.cost.boundary import boundary_activation_bytes
+from simulator.cost.block_comm import comm_times
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_layer_ops
-from simulator.cost.memory import LOSS_CHUNKS
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.pass_time import PassTimes, PassWork, paced, pass_times, pass_work
@@ -59,7 +59,9 @@ class BlockTimes:
     cp_backward: float = 0.0  # and to its backward (simulator.cost.context.ring_exposure)
     fp8_weight_cast: float = 0.0  # prec=fp8: one forward's cast of a layer's weights, where not cached
     ep_all_to_all: float = 0.0  # expert parallelism: one token all-to-all (simulator.cost.experts)
-    loss_comm: float = 0.0  # the cross-entropy's collectives over the split vocabulary (loss_collectives_time)
+    loss_comm: float = (
+        0.0  # the cross-entropy's collectives over the split vocabulary (block_comm.loss_collectives_time)
+    )
 
 
 # Tensor-parallel all-reduces of b*s*h per microbatch (Narayanan et al. 2021, section 3.2; with
@@ -86,53 +88,12 @@ def tp_per_full_recompute(model: ModelSpec) -> float:
 
 TP_EMBEDDING = 1  # the vocab-parallel embedding's forward
 TP_HEAD = 1  # the vocab-parallel LM head's backward
-LOSS_VALUE_BYTES = 4  # the cross-entropy's per-token statistics are fp32
-
-
-def loss_collectives_time(
-    loss: CrossEntropy, tokens: float, t: int, link: collectives.GroupLink, logit_bytes: float = 0.0
-) -> float:
-    """Seconds per microbatch of the collectives a vocab-parallel cross-entropy runs over the
-    ``t`` ranks that split the logits of ``tokens`` tokens (fp32 statistics per token):
-
-    * ``split``, autoplan's program (autoplan/runtime/vocab_parallel.py): one all-gather of each
-      rank's max, sum of exponentials and target logit, 3 values per token from each rank;
-    * ``fp32``, Megatron-LM (megatron/core/tensor_parallel/cross_entropy.py,
-      ``VocabParallelCrossEntropy``): three all-reduces of one value per token (the max, the
-      target's logit, the sum of exponentials);
-    * ``chunked``, torchtitan's loss under torch's ``loss_parallel`` (torch/distributed/tensor/
-      parallel/loss.py: ``_log_softmax`` all-reduces the max and the sum of exponentials,
-      ``_nll_loss_forward`` the target's logit): those three on each of LOSS_CHUNKS chunks of the
-      sequence (simulator.cost.memory);
-    * ``gathered``, DeepSpeed's AutoTP (deepspeed/module_inject/auto_tp.py: the training
-      ``lm_head`` is a ``LinearLayer(gather_output=True)``): one all-gather of the logits, each
-      rank's V/t of ``logit_bytes`` bytes per token (the whole vocabulary's logits in their dtype);
-      its backward keeps the rank's slice of the gradient, no collective;
-    * ``torch``, ``fused``: a loss over the whole vocabulary on each rank, no collective.
-
-    0 with t = 1. Latency-bound: on a GPU tens of microseconds, on gloo ranks sharing cores
-    milliseconds per collective."""
-    if t == 1:
-        return 0.0
-    values = tokens * LOSS_VALUE_BYTES
-    if loss == "split":
-        return collectives.all_gather_time(3 * values * t, t, link)
-    if loss == "fp32":
-        return 3 * collectives.all_reduce_time(values, t, link)
-    if loss == "chunked":
-        return 3 * LOSS_CHUNKS * collectives.all_reduce_time(values / LOSS_CHUNKS, t, link)
-    if loss == "gathered":
-        return collectives.all_gather_time(tokens * logit_bytes, t, link)
-    return 0.0
-
-
 _BLOCKS = IdentityCache(4096)
 #: each GPU as a layer's attention kernel sees it (GpuProfile.for_attention), one object per
 #: (GPU, kernel) so that what is cached per GPU (block_work) finds it again
 _ATTENTION_GPUS = IdentityCache(64)
 _SLOWDOWNS = IdentityCache(1024)  # compute_slowdown per node, ranks and busy ranks
 _WORK = IdentityCache(4096)  # block_work per model and GPU
-_COMM = IdentityCache(4096)  # _comm_times per model, node, network and GPU
 
 
 def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
@@ -220,7 +181,7 @@ def block_times(
     (Runtime.attention_kernel, GpuProfile.for_attention); ``busy``: the ranks that compute at once
     on a node whose ranks share its processor (:func:`busy_ranks`; None: all of them); ``loss``:
     how the program computes the cross-entropy (Runtime.cross_entropy: its collectives,
-    :func:`loss_collectives_time`)."""
+    simulator.cost.block_comm.loss_collectives_time)."""
     return _BLOCKS.get_or_make(
         (model, cluster),
         (t, sp, mb, prec, kernels, attention, busy, loss),
@@ -262,7 +223,7 @@ def _block_times(
     gpu = _ATTENTION_GPUS.get_or_make((cluster.gpu,), attention, lambda: cluster.gpu.for_attention(attention))
     e = dtype_bytes(gpu)
     slow, dev = compute_slowdown(cluster, busy), device_slowdown(cluster)
-    act, all_reduce, all_to_all, loss_comm = _comm_times(model, cluster, gpu, t, mb, loss)
+    act, all_reduce, all_to_all, loss_comm = comm_times(model, cluster, gpu, t, mb, loss)
     asy = host_async(cluster)
     eager = gpu.eager
     cp_f, cp_b = _ring_exposure(model, cluster, gpu, t, mb, e, slow, asy, dev)
@@ -285,33 +246,6 @@ def _block_times(
         fp8_weight_cast=cast,
         ep_all_to_all=all_to_all,
         loss_comm=loss_comm,
-    )
-
-
-def _comm_times(
-    model: ModelSpec, cluster: ClusterSpec, gpu: GpuProfile, t: int, mb: int, loss: CrossEntropy
-) -> tuple[float, float, float, float]:
-    """(one boundary activation's bytes, one TP all-reduce of it, one expert all-to-all, the
-    loss's collectives) of a microbatch of ``mb`` on ``gpu`` (the layer's attention kernel's
-    view of the cluster's). Their groups' links depend on the node and the network alone
-    (simulator.cost.collectives.group_link), so they are cached per model, node, network and
-    GPU: every size of a sweep shares them (hwprofiles.load.with_nodes keeps those objects)."""
-    return _COMM.get_or_make(
-        (model, cluster.node, cluster.network, gpu), (t, mb, loss), lambda: _comm(model, cluster, gpu, t, mb, loss)
-    )
-
-
-def _comm(
-    model: ModelSpec, cluster: ClusterSpec, gpu: GpuProfile, t: int, mb: int, loss: CrossEntropy
-) -> tuple[float, float, float, float]:
-    e = dtype_bytes(gpu)
-    act = boundary_activation_bytes(model, mb, e)
-    link = collectives.in_pass_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
-    return (
-        act,
-        collectives.all_reduce_time(act, t, link),
-        experts.all_to_all_time(model, cluster, mb, t, e),
-        loss_collectives_time(loss, mb * model.seq_length, t, link, padded_vocab_size(model, t) * e),
     )
 
 

@@ -121,7 +121,7 @@ def stage_costs(
     result does not depend on d, ZeRO or offload, so it is cached across those. ``kernels``,
     ``attention``: the layer's kernels and attention kernel; ``busy``: the ranks computing at once
     where they share a processor (simulator.cost.block_times.busy_ranks; None: all); ``loss``: the
-    program's cross-entropy (its collectives: simulator.cost.block_times.loss_collectives_time)."""
+    program's cross-entropy (its collectives: simulator.cost.block_comm.loss_collectives_time)."""
     return _stages(model, cluster, plan, kernels, attention, busy, loss)[0]
 
 

@@ -88,7 +88,7 @@ class Costs:
     emb_b: float
     head_f: float
     head_b: float
-    loss_comm: float  # the loss's collectives over the split vocabulary (block_times.loss_collectives_time)
+    loss_comm: float  # the loss's collectives over the split vocabulary (block_comm.loss_collectives_time)
     bwd_w: float  # the weight-gradient parts of bwd, emb_b and head_b (ZB-H1's W pass)
     emb_bw: float
     head_bw: float
