@@ -115,7 +115,8 @@ class Framework(Strict):
 
     def refusal(self, model: ModelSpec, plan: Plan) -> str | None:
         """The first reason the stack does not run ``plan``, or None."""
-        return next(self.refusals(model, dataclasses.asdict(plan)), None)
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}  # read only: no deep copy
+        return next(self.refusals(model, fields), None)
 
 
 @functools.lru_cache(maxsize=32)

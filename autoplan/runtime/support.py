@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from simulator.cost.cache import IdentityCache
 from simulator.cost.rank_view import rank_plan
 from simulator.job import Job
 from simulator.numeric import where
@@ -74,6 +75,18 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
       (ZeRO-3's working set);
     * DDP holds a bucket copy of every gradient (``dp_buckets="all"``).
     """
+    return _PROGRAM_RUNTIMES.get_or_make(
+        (runtime,),
+        (mode, backend, tensor, pipeline),
+        lambda: _program_runtime(runtime, mode, backend, tensor, pipeline),
+    )
+
+
+#: program_runtime per runtime (by identity) and plan traits: each finalist of a search asks again
+_PROGRAM_RUNTIMES = IdentityCache(256)
+
+
+def _program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool, pipeline: bool) -> Runtime:
     from autoplan.frameworks import load_framework  # the profiles import nothing of the runtime
 
     program = load_framework("autoplan")
