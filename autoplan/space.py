@@ -16,12 +16,10 @@ leave none: :mod:`autoplan.space_checks`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,9 +65,9 @@ def divisors(n: int) -> list[int]:
 MIN_CP_TOKENS = 8192
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The parallel layout part of a plan: what fixes the per-stage work."""
+class Shape(NamedTuple):
+    """The parallel layout part of a plan: what fixes the per-stage work (a named tuple: a
+    search makes one per layout, 200,000 over a 175B sweep's sizes)."""
 
     t: int
     p: int
@@ -270,7 +268,7 @@ def plans_of(
 _OPTION_KEY = attrgetter("t", "mb", "cp", "d", "ep")
 #: the option factor's fields, as :func:`layout_options` lists them
 OPTION_FIELDS = ("prec", "zero", "ckpt", "offload", "hsdp", "fp8ag")
-SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(Shape))
+SHAPE_FIELDS = Shape._fields
 _SHAPE_ROW = attrgetter(*SHAPE_FIELDS)
 
 

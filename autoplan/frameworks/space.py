@@ -5,7 +5,6 @@ key (the search asks for the same few tens of thousands of times)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any
@@ -55,7 +54,7 @@ def _option_rule(fw: Framework, model: ModelSpec) -> OptionRule:
         key = (shape.t, shape.p > 1, shape.cp, shape.ep, *row)
         found = cache.get(key)
         if found is None:
-            fields: Mapping[str, Any] = {**dataclasses.asdict(shape), **dict(zip(OPTION_FIELDS, row))}
+            fields: Mapping[str, Any] = {**shape._asdict(), **dict(zip(OPTION_FIELDS, row))}
             found = cache[key] = next(fw.refusals(model, fields), None) is None
         return found
 
