@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from autoplan.pipeline_balance import pipeline_objective
+
 #: the caps scanned at most before CP-SAT is left the model (few microbatches: the sum matters as
 #: much as the slowest device, and the scan would cover every cap)
 MAX_CAPS = 256
@@ -187,11 +189,11 @@ def memory_balanced(
     for _ in range(MAX_CAPS):
         counts = _least_sum(devices, caps, layers)
         times = [d.time(n) for d, n in zip(devices, counts)]
-        value = (m - 1) * max(times) + sum(times)
+        value = pipeline_objective(max(times), sum(times), m, 1, False)
         if best is None or value < best[0]:
             best = (value, counts)
         cap = min((d.time(c + 1) for d, c in zip(devices, caps) if c < most), default=float("inf"))
-        if cap == float("inf") or (m - 1) * cap + bound >= best[0]:
+        if cap == float("inf") or pipeline_objective(cap, bound, m, 1, False) >= best[0]:
             chosen = [(n, d.choice(n)) for d, n in zip(devices, best[1])]
             return Balanced(
                 tuple(n for n, _ in chosen),
