@@ -9,9 +9,11 @@ Each setting is an environment variable glibc reads at a process's start (man ma
 freed (fixed: without it glibc raises the threshold to the largest block freed so far, up to
 32 MiB, and serves the blocks below it from its heap, which keeps them); ``MALLOC_ARENA_MAX=1``
 puts every thread's blocks in one heap (gloo's worker threads otherwise get heaps of their own).
-The measured memory is ``autoplan run``'s: the busiest rank's peak-RSS growth over its RSS before
-the model was built. A low threshold shows the tensors' own peak (the prediction plus the small
-blocks below it); the difference from the default is what the heap keeps. Not run in CI (about
+The measured memory is ``autoplan run``'s: the growth of the busiest rank's anonymous memory at
+its resident peak over the same before the model was built (benchmarks/data/cpu-heap-probe-2026-11-29.txt
+was measured before ``autoplan run`` left libtorch's code pages out: the growth of its peak RSS). A
+low threshold shows the tensors' own peak (the prediction plus the small blocks below it); the
+difference from the default is what the heap keeps. Not run in CI (about
 10 s per run).
 """
 

@@ -13,8 +13,8 @@ host speed check, hwprofiles/calibrate/speed.py) and the prediction at that spee
 the speed drifts by tens of percent within an hour, which the profile's prediction cannot know.
 
 Targets (issue 36): step time within 20% each; peak memory within 30% or 32 MiB, whichever is
-larger (on CPU the measured memory is the busiest rank's peak-RSS growth over its RSS before the
-model was built, so the runtime's own buffers count at this size). Plans with d = 1 run ZeRO 0
+larger (on CPU the measured memory is ``autoplan run``'s: the busiest rank's anonymous memory at its
+resident peak, grown since before the model was built, so the runtime's own buffers count at this size). Plans with d = 1 run ZeRO 0
 only (a ZeRO stage shards over d: with d = 1 the program is the same). A plan ``autoplan emit``
 refuses (autoplan.runtime.support.unsupported_reason) is listed as such. Every prediction is
 made before the first run starts (the table compares the code as it was at start-up), and each

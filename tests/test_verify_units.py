@@ -114,3 +114,22 @@ def test_report_shows_the_host_speed_line():
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("host now"))
     assert lines[at - 1].startswith("step time") and lines[at + 1].startswith("peak memory")
     assert "0.8000 s" in lines[at] and "-25.0%" in lines[at] and "0.50x its profile's speed" in lines[at]
+
+
+def test_cpu_memory_is_the_anonymous_growth_where_linux_reports_it():
+    """A rank whose anonymous memory peaked at 96 MiB over the timed steps and held 64 MiB before
+    the model was built held 32 MiB for training, whatever its peak RSS (libtorch's code pages
+    included); a rank without those fields falls back to the peak RSS over its RSS before."""
+    spec = RunSpec(model=load_model("tiny"), plan=Plan(p=2), global_batch=4)
+    timed = {"step_time_s": 0.5, "peak_memory_bytes": 2**28 + 40 * 2**20, "losses": [6.0]}
+    anon = {**timed, "peak_anon_bytes": 96 * 2**20}
+    ranks = [{**r, "anon_baseline_bytes": 64 * 2**20, "timed": anon} for r in _cpu_ranks(timed, check=False)]
+    prediction = {"plan": {"p": 2}, "step_time_s": 0.5, "peak_memory_gib": 1 / 32}
+    result = summarize(spec, ranks, None, prediction)
+    assert result["measured_peak_memory_gib"] == 1 / 32 and result["memory_error_pct"] == 0.0
+    assert result["measured_memory_is_anonymous"] is True
+    assert "anonymous memory at its peak RSS" in format_report(result)
+    ranks[1] = {**ranks[1], "anon_baseline_bytes": None}  # one rank without the figure: RSS for all
+    rss = summarize(spec, ranks, None, prediction)
+    assert rss["measured_memory_is_anonymous"] is False and rss["measured_peak_memory_gib"] == 40 / 1024
+    assert "growth of the busiest rank's peak RSS over its RSS" in format_report(rss)

@@ -31,7 +31,15 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.runtime.config import RunSpec, load_run_spec
 from autoplan.runtime.data_parallel import local
-from autoplan.runtime.measure import Stopwatch, peak_memory_bytes, peak_reserved_bytes, reset_peak, rss_bytes
+from autoplan.runtime.measure import (
+    Stopwatch,
+    host_memory,
+    peak_memory_bytes,
+    peak_reserved_bytes,
+    reset_host_peak,
+    reset_peak,
+    rss_bytes,
+)
 from autoplan.runtime.rank import RankLayout
 from autoplan.runtime.trainer import DistEnv, Trainer, import_plan_modules
 from simulator.cost.rank_view import rank_plan
@@ -128,7 +136,10 @@ def release_memory(device: torch.device) -> None:
 
 
 def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankLog) -> dict[str, Any]:
-    """AdamW steps; mean time of the timed ones (data generation excluded) and peak memory."""
+    """AdamW steps; mean time of the timed ones (data generation excluded) and peak memory: CUDA's
+    over all the steps; on CPU the peak RSS over all the steps, and the anonymous memory at the
+    resident set's peak over the timed steps (:meth:`HostMemory.anon_peak_since`: the code pages
+    the warm-up steps first ran left out), None where Linux does not report it."""
     reset_peak(env.device)
     trainer = Trainer(spec, env, "adamw", mixed_precision=True)
     losses: list[float | None] = []
@@ -136,6 +147,7 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
         losses.append(trainer.step(*trainer.batch(k), spec.train.max_norm).loss)
         log(f"warmup step {k + 1}/{warmup} loss {losses[-1]}")
     dist.barrier()
+    at_reset = host_memory() if env.device.type == "cpu" and reset_host_peak() else None
     step_times = []
     for k in range(warmup, warmup + steps):
         batch = trainer.batch(k)
@@ -146,6 +158,7 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
     dist.barrier()
     peak = peak_memory_bytes(env.device)
     reserved = peak_reserved_bytes(env.device)
+    at_end = host_memory() if at_reset else None
     del trainer
     release_memory(env.device)
     return {
@@ -154,6 +167,8 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
         "losses": losses,
         "peak_memory_bytes": peak,
         "peak_reserved_bytes": reserved,
+        "peak_anon_bytes": at_end.anon_peak_since(at_reset) if at_end and at_reset else None,
+        "file_growth_bytes": at_end.file - at_reset.file if at_end and at_reset else None,
     }
 
 
@@ -209,6 +224,7 @@ def run(args: argparse.Namespace, own_group: bool = True) -> None:
     )
     import_plan_modules(plan)
     warm_up_runtime(device)
+    baseline = host_memory()
     result: dict[str, Any] = {
         "rank": rank,
         "pid": os.getpid(),
@@ -217,6 +233,7 @@ def run(args: argparse.Namespace, own_group: bool = True) -> None:
         "coords": {"pp": layout.pp_rank, "dp": layout.dp_rank, "tp": layout.tp_rank},
         "has_last_stage": layout.has_last,
         "rss_baseline_bytes": rss_bytes(),
+        "anon_baseline_bytes": baseline.anon if baseline else None,
     }
     if args.steps > 0:
         result["timed"] = timed_phase(spec, env, args.warmup, args.steps, log)
