@@ -1,6 +1,6 @@
 """How many all-gathers and reduce-scatters FSDP2 issues per step in autoplan's program, beside
-the count the cost model prices (simulator.cost.zero3: per unit and microbatch, 2 gathers at
-ZeRO-3 or 1 at ZeRO-2, and 1 reduce-scatter), on the tiny model's CPU plans.
+the count the cost model prices (simulator.cost.zero3.gathers_per_step, a reduce-scatter per unit
+and microbatch or, under a pipeline, per unit and step), on the tiny model's CPU plans.
 
     python benchmarks/fsdp2_pipeline_probe.py [PLAN ...]
 
@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_zero_matrix import BATCH, measure, predict
 
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
-from simulator.cost.zero3 import gathers_per_microbatch, units
+from simulator.cost.fsdp2_sync import plan_deferred_sync
+from simulator.cost.zero3 import gathers_per_step, units
 from simulator.plan import parse_plan
 
 PLANS = (
@@ -64,19 +65,26 @@ if "RANK" in os.environ:
 
 
 def modelled(text: str) -> tuple[float, float]:
-    """(all-gathers, reduce-scatters) per step of rank 0 as the cost model prices them: per
-    microbatch and unit (simulator.cost.zero3.units of each of its stages)."""
+    """(all-gathers, reduce-scatters) per step of rank 0 as the cost model prices them for
+    autoplan's program: per unit (simulator.cost.zero3.units of each of its chunks),
+    simulator.cost.zero3.gathers_per_step and one reduce-scatter per microbatch, or per step with
+    the sync deferred (simulator.cost.fsdp2_sync.deferred_sync)."""
+    from autoplan.runtime.support import program_job
+    from hwprofiles.load import load_cluster
+    from simulator.job import Job
     from simulator.model_files import load_model
 
     model = load_model("tiny")
     ranks = math.prod(int(kv.split("=")[1]) for kv in text.split(",") if kv[0] in "tpd")
     plan, m = parse_plan(text, model, ranks, BATCH)
+    job = program_job(Job.make(model, load_cluster("localhost-cpu", gpus_per_node=ranks), plan, BATCH))
+    deferred = plan_deferred_sync(plan, job.runtime)
     layout = RankLayout.of(plan, 0)
     n_units = 0
     for chunk in layout.chunks:
         layers = chunk_layer_ids(model, plan, chunk)
         n_units += units(len(layers), layers.start == 0, layers.stop == model.num_layers)
-    return float(n_units * m * gathers_per_microbatch(plan.zero)), float(n_units * m)
+    return float(n_units * gathers_per_step(plan.zero, m, deferred)), float(n_units * (1 if deferred else m))
 
 
 def count_run(text: str, steps: int) -> dict[str, int] | None:

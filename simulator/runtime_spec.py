@@ -103,7 +103,7 @@ class Runtime:
     attention over FlashAttention "for performance reasons" (transformer_engine/pytorch/attention/
     dot_product_attention/utils.py ``get_attention_backend``).
 
-    ``zero2``: how the runtime runs ZeRO-2 (simulator.cost.zero3.fsdp2_sharded): "bucketed"
+    ``zero2``: how the runtime runs ZeRO-2 (simulator.cost.fsdp2_sync.fsdp2_sharded): "bucketed"
     (DeepSpeed stage 2, Megatron-LM's distributed optimizer: bucketed reduce-scatters of the
     gradients, the updated parameters all-gathered after the step) or "fsdp2" (autoplan's
     program, autoplan/runtime/data_parallel.py: ``fully_shard`` per layer and the root with
@@ -137,7 +137,13 @@ class Runtime:
     gradient_bucket_bytes): "in-flight" two of them (Megatron-core's buckets are views of its
     gradient buffer, DeepSpeed fills two of ``reduce_bucket_size``); "all" every one, a copy of
     every gradient (PyTorch DDP without ``gradient_as_bucket_view``, as autoplan's program runs
-    it: autoplan/runtime/trainer.py)."""
+    it: autoplan/runtime/trainer.py).
+
+    ``fsdp2_deferred_sync``: under a pipeline (p > 1) the FSDP2-sharded stages reduce-scatter
+    their gradients once per step, after each stage's last backward, and keep their units
+    unsharded after each backward (simulator.cost.fsdp2_sync.deferred_sync): the runtime pipelines
+    with ``torch.distributed.pipelining`` (autoplan's program, torchtitan). False: FSDP2's
+    every-microbatch reductions, as without a pipeline."""
 
     name: str = "overlapped"
     dp_overlap: bool = True
@@ -155,6 +161,7 @@ class Runtime:
     offload: Literal["deepspeed", "fsdp2"] = "deepspeed"
     grads_freed: bool = False
     dp_buckets: Literal["in-flight", "all"] = "in-flight"
+    fsdp2_deferred_sync: bool = False
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

@@ -10,7 +10,7 @@ import pytest
 from autoplan.runtime.support import program_job
 from hwprofiles.load import load_cluster
 from simulator.analytic.data_parallel import DpPlan, dp_links, dp_step_times
-from simulator.cost import zero3
+from simulator.cost import fsdp2_sync, zero3
 from simulator.cost.step import dtensor_params, optimizer_time
 from simulator.job import Job
 from simulator.model_files import load_model
@@ -32,10 +32,10 @@ def test_gathers_per_microbatch():
 
 def test_which_plans_fsdp2_shards():
     z3, z2, single = _plan("t=1,p=1,d=4,zero=3"), _plan("t=1,p=1,d=4,zero=2"), _plan("t=1,p=1,d=1,zero=3", 1)
-    assert zero3.fsdp2_sharded(z3, OVERLAPPED) and not zero3.fsdp2_sharded(z3, DEEPSPEED_ZERO3)
-    assert not zero3.fsdp2_sharded(z2, OVERLAPPED)  # bucketed ZeRO-2 (DeepSpeed, Megatron-LM)
-    assert zero3.fsdp2_sharded(z2, PROGRAM)
-    assert not zero3.fsdp2_sharded(single, PROGRAM)
+    assert fsdp2_sync.fsdp2_sharded(z3, OVERLAPPED) and not fsdp2_sync.fsdp2_sharded(z3, DEEPSPEED_ZERO3)
+    assert not fsdp2_sync.fsdp2_sharded(z2, OVERLAPPED)  # bucketed ZeRO-2 (DeepSpeed, Megatron-LM)
+    assert fsdp2_sync.fsdp2_sharded(z2, PROGRAM)
+    assert not fsdp2_sync.fsdp2_sharded(single, PROGRAM)
     assert dtensor_params(z2.t, z2.d, z2.zero, PROGRAM) and not dtensor_params(z2.t, z2.d, z2.zero, OVERLAPPED)
     tp = _plan("t=2,p=1,d=2,zero=0")
     assert dtensor_params(tp.t, tp.d, tp.zero, OVERLAPPED)
@@ -80,9 +80,9 @@ def test_program_zero2_gathers_nothing_after_the_step():
 
     cost = stage_groups(model, cluster, job.plan, job.runtime.layer_kernels)[0][1]
     links = dp_links(cluster, job.plan)
-    program = dp_step_times(cost, DpPlan.of(job.plan, job.runtime), links, 4)
+    program = dp_step_times(cost, DpPlan.of(job.plan, job.runtime, job.m), links, 4, job.runtime)
     assert (program.reduce, program.last_bucket, program.gather) == (0.0, 0.0, 0.0)
-    assert dp_step_times(cost, DpPlan.of(job.plan, OVERLAPPED), links, 4).gather > 0.0
+    assert dp_step_times(cost, DpPlan.of(job.plan, OVERLAPPED, job.m), links, 4, OVERLAPPED).gather > 0.0
 
 
 def test_optimizer_over_fsdp2_parameters_uses_the_dtensor_figure():

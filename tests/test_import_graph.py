@@ -65,4 +65,4 @@ def test_the_graph_sees_known_edges():
     graph = import_graph()
     assert graph.has_edge("simulator.job", "simulator.runtime_spec")
     assert graph.has_edge("simulator.cost.rank_view", "simulator.job")  # under TYPE_CHECKING: counted
-    assert graph.has_edge("simulator.analytic.batch.estimate", "simulator.cost.zero3")
+    assert graph.has_edge("simulator.analytic.batch.estimate", "simulator.cost.fsdp2_sync")

@@ -35,7 +35,7 @@ DP_MODES = ("fsdp", "ddp", "manual", "none")
 #: the Runtime fields autoplan's program runs one way for every plan, whatever the command line
 #: asks (their values are its profile's, autoplan/frameworks/profiles/autoplan.yaml); its profile's
 #: other fields are defaults that --reduce-dtype and --zero3-runtime may override
-PROGRAM_FIXED = ("cross_entropy", "states", "zero2", "offload", "grads_freed")
+PROGRAM_FIXED = ("cross_entropy", "states", "zero2", "offload", "grads_freed", "fsdp2_deferred_sync")
 
 
 def dp_mode_code(zero: Any, d: Any, offload_cpu: Any, t: Any, p: Any, ep: Any) -> Any:
@@ -63,7 +63,7 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
     (autoplan/frameworks/profiles/autoplan.yaml, each field citing the program's source): the
     :data:`PROGRAM_FIXED` fields of its ``runtime`` (loss ``F.cross_entropy(logits.float())``,
     fp32 parameters and gradients, ZeRO-2 and offload through FSDP2, gradients dropped at each
-    step's start) and its loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
+    step's start, FSDP2's gradient sync once a step under torch.distributed.pipelining) and its loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
     autoplan.runtime.vocab_parallel). What follows the plan is here:
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes

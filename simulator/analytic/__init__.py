@@ -97,7 +97,7 @@ def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float, 
     ``busy``: the ranks computing at once on a CPU node (simulator.cost.block_times.busy_ranks)."""
     plan, m = job.plan, job.m
     kind = ScheduleKind.of(plan.schedule, plan.v, m)
-    dp = DpPlan.of(plan, job.runtime)
+    dp = DpPlan.of(plan, job.runtime, job.m)
     offloaded = plan.offload != "none"
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
@@ -133,11 +133,11 @@ def dp_exposure(job: Job, groups: Groups, links: DpLinks | None, p2p: float) -> 
     if links is None:  # d = 1
         return 0.0, 0.0
     e = dtype_bytes(job.cluster.gpu)
-    dp = DpPlan.of(plan, job.runtime)
+    dp = DpPlan.of(plan, job.runtime, job.m)
     sigma = job.cluster.gpu.comm_overlap_slowdown
     exposed, gather_after = 0.0, 0.0
     for i, c, _ in groups:
-        times = dp_step_times(c, dp, links, e, bucket_bytes_of(job.runtime, plan.d))
+        times = dp_step_times(c, dp, links, e, job.runtime, bucket_bytes_of(job.runtime, plan.d))
         behind = i * (c.backward_span + p2p)  # stage i's head start over stage 0
         exposed = max(exposed, dp_exposed(times, c.backward_span, behind, job.runtime.dp_overlap, sigma))
         gather_after = max(gather_after, times.gather)

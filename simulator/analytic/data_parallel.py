@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, memory, zero3
+from simulator.cost import collectives, fsdp2_sync, memory, zero3
 from simulator.cost.block_times import synchronous_op_seconds
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
@@ -54,11 +54,14 @@ class DpPlan(NamedTuple):
     zero: Any
     d: Any
     fp8ag: Any
-    fsdp2: Any  # FSDP2 shards the parameters (simulator.cost.zero3.fsdp2_sharded)
+    fsdp2: Any  # FSDP2 shards the parameters (simulator.cost.fsdp2_sync.fsdp2_sharded)
+    m: Any = 1  # microbatches per step
+    deferred: Any = False  # FSDP2's gradient sync deferred to the step's end (simulator.cost.fsdp2_sync.deferred_sync)
 
     @staticmethod
-    def of(plan: Plan, runtime: Runtime) -> DpPlan:
-        return DpPlan(plan.zero, plan.d, plan.fp8ag, zero3.fsdp2_sharded(plan, runtime))
+    def of(plan: Plan, runtime: Runtime, m: int) -> DpPlan:
+        fsdp2 = fsdp2_sync.fsdp2_sharded(plan, runtime)
+        return DpPlan(plan.zero, plan.d, plan.fp8ag, fsdp2, m, fsdp2_sync.deferred_sync(plan.p, fsdp2, runtime))
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ def sharded_exposed(
     * ZeRO-3, and FSDP2's ZeRO-2: each unit's gathers, re-gathers and scatters
       (simulator.cost.zero3.zero3_pass), FSDP2's hooks on a synchronous (CPU) rank at the
       slowdown of the ``busy`` ranks computing at once (simulator.cost.block_times.busy_ranks)."""
-    zero, d, fp8ag, fsdp2 = plan
+    zero, d, fp8ag, fsdp2, m, deferred = plan
     gpu = cluster.gpu
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
     active = (d > 1) & (zero >= 2)
@@ -136,7 +139,7 @@ def sharded_exposed(
         gathered = stage_gathered_bytes(cost, fp8ag, e)
         host_op_s = synchronous_op_seconds(cluster, busy)
         tensors = rank_tensors(model, cost.layers, cost.first, cost.last) if host_op_s is not None else 0
-        z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors)
+        z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors, m, deferred)
         out = where(sharded, z3.exposed(cost.forward_span, cost.backward_span, sigma), out)
     return out
 
@@ -150,38 +153,53 @@ def last_bucket_bytes(grad_bytes: Any, bucket_bytes: Any = memory.DP_BUCKET_BYTE
 
 @dataclass(frozen=True)
 class DpStepTimes:
-    """A ZeRO 0-2 stage's data-parallel traffic outside the microbatches, seconds (numbers or
-    arrays): the gradient reduction after the last backward, its last bucket's, and the
-    parameter all-gather after the optimizer step."""
+    """A stage's data-parallel traffic outside the microbatches, seconds (numbers or arrays): the
+    gradient reduction after the last backward, its last bucket's, and the parameter all-gather
+    after the optimizer step; ``after_backward``: the reduction starts once the last backward
+    is done, hidden by none of it (FSDP2's deferred sync, simulator.cost.fsdp2_sync.deferred_sync)."""
 
     reduce: Any
     last_bucket: Any
     gather: Any
+    after_backward: Any = False
 
 
 def dp_step_times(
-    cost: StageLike, plan: DpPlan, links: DpCollectives, e: int, bucket_bytes: Any = memory.DP_BUCKET_BYTES
+    cost: StageLike,
+    plan: DpPlan,
+    links: DpCollectives,
+    e: int,
+    runtime: Runtime,
+    bucket_bytes: Any = memory.DP_BUCKET_BYTES,
 ) -> DpStepTimes:
     """:class:`DpStepTimes` of stage ``cost`` for ZeRO 0-2 over d > 1 ranks; 0 for ZeRO-3 and
-    FSDP2's ZeRO-2, whose traffic is per microbatch
-    (:func:`sharded_exposed`). ZeRO-0 all-reduces and ZeRO-1 reduce-scatters the gradients at
+    FSDP2's ZeRO-2, whose traffic is per microbatch (:func:`sharded_exposed`), but for their
+    reduce-scatters where FSDP2 defers them to the step's end (simulator.cost.zero3.
+    deferred_sync): the stage's units one after the other once its last backward is done, the
+    last unit's the last bucket. ZeRO-0 all-reduces and ZeRO-1 reduce-scatters the gradients at
     the end; ZeRO-2 has reduced them per microbatch; ZeRO-1/2 all-gather the updated parameters
     inside the shard group. The last bucket's reduction (buckets of ``bucket_bytes``: the
     runtime's, simulator.cost.memory.bucket_bytes_of) is the whole one when the gradients fit in
     one bucket."""
-    zero, d, fp8ag, fsdp2 = plan
+    zero, d, fp8ag, fsdp2, _, deferred = plan
+    deferred = deferred & (d > 1)
     active = (d > 1) & (zero < 3) & negate(fsdp2)
-    if not any_of(active):
-        return DpStepTimes(0.0, 0.0, 0.0)
-    grad_bytes = cost.params * e
-    at_end = active & (zero <= 1)  # ZeRO-2 has reduced its gradients per microbatch
-    reduce = where(at_end, links.reduce_gradients(zero, grad_bytes), 0.0) if any_of(at_end) else 0.0
-    last = last_bucket_bytes(grad_bytes, bucket_bytes)
-    partial = at_end & (last < grad_bytes)  # gradients in more than one bucket
-    last_reduce = where(partial, links.reduce_gradients(zero, last), reduce) if any_of(partial) else reduce
-    gathers = active & (zero >= 1)
-    gather = where(gathers, links.all_gather(stage_gathered_bytes(cost, fp8ag, e)), 0.0) if any_of(gathers) else 0.0
-    return DpStepTimes(reduce, last_reduce, gather)
+    reduce, last_reduce, gather = 0.0, 0.0, 0.0
+    if any_of(active):
+        grad_bytes = cost.params * e
+        at_end = active & (zero <= 1)  # ZeRO-2 has reduced its gradients per microbatch
+        reduce = where(at_end, links.reduce_gradients(zero, grad_bytes), 0.0) if any_of(at_end) else 0.0
+        last = last_bucket_bytes(grad_bytes, bucket_bytes)
+        partial = at_end & (last < grad_bytes)  # gradients in more than one bucket
+        last_reduce = where(partial, links.reduce_gradients(zero, last), reduce) if any_of(partial) else reduce
+        gathers = active & (zero >= 1)
+        if any_of(gathers):
+            gather = where(gathers, links.all_gather(stage_gathered_bytes(cost, fp8ag, e)), 0.0)
+    if any_of(deferred):
+        scatter = zero3.stage_scatter(cost, links, runtime, e)
+        reduce = where(deferred, scatter, reduce)
+        last_reduce = where(deferred, scatter / zero3.units(cost.layers, cost.first, cost.last), last_reduce)
+    return DpStepTimes(reduce, last_reduce, gather, deferred)
 
 
 def dp_exposed(times: DpStepTimes, backward: Any, behind: Any, dp_overlap: bool, sigma: float) -> Any:
@@ -189,6 +207,6 @@ def dp_exposed(times: DpStepTimes, backward: Any, behind: Any, dp_overlap: bool,
     beyond what its last backward (``backward``, with overlap) and its head start over stage 0
     (``behind``) hide, at least its last bucket's beyond the head start, and at least the
     contention it adds beside the last backward (simulator.cost.overlap)."""
-    hidden = backward if dp_overlap else 0.0
+    hidden = where(times.after_backward, 0.0, backward if dp_overlap else 0.0)
     contention = sigma * minimum(times.reduce, hidden)
     return maximum(maximum(times.reduce - hidden - behind, times.last_bucket - behind), contention)

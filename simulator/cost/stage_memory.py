@@ -37,6 +37,7 @@ from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_activation_bytes
+from simulator.cost.fsdp2_sync import plan_deferred_sync, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import (
     gradients_late,
@@ -171,13 +172,15 @@ def sharding_buffers(
     bucket_bytes: float = memory.DP_BUCKET_BYTES,
     every_bucket: bool = False,
     grad_bytes: int = memory.GRAD_BYTES,
+    deferred: bool = False,
 ) -> float:
-    """The buffers that data parallelism, ZeRO and offload add (:func:`sharding_buffer_bytes`) to
-    a rank of ``psi`` parameters (None: the gradient buckets at their cap, the linear form)."""
+    """The buffers data parallelism, ZeRO and offload add (:func:`sharding_buffer_bytes`) to a rank of ``psi``
+    parameters (None, the linear form's: buckets at their cap, a ``deferred`` sync's gathers added per parameter)."""
     working_set = memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
     buckets = plan.d > 1 or plan.offload != "none"
     psi_ = float("inf") if psi is None else psi
-    return sharding_buffer_bytes(psi_, buckets, plan.zero == 3, working_set, bucket_bytes, every_bucket, grad_bytes)
+    gathered = zero3_gathered_bytes(working_set, 0.0 if psi is None else psi, deferred)
+    return sharding_buffer_bytes(psi_, buckets, plan.zero == 3, gathered, bucket_bytes, every_bucket, grad_bytes)
 
 
 def sharding_buffer_bytes(
@@ -238,15 +241,16 @@ def stage_memory(
     gradient buckets and when its gradients exist)."""
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
+    deferred = plan_deferred_sync(plan, runtime)
     states = memory.model_state_bytes(
-        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params
+        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params, deferred
     )
     loss, kernels = runtime.cross_entropy, runtime.layer_kernels
     buckets = memory.bucket_bytes_of(runtime, plan.d)
     return stage_peak(
         states,
         activation_peak(model, cluster, plan, m, stage, shape, kernels),
-        sharding_buffers(model, plan, shape.params, buckets, runtime.dp_buckets == "all", gb),
+        sharding_buffers(model, plan, shape.params, buckets, runtime.dp_buckets == "all", gb, deferred),
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
         fp8_weight_copies(model, plan, shape.layers, e),
         stage_transient(model, cluster, plan, shape, loss, runtime.weight_copy_bytes, kernels),

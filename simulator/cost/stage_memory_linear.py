@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
+from simulator.cost.fsdp2_sync import plan_deferred_sync, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes
@@ -158,6 +159,7 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
         model, plan.mb, plan.t, bool(plan.sp), e, plan.prec, runtime.layer_kernels
     )
     psi_layer = params.layer_params_per_rank(model, plan.t)
+    deferred = plan_deferred_sync(plan, runtime)
     layer_states = memory.model_state_bytes(
         psi_layer,
         plan.shard_group,
@@ -167,19 +169,23 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
         gb,
         k,
         psi_layer + params.layer_sharded_extra(model, plan.t),
+        deferred,
     ).total
     if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
         layer_states += fp8_layer_bytes(plan, psi_layer, e)
     layer_states += fp8_shard_bytes(plan.fp8ag, plan.zero, psi_layer, e, plan.shard_group)  # fp8 parameters' shards
     psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
-    held = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k).total
+    held = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k, None, deferred).total
     bucket = memory.bucket_bytes_of(runtime, plan.d)
     if runtime.dp_buckets == "all":  # a copy of every gradient: linear in the parameters, exact
-        buffers = sharding_buffers(model, plan, psi, bucket, True, gb)
+        buffers = sharding_buffers(model, plan, psi, bucket, True, gb, deferred)
         held += buffers
-        layer_states += sharding_buffers(model, plan, psi + psi_layer, bucket, True, gb) - buffers
-    else:  # two buckets in flight, at their cap
-        held += sharding_buffers(model, plan, None, bucket, False, gb)
+        layer_states += sharding_buffers(model, plan, psi + psi_layer, bucket, True, gb, deferred) - buffers
+    else:  # two buckets in flight, at their cap; a deferred sync's gathered parameters per parameter
+        held += sharding_buffers(model, plan, None, bucket, False, gb, deferred)
+        if plan.zero == 3:
+            held += zero3_gathered_bytes(0.0, psi, deferred)
+            layer_states += zero3_gathered_bytes(0.0, psi_layer, deferred)
     zero3_copies = memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
     phases = _phases(job, psi, psi_layer, last, a_none)
     return _DeviceTerms(held, zero3_copies, layer_states, a_full, a_sel, a_none, phases)

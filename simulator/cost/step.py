@@ -28,9 +28,9 @@ from hwprofiles.schema import ClusterSpec, NodeProfile
 from simulator.cost import collectives, layout
 from simulator.cost.block_times import compute_slowdown, device_slowdown, host_async
 from simulator.cost.cache import IdentityCache
+from simulator.cost.fsdp2_sync import fsdp2_sharded_by
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
-from simulator.cost.zero3 import fsdp2_sharded_by
 from simulator.job import Job
 from simulator.numeric import maximum, negate, where
 from simulator.plan import Plan
@@ -160,7 +160,7 @@ def step_seconds(pipeline: Any, dp_exposed: Any, gather_after: Any, optimizer: A
 def dtensor_params(t: Any, d: Any, zero: Any, runtime: Runtime) -> Any:
     """Are the rank's parameters DTensors, every optimizer op on them dispatched through DTensor
     (the profile's ``tp_optimizer_tensor_us`` per tensor, hwprofiles.schema.EagerHost): under
-    tensor parallelism (t > 1), and where FSDP2 shards them (simulator.cost.zero3.fsdp2_sharded_by),
+    tensor parallelism (t > 1), and where FSDP2 shards them (simulator.cost.fsdp2_sync.fsdp2_sharded_by),
     which keeps each sharded parameter as a DTensor (torch/distributed/fsdp/_fully_shard/
     _fsdp_param.py: ``self.sharded_param = nn.Parameter(self.to_sharded_dtensor(...))``).
     On CPU ranks (torch 2.13, the program's fused AdamW, hwprofiles.calibrate.program_optimizer)

@@ -10,7 +10,8 @@ form one more unit on the stages that hold them) and, per microbatch:
   prefetch and explicit backward prefetch of one unit; DeepSpeed's prefetch bucket);
 * reduce-scatter a unit's gradients after its backward, every microbatch (FSDP without
   ``set_requires_gradient_sync(False)``; DeepSpeed's ``reduce_scatter``), in
-  :func:`reduce_bytes` per element;
+  :func:`reduce_bytes` per element; under ``torch.distributed.pipelining`` FSDP2 syncs once a
+  step instead (simulator.cost.fsdp2_sync.deferred_sync, :func:`gathers_per_step`);
 * "fsdp2" copies each gathered output into the unit's parameters on the compute stream
   (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_all_gather_copy_out``
   after waiting for the all-gather: ``split_with_sizes_copy``, read and write 2 bytes per
@@ -137,18 +138,17 @@ def regather_fraction(runtime: Runtime, full_layers: Any, layers: Any) -> Any:
     return full_layers / maximum(layers, 1) if runtime.zero3 == "deepspeed" else 0.0
 
 
-def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
-    """Does the runtime shard the plan's parameters with FSDP2's ``fully_shard`` (each unit
-    gathered before use and its gradients reduce-scattered after its backward, every
-    microbatch): ZeRO-3 under the "fsdp2" runtime, ZeRO-2 where it runs as FSDP2
-    (``Runtime.zero2``, autoplan/runtime/data_parallel.py ``apply_fsdp``), over d > 1 ranks."""
-    return bool(fsdp2_sharded_by(plan.d, plan.zero, runtime))
-
-
-def fsdp2_sharded_by(d: Any, zero: Any, runtime: Runtime) -> Any:
-    """:func:`fsdp2_sharded` of data-parallel degrees ``d`` and ZeRO stages ``zero``, numbers or
-    numpy arrays alike (the batch estimate's plan columns)."""
-    return (d > 1) & (((zero >= 3) & (runtime.zero3 == "fsdp2")) | ((zero == 2) & (runtime.zero2 == "fsdp2")))
+def gathers_per_step(zero: Any, m: Any, deferred: Any) -> Any:
+    """All-gathers of each unit per step of ``m`` microbatches: :func:`gathers_per_microbatch`
+    each microbatch, or with the sync deferred (:func:`~simulator.cost.fsdp2_sync.deferred_sync`) the passes that find the
+    unit sharded. ZeRO-2 (``reshard_after_forward=False``) is then resharded only after the
+    step's reduction: 1. ZeRO-3 reshards after each forward and not after a backward, so a
+    forward that does not follow a backward and a backward that follows a forward gather: a
+    stage's passes, m forwards and m backwards in any schedule's order, form k runs of forwards
+    and k of backwards, first a forward and last a backward, so m - (k - 1) forwards and k
+    backwards gather, m + 1 (counted under 1F1B, GPipe and interleaved 1F1B in
+    benchmarks/data/fsdp2-pipeline-probe-2026-11-29.txt). Numbers or arrays alike."""
+    return where(deferred, where(zero >= 3, m + 1, 1), m * gathers_per_microbatch(zero))
 
 
 def gathers_per_microbatch(zero: Any) -> Any:
@@ -227,7 +227,10 @@ def units(layers: Any, first: Any, last: Any) -> Any:
 class Zero3Pass:
     """One microbatch's sharded-parameter traffic on one stage, seconds: ZeRO-3, or FSDP2's
     ZeRO-2 (``gathers`` = 1: the forward's gathers only, :func:`gathers_per_microbatch`).
-    Numbers, or arrays in the batch estimate."""
+    With the gradient sync deferred to the step's end (``deferred``, :func:`~simulator.cost.fsdp2_sync.deferred_sync`) the
+    step's gathers spread over its microbatches (``gathers``: :func:`gathers_per_step` / m) and
+    the reduce-scatters are not in the passes (``scatter`` = 0; simulator.analytic.data_parallel.
+    dp_step_times prices them after the last backward). Numbers, or arrays in the batch estimate."""
 
     units: Any
     gather: Any  # all units' all-gathers, one pass
@@ -238,6 +241,7 @@ class Zero3Pass:
     host: Any = 0.0  # FSDP2's hooks on a synchronous (CPU) rank (fsdp2_host_time)
     serial: bool = False  # a synchronous rank: every collective waited for where it is issued
     collectives: Any = None  # all-gathers per pass (gather_collectives); None: one per unit
+    deferred: Any = False  # the gradient sync deferred to the step's end (simulator.cost.fsdp2_sync.deferred_sync)
 
     @property
     def traffic(self) -> Any:
@@ -248,7 +252,10 @@ class Zero3Pass:
         """Seconds the microbatch's passes grow by (module docstring). On a synchronous rank
         (``serial``: a CPU rank, where FSDP2's streams are no-ops, its forward waits for each
         unit's gather before that unit's compute and its reduce-scatters are issued blocking,
-        _fsdp_collectives.py ``foreach_reduce``) all of it, plus FSDP2's host time."""
+        _fsdp_collectives.py ``foreach_reduce``) all of it, plus FSDP2's host time. With the
+        sync deferred, each pass that gathers exposes its first gather and overlaps the rest,
+        half of the step's gathering passes taken as forwards and half as backwards (which ones
+        gather depends on the stage's place in the schedule: :func:`gathers_per_step`)."""
         copies = self.gathers * self.copy_out
         if self.serial:
             return self.traffic + copies + self.host
@@ -258,7 +265,18 @@ class Zero3Pass:
         g_b = where(self.gathers == 2, g, 0.0)  # the backward's first gather, when it gathers
         behind = (self.gathers - 1) * self.gather + self.regather + self.scatter - g_b - r
         bwd = g_b + r + overlap_cost(backward, behind, sigma)
-        return fwd + bwd + copies + self.host
+        in_forward = g + overlap_cost(forward, self.gather - g, sigma)
+        in_backward = g + overlap_cost(backward, self.gather - g, sigma)
+        spread = self.gathers / 2 * (in_forward + in_backward)
+        return where(self.deferred, spread, fwd + bwd) + copies + self.host
+
+
+def stage_scatter(cost: StageLike, links: ShardedCollectives, runtime: Runtime, e: int) -> Any:
+    """Seconds of all the reduce-scatters of stage ``cost``'s gradients: one per unit
+    (:func:`units`) of its share of them, in :func:`reduce_bytes` per element. Numbers or arrays
+    alike."""
+    u = units(cost.layers, cost.first, cost.last)
+    return u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
 
 
 def zero3_pass(
@@ -271,22 +289,27 @@ def zero3_pass(
     zero: Any = 3,
     host_op_s: float | None = None,
     tensors: Any = 0,
+    m: Any = 1,
+    deferred: Any = False,
 ) -> Zero3Pass:
     """The sharded-parameter traffic of stage ``cost`` for one microbatch over the plan's shard
     links; ``gathered``: the bytes of one pass's gathers (simulator.cost.precision.gathered_bytes);
     ``zero``: 3, or 2 for FSDP2's ZeRO-2. ``host_op_s``: on a synchronous (CPU) rank, its per-op
     host time with the node's cores shared (kernel_launch_us x simulator.cost.stage.
     compute_slowdown), where FSDP2 serializes its collectives and its hooks take
-    :func:`fsdp2_host_time` for the stage's ``tensors`` parameter tensors; None on a GPU.
-    ``cost`` and the rest: numbers, or arrays of many plans' stages (the batch estimate)."""
+    :func:`fsdp2_host_time` for the stage's ``tensors`` parameter tensors (every microbatch);
+    None on a GPU. ``deferred``: the gradient sync deferred to the step's end
+    (:func:`~simulator.cost.fsdp2_sync.deferred_sync`) over ``m`` microbatches. ``cost`` and the rest: numbers, or arrays
+    of many plans' stages (the batch estimate)."""
     u = units(cost.layers, cost.first, cost.last)
     n = gathers_per_microbatch(zero)
+    passes = where(deferred, gathers_per_step(zero, m, True) / m, n)
     count = gather_collectives(cost.layers, cost.first, cost.last, runtime)
     gather = count * links.all_gather(gathered / count)
-    scatter = u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)
+    scatter = where(deferred, 0.0, stage_scatter(cost, links, runtime, e))
     regather = gather * regather_fraction(runtime, cost.full_layers, cost.layers)
     copy_out = copy_out_time(gathered, runtime, gpu)
     if host_op_s is None or runtime.zero3 != "fsdp2":
-        return Zero3Pass(u, gather, scatter, regather, copy_out, n, collectives=count)
+        return Zero3Pass(u, gather, scatter, regather, copy_out, passes, collectives=count, deferred=deferred)
     host = fsdp2_host_time(u, tensors, n, host_op_s)
-    return Zero3Pass(u, gather, scatter, regather, copy_out, n, host, True, count)
+    return Zero3Pass(u, gather, scatter, regather, copy_out, passes, host, True, count, deferred)

@@ -37,6 +37,7 @@ from simulator.analytic.pipeline import (
 )
 from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
+from simulator.cost.fsdp2_sync import deferred_sync, fsdp2_sharded_by, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
@@ -54,7 +55,6 @@ from simulator.cost.step import (
     step_sync_time,
 )
 from simulator.cost.workload import padded_vocab_size
-from simulator.cost.zero3 import fsdp2_sharded_by
 from simulator.job import Job
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
@@ -71,6 +71,13 @@ class BatchEstimate:
     fits: np.ndarray
 
 
+def dp_columns(P: PlanColumns, runtime: Runtime) -> DpPlan:
+    """What the data-parallel rules read of the plans ``P`` (simulator.analytic.data_parallel.DpPlan),
+    as columns (one row per plan, broadcast over its stages)."""
+    fsdp2 = fsdp2_sharded_by(P.d, P.zero, runtime)
+    return DpPlan(*(column(x) for x in (P.zero, P.d, P.fp8ag, fsdp2, P.m, deferred_sync(P.p, fsdp2, runtime))))
+
+
 def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: Runtime) -> np.ndarray:
     """simulator.cost.stage_memory.stage_memory of each plan's stages, its worst stage's total."""
     P, S, counts = X.plans, X.shapes, X.counts
@@ -79,7 +86,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     offloaded = column(~P.is_("offload", "none"))
     by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
-    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params)
+    deferred = dp_columns(P, runtime).deferred
+    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, deferred)
     working_set = P.per_plan(
         ("t",),
         lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t)),
@@ -88,7 +96,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     bucket = column(memory.bucket_bytes_of(runtime, P.d))
     buckets = column(P.d > 1) | offloaded
     every = runtime.dp_buckets == "all"
-    sharding = sharding_buffer_bytes(S.params, buckets, zero == 3, column(working_set), bucket, every, gb)
+    gathered = zero3_gathered_bytes(column(working_set), S.params, deferred)
+    sharding = sharding_buffer_bytes(S.params, buckets, zero == 3, gathered, bucket, every, gb)
     logits = P.per_plan(
         ("t", "mb"),
         lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t), runtime.cross_entropy),
@@ -167,8 +176,7 @@ def _step_times(
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
     job_of = lambda q: Job(model, cluster, q, global_batch, runtime)
     offloaded, nvme = ~P.is_("offload", "none"), P.is_("offload", "nvme")
-    fsdp2 = fsdp2_sharded_by(P.d, P.zero, runtime)
-    dp = DpPlan(column(P.zero), column(P.d), column(P.fp8ag), column(fsdp2))
+    dp = dp_columns(P, runtime)
     valid, rows = S.valid, np.arange(len(P.plans))
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
     p2p = column(
@@ -192,7 +200,7 @@ def _step_times(
     pipe = steady_seconds(P.m, worst, saved) + pipeline_bubble(worst, total, kind, P.v, fill[rows, crit], total_fill)
 
     # ---- data-parallel exposure of ZeRO 0-2 (simulator.analytic.dp_exposure)
-    times = dp_step_times(S, dp, links, e, column(memory.bucket_bytes_of(runtime, P.d)))
+    times = dp_step_times(S, dp, links, e, runtime, column(memory.bucket_bytes_of(runtime, P.d)))
     behind = S.dev * (S.backward_span + p2p)
     exposed = dp_exposed(times, S.backward_span, behind, runtime.dp_overlap, sigma)
     dp_exposed_s = np.maximum(0.0, np.where(valid, exposed, 0.0).max(axis=1))

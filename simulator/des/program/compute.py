@@ -14,16 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.cost.block_times import host_async
+from simulator.cost.fsdp2_sync import fsdp2_sharded, plan_deferred_sync
 from simulator.cost.schedules import PipeOp
 from simulator.cost.step import rank_tensors
-from simulator.cost.zero3 import (
-    copy_out_time,
-    fsdp2_host_time,
-    fsdp2_sharded,
-    gathers_per_microbatch,
-    regather_fraction,
-    units,
-)
+from simulator.cost.zero3 import copy_out_time, fsdp2_host_time, gathers_per_microbatch, regather_fraction, units
 from simulator.des.passes import Piece
 from simulator.des.program import data_parallel
 from simulator.des.program.state import Device, Program, Split, pass_info
@@ -40,6 +34,7 @@ class ReductionMode:
     dp_sync: bool  # a bucketed data-parallel gradient reduction (ZeRO 0-2 with d > 1, not FSDP2's)
     backward_gathers: bool = True  # gather again before the backward (ZeRO-3; FSDP2's ZeRO-2 keeps them)
     serial: bool = False  # FSDP2 on a synchronous (CPU) rank: nothing prefetched, nothing overlapped
+    deferred: bool = False  # FSDP2 under a pipeline: one sync per step (simulator.cost.fsdp2_sync.deferred_sync)
 
     @staticmethod
     def of(job: Job) -> ReductionMode:
@@ -55,7 +50,56 @@ class ReductionMode:
             dp_sync=dp_sync,
             backward_gathers=plan.zero >= 3,
             serial=fsdp2 and not host_async(job.cluster),
+            deferred=plan_deferred_sync(plan, job.runtime),
         )
+
+
+@dataclass
+class ChunkShards:
+    """Where FSDP2 with a deferred sync (:class:`ReductionMode` ``deferred``) leaves one local
+    chunk's units: a pass gathers them when they are sharded; a forward reshards them at
+    ZeRO-3 (``reshard_after_forward``) and a backward does not (simulator.cost.zero3.
+    gathers_per_step), so the parameters a backward gathered stay held (``held``, bytes of
+    buffers) until the next forward or the step's reduction."""
+
+    unsharded: bool = False
+    held: float = 0.0
+
+    def quiet(self, mode: ReductionMode, kind: str) -> bool:
+        """Does a pass of ``kind`` run with nothing beside its compute (no gather, buffer freed or
+        reduce-scatter, nor a synchronous rank's FSDP2 hooks): one task, as without sharding."""
+        return self.unsharded and not mode.serial and not (kind == "F" and mode.backward_gathers)
+
+    def gathered(self, kind: str, mode: ReductionMode, nbytes: float) -> None:
+        """A pass of ``kind`` gathered a unit's ``nbytes``: a backward's stay held at ZeRO-3."""
+        if kind == "B" and mode.backward_gathers:
+            self.held += nbytes
+
+    def passed(self, kind: str, mode: ReductionMode) -> None:
+        """After a pass of ``kind``: a forward reshards at ZeRO-3 (its buffers freed with its
+        pieces) and leaves ZeRO-2 unsharded; a backward leaves the units unsharded."""
+        self.unsharded = kind == "B" or not mode.backward_gathers
+        self.held = self.held if kind == "B" else 0.0
+
+
+@dataclass(frozen=True)
+class PassSync:
+    """What one pass does besides its compute: gather each unit first, free each gathered
+    buffer after its unit's compute, reduce-scatter each unit's gradients after it."""
+
+    gathers: bool
+    frees: bool
+    scatters: bool
+
+
+def pass_sync(mode: ReductionMode, kind: str, shards: ChunkShards | None) -> PassSync:
+    """The :class:`PassSync` of a pass of ``kind`` (F or B): every microbatch's per-unit
+    traffic (simulator.cost.zero3), or with a deferred sync the state machine of
+    :class:`ChunkShards`, whose reduce-scatters come after the chunk's last backward
+    (:func:`deferred_reduce`)."""
+    if shards is None:
+        return PassSync(mode.zero3 and (kind == "F" or mode.backward_gathers), mode.backward_gathers, kind == "B")
+    return PassSync(not shards.unsharded, kind == "F" and mode.backward_gathers, False)
 
 
 def add_passes(prog: Program, dev: Device) -> None:
@@ -73,6 +117,7 @@ def add_passes(prog: Program, dev: Device) -> None:
     first, last, piece_index = prog.first, prog.last, prog.piece_index
     norec_mb, full = prog.norec_mb, prog.full
     counts = dev.idx == 0 or (dev.dp == 0 and dev.tp == 0 and any(f + s for f, s in prog.recompute))  # _count's
+    shards = [ChunkShards() for _ in range(prog.v)] if mode.deferred else None
     nred = 0
     for k, op in enumerate(order):
         kind, mb, local = op
@@ -81,7 +126,9 @@ def add_passes(prog: Program, dev: Device) -> None:
         if counts:
             _count(prog, dev, op, j, norec)
         bucketed = mode.overlap and kind == grads and (mode.per_mb or last_b[local] == k)
-        if not (mode.zero3 or bucketed):  # one task, nothing beside it: _add_pass's loop, inlined (most passes)
+        chunk_shards = shards[local] if shards is not None else None
+        quiet = chunk_shards is not None and chunk_shards.quiet(mode, kind)
+        if not (mode.zero3 or bucketed) or quiet:  # one task, nothing beside it: _add_pass's loop, inlined
             pc = whole.get((kind, j, norec))
             if pc is None:
                 pc = whole[(kind, j, norec)] = prog.pieces(kind, j, norec, "whole")[0]
@@ -93,7 +140,9 @@ def add_passes(prog: Program, dev: Device) -> None:
             first[(di, kind, mb, j)] = last[(di, kind, mb, j)] = tid
         else:
             split: Split = "layers" if mode.zero3 else "buckets"
-            nred = _add_pass(prog, dev, op, j, norec, split, mode, bucketed, pieces, nred)
+            nred = _add_pass(prog, dev, op, j, norec, split, mode, bucketed, pieces, nred, chunk_shards)
+        if chunk_shards is not None and kind == grads and last_b[local] == k:
+            nred = deferred_reduce(prog, dev, j, norec, mode, chunk_shards, pieces, nred)
         if mode.per_mb and not mode.overlap and op.kind == grads:
             data_parallel.reduce_gradients(prog, dev, prog.chunk_params(j), pieces[-1], nred)
             nred += 1
@@ -162,23 +211,29 @@ def _add_pass(
     bucketed: bool,
     pieces: list[int],
     nred: int,
+    shards: ChunkShards | None = None,
 ) -> int:
-    """The compute tasks of one pass; returns the rank's reduction count after it."""
+    """The compute tasks of one pass; returns the rank's reduction count after it. ``shards``:
+    where a deferred sync left the chunk's units (:class:`ChunkShards`), updated."""
     cs = prog.stream(dev, "compute")
     regather = _regather(prog, op, j, norec) if mode.zero3 else 1.0
     sigma = prog.job.cluster.gpu.comm_overlap_slowdown
     run = prog.pieces(op.kind, j, norec, split)
     host = _fsdp2_host(prog, j) / (len(run) * (3 if prog.plan.split_backward else 2)) if mode.serial else 0.0
-    gathers = mode.zero3 and (op.kind == "F" or mode.backward_gathers)
+    sync = pass_sync(mode, op.kind, shards)
+    gathers = mode.zero3 and sync.gathers
     for gi, pc in enumerate(run):
         extra = host  # what the data-parallel traffic beside this piece, and FSDP2's hooks, cost it
         gather = -1
         if gathers:
             gather = _zero3_gather(prog, dev, pc, pieces, regather, mode)
             extra += copy_out_time(pc.first_gathered, prog.job.runtime, prog.job.cluster.gpu)
+            if shards is not None:
+                shards.gathered(op.kind, mode, pc.first_params * data_parallel.gather_bytes(prog))
         if mode.zero3 or bucketed:
             params = pc.first_params if mode.zero3 else pc.params
-            extra += sigma * min(pc.dur, data_parallel.beside(prog, params, pc.first_gathered, op.kind == "B"))
+            comm = data_parallel.beside(prog, params, pc.first_gathered, op.kind == "B", gathers, sync.scatters)
+            extra += sigma * min(pc.dur, comm)
         segs = (*pc.segs, ("dp", extra)) if extra > 0 else pc.segs
         tid = prog.eng.task(cs, pc.dur + extra, op.kind, (), pass_info((dev.idx, op.mb, j, "", segs)))
         if prog.full:
@@ -189,13 +244,11 @@ def _add_pass(
         waits = prog.serial_waits.pop(dev.idx, None)  # the reduce-scatter a synchronous rank waits for
         if waits is not None:
             prog.gate(tid, waits)
-        if gather >= 0 and mode.backward_gathers:  # the gathered parameters are freed after this use
-            prog.mem.add(tid, dev.idx, True, "buffers", -pc.first_params * data_parallel.gather_bytes(prog))
-        prog.mem.add_many(tid, dev.idx, pc.start_mem, pc.end_mem)
+        _piece_memory(prog, dev, tid, pc, mode.zero3 and sync.frees and (gather >= 0 or shards is not None))
         if gi == 0:
             prog.first[(dev.idx, op.kind, op.mb, j)] = tid
         prog.last[(dev.idx, op.kind, op.mb, j)] = tid
-        if mode.zero3 and op.kind == "B":
+        if mode.zero3 and sync.scatters:
             scatter = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, tid, nred, pc.first_units)
             if mode.serial:
                 prog.serial_waits[dev.idx] = scatter
@@ -203,4 +256,40 @@ def _add_pass(
         elif bucketed:
             data_parallel.reduce_gradients(prog, dev, pc.params, tid, nred)
             nred += 1
+    if shards is not None:
+        shards.passed(op.kind, mode)
+    return nred
+
+
+def _piece_memory(prog: Program, dev: Device, tid: int, pc: Piece, frees: bool) -> None:
+    """The memory piece ``pc`` (task ``tid``) allocates and frees, and with ``frees`` its unit's
+    gathered parameters freed after this use."""
+    if frees:
+        prog.mem.add(tid, dev.idx, True, "buffers", -pc.first_params * data_parallel.gather_bytes(prog))
+    prog.mem.add_many(tid, dev.idx, pc.start_mem, pc.end_mem)
+
+
+def deferred_reduce(
+    prog: Program,
+    dev: Device,
+    j: int,
+    norec: bool,
+    mode: ReductionMode,
+    shards: ChunkShards,
+    pieces: list[int],
+    nred: int,
+) -> int:
+    """After chunk ``j``'s last backward, a deferred sync's reduce-scatters of its units, one
+    after the other (torch/distributed/pipelining/stage.py ``perform_reduce_grad``), then the
+    units resharded (the buffers its backwards kept freed); on a synchronous rank the next
+    compute waits for them. Returns the rank's reduction count after them."""
+    last = pieces[-1]
+    for pc in prog.pieces("B", j, norec, "layers"):
+        last = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, last, nred, pc.first_units)
+        nred += 1
+    if shards.held:
+        prog.mem.add(last, dev.idx, True, "buffers", -shards.held)
+    shards.unsharded, shards.held = False, 0.0
+    if mode.serial:
+        prog.serial_waits[dev.idx] = last
     return nred

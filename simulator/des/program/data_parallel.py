@@ -6,7 +6,10 @@
   forward and every backward pass of every microbatch, one layer ahead of the compute (with
   offload the rank's shard first comes up from host memory, or NVMe then host), and its
   gradients reduce-scattered after every backward pass; FSDP2's ZeRO-2 the same, gathering
-  before every forward pass only (simulator.cost.zero3.gathers_per_microbatch);
+  before every forward pass only (simulator.cost.zero3.gathers_per_microbatch); under
+  torch.distributed.pipelining each pass that finds its unit sharded gathers it and the
+  reduce-scatters follow a chunk's last backward (simulator.des.program.compute.ChunkShards,
+  deferred_reduce);
 * offload: the rank's reduced gradient shard goes down to host memory over PCIe;
 * tied embeddings (p > 1): the word-embedding gradient all-reduced between the first and
   the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
@@ -23,10 +26,11 @@ import functools
 
 from hwprofiles.algorithms import Collective
 from simulator.cost import collectives
+from simulator.cost.fsdp2_sync import fsdp2_sharded
 from simulator.cost.offload import FSDP2_OFFLOAD_BYTES
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
-from simulator.cost.zero3 import fsdp2_sharded, gathers_per_layer, reduce_bytes, sharded_reduce_time
+from simulator.cost.zero3 import gathers_per_layer, reduce_bytes, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import TransferClass
 
@@ -42,20 +46,23 @@ def grad_reduce_bytes(prog: Program) -> int:
     return reduce_bytes(prog.job.runtime, prog.costs.e) if prog.plan.zero >= 2 else prog.costs.grad_bytes
 
 
-def beside(prog: Program, params: float, gathered: float, backward: bool) -> float:
+def beside(
+    prog: Program, params: float, gathered: float, backward: bool, gathers: bool = True, scatters: bool = True
+) -> float:
     """Closed-form seconds of the data-parallel traffic that runs beside one compute piece of
     ``params`` parameters (``gathered``: the bytes of all-gathering them), for its contention
-    price (simulator.cost.overlap): with ZeRO-3 the next layer's gather (and in backward this
-    layer's reduce-scatter; FSDP2's ZeRO-2 gathers in the forward only); with bucketed ZeRO 0-2
-    the bucket's reduction. None with free communication (``DesOptions.free_comm``)."""
+    price (simulator.cost.overlap): with ZeRO-3 the next layer's gather when the pass
+    ``gathers`` (and in backward this layer's reduce-scatter when it ``scatters``; FSDP2's
+    ZeRO-2 gathers in the forward only); with bucketed ZeRO 0-2 the bucket's reduction. None
+    with free communication (``DesOptions.free_comm``)."""
     plan = prog.plan
     if prog.opt.free_comm:
         return 0.0
     if plan.zero == 3 or fsdp2_sharded(plan, prog.job.runtime):
         links = prog.shard_links
-        gathers = plan.zero == 3 or not backward  # FSDP2's ZeRO-2 gathers in the forward only
+        gathers = gathers and (plan.zero == 3 or not backward)  # FSDP2's ZeRO-2 gathers in the forward only
         comm = collectives.all_gather_time(gathered, links.n, links.shard) if gathers else 0.0
-        if backward:
+        if backward and scatters:
             comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
     return collectives.collective_time(

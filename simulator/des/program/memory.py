@@ -13,6 +13,7 @@ forward's others are the head's forward transient, simulator.des.passes) and fp8
 from __future__ import annotations
 
 from simulator.cost.boundary import pipeline_buffer_bytes
+from simulator.cost.fsdp2_sync import plan_deferred_sync
 from simulator.cost.memory import (
     ModelStates,
     gradient_bucket_bytes,
@@ -43,10 +44,13 @@ def add_late_gradients(prog: Program) -> None:
 def device_states(prog: Program, dev: Device) -> ModelStates:
     """The model states one rank of ``dev`` holds (simulator.cost.memory.model_state_bytes), in
     the program's bytes per parameter."""
-    plan = prog.plan
-    states = program_state_bytes(prog.job.runtime.states, prog.costs.e, plan.zero)
+    plan, runtime = prog.plan, prog.job.runtime
+    states = program_state_bytes(runtime.states, prog.costs.e, plan.zero)
     psi = prog.device_params(dev)
-    return model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev))
+    whole = plan_deferred_sync(plan, runtime)  # gradients sharded only after the step
+    return model_state_bytes(
+        psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev), whole
+    )
 
 
 def add_static_memory(prog: Program) -> None:

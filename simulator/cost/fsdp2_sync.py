@@ -1,0 +1,53 @@
+"""Which plans FSDP2 shards, and when it reduces their gradients (the rules that the time and
+the memory models both read; simulator.cost.zero3 prices the traffic)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.cost import memory
+from simulator.numeric import where
+from simulator.plan import Plan
+from simulator.runtime_spec import Runtime
+
+
+def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
+    """Does the runtime shard the plan's parameters with FSDP2's ``fully_shard`` (each unit
+    gathered before use and its gradients reduce-scattered after its backward, every
+    microbatch, or once a step under a pipeline: :func:`deferred_sync`): ZeRO-3 under the "fsdp2" runtime, ZeRO-2 where it runs as FSDP2
+    (``Runtime.zero2``, autoplan/runtime/data_parallel.py ``apply_fsdp``), over d > 1 ranks."""
+    return bool(fsdp2_sharded_by(plan.d, plan.zero, runtime))
+
+
+def fsdp2_sharded_by(d: Any, zero: Any, runtime: Runtime) -> Any:
+    """:func:`fsdp2_sharded` of data-parallel degrees ``d`` and ZeRO stages ``zero``, numbers or
+    numpy arrays alike (the batch estimate's plan columns)."""
+    return (d > 1) & (((zero >= 3) & (runtime.zero3 == "fsdp2")) | ((zero == 2) & (runtime.zero2 == "fsdp2")))
+
+
+def deferred_sync(p: Any, fsdp2: Any, runtime: Runtime) -> Any:
+    """Does FSDP2 reduce a stage's gradients once per step and keep its parameters unsharded after
+    each backward: under a pipeline (p > 1) of a runtime that pipelines with
+    ``torch.distributed.pipelining`` (``Runtime.fsdp2_deferred_sync``: autoplan's program,
+    torchtitan). Its stages turn FSDP2's
+    gradient sync and its reshard after backward off for every microbatch's backward
+    (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``:
+    ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``; the unsharded
+    gradients accumulate) and, after the stage's last backward, reduce-scatter every unit's
+    gradients (``perform_reduce_grad``). ``fsdp2``: the plan's parameters sharded by FSDP2
+    (:func:`fsdp2_sharded_by`). Counted in autoplan's program:
+    benchmarks/data/fsdp2-pipeline-probe-2026-11-29.txt. Numbers or arrays alike."""
+    return fsdp2 & (p > 1) & runtime.fsdp2_deferred_sync
+
+
+def plan_deferred_sync(plan: Plan, runtime: Runtime) -> bool:
+    """:func:`deferred_sync` of one plan under ``runtime``."""
+    return bool(deferred_sync(plan.p, fsdp2_sharded(plan, runtime), runtime))
+
+
+def zero3_gathered_bytes(working_set: Any, psi: Any, deferred: Any) -> Any:
+    """ZeRO-3's gathered parameters at a stage's peak: the ``working_set``
+    (simulator.cost.memory.zero3_working_set_bytes), or, with the sync deferred (:func:`deferred_sync`:
+    each unit stays unsharded after its backward), all ``psi`` parameters of the stage at
+    PARAM_BYTES each (its last backwards leave every unit gathered). Numbers or arrays alike."""
+    return where(deferred, psi * memory.PARAM_BYTES, working_set)
