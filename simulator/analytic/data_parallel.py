@@ -117,7 +117,7 @@ def sharded_exposed(
 ) -> Any:
     """Exposed seconds per microbatch of the ZeRO stages that keep only a gradient shard and so
     must reduce-scatter every microbatch's gradients (ZeRO-2, ZeRO-3; DeepSpeed and FSDP both
-    do), over d > 1 ranks. They hide behind the stage's pass spans, its in-pass collectives included
+    do; FSDP2 under a pipeline once a step, :func:`dp_step_times`), over d > 1 ranks. They hide behind the stage's pass spans, its in-pass collectives included
     (StageCost.forward_span, backward_span), at the contention price of simulator.cost.overlap.
 
     * bucketed ZeRO-2 (DeepSpeed, Megatron's distributed optimizer): a reduce-scatter of the
@@ -174,7 +174,7 @@ def dp_step_times(
 ) -> DpStepTimes:
     """:class:`DpStepTimes` of stage ``cost`` for ZeRO 0-2 over d > 1 ranks; 0 for ZeRO-3 and
     FSDP2's ZeRO-2, whose traffic is per microbatch (:func:`sharded_exposed`), but for their
-    reduce-scatters where FSDP2 defers them to the step's end (simulator.cost.zero3.
+    reduce-scatters where FSDP2 defers them to the step's end (simulator.cost.fsdp2_sync.
     deferred_sync): the stage's units one after the other once its last backward is done, the
     last unit's the last bucket. ZeRO-0 all-reduces and ZeRO-1 reduce-scatters the gradients at
     the end; ZeRO-2 has reduced them per microbatch; ZeRO-1/2 all-gather the updated parameters

@@ -13,9 +13,10 @@ from simulator.runtime_spec import Runtime
 
 def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
     """Does the runtime shard the plan's parameters with FSDP2's ``fully_shard`` (each unit
-    gathered before use and its gradients reduce-scattered after its backward, every
-    microbatch, or once a step under a pipeline: :func:`deferred_sync`): ZeRO-3 under the "fsdp2" runtime, ZeRO-2 where it runs as FSDP2
-    (``Runtime.zero2``, autoplan/runtime/data_parallel.py ``apply_fsdp``), over d > 1 ranks."""
+    gathered before use and its gradients reduce-scattered after its backward, every microbatch,
+    or once a step under a pipeline: :func:`deferred_sync`): ZeRO-3 under the "fsdp2" runtime,
+    ZeRO-2 where it runs as FSDP2 (``Runtime.zero2``, autoplan/runtime/data_parallel.py
+    ``apply_fsdp``), over d > 1 ranks."""
     return bool(fsdp2_sharded_by(plan.d, plan.zero, runtime))
 
 
@@ -29,8 +30,8 @@ def deferred_sync(p: Any, fsdp2: Any, runtime: Runtime) -> Any:
     """Does FSDP2 reduce a stage's gradients once per step and keep its parameters unsharded after
     each backward: under a pipeline (p > 1) of a runtime that pipelines with
     ``torch.distributed.pipelining`` (``Runtime.fsdp2_deferred_sync``: autoplan's program,
-    torchtitan). Its stages turn FSDP2's
-    gradient sync and its reshard after backward off for every microbatch's backward
+    torchtitan). Its stages turn FSDP2's gradient sync and its reshard after backward off for
+    every microbatch's backward
     (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``:
     ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``; the unsharded
     gradients accumulate) and, after the stage's last backward, reduce-scatter every unit's
