@@ -109,3 +109,22 @@ def test_des_follows_the_closed_form(text):
     assert des.peak_memory == pytest.approx(analytic.peak_memory, rel=0.06)
     every = replace(job, runtime=replace(job.runtime, fsdp2_deferred_sync=False))
     assert des.step_time < simulate(every, "des").step_time
+
+
+def test_whole_gradients_stay_on_the_device_in_the_reduce_dtype_offloaded_or_not():
+    """torchtitan (bf16 parameters, fp32 reduction) with CPU offload: under a pipeline FSDP2
+    accumulates the stage's unsharded gradients on the GPU in fp32, 4 bytes per parameter
+    (fsdp2_sync.whole_grad_bytes); without one the offloaded gradients leave none there."""
+    from autoplan.frameworks import load_framework
+    from autoplan.frameworks.pricing import plan_runtime
+    from simulator.plan import Plan
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    fw = load_framework("torchtitan")
+    for p, per_param in ((2, 4.0), (1, 0.0)):
+        plan = Plan(t=1, p=p, d=8 // p, mb=1, zero=2, offload="cpu")
+        runtime = plan_runtime(fw, fw.base_runtime(), plan, cluster.node.backend)
+        job = Job.make(model, cluster, plan, 16, runtime=runtime)
+        shape = stage_groups(model, cluster, plan, runtime.layer_kernels)[0][1]
+        grads = stage_memory(model, cluster, plan, job.m, 0, shape, runtime).grads
+        assert grads == pytest.approx(per_param * shape.params), p

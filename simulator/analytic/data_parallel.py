@@ -133,7 +133,7 @@ def sharded_exposed(
     sharded = active & negate(bucketed)
     out = 0.0
     if any_of(bucketed):
-        scatter = zero3.sharded_reduce_time(cost.params * zero3.reduce_bytes(runtime, e), links)
+        scatter = zero3.sharded_reduce_time(cost.params * fsdp2_sync.reduce_bytes(runtime, e), links)
         out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
     if any_of(sharded):
         gathered = stage_gathered_bytes(cost, fp8ag, e)

@@ -1,5 +1,5 @@
-"""Which plans FSDP2 shards, and when it reduces their gradients (the rules that the time and
-the memory models both read; simulator.cost.zero3 prices the traffic)."""
+"""Which plans FSDP2 shards, when it reduces their gradients and in what dtype (the rules that
+the time and the memory models both read; simulator.cost.zero3 prices the traffic)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from simulator.cost import memory
 from simulator.numeric import where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
+
+
+def reduce_bytes(runtime: Runtime, e: int) -> int:
+    """Bytes per gradient element of a ZeRO-2/3 reduce-scatter (FSDP2's, DeepSpeed's): the
+    runtime's reduce dtype, never below the training dtype's (a fp32 run reduces in fp32)."""
+    return max(e, runtime.sharded_reduce_bytes)
 
 
 def fsdp2_sharded(plan: Plan, runtime: Runtime) -> bool:
@@ -52,3 +58,13 @@ def zero3_gathered_bytes(working_set: Any, psi: Any, deferred: Any) -> Any:
     each unit stays unsharded after its backward), all ``psi`` parameters of the stage at
     PARAM_BYTES each (its last backwards leave every unit gathered). Numbers or arrays alike."""
     return where(deferred, psi * memory.PARAM_BYTES, working_set)
+
+
+def whole_grad_bytes(deferred: Any, runtime: Runtime, e: int) -> Any:
+    """Bytes per parameter of the gradients a stage accumulates whole through the step, on the
+    device, offloaded or not: with the sync deferred (:func:`deferred_sync`) FSDP2 keeps each
+    unsharded gradient and, where its parameters compute in another dtype, accumulates it in the
+    reduce dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    ``to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``), :func:`reduce_bytes`;
+    0 without. Numbers or arrays alike."""
+    return where(deferred, float(reduce_bytes(runtime, e)), 0.0)

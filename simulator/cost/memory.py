@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from simulator.cost.experts import routed_copies
-from simulator.numeric import maximum, minimum, negate, where
+from simulator.numeric import maximum, minimum, where
 from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
 
@@ -65,7 +65,7 @@ def model_state_bytes(
     grad_bytes: Any = GRAD_BYTES,
     k: Any = OPTIMIZER_BYTES_PER_PARAM,
     psi_sharded: Any = None,
-    grads_whole: Any = False,
+    whole_grad_bytes: Any = 0.0,
 ) -> ModelStates:
     """Bytes of model states on one GPU for Psi parameters held by its model-parallel rank.
 
@@ -81,15 +81,16 @@ def model_state_bytes(
     ``psi_sharded``: the parameters whose states the d ranks shard, when not Psi (a mixture of
     experts split over ep ranks: all E experts' states are sharded over d, as each E/ep over
     d/ep; simulator.cost.rank_view).
-    ``offload``: the plan's (a string), or whether it offloads (booleans). ``grads_whole``: every
-    gradient whole until the step's end (simulator.cost.fsdp2_sync.deferred_sync). Numbers or arrays alike.
+    ``offload``: the plan's (a string), or whether it offloads (booleans). ``whole_grad_bytes``: the
+    gradients held whole on the device until the step's end (simulator.cost.fsdp2_sync). Numbers or arrays alike.
     """
     offloaded = offload != "none" if isinstance(offload, str) else offload
     ps = psi if psi_sharded is None else psi_sharded
     params = where(
         offloaded, where(zero == 3, 0.0, psi * param_bytes), where(zero >= 3, ps * param_bytes / d, psi * param_bytes)
     )
-    grads = where(offloaded, 0.0, where((zero >= 2) & negate(grads_whole), ps * grad_bytes / d, psi * grad_bytes))
+    grads = where(offloaded, 0.0, where(zero >= 2, ps * grad_bytes / d, psi * grad_bytes))
+    grads = where(whole_grad_bytes > 0, psi * whole_grad_bytes, grads)
     opt = where(offloaded, 0.0, where(zero >= 1, ps * k / d, psi * k))
     return ModelStates(params, grads, opt)
 

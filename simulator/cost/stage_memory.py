@@ -11,8 +11,7 @@ Each term is a rule over numbers or arrays alike (simulator.numeric): the batch 
 (simulator.analytic.batch) calls the same functions for many plans' stages.
 
 Terms (all per rank of the device):
-    states      = model_state_bytes(psi) (ZeRO 0-3, offload; simulator.cost.memory), psi the
-                  stage's parameters with Megatron's padded vocabulary;
+    states      = model_state_bytes(psi) (ZeRO 0-3, offload), psi the stage's padded-vocabulary parameters;
     activations = occupancy-weighted per-layer activations for each layer's recompute mode,
                   plus on the first stage the embedding dropout mask per in-flight microbatch;
     buffers     = gradient buckets (d > 1 or offload), ZeRO-3 gathered layers, the last
@@ -37,7 +36,7 @@ from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_activation_bytes
-from simulator.cost.fsdp2_sync import plan_deferred_sync, zero3_gathered_bytes
+from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import (
     gradients_late,
@@ -242,8 +241,9 @@ def stage_memory(
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
     deferred = plan_deferred_sync(plan, runtime)
+    whole = whole_grad_bytes(deferred, runtime, e)  # the gradients FSDP2 holds whole under a pipeline
     states = memory.model_state_bytes(
-        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params, deferred
+        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params, whole
     )
     loss, kernels = runtime.cross_entropy, runtime.layer_kernels
     buckets = memory.bucket_bytes_of(runtime, plan.d)

@@ -10,7 +10,7 @@ form one more unit on the stages that hold them) and, per microbatch:
   prefetch and explicit backward prefetch of one unit; DeepSpeed's prefetch bucket);
 * reduce-scatter a unit's gradients after its backward, every microbatch (FSDP without
   ``set_requires_gradient_sync(False)``; DeepSpeed's ``reduce_scatter``), in
-  :func:`reduce_bytes` per element; under ``torch.distributed.pipelining`` FSDP2 syncs once a
+  :func:`~simulator.cost.fsdp2_sync.reduce_bytes` per element; under ``torch.distributed.pipelining`` FSDP2 syncs once a
   step instead (simulator.cost.fsdp2_sync.deferred_sync, :func:`gathers_per_step`);
 * "fsdp2" copies each gathered output into the unit's parameters on the compute stream
   (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_all_gather_copy_out``
@@ -47,17 +47,12 @@ from typing import Any, Protocol
 
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.cost import collectives, layout
+from simulator.cost.fsdp2_sync import reduce_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.stage_memory import StageLike
 from simulator.numeric import maximum, where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
-
-
-def reduce_bytes(runtime: Runtime, e: int) -> int:
-    """Bytes per gradient element of a ZeRO-2/3 reduce-scatter: the runtime's reduce dtype,
-    never below the training dtype's (a fp32 run reduces in fp32)."""
-    return max(e, runtime.sharded_reduce_bytes)
 
 
 class ShardedCollectives(Protocol):
@@ -273,7 +268,7 @@ class Zero3Pass:
 
 def stage_scatter(cost: StageLike, links: ShardedCollectives, runtime: Runtime, e: int) -> Any:
     """Seconds of all the reduce-scatters of stage ``cost``'s gradients: one per unit
-    (:func:`units`) of its share of them, in :func:`reduce_bytes` per element. Numbers or arrays
+    (:func:`units`) of its share of them, in :func:`~simulator.cost.fsdp2_sync.reduce_bytes` per element. Numbers or arrays
     alike."""
     u = units(cost.layers, cost.first, cost.last)
     return u * sharded_reduce_time(cost.params * reduce_bytes(runtime, e) / u, links)

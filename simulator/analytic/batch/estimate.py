@@ -37,7 +37,7 @@ from simulator.analytic.pipeline import (
 )
 from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
-from simulator.cost.fsdp2_sync import deferred_sync, fsdp2_sharded_by, zero3_gathered_bytes
+from simulator.cost.fsdp2_sync import deferred_sync, fsdp2_sharded_by, whole_grad_bytes, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
@@ -87,7 +87,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
     deferred = dp_columns(P, runtime).deferred
-    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, deferred)
+    whole = whole_grad_bytes(deferred, runtime, e)
+    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, whole)
     working_set = P.per_plan(
         ("t",),
         lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t)),

@@ -15,7 +15,7 @@
   the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
 * ZeRO-1/2 (not FSDP2's): the updated parameters all-gathered once every member has stepped.
 Volumes: gradients e bytes per parameter (ZeRO-2/3: the runtime's reduce dtype,
-simulator.cost.zero3.reduce_bytes), parameter gathers :func:`simulator.cost.step.param_gather_bytes`.
+simulator.cost.fsdp2_sync.reduce_bytes), parameter gathers :func:`simulator.cost.step.param_gather_bytes`.
 A compute piece with traffic beside it is longer by the contention price of
 simulator.cost.overlap (:func:`beside`).
 """
@@ -26,11 +26,11 @@ import functools
 
 from hwprofiles.algorithms import Collective
 from simulator.cost import collectives
-from simulator.cost.fsdp2_sync import fsdp2_sharded
+from simulator.cost.fsdp2_sync import fsdp2_sharded, reduce_bytes
 from simulator.cost.offload import FSDP2_OFFLOAD_BYTES
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
-from simulator.cost.zero3 import gathers_per_layer, reduce_bytes, sharded_reduce_time
+from simulator.cost.zero3 import gathers_per_layer, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import TransferClass
 
@@ -42,7 +42,7 @@ def gather_bytes(prog: Program) -> int:
 
 def grad_reduce_bytes(prog: Program) -> int:
     """Bytes per gradient element of a reduction: the runtime's reduce dtype for the sharded
-    stages (simulator.cost.zero3.reduce_bytes), the gradients' dtype otherwise."""
+    stages (simulator.cost.fsdp2_sync.reduce_bytes), the gradients' dtype otherwise."""
     return reduce_bytes(prog.job.runtime, prog.costs.e) if prog.plan.zero >= 2 else prog.costs.grad_bytes
 
 
