@@ -128,3 +128,52 @@ def test_whole_gradients_stay_on_the_device_in_the_reduce_dtype_offloaded_or_not
         shape = stage_groups(model, cluster, plan, runtime.layer_kernels)[0][1]
         grads = stage_memory(model, cluster, plan, job.m, 0, shape, runtime).grads
         assert grads == pytest.approx(per_param * shape.params), p
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 3), (4, 16, 4), (4, 8, 5), (8, 48, 6)])
+def test_window_reshards_as_torch_lowers_the_interleaved_schedule(p, m, v):
+    """A runtime schedule keeps only its next 3 stages unsharded: the chunks FSDP2's ZeRO-2 gathers
+    per step are the UNSHARD actions torch's own lowering inserts into the same order
+    (torch.distributed.pipelining.schedules._add_unshard_reshard, torch 2.13), v of them with v <= 3;
+    ZeRO-3 without a window's reshards gathers m + 1 times (zero3.gathers_per_step)."""
+    from torch.distributed.pipelining.schedules import _Action, _add_unshard_reshard, _ComputationType
+
+    from simulator.cost import schedules
+    from simulator.cost.fsdp2_sync import rank_step_gathers
+
+    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+    for s in range(p):
+        order = schedules.device_order("interleaved", p, m, v, s)
+        lowered = _add_unshard_reshard([_Action(s + op.chunk * p, kinds[op.kind], op.mb) for op in order])
+        unshards = sum(a.computation_type == _ComputationType.UNSHARD for a in lowered)
+        assert rank_step_gathers("interleaved", p, m, v, s, 2) * v == unshards
+        if v <= 3:
+            assert unshards == v and rank_step_gathers("interleaved", p, m, v, s, 3) == zero3.gathers_per_step(
+                3, m, True
+            )
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_des_reshards_with_the_window_as_the_closed_form_counts(zero):
+    """llama2-7b on one DGX H100, p=2 with v=4 interleaved chunks (the window of 3 reshards): the
+    DES (compute.ChunkShards with fsdp2_sync.resharded_before) within 5% of the closed form's
+    step (fsdp2_sync.step_gathers) and 10% of its memory (which holds every gathered ZeRO-3 unit
+    at the activations' peak, an upper bound)."""
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    plan, _ = parse_plan(f"t=1,p=2,d=4,mb=1,zero={zero},v=4,schedule=interleaved", model, 8, 32)
+    job = program_job(Job.make(model, cluster, plan, 32))
+    des, analytic = simulate(job, "des"), simulate(job, "analytic")
+    assert des.step_time == pytest.approx(analytic.step_time, rel=0.05)
+    assert des.peak_memory == pytest.approx(analytic.peak_memory, rel=0.10)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_long_orders_extrapolate_group_by_group_exactly(zero):
+    """Past EXACT_GROUPS groups of p microbatches the interleaved order repeats: the extrapolated
+    count equals the pass-by-pass one (p=4, v=5, m up to 40)."""
+    from simulator.cost import fsdp2_sync
+
+    for m in range(4 * (fsdp2_sync.EXACT_GROUPS + 2), 41, 4):
+        for s in range(4):
+            counted = fsdp2_sync._rank_gathers("interleaved", 4, m, 5, s, zero) / 5
+            assert fsdp2_sync.rank_step_gathers("interleaved", 4, m, 5, s, zero) == pytest.approx(counted), (m, s)
