@@ -3,10 +3,9 @@ the time and the memory models both read; simulator.cost.zero3 prices the traffi
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from simulator.cost import memory, schedules
+from simulator.cost import memory
 from simulator.numeric import where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
@@ -69,83 +68,3 @@ def whole_grad_bytes(deferred: Any, runtime: Runtime, e: int) -> Any:
     ``to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``), :func:`reduce_bytes`;
     0 without. Numbers or arrays alike."""
     return where(deferred, float(reduce_bytes(runtime, e)), 0.0)
-
-
-#: the stages a runtime schedule of torch.distributed.pipelining keeps unsharded at once
-#: (torch/distributed/pipelining/schedules.py ``_add_unshard_reshard``, ``max_active_stages=3``),
-#: and the schedules it lowers so (``_PipelineScheduleRuntime``: interleaved 1F1B, the zero-bubble ones)
-ACTIVE_STAGES = 3
-RUNTIME_SCHEDULES = frozenset({"interleaved", "zbh1", "zbv"})
-
-
-@functools.lru_cache(maxsize=4096)
-def resharded_before(schedule: str, p: int, m: int, v: int, stage: int) -> tuple[tuple[int, ...], ...]:
-    """Per pass of pipeline rank ``stage``'s order (simulator.cost.schedules.device_order), the
-    local chunks whose units its schedule reshards just before it: a runtime schedule
-    (:data:`RUNTIME_SCHEDULES`) keeps unsharded only the next :data:`ACTIVE_STAGES` distinct
-    chunks it will run and reshards (``RESHARD``) the others it holds, as torch lowers it
-    (``_add_unshard_reshard``); with v <= 3 chunks, or another schedule, never."""
-    order = schedules.device_order(schedule, p, m, v, stage)
-    if not windowed(schedule, v):
-        return ((),) * len(order)
-    active: set[int] = set()
-    out = []
-    for i in range(len(order)):
-        upcoming: list[int] = []
-        for j in range(i, len(order)):
-            if order[j].chunk not in upcoming:
-                upcoming.append(order[j].chunk)
-                if len(upcoming) == ACTIVE_STAGES:
-                    break
-        evict = tuple(sorted(c for c in active if c not in upcoming))
-        active = (active - set(evict)) | set(upcoming)
-        out.append(evict)
-    return tuple(out)
-
-
-def windowed(schedule: str, v: int) -> bool:
-    """Does the schedule reshard chunks that leave its window (:func:`resharded_before`)?"""
-    return schedule in RUNTIME_SCHEDULES and v > ACTIVE_STAGES
-
-
-#: microbatch groups (of p) whose passes :func:`rank_step_gathers` follows one by one; past them
-#: the interleaved order repeats, one more group of p microbatches adding the gathers the last did
-EXACT_GROUPS = 4
-
-
-@functools.lru_cache(maxsize=4096)
-def rank_step_gathers(schedule: str, p: int, m: int, v: int, stage: int, zero: int) -> float:
-    """All-gathers per unit and step on pipeline rank ``stage`` with the sync deferred, averaged
-    over its chunks: a pass gathers a chunk's units when they are sharded; a forward reshards
-    them at ZeRO-3 (``reshard_after_forward``), a backward does not, and the runtime schedule
-    reshards the chunks that leave its window (:func:`resharded_before`). Without a window's
-    reshards this is 1 at ZeRO-2 and m + 1 at ZeRO-3 (simulator.cost.zero3.gathers_per_step).
-    With m = k p and k > EXACT_GROUPS + 1, the steady part of the order repeats group by group:
-    the count at EXACT_GROUPS groups plus (k - EXACT_GROUPS) times what one more group adds."""
-    if not windowed(schedule, v):
-        return 1.0 if zero < 3 else float(m + 1)
-    groups = m // p
-    if m % p == 0 and groups > EXACT_GROUPS + 1:
-        base = _rank_gathers(schedule, p, EXACT_GROUPS * p, v, stage, zero)
-        more = _rank_gathers(schedule, p, (EXACT_GROUPS + 1) * p, v, stage, zero) - base
-        return (base + (groups - EXACT_GROUPS) * more) / v
-    return _rank_gathers(schedule, p, m, v, stage, zero) / v
-
-
-def _rank_gathers(schedule: str, p: int, m: int, v: int, stage: int, zero: int) -> int:
-    """The gathers of all the rank's chunks in a step, pass by pass (:func:`rank_step_gathers`)."""
-    unsharded = [False] * v
-    gathers = 0
-    for op, evict in zip(schedules.device_order(schedule, p, m, v, stage), resharded_before(schedule, p, m, v, stage)):
-        for c in evict:
-            unsharded[c] = False
-        gathers += not unsharded[op.chunk]
-        unsharded[op.chunk] = op.kind != "F" or zero < 3
-    return gathers
-
-
-@functools.lru_cache(maxsize=4096)
-def step_gathers(schedule: str, p: int, m: int, v: int, zero: int) -> float:
-    """:func:`rank_step_gathers` averaged over the p ranks (the closed form's one figure per plan;
-    the DES follows each rank's own passes)."""
-    return sum(rank_step_gathers(schedule, p, m, v, s, zero) for s in range(p)) / p
