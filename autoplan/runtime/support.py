@@ -63,7 +63,8 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
     (autoplan/frameworks/profiles/autoplan.yaml, each field citing the program's source): the
     :data:`PROGRAM_FIXED` fields of its ``runtime`` (loss ``F.cross_entropy(logits.float())``,
     fp32 parameters and gradients, ZeRO-2 and offload through FSDP2, gradients dropped at each
-    step's start, FSDP2's gradient sync once a step under torch.distributed.pipelining) and its loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
+    step's start, FSDP2's gradient sync once a step under torch.distributed.pipelining) and its
+    loss at t > 1 (``tensor_parallel_loss``: each rank's V/t logits,
     autoplan.runtime.vocab_parallel). What follows the plan is here:
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes

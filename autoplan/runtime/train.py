@@ -168,7 +168,6 @@ def timed_phase(spec: RunSpec, env: DistEnv, warmup: int, steps: int, log: RankL
         "peak_memory_bytes": peak,
         "peak_reserved_bytes": reserved,
         "peak_anon_bytes": at_end.anon_peak_since(at_reset) if at_end and at_reset else None,
-        "file_growth_bytes": at_end.file - at_reset.file if at_end and at_reset else None,
     }
 
 
@@ -232,7 +231,7 @@ def run(args: argparse.Namespace, own_group: bool = True) -> None:
         "backend": backend,
         "coords": {"pp": layout.pp_rank, "dp": layout.dp_rank, "tp": layout.tp_rank},
         "has_last_stage": layout.has_last,
-        "rss_baseline_bytes": rss_bytes(),
+        "rss_baseline_bytes": baseline.rss if baseline else rss_bytes(),
         "anon_baseline_bytes": baseline.anon if baseline else None,
     }
     if args.steps > 0:
