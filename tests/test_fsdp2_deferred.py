@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from autoplan.runtime.support import program_job
@@ -128,3 +129,86 @@ def test_whole_gradients_stay_on_the_device_in_the_reduce_dtype_offloaded_or_not
         shape = stage_groups(model, cluster, plan, runtime.layer_kernels)[0][1]
         grads = stage_memory(model, cluster, plan, job.m, 0, shape, runtime).grads
         assert grads == pytest.approx(per_param * shape.params), p
+
+
+def test_an_offloaded_stage_over_one_rank_is_wrapped_and_holds_its_whole_gradients():
+    """autoplan's program offloads ZeRO-3 through FSDP2 even over d = 1 rank (support.dp_mode
+    "fsdp"), so under a pipeline its stage accumulates whole fp32 gradients on the GPU (4 bytes
+    per parameter) and, with every unit left unsharded by its backwards, the bf16 parameters
+    (2 bytes each) too; the closed form and the batch estimate agree, and the same plan at p = 1
+    leaves none there."""
+    from autoplan.runtime.support import dp_mode
+    from simulator.analytic.batch import estimate_batch
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    for p, per_param in ((2, 4.0), (1, 0.0)):
+        plan, _ = parse_plan(f"t={8 // p},p={p},d=1,mb=1,zero=3,offload=cpu", model, 8, 16)
+        assert dp_mode(plan) == "fsdp"
+        job = program_job(Job.make(model, cluster, plan, 16))
+        shape = stage_groups(model, cluster, plan, job.runtime.layer_kernels)[0][1]
+        mem = stage_memory(model, cluster, plan, job.m, 0, shape, job.runtime)
+        assert mem.grads == pytest.approx(per_param * shape.params), p
+        batch = estimate_batch(model, cluster, [plan], 16, job.runtime)
+        assert batch.peak_memory[0] == pytest.approx(simulate(job, "analytic").peak_memory, rel=1e-9), p
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 3), (4, 16, 4), (4, 8, 5), (8, 48, 6)])
+def test_window_reshards_as_torch_lowers_the_interleaved_schedule(p, m, v):
+    """A runtime schedule keeps only its next 3 stages unsharded: the chunks FSDP2's ZeRO-2 gathers
+    per step are the UNSHARD actions torch's own lowering inserts into the same order
+    (torch.distributed.pipelining.schedules._add_unshard_reshard, torch 2.13), v of them with v <= 3;
+    ZeRO-3 without a window's reshards gathers m + 1 times (zero3.gathers_per_step)."""
+    from torch.distributed.pipelining.schedules import _Action, _add_unshard_reshard, _ComputationType
+
+    from simulator.cost import schedules
+    from simulator.cost.fsdp2_window import rank_gathers
+
+    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+    for s in range(p):
+        order = schedules.device_order("interleaved", p, m, v, s)
+        lowered = _add_unshard_reshard([_Action(s + op.chunk * p, kinds[op.kind], op.mb) for op in order])
+        unshards = sum(a.computation_type == _ComputationType.UNSHARD for a in lowered)
+        assert rank_gathers("interleaved", p, m, v, s, 2) == unshards
+        if v <= 3:
+            assert unshards == v and rank_gathers("interleaved", p, m, v, s, 3) == v * zero3.gathers_per_step(
+                3, m, True
+            )
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_des_reshards_with_the_window_as_the_closed_form_counts(zero):
+    """llama2-7b on one DGX H100, p=2 with v=4 interleaved chunks (the window of 3 reshards): the
+    DES (compute.ChunkShards with fsdp2_window.resharded_before) within 5% of the closed form's
+    step (fsdp2_window.step_gathers) and 10% of its memory (which holds every gathered ZeRO-3 unit
+    at the activations' peak, an upper bound)."""
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    plan, _ = parse_plan(f"t=1,p=2,d=4,mb=1,zero={zero},v=4,schedule=interleaved", model, 8, 32)
+    job = program_job(Job.make(model, cluster, plan, 32))
+    des, analytic = simulate(job, "des"), simulate(job, "analytic")
+    assert des.step_time == pytest.approx(analytic.step_time, rel=0.05)
+    assert des.peak_memory == pytest.approx(analytic.peak_memory, rel=0.10)
+
+
+def test_a_pass_releases_its_chunk_when_three_others_run_before_its_next():
+    """Hand-derived: in 0 1 2 3 0 the first pass of chunk 0 sees chunks 1, 2, 3 before its next
+    (released), and every last pass is released; in 0 1 2 0 only two others come between."""
+    from simulator.cost.fsdp2_window import released_after
+
+    assert released_after(np.array([0, 1, 2, 3, 0]), 4).tolist() == [True] * 5
+    assert released_after(np.array([0, 1, 2, 0, 3]), 4).tolist() == [False, True, True, True, True]
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_the_closed_form_equals_every_rank_counted_pass_by_pass(zero):
+    """step_gathers reads two ranks of a two-rank pipeline (and extrapolates past EXACT_GROUPS
+    groups); it equals the mean of every rank's pass-by-pass count (rank_gathers) for p up to 9,
+    v from 4 to 8 and up to 7 groups of p microbatches, odd p and the ranks whose lead is exactly
+    one block included."""
+    from simulator.cost.fsdp2_window import rank_gathers, step_gathers
+
+    for p in range(2, 10):
+        for v in range(4, 9):
+            for k in range(1, 8):
+                m = k * p
+                counted = sum(rank_gathers("interleaved", p, m, v, s, zero) for s in range(p)) / (p * v)
+                assert step_gathers("interleaved", p, m, v, zero) == pytest.approx(counted), (p, v, k)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, fsdp2_sync, memory, zero3
+from simulator.cost import collectives, fsdp2_sync, fsdp2_window, memory, zero3
 from simulator.cost.block_times import synchronous_op_seconds
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
@@ -57,11 +57,14 @@ class DpPlan(NamedTuple):
     fsdp2: Any  # FSDP2 shards the parameters (simulator.cost.fsdp2_sync.fsdp2_sharded)
     m: Any = 1  # microbatches per step
     deferred: Any = False  # FSDP2's gradient sync deferred to the step's end (simulator.cost.fsdp2_sync.deferred_sync)
+    step_gathers: Any = 0.0  # with it, each unit's gathers per step (simulator.cost.fsdp2_window.step_gathers)
 
     @staticmethod
     def of(plan: Plan, runtime: Runtime, m: int) -> DpPlan:
         fsdp2 = fsdp2_sync.fsdp2_sharded(plan, runtime)
-        return DpPlan(plan.zero, plan.d, plan.fp8ag, fsdp2, m, fsdp2_sync.deferred_sync(plan.p, fsdp2, runtime))
+        deferred = fsdp2_sync.plan_deferred_sync(plan, runtime)
+        gathers = fsdp2_window.step_gathers(plan.schedule, plan.p, m, plan.v, plan.zero) if deferred else 0.0
+        return DpPlan(plan.zero, plan.d, plan.fp8ag, fsdp2, m, deferred, gathers)
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ def sharded_exposed(
     * ZeRO-3, and FSDP2's ZeRO-2: each unit's gathers, re-gathers and scatters
       (simulator.cost.zero3.zero3_pass), FSDP2's hooks on a synchronous (CPU) rank at the
       slowdown of the ``busy`` ranks computing at once (simulator.cost.block_times.busy_ranks)."""
-    zero, d, fp8ag, fsdp2, m, deferred = plan
+    zero, d, fp8ag, fsdp2, m, deferred, step_gathers = plan
     gpu = cluster.gpu
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
     active = (d > 1) & (zero >= 2)
@@ -139,7 +142,9 @@ def sharded_exposed(
         gathered = stage_gathered_bytes(cost, fp8ag, e)
         host_op_s = synchronous_op_seconds(cluster, busy)
         tensors = rank_tensors(model, cost.layers, cost.first, cost.last) if host_op_s is not None else 0
-        z3 = zero3.zero3_pass(cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors, m, deferred)
+        z3 = zero3.zero3_pass(
+            cost, links, e, gathered, runtime, gpu, zero, host_op_s, tensors, m, deferred, step_gathers
+        )
         out = where(sharded, z3.exposed(cost.forward_span, cost.backward_span, sigma), out)
     return out
 
@@ -181,7 +186,7 @@ def dp_step_times(
     inside the shard group. The last bucket's reduction (buckets of ``bucket_bytes``: the
     runtime's, simulator.cost.memory.bucket_bytes_of) is the whole one when the gradients fit in
     one bucket."""
-    zero, d, fp8ag, fsdp2, _, deferred = plan
+    zero, d, fp8ag, fsdp2, _, deferred, _ = plan
     deferred = deferred & (d > 1)
     active = (d > 1) & (zero < 3) & negate(fsdp2)
     reduce, last_reduce, gather = 0.0, 0.0, 0.0

@@ -32,6 +32,15 @@ def fsdp2_sharded_by(d: Any, zero: Any, runtime: Runtime) -> Any:
     return (d > 1) & (((zero >= 3) & (runtime.zero3 == "fsdp2")) | ((zero == 2) & (runtime.zero2 == "fsdp2")))
 
 
+def fsdp2_wrapped_by(d: Any, zero: Any, offloaded: Any, runtime: Runtime) -> Any:
+    """Does the runtime wrap a stage's units in FSDP2's ``fully_shard``: where it shards them
+    (:func:`fsdp2_sharded_by`), and where it offloads ZeRO-2/3 through FSDP2's
+    ``CPUOffloadPolicy`` (``Runtime.offload`` "fsdp2"), which takes ``fully_shard`` over a single
+    rank too (autoplan/runtime/support.py ``dp_mode_code``: ZeRO-2/3 offloaded runs as fsdp at
+    d = 1). ``offloaded``: the plans offload to the host. Numbers or arrays alike."""
+    return fsdp2_sharded_by(d, zero, runtime) | ((zero >= 2) & offloaded & (runtime.offload == "fsdp2"))
+
+
 def deferred_sync(p: Any, fsdp2: Any, runtime: Runtime) -> Any:
     """Does FSDP2 reduce a stage's gradients once per step and keep its parameters unsharded after
     each backward: under a pipeline (p > 1) of a runtime that pipelines with
@@ -41,15 +50,16 @@ def deferred_sync(p: Any, fsdp2: Any, runtime: Runtime) -> Any:
     (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``:
     ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``; the unsharded
     gradients accumulate) and, after the stage's last backward, reduce-scatter every unit's
-    gradients (``perform_reduce_grad``). ``fsdp2``: the plan's parameters sharded by FSDP2
-    (:func:`fsdp2_sharded_by`). Counted in autoplan's program:
+    gradients (``perform_reduce_grad``). ``fsdp2``: the stage wrapped in FSDP2
+    (:func:`fsdp2_wrapped_by`). Counted in autoplan's program:
     benchmarks/data/fsdp2-pipeline-probe-2026-11-29.txt. Numbers or arrays alike."""
     return fsdp2 & (p > 1) & runtime.fsdp2_deferred_sync
 
 
 def plan_deferred_sync(plan: Plan, runtime: Runtime) -> bool:
     """:func:`deferred_sync` of one plan under ``runtime``."""
-    return bool(deferred_sync(plan.p, fsdp2_sharded(plan, runtime), runtime))
+    wrapped = fsdp2_wrapped_by(plan.d, plan.zero, plan.offload != "none", runtime)
+    return bool(deferred_sync(plan.p, wrapped, runtime))
 
 
 def zero3_gathered_bytes(working_set: Any, psi: Any, deferred: Any) -> Any:

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 
 class PipeOp(NamedTuple):
     """One pass of one microbatch through one local chunk: kind 'F', 'B' (the whole backward, or
@@ -119,24 +121,27 @@ def zero_bubble_v(p: int, m: int, stage: int) -> list[PipeOp]:
     return [PipeOp(kind, mb, chunk) for kind, mb, chunk in raw if mb < m]  # torch leaves those slots empty
 
 
-def interleaved(p: int, m: int, v: int, stage: int) -> list[PipeOp]:
+def interleaved_passes(p: int, m: int, v: int, stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rank ``stage``'s interleaved order as arrays, pass by pass: (is a forward, microbatch,
+    local chunk). The k-th forward runs chunk (k mod pv) // p of microbatch (k // pv)*p + k mod p,
+    the k-th backward chunk v - 1 - (k mod pv) // p of the same microbatch; ``warm`` forwards, then
+    one forward and one backward in turn, then the remaining backwards."""
     total = m * v
-
-    def chunk(k: int, forward: bool) -> int:
-        c = (k % (p * v)) // p
-        return c if forward else v - 1 - c
-
-    def mb(k: int) -> int:
-        return (k // (p * v)) * p + k % p
-
     warm = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
-    ops = [PipeOp("F", mb(k), chunk(k, True)) for k in range(warm)]
-    for i in range(total - warm):
-        k = warm + i
-        ops.append(PipeOp("F", mb(k), chunk(k, True)))
-        ops.append(PipeOp("B", mb(i), chunk(i, False)))
-    ops += [PipeOp("B", mb(k), chunk(k, False)) for k in range(total - warm, total)]
-    return ops
+    k = np.arange(total)
+    forward_chunk = (k % (p * v)) // p
+    microbatch = (k // (p * v)) * p + k % p
+    steady = total - warm
+    index = np.concatenate([k[:warm], np.stack([k[warm:], k[:steady]], axis=1).ravel(), k[steady:]])
+    forward = np.concatenate([np.ones(warm, bool), np.tile([True, False], steady), np.zeros(warm, bool)])
+    chunk = np.where(forward, forward_chunk[index], v - 1 - forward_chunk[index])
+    return forward, microbatch[index], chunk
+
+
+def interleaved(p: int, m: int, v: int, stage: int) -> list[PipeOp]:
+    forward, microbatch, chunk = interleaved_passes(p, m, v, stage)
+    kinds = np.where(forward, "F", "B").tolist()
+    return [PipeOp(*op) for op in zip(kinds, microbatch.tolist(), chunk.tolist())]
 
 
 def device_order(schedule: str, p: int, m: int, v: int, stage: int) -> list[PipeOp]:

@@ -286,6 +286,7 @@ def zero3_pass(
     tensors: Any = 0,
     m: Any = 1,
     deferred: Any = False,
+    step_gathers: Any = 0.0,
 ) -> Zero3Pass:
     """The sharded-parameter traffic of stage ``cost`` for one microbatch over the plan's shard
     links; ``gathered``: the bytes of one pass's gathers (simulator.cost.precision.gathered_bytes);
@@ -294,11 +295,12 @@ def zero3_pass(
     compute_slowdown), where FSDP2 serializes its collectives and its hooks take
     :func:`fsdp2_host_time` for the stage's ``tensors`` parameter tensors (every microbatch);
     None on a GPU. ``deferred``: the gradient sync deferred to the step's end
-    (:func:`~simulator.cost.fsdp2_sync.deferred_sync`) over ``m`` microbatches. ``cost`` and the rest: numbers, or arrays
+    (:func:`~simulator.cost.fsdp2_sync.deferred_sync`) over ``m`` microbatches, each unit then
+    gathered ``step_gathers`` times a step (simulator.cost.fsdp2_window.step_gathers). ``cost`` and the rest: numbers, or arrays
     of many plans' stages (the batch estimate)."""
     u = units(cost.layers, cost.first, cost.last)
     n = gathers_per_microbatch(zero)
-    passes = where(deferred, gathers_per_step(zero, m, True) / m, n)
+    passes = where(deferred, step_gathers / m, n)
     count = gather_collectives(cost.layers, cost.first, cost.last, runtime)
     gather = count * links.all_gather(gathered / count)
     scatter = where(deferred, 0.0, stage_scatter(cost, links, runtime, e))

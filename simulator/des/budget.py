@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hwprofiles.errors import InputError
+from simulator.cost.fsdp2_window import step_gathers
 from simulator.cost.rank_view import rank_job
 from simulator.des.program.compute import ReductionMode
 from simulator.job import Job
@@ -68,8 +69,8 @@ def estimated_events(job: Job, full: bool = False) -> float:
     per microbatch and chunk, the passes (F and B, plus W for split-backward schedules), each
     one compute piece (:data:`EVENTS_PER_PIECE`) except where the program splits them by layer
     (simulator.des.program.compute): ZeRO-3 splits every pass into its L/(p*v) layers
-    (:data:`EVENTS_PER_ZERO3_LAYER`; FSDP2's ZeRO-2 under a pipeline only the forward that gathers
-    once a step, with the reduce-scatters after the last backward: compute.ChunkShards), ZeRO-2
+    (:data:`EVENTS_PER_ZERO3_LAYER`; FSDP2's ZeRO-2 under a pipeline only the passes that gather,
+    simulator.cost.fsdp2_window.step_gathers, and the reduce-scatters after the last backward), ZeRO-2
     with overlapped reduction every backward into
     per-layer gradient buckets (a bucket is at least one layer). Step-end work (optimizer,
     all-gathers) is a few events per rank and left out."""
@@ -80,8 +81,9 @@ def estimated_events(job: Job, full: bool = False) -> float:
     layers = view.model.num_layers / (plan.p * plan.v)  # per chunk
     passes = 3 if plan.split_backward else 2  # per microbatch and chunk
     if mode.zero3 and mode.deferred and not (mode.serial or mode.backward_gathers):
-        # FSDP2's ZeRO-2 under a pipeline: once a step a forward split into layers, and the reduce-scatters
-        per_chunk = passes * EVENTS_PER_PIECE + 2 * layers * EVENTS_PER_ZERO3_LAYER / view.m
+        # FSDP2's ZeRO-2 under a pipeline: the passes that gather split into layers, and the reduce-scatters
+        gathers = step_gathers(plan.schedule, plan.p, view.m, plan.v, plan.zero)
+        per_chunk = passes * EVENTS_PER_PIECE + (gathers + 1) * layers * EVENTS_PER_ZERO3_LAYER / view.m
     elif mode.zero3:
         per_chunk = passes * layers * EVENTS_PER_ZERO3_LAYER
     elif mode.overlap and mode.per_mb:

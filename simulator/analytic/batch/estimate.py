@@ -37,7 +37,14 @@ from simulator.analytic.pipeline import (
 )
 from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
-from simulator.cost.fsdp2_sync import deferred_sync, fsdp2_sharded_by, whole_grad_bytes, zero3_gathered_bytes
+from simulator.cost.fsdp2_sync import (
+    deferred_sync,
+    fsdp2_sharded_by,
+    fsdp2_wrapped_by,
+    whole_grad_bytes,
+    zero3_gathered_bytes,
+)
+from simulator.cost.fsdp2_window import step_gathers
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
@@ -75,7 +82,12 @@ def dp_columns(P: PlanColumns, runtime: Runtime) -> DpPlan:
     """What the data-parallel rules read of the plans ``P`` (simulator.analytic.data_parallel.DpPlan),
     as columns (one row per plan, broadcast over its stages)."""
     fsdp2 = fsdp2_sharded_by(P.d, P.zero, runtime)
-    return DpPlan(*(column(x) for x in (P.zero, P.d, P.fp8ag, fsdp2, P.m, deferred_sync(P.p, fsdp2, runtime))))
+    deferred = deferred_sync(P.p, fsdp2_wrapped_by(P.d, P.zero, ~P.is_("offload", "none"), runtime), runtime)
+    gathers = np.zeros(len(P.plans))
+    if deferred.any():
+        keys = ("p", "m", "v", "zero")
+        gathers = P.per_row(("schedule", *keys), lambda i: step_gathers(P.value_of("schedule", i), *P.ints(keys, i)))
+    return DpPlan(*(column(x) for x in (P.zero, P.d, P.fp8ag, fsdp2, P.m, deferred, gathers)))
 
 
 def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: Runtime) -> np.ndarray:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from simulator.cost.block_times import host_async
 from simulator.cost.fsdp2_sync import fsdp2_sharded, plan_deferred_sync
+from simulator.cost.fsdp2_window import resharded_before
 from simulator.cost.schedules import PipeOp
 from simulator.cost.step import rank_tensors
 from simulator.cost.zero3 import copy_out_time, fsdp2_host_time, gathers_per_microbatch, regather_fraction, units
@@ -75,6 +76,13 @@ class ChunkShards:
         if kind == "B" and mode.backward_gathers:
             self.held += nbytes
 
+    def resharded(self, prog: Program, dev: Device, pieces: list[int]) -> None:
+        """The runtime schedule reshards the chunk (simulator.cost.fsdp2_window.resharded_before):
+        the buffers its backwards kept freed after the rank's last task."""
+        if self.held and pieces:
+            prog.mem.add(pieces[-1], dev.idx, True, "buffers", -self.held)
+        self.unsharded, self.held = False, 0.0
+
     def passed(self, kind: str, mode: ReductionMode) -> None:
         """After a pass of ``kind``: a forward reshards at ZeRO-3 (its buffers freed with its
         pieces) and leaves ZeRO-2 unsharded; a backward leaves the units unsharded."""
@@ -118,6 +126,7 @@ def add_passes(prog: Program, dev: Device) -> None:
     norec_mb, full = prog.norec_mb, prog.full
     counts = dev.idx == 0 or (dev.dp == 0 and dev.tp == 0 and any(f + s for f, s in prog.recompute))  # _count's
     shards = [ChunkShards() for _ in range(prog.v)] if mode.deferred else None
+    evictions = _evictions(prog, dev, len(order)) if shards is not None else ()
     nred = 0
     for k, op in enumerate(order):
         kind, mb, local = op
@@ -125,6 +134,9 @@ def add_passes(prog: Program, dev: Device) -> None:
         norec = mb == norec_mb
         if counts:
             _count(prog, dev, op, j, norec)
+        for c in evictions[k] if evictions else ():
+            assert shards is not None
+            shards[c].resharded(prog, dev, pieces)
         bucketed = mode.overlap and kind == grads and (mode.per_mb or last_b[local] == k)
         chunk_shards = shards[local] if shards is not None else None
         quiet = chunk_shards is not None and chunk_shards.quiet(mode, kind)
@@ -133,6 +145,8 @@ def add_passes(prog: Program, dev: Device) -> None:
             if pc is None:
                 pc = whole[(kind, j, norec)] = prog.pieces(kind, j, norec, "whole")[0]
             tid = task(cs, pc.dur, kind, (), pass_info((di, mb, j, "", pc.segs)))
+            if shards is not None and di in prog.serial_waits:  # a deferred reduction before it
+                prog.gate(tid, prog.serial_waits.pop(di))
             if full:
                 piece_index[tid] = (di, len(pieces))
             pieces.append(tid)
@@ -261,6 +275,15 @@ def _add_pass(
     return nred
 
 
+def _evictions(prog: Program, dev: Device, passes: int) -> tuple[tuple[int, ...], ...]:
+    """Per pass of ``dev``, the local chunks its runtime schedule reshards before it
+    (simulator.cost.fsdp2_window.resharded_before); () when its order is not the one that rule
+    reads."""
+    plan = prog.plan
+    found = resharded_before(plan.schedule, plan.p, prog.m, plan.v, dev.pp)
+    return found if len(found) == passes else ()
+
+
 def _piece_memory(prog: Program, dev: Device, tid: int, pc: Piece, frees: bool) -> None:
     """The memory piece ``pc`` (task ``tid``) allocates and frees, and with ``frees`` its unit's
     gathered parameters freed after this use."""
@@ -281,8 +304,10 @@ def deferred_reduce(
 ) -> int:
     """After chunk ``j``'s last backward, a deferred sync's reduce-scatters of its units, one
     after the other (torch/distributed/pipelining/stage.py ``perform_reduce_grad``), then the
-    units resharded (the buffers its backwards kept freed); on a synchronous rank the next
-    compute waits for them. Returns the rank's reduction count after them."""
+    units resharded (the buffers its backwards kept freed); the rank's next compute waits for
+    them (``perform_reduce_grad`` ends in FSDP2's ``_root_post_backward_final_callback``, whose
+    ``finalize_backward`` has the compute stream wait for the reductions). Returns the rank's
+    reduction count after them."""
     last = pieces[-1]
     for pc in prog.pieces("B", j, norec, "layers"):
         last = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, last, nred, pc.first_units)
@@ -290,6 +315,5 @@ def deferred_reduce(
     if shards.held:
         prog.mem.add(last, dev.idx, True, "buffers", -shards.held)
     shards.unsharded, shards.held = False, 0.0
-    if mode.serial:
-        prog.serial_waits[dev.idx] = last
+    prog.serial_waits[dev.idx] = last  # FSDP2's finalize_backward makes the compute stream wait for them
     return nred

@@ -155,7 +155,7 @@ class Program:
         # compute task -> (device, index in pieces_of): the full simulation's (pipeline.sync_tensor_groups)
         self.piece_index: dict[int, tuple[int, int]] = {}
         self.gates: list[tuple[int, int]] = []  # (compute task, transfer it waits for): the full simulation's
-        self.serial_waits: dict[int, int] = {}  # device idx -> a reduce-scatter its next piece waits for
+        self.serial_waits: dict[int, int] = {}  # device idx -> a reduction its next compute task waits for
         self._piece_cache: dict[tuple, list[Piece]] = {}
         self._totals_cache: dict[tuple, tuple[float, float, int, int]] = {}
         self._groups: dict[tuple, int] = {}
