@@ -13,7 +13,12 @@ from autoplan.runtime.data_parallel import HostGradients
 from autoplan.runtime.support import program_job
 from hwprofiles.load import load_cluster
 from simulator import simulate
-from simulator.cost.offload import fsdp2_host_seconds, fsdp2_transfer_seconds
+from simulator.cost.offload import (
+    fsdp2_host_seconds,
+    fsdp2_transfer_seconds,
+    fsdp2_transfers,
+    host_summed_microbatches,
+)
 from simulator.job import Job
 from simulator.model_files import load_model
 from simulator.plan import parse_plan
@@ -41,6 +46,33 @@ def test_host_seconds_by_hand():
     assert node.gpus_per_node == 8
     assert fsdp2_host_seconds(node, 1e9, 8) == pytest.approx(10.72)
     assert fsdp2_host_seconds(node, 1e9, 1) == pytest.approx(8 * (0.4 + 0.24))  # one microbatch: no sum
+
+
+def test_a_deferred_sync_moves_the_gradients_down_once_a_step():
+    """Under torch.distributed.pipelining FSDP2's gradients accumulate on the GPU: with m = 16
+    microbatches at ZeRO-3 (17 gathers a step) a microbatch moves (17 + 1) / 16 = 1.125 shards,
+    not 3, and the host sums nothing; without the deferral 3 shards and 16 microbatches apart."""
+    assert fsdp2_transfers(16, True, 17.0) == pytest.approx(1.125)
+    assert fsdp2_transfers(16, False, 0.0) == 3.0
+    assert host_summed_microbatches(16, True) == 1
+    assert host_summed_microbatches(16, False) == 16
+    node = _node()
+    assert fsdp2_transfer_seconds(node, 1.48e9, 1, 1.125) == pytest.approx(0.346875 * 1.125 / 3)
+
+
+def test_offloaded_pipeline_priced_without_host_sums():
+    """llama2-7b, t=4, p=2, d=1 offloaded at ZeRO-3 on a DGX H100, 16 microbatches: the program
+    wraps the stage in FSDP2 and torch's pipeline defers its sync, so the host step is the norm
+    and AdamW alone; the same plan with the sync every microbatch also sums 15 microbatches'
+    gradients, in the ratio fsdp2_host_seconds gives for one parameter."""
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    plan, _ = parse_plan("t=4,p=2,d=1,mb=1,zero=3,offload=cpu", model, 8, 16)
+    job = program_job(Job.make(model, cluster, plan, 16))
+    eager = dataclasses.replace(job, runtime=dataclasses.replace(job.runtime, fsdp2_deferred_sync=False))
+    deferred_s = simulate(job, "analytic").time_breakdown["offload"]
+    every_s = simulate(eager, "analytic").time_breakdown["offload"]
+    ratio = fsdp2_host_seconds(cluster.node, 1.0, 16) / fsdp2_host_seconds(cluster.node, 1.0, 1)
+    assert every_s / deferred_s == pytest.approx(ratio, rel=1e-6)
 
 
 def _offload_job() -> Job:

@@ -34,7 +34,9 @@ from simulator.analytic.pipeline import (
 )
 from simulator.cost.block_times import busy_ranks
 from simulator.cost.cache import IdentityCache
+from simulator.cost.fsdp2_sync import plan_deferred_sync
 from simulator.cost.memory import bucket_bytes_of
+from simulator.cost.offload import fsdp2_transfers, host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import FP8, weight_cast_seconds
 from simulator.cost.rank_view import rank_job
@@ -99,11 +101,12 @@ def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float, 
     kind = ScheduleKind.of(plan.schedule, plan.v, m)
     dp = DpPlan.of(plan, job.runtime, job.m)
     offloaded = plan.offload != "none"
+    transfers = fsdp2_transfers(m, dp.deferred, dp.step_gathers)
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
         sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster, busy) if links else 0.0
         sharded += zero_infinity_exposed(
-            job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme", job.runtime
+            job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme", job.runtime, transfers
         )
         n_send = p2p_sends(plan.p, plan.v, c.first, c.last, c.turn)
         per_mb.append(stage_microbatch(c.total, weight_casts(job, c), n_send, p2p, sharded))
@@ -151,8 +154,9 @@ def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
     psi_local = local_params(psi, plan.zero, plan.shard_group, max(c.sharded_params for _, c, _ in groups))
     offloaded, nvme = plan.offload != "none", plan.offload == "nvme"
     optimizer = optimizer_time(job, psi_local, optimizer_tensors(job.model, max(c.layers for _, c, _ in groups)))
+    summed = host_summed_microbatches(job.m, plan_deferred_sync(plan, job.runtime))
     opt, off = step_end_seconds(
-        offloaded, optimizer, offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme, job.runtime, job.m)
+        offloaded, optimizer, offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme, job.runtime, summed)
     )
     return opt, off, psi_local
 

@@ -71,10 +71,18 @@ def fetch_exposed(fetch: Any, forward: Any, backward: Any, recompute: Any) -> An
 
 
 def zero_infinity_exposed(
-    node: NodeProfile, cost: StageLike, d: Any, zero: Any, offloaded: Any, nvme: Any, runtime: Runtime
+    node: NodeProfile,
+    cost: StageLike,
+    d: Any,
+    zero: Any,
+    offloaded: Any,
+    nvme: Any,
+    runtime: Runtime,
+    transfers: Any = 3.0,
 ) -> Any:
     """ZeRO-3 with offload: the exposed transfers per microbatch of stage ``cost``: under FSDP2
-    what :func:`simulator.cost.offload.fsdp2_transfer_seconds` exceeds the microbatch's compute by, else
+    what :func:`simulator.cost.offload.fsdp2_transfer_seconds` of ``transfers`` shard copies
+    (simulator.cost.offload.fsdp2_transfers) exceeds the microbatch's compute by, else
     ZeRO-Infinity's parameter fetches (:func:`offloaded_param_fetch`, :func:`fetch_exposed`); 0
     for other plans."""
     infinity = offloaded & (zero == 3)
@@ -82,6 +90,6 @@ def zero_infinity_exposed(
         return 0.0
     if runtime.offload == "fsdp2":
         busy = cost.forward + cost.backward + cost.recompute
-        return where(infinity, maximum(0.0, fsdp2_transfer_seconds(node, cost.params, d) - busy), 0.0)
+        return where(infinity, maximum(0.0, fsdp2_transfer_seconds(node, cost.params, d, transfers) - busy), 0.0)
     fetch = offloaded_param_fetch(node, cost.params, d, nvme)
     return where(infinity, fetch_exposed(fetch, cost.forward, cost.backward, cost.recompute), 0.0)

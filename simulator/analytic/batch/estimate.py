@@ -45,6 +45,7 @@ from simulator.cost.fsdp2_sync import (
     zero3_gathered_bytes,
 )
 from simulator.cost.fsdp2_window import step_gathers
+from simulator.cost.offload import fsdp2_transfers, host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
@@ -198,7 +199,10 @@ def _step_times(
         )
     )
     sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
-    sharded = sharded + zero_infinity_exposed(node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime)
+    transfers = fsdp2_transfers(dp.m, dp.deferred, dp.step_gathers)
+    sharded = sharded + zero_infinity_exposed(
+        node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime, transfers
+    )
     casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)
     sends = p2p_sends(column(P.p), column(P.v), S.first, S.last, S.turn)
     per_mb = np.where(valid, stage_microbatch(S.total, casts, sends, p2p, sharded), -np.inf)
@@ -222,8 +226,9 @@ def _step_times(
     # ---- step end (simulator.analytic.step_end)
     tensors = optimizer_tensors(model, np.where(valid, S.layers, 0).max(axis=1))
     optimizer = optimizer_seconds(cluster, psi_local, tensors, dtensor_params(P.t, P.d, P.zero, runtime))
+    summed = host_summed_microbatches(P.m, dp.deferred[:, 0])
     opt, off = step_end_seconds(
-        offloaded, optimizer, offload_time(node, psi_local, offloaded, P.zero, nvme, runtime, P.m)
+        offloaded, optimizer, offload_time(node, psi_local, offloaded, P.zero, nvme, runtime, summed)
     )
     tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)), memo((model, cluster), "tied"))
     sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)), memo((cluster,), "sync"))

@@ -10,7 +10,8 @@ back up over PCIe (ZeRO-3: parameters stay on the host).
 
 from __future__ import annotations
 
-from simulator.cost.offload import fsdp2_host_seconds
+from simulator.cost.fsdp2_sync import plan_deferred_sync
+from simulator.cost.offload import fsdp2_host_seconds, host_summed_microbatches
 from simulator.cost.step import (
     CPU_ADAM_STATE_BYTES,
     OFFLOAD_SUBGROUPS,
@@ -89,10 +90,12 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
 
 def _fsdp2_host_step(prog: Program, dev: Device, shard: float, deps: list[int]) -> int:
     """FSDP2's host work at the step's end (simulator.cost.offload.fsdp2_host_seconds: the
-    microbatches' gradient sums, the norm, AdamW) as one task on the node's CPU link, at the
-    bytes that take it that long when the node's ranks share the host."""
+    microbatches' gradient sums, none with the sync deferred: host_summed_microbatches; the norm,
+    AdamW) as one task on the node's CPU link, at the bytes that take it that long when the
+    node's ranks share the host."""
     node = prog.job.cluster.node
-    seconds = fsdp2_host_seconds(node, shard, prog.job.m) / node.gpus_per_node
+    summed = host_summed_microbatches(prog.job.m, plan_deferred_sync(prog.plan, prog.job.runtime))
+    seconds = fsdp2_host_seconds(node, shard, summed) / node.gpus_per_node
     send = Send(
         "cpu", prog.xfer.host_class(dev.pp, "cpu"), "dptp", seconds * node.cpu_adam_GBps * 1e9, "cpu", "host step"
     )
