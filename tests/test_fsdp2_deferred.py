@@ -152,6 +152,18 @@ def test_an_offloaded_stage_over_one_rank_is_wrapped_and_holds_its_whole_gradien
         assert batch.peak_memory[0] == pytest.approx(simulate(job, "analytic").peak_memory, rel=1e-9), p
 
 
+def test_fsdp2_zero2_holds_fp32_shards_beside_an_unsharded_compute_copy():
+    """autoplan's program runs ZeRO-2 as FSDP2 with reshard_after_forward=False and bf16 mixed
+    precision on a GPU: its stage holds the fp32 shards (4/d bytes per parameter) and the bf16
+    unsharded parameters (2 bytes), not fp32 parameters whole (4 bytes): at d = 8, 2.5 bytes."""
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100", 1)
+    plan, _ = parse_plan("t=1,p=1,d=8,mb=1,zero=2", model, 8, 16)
+    job = program_job(Job.make(model, cluster, plan, 16))
+    shape = stage_groups(model, cluster, plan, job.runtime.layer_kernels)[0][1]
+    mem = stage_memory(model, cluster, plan, job.m, 0, shape, job.runtime)
+    assert mem.params == pytest.approx((4 / 8 + 2) * shape.params)
+
+
 @pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 3), (4, 16, 4), (4, 8, 5), (8, 48, 6)])
 def test_window_reshards_as_torch_lowers_the_interleaved_schedule(p, m, v):
     """A runtime schedule keeps only its next 3 stages unsharded: the chunks FSDP2's ZeRO-2 gathers

@@ -62,6 +62,15 @@ def plan_deferred_sync(plan: Plan, runtime: Runtime) -> bool:
     return bool(deferred_sync(plan.p, wrapped, runtime))
 
 
+def zero2_unsharded_bytes(d: Any, zero: Any, runtime: Runtime, e: int) -> Any:
+    """Bytes per parameter of the unsharded copy FSDP2's ZeRO-2 keeps beside each rank's shard
+    (``reshard_after_forward=False``: a unit gathered for its forward stays so through its
+    backward, autoplan/runtime/data_parallel.py ``apply_fsdp``), in the compute dtype its
+    MixedPrecisionPolicy gathers, ``e`` bytes (bf16 on a GPU, fp32 without mixed precision); 0
+    where ZeRO-2 does not run as FSDP2 (:func:`fsdp2_sharded_by`). Numbers or arrays alike."""
+    return where(fsdp2_sharded_by(d, zero, runtime) & (zero == 2), float(e), 0.0)
+
+
 def zero3_gathered_bytes(working_set: Any, psi: Any, deferred: Any) -> Any:
     """ZeRO-3's gathered parameters at a stage's peak: the ``working_set``
     (simulator.cost.memory.zero3_working_set_bytes), or, with the sync deferred (:func:`deferred_sync`:

@@ -66,6 +66,7 @@ def model_state_bytes(
     k: Any = OPTIMIZER_BYTES_PER_PARAM,
     psi_sharded: Any = None,
     whole_grad_bytes: Any = 0.0,
+    unsharded_param_bytes: Any = 0.0,
 ) -> ModelStates:
     """Bytes of model states on one GPU for Psi parameters held by its model-parallel rank.
 
@@ -74,21 +75,20 @@ def model_state_bytes(
         stage 1: 2Psi + 2Psi + K*Psi/d
         stage 2: 2Psi + 2Psi/d + K*Psi/d
         stage 3: (2 + 2 + K)*Psi/d
-    Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021): the
-    optimizer state and the fp32 gradient copy live on the host (or NVMe), so the GPU keeps no
-    optimizer state and only a gradient staging bucket (counted in buffers); with stage 3
-    the fp16 parameters are offloaded too (the gathered working set is in buffers).
-    ``psi_sharded``: the parameters whose states the d ranks shard, when not Psi (a mixture of
-    experts split over ep ranks: all E experts' states are sharded over d, as each E/ep over
-    d/ep; simulator.cost.rank_view).
-    ``offload``: the plan's (a string), or whether it offloads (booleans). ``whole_grad_bytes``: the
-    gradients held whole on the device until the step's end (simulator.cost.fsdp2_sync). Numbers or arrays alike.
-    """
+    Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021): the optimizer state
+    and the fp32 gradient copy live on the host (or NVMe), so the GPU keeps no optimizer state and only a
+    gradient staging bucket (counted in buffers); with stage 3 the fp16 parameters are offloaded too (the
+    gathered working set is in buffers). ``psi_sharded``: the parameters whose states the d ranks shard,
+    when not Psi (a mixture of experts split over ep ranks: all E experts' states are sharded over d, as
+    each E/ep over d/ep; simulator.cost.rank_view).
+    ``offload``: the plan's (a string), or whether it offloads (booleans). From simulator.cost.fsdp2_sync:
+    ``whole_grad_bytes`` of gradients held whole on the device until the step's end; ``unsharded_param_bytes``
+    (FSDP2's ZeRO-2) of an unsharded copy beside the parameters' shards (on the host when offloaded).
+    Numbers or arrays alike."""
     offloaded = offload != "none" if isinstance(offload, str) else offload
     ps = psi if psi_sharded is None else psi_sharded
-    params = where(
-        offloaded, where(zero == 3, 0.0, psi * param_bytes), where(zero >= 3, ps * param_bytes / d, psi * param_bytes)
-    )
+    shards = (zero >= 3) | (unsharded_param_bytes > 0)
+    params = where(shards, where(offloaded, 0.0, ps * param_bytes / d), psi * param_bytes) + psi * unsharded_param_bytes
     grads = where(offloaded, 0.0, where(zero >= 2, ps * grad_bytes / d, psi * grad_bytes))
     grads = where(whole_grad_bytes > 0, psi * whole_grad_bytes, grads)
     opt = where(offloaded, 0.0, where(zero >= 1, ps * k / d, psi * k))

@@ -36,7 +36,7 @@ from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_activation_bytes
-from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero3_gathered_bytes
+from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero2_unsharded_bytes, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import (
     gradients_late,
@@ -241,9 +241,9 @@ def stage_memory(
     e = dtype_bytes(cluster.gpu)
     pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
     deferred = plan_deferred_sync(plan, runtime)
-    whole = whole_grad_bytes(deferred, runtime, e)  # the gradients FSDP2 holds whole under a pipeline
+    whole, unsharded = whole_grad_bytes(deferred, runtime, e), zero2_unsharded_bytes(plan.d, plan.zero, runtime, e)
     states = memory.model_state_bytes(
-        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params, whole
+        shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params, whole, unsharded
     )
     loss, kernels = runtime.cross_entropy, runtime.layer_kernels
     buckets = memory.bucket_bytes_of(runtime, plan.d)

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from simulator.cost import memory, params
 from simulator.cost.cache import IdentityCache
-from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero3_gathered_bytes
+from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero2_unsharded_bytes, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_layer_bytes, fp8_shard_bytes
@@ -161,6 +161,7 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
     psi_layer = params.layer_params_per_rank(model, plan.t)
     deferred = plan_deferred_sync(plan, runtime)
     whole = whole_grad_bytes(deferred, runtime, e)
+    unsharded = zero2_unsharded_bytes(plan.d, plan.zero, runtime, e)
     layer_states = memory.model_state_bytes(
         psi_layer,
         plan.shard_group,
@@ -171,12 +172,15 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
         k,
         psi_layer + params.layer_sharded_extra(model, plan.t),
         whole,
+        unsharded,
     ).total
     if plan.zero != 3:  # fp8 weight copies per layer (ZeRO-3: the working set's, in fixed)
         layer_states += fp8_layer_bytes(plan, psi_layer, e)
     layer_states += fp8_shard_bytes(plan.fp8ag, plan.zero, psi_layer, e, plan.shard_group)  # fp8 parameters' shards
     psi = params.stage_params_per_rank(model, plan.t, plan.p, 0, first, last, padded_vocab_size(model, plan.t))
-    held = memory.model_state_bytes(psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k, None, whole).total
+    held = memory.model_state_bytes(
+        psi, plan.shard_group, plan.zero, plan.offload, pb, gb, k, None, whole, unsharded
+    ).total
     bucket = memory.bucket_bytes_of(runtime, plan.d)
     if runtime.dp_buckets == "all":  # a copy of every gradient: linear in the parameters, exact
         buffers = sharding_buffers(model, plan, psi, bucket, True, gb, deferred)

@@ -42,6 +42,7 @@ from simulator.cost.fsdp2_sync import (
     fsdp2_sharded_by,
     fsdp2_wrapped_by,
     whole_grad_bytes,
+    zero2_unsharded_bytes,
     zero3_gathered_bytes,
 )
 from simulator.cost.fsdp2_window import step_gathers
@@ -101,7 +102,8 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
     deferred = dp_columns(P, runtime).deferred
     whole = whole_grad_bytes(deferred, runtime, e)
-    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, whole)
+    unsharded = zero2_unsharded_bytes(column(P.d), zero, runtime, e)
+    states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, whole, unsharded)
     working_set = P.per_plan(
         ("t",),
         lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t)),

@@ -13,7 +13,7 @@ forward's others are the head's forward transient, simulator.des.passes) and fp8
 from __future__ import annotations
 
 from simulator.cost.boundary import pipeline_buffer_bytes
-from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes
+from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero2_unsharded_bytes
 from simulator.cost.memory import (
     ModelStates,
     gradient_bucket_bytes,
@@ -48,8 +48,9 @@ def device_states(prog: Program, dev: Device) -> ModelStates:
     states = program_state_bytes(runtime.states, prog.costs.e, plan.zero)
     psi = prog.device_params(dev)
     whole = whole_grad_bytes(plan_deferred_sync(plan, runtime), runtime, prog.costs.e)  # sharded after the step
+    unsharded = zero2_unsharded_bytes(plan.d, plan.zero, runtime, prog.costs.e)
     return model_state_bytes(
-        psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev), whole
+        psi, plan.shard_group, plan.zero, plan.offload, *states, prog.device_sharded_params(dev), whole, unsharded
     )
 
 
