@@ -36,7 +36,7 @@ from simulator.cost.block_times import busy_ranks
 from simulator.cost.cache import IdentityCache
 from simulator.cost.fsdp2_sync import plan_deferred_sync
 from simulator.cost.memory import bucket_bytes_of
-from simulator.cost.offload import fsdp2_transfers, host_summed_microbatches
+from simulator.cost.offload import host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import FP8, weight_cast_seconds
 from simulator.cost.rank_view import rank_job
@@ -101,13 +101,10 @@ def pipeline_phase(job: Job, groups: Groups, links: DpLinks | None, p2p: float, 
     kind = ScheduleKind.of(plan.schedule, plan.v, m)
     dp = DpPlan.of(plan, job.runtime, job.m)
     offloaded = plan.offload != "none"
-    transfers = fsdp2_transfers(m, dp.deferred, dp.step_gathers)
     per_mb, z3, sends = [], [], []
     for _, c, _ in groups:
         sharded = sharded_exposed(job.model, c, dp, links, job.runtime, job.cluster, busy) if links else 0.0
-        sharded += zero_infinity_exposed(
-            job.cluster.node, c, plan.d, plan.zero, offloaded, plan.offload == "nvme", job.runtime, transfers
-        )
+        sharded += zero_infinity_exposed(job.cluster.node, c, dp, offloaded, plan.offload == "nvme", job.runtime)
         n_send = p2p_sends(plan.p, plan.v, c.first, c.last, c.turn)
         per_mb.append(stage_microbatch(c.total, weight_casts(job, c), n_send, p2p, sharded))
         z3.append(sharded)

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from hwprofiles.schema import NodeProfile
+from simulator.analytic.data_parallel import DpPlan
 from simulator.cost import memory
-from simulator.cost.offload import fsdp2_host_seconds, fsdp2_transfer_seconds
+from simulator.cost.offload import fsdp2_host_seconds, fsdp2_transfer_seconds, fsdp2_transfers
 from simulator.cost.stage_memory import StageLike
 from simulator.cost.step import CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS
 from simulator.numeric import any_of, maximum, where
@@ -71,25 +72,20 @@ def fetch_exposed(fetch: Any, forward: Any, backward: Any, recompute: Any) -> An
 
 
 def zero_infinity_exposed(
-    node: NodeProfile,
-    cost: StageLike,
-    d: Any,
-    zero: Any,
-    offloaded: Any,
-    nvme: Any,
-    runtime: Runtime,
-    transfers: Any = 3.0,
+    node: NodeProfile, cost: StageLike, dp: DpPlan, offloaded: Any, nvme: Any, runtime: Runtime
 ) -> Any:
-    """ZeRO-3 with offload: the exposed transfers per microbatch of stage ``cost``: under FSDP2
-    what :func:`simulator.cost.offload.fsdp2_transfer_seconds` of ``transfers`` shard copies
+    """ZeRO-3 with offload: the exposed transfers per microbatch of stage ``cost`` of the plans
+    ``dp`` (simulator.analytic.data_parallel.DpPlan): under FSDP2 what
+    :func:`simulator.cost.offload.fsdp2_transfer_seconds` of their shard copies
     (simulator.cost.offload.fsdp2_transfers) exceeds the microbatch's compute by, else
     ZeRO-Infinity's parameter fetches (:func:`offloaded_param_fetch`, :func:`fetch_exposed`); 0
     for other plans."""
-    infinity = offloaded & (zero == 3)
+    infinity = offloaded & (dp.zero == 3)
     if not any_of(infinity):
         return 0.0
     if runtime.offload == "fsdp2":
         busy = cost.forward + cost.backward + cost.recompute
-        return where(infinity, maximum(0.0, fsdp2_transfer_seconds(node, cost.params, d, transfers) - busy), 0.0)
-    fetch = offloaded_param_fetch(node, cost.params, d, nvme)
+        transfers = fsdp2_transfers(dp.m, dp.deferred, dp.step_gathers)
+        return where(infinity, maximum(0.0, fsdp2_transfer_seconds(node, cost.params, dp.d, transfers) - busy), 0.0)
+    fetch = offloaded_param_fetch(node, cost.params, dp.d, nvme)
     return where(infinity, fetch_exposed(fetch, cost.forward, cost.backward, cost.recompute), 0.0)

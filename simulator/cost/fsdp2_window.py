@@ -22,7 +22,7 @@ from simulator.cost import schedules
 ACTIVE_STAGES = 3
 #: the schedules torch lowers so (``_PipelineScheduleRuntime``)
 RUNTIME_SCHEDULES = frozenset({"interleaved", "zbh1", "zbv"})
-#: microbatch groups (of p) whose passes :func:`rank_step_gathers` counts one by one; past them
+#: microbatch groups (of p) whose passes :func:`_two_rank_excess` counts one by one; past them
 #: the interleaved order repeats, one more group of p microbatches adding what the last one added
 EXACT_GROUPS = 4
 
@@ -101,8 +101,8 @@ def step_gathers(schedule: str, p: int, m: int, v: int, zero: int) -> float:
     backwards by 2(p - 1 - s) passes beside whole blocks of p; which chunks run between two passes
     of one chunk depends only on whether that lead is a block or more, so each rank counts as rank
     0 (it is: the first p // 2 ranks) or rank 1 of a two-rank pipeline with k microbatches a rank,
-    beyond the m v forwards that gather at ZeRO-3 (:func:`_two_rank_excess`; equal to the
-    pass-by-pass count for p <= 12, v <= 10, k <= 7, tests/test_fsdp2_deferred.py)."""
+    beyond the m v forwards that gather at ZeRO-3 (:func:`_two_rank_excess`; equal to the mean of
+    every rank's pass-by-pass count for p <= 9, 4 <= v <= 8, k <= 7: tests/test_fsdp2_deferred.py)."""
     if not windowed(schedule, v):
         return 1.0 if zero < 3 else float(m + 1)
     if schedule != "interleaved" or m % p:

@@ -57,10 +57,11 @@ def host_summed_microbatches(m: Any, deferred: Any) -> Any:
 
 def fsdp2_host_seconds(node: NodeProfile, psi_local: Any, m: Any) -> Any:
     """Host seconds of an FSDP2-offloaded step of ``psi_local`` parameters per rank whose
-    gradients come down from ``m`` microbatches apart (:func:`host_summed_microbatches`), all of a node's ``g`` ranks sharing the host: the m - 1 sums of a
-    microbatch's fp32 gradients into the held ones (autoplan.runtime.data_parallel.
-    HostGradients), the gradient norm over them (autoplan.runtime.grads.clip_global_norm) and
-    fused AdamW (12 bytes of fp32 state per parameter, as calibrate times ``cpu_adam_GBps``):
+    gradients come down from ``m`` microbatches apart (:func:`host_summed_microbatches`), all of a
+    node's ``g`` ranks sharing the host: the m - 1 sums of a microbatch's fp32 gradients into the
+    held ones (autoplan.runtime.data_parallel.HostGradients), the gradient norm over them
+    (autoplan.runtime.grads.clip_global_norm) and fused AdamW (12 bytes of fp32 state per
+    parameter, as calibrate times ``cpu_adam_GBps``):
 
         T = g * psi * (4 (m - 1) / B_sum + 4 / B_norm + 12 / B_adam)
 

@@ -46,7 +46,7 @@ from simulator.cost.fsdp2_sync import (
     zero3_gathered_bytes,
 )
 from simulator.cost.fsdp2_window import step_gathers
-from simulator.cost.offload import fsdp2_transfers, host_summed_microbatches
+from simulator.cost.offload import host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
@@ -201,10 +201,7 @@ def _step_times(
         )
     )
     sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
-    transfers = fsdp2_transfers(dp.m, dp.deferred, dp.step_gathers)
-    sharded = sharded + zero_infinity_exposed(
-        node, S, dp.d, dp.zero, column(offloaded), column(nvme), runtime, transfers
-    )
+    sharded = sharded + zero_infinity_exposed(node, S, dp, column(offloaded), column(nvme), runtime)
     casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)
     sends = p2p_sends(column(P.p), column(P.v), S.first, S.last, S.turn)
     per_mb = np.where(valid, stage_microbatch(S.total, casts, sends, p2p, sharded), -np.inf)
