@@ -83,13 +83,18 @@ class BatchEstimate:
 def dp_columns(P: PlanColumns, runtime: Runtime) -> DpPlan:
     """What the data-parallel rules read of the plans ``P`` (simulator.analytic.data_parallel.DpPlan),
     as columns (one row per plan, broadcast over its stages)."""
-    fsdp2 = fsdp2_sharded_by(P.d, P.zero, runtime)
-    deferred = deferred_sync(P.p, fsdp2_wrapped_by(P.d, P.zero, ~P.is_("offload", "none"), runtime), runtime)
+    fsdp2, deferred = fsdp2_sharded_by(P.d, P.zero, runtime), deferred_columns(P, runtime)
     gathers = np.zeros(len(P.plans))
     if deferred.any():
         keys = ("p", "m", "v", "zero")
         gathers = P.per_row(("schedule", *keys), lambda i: step_gathers(P.value_of("schedule", i), *P.ints(keys, i)))
     return DpPlan(*(column(x) for x in (P.zero, P.d, P.fp8ag, fsdp2, P.m, deferred, gathers)))
+
+
+def deferred_columns(P: PlanColumns, runtime: Runtime) -> np.ndarray:
+    """Per plan of ``P``: FSDP2's gradient sync deferred to the step's end
+    (simulator.cost.fsdp2_sync.deferred_sync)."""
+    return deferred_sync(P.p, fsdp2_wrapped_by(P.d, P.zero, ~P.is_("offload", "none"), runtime), runtime)
 
 
 def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: Runtime) -> np.ndarray:
@@ -100,7 +105,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     offloaded = column(~P.is_("offload", "none"))
     by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
-    deferred = dp_columns(P, runtime).deferred
+    deferred = column(deferred_columns(P, runtime))
     whole = whole_grad_bytes(deferred, runtime, e)
     unsharded = zero2_unsharded_bytes(column(P.d), zero, runtime, e)
     states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, whole, unsharded)
