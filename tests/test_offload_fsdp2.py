@@ -54,6 +54,7 @@ def test_a_deferred_sync_moves_the_gradients_down_once_a_step():
     not 3, and the host sums nothing; without the deferral 3 shards and 16 microbatches apart."""
     assert fsdp2_transfers(16, True, 17.0) == pytest.approx(1.125)
     assert fsdp2_transfers(16, False, 0.0) == 3.0
+    assert fsdp2_transfers(16, False, 0.0, 2) == 2.0  # ZeRO-2: the backward uses the forward's gather
     assert host_summed_microbatches(16, True) == 1
     assert host_summed_microbatches(16, False) == 16
     node = _node()

@@ -74,18 +74,19 @@ def fetch_exposed(fetch: Any, forward: Any, backward: Any, recompute: Any) -> An
 def zero_infinity_exposed(
     node: NodeProfile, cost: StageLike, dp: DpPlan, offloaded: Any, nvme: Any, runtime: Runtime
 ) -> Any:
-    """ZeRO-3 with offload: the exposed transfers per microbatch of stage ``cost`` of the plans
-    ``dp`` (simulator.analytic.data_parallel.DpPlan): under FSDP2 what
+    """ZeRO-3 with offload, and FSDP2's ZeRO-2: the exposed transfers per microbatch of stage
+    ``cost`` of the plans ``dp`` (simulator.analytic.data_parallel.DpPlan): under FSDP2 what
     :func:`simulator.cost.offload.fsdp2_transfer_seconds` of their shard copies
     (simulator.cost.offload.fsdp2_transfers) exceeds the microbatch's compute by, else
     ZeRO-Infinity's parameter fetches (:func:`offloaded_param_fetch`, :func:`fetch_exposed`); 0
     for other plans."""
-    infinity = offloaded & (dp.zero == 3)
+    fsdp2 = runtime.offload == "fsdp2"
+    infinity = offloaded & ((dp.zero == 3) | ((dp.zero == 2) & fsdp2))
     if not any_of(infinity):
         return 0.0
-    if runtime.offload == "fsdp2":
+    if fsdp2:
         busy = cost.forward + cost.backward + cost.recompute
-        transfers = fsdp2_transfers(dp.m, dp.deferred, dp.step_gathers)
+        transfers = fsdp2_transfers(dp.m, dp.deferred, dp.step_gathers, dp.zero)
         return where(infinity, maximum(0.0, fsdp2_transfer_seconds(node, cost.params, dp.d, transfers) - busy), 0.0)
     fetch = offloaded_param_fetch(node, cost.params, dp.d, nvme)
     return where(infinity, fetch_exposed(fetch, cost.forward, cost.backward, cost.recompute), 0.0)

@@ -37,14 +37,15 @@ def fsdp2_transfer_seconds(node: NodeProfile, params: Any, d: Any, transfers: An
     return transfers * FSDP2_OFFLOAD_BYTES * params / d / node.pcie.bytes_per_s
 
 
-def fsdp2_transfers(m: Any, deferred: Any, step_gathers: Any) -> Any:
-    """Shard copies per microbatch of an offloaded ZeRO-3 stage under FSDP2
-    (:func:`fsdp2_transfer_seconds`): 2 up and 1 down every microbatch, or, with the gradient
+def fsdp2_transfers(m: Any, deferred: Any, step_gathers: Any, zero: Any = 3) -> Any:
+    """Shard copies per microbatch of an offloaded ZeRO-2/3 stage under FSDP2
+    (:func:`fsdp2_transfer_seconds`): at ZeRO-3 2 up and 1 down every microbatch, at ZeRO-2
+    (``reshard_after_forward=False``: the backward uses the forward's gather) 1 up and 1 down, or, with the gradient
     sync deferred to the step's end (simulator.cost.fsdp2_sync.deferred_sync: under
     torch.distributed.pipelining), a copy up for each of the step's ``step_gathers`` gathers
     (simulator.cost.fsdp2_window.step_gathers: m + 1 without a window) and the reduced gradients
     down once, spread over the ``m`` microbatches: (step_gathers + 1) / m."""
-    return where(deferred, (step_gathers + 1.0) / m, 3.0)
+    return where(deferred, (step_gathers + 1.0) / m, where(zero >= 3, 3.0, 2.0))
 
 
 def host_summed_microbatches(m: Any, deferred: Any) -> Any:
