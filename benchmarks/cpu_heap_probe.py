@@ -20,14 +20,13 @@ difference from the default is what the heap keeps. Not run in CI (about
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_zero_matrix import Row, fmt, measure, predict
+from cpu_zero_matrix import Row, environment, fmt, measure, predict
 
 PLANS = (
     "t=1,p=1,d=1,mb=2,zero=0",
@@ -50,16 +49,8 @@ def run(text: str, setting: dict[str, str], run_dir: Path, steps: int | None) ->
     row = predict(text)
     if row.job is None:
         return row
-    saved = {k: os.environ.get(k) for k in setting}
-    os.environ.update(setting)
-    try:
+    with environment(setting):
         measure(row, run_dir, steps)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return row
 
 

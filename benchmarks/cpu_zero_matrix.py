@@ -25,11 +25,13 @@ process's load moves a step time by tens of percent. Not run in CI (about 30 s p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,22 @@ MODEL, NODE, BATCH, MB = "tiny", "localhost-cpu", 8, 2
 TIME_TARGET_PCT, MEMORY_TARGET_PCT, MEMORY_TARGET_MIB = 20.0, 30.0, 32.0
 TIMED_S, MIN_STEPS, MAX_STEPS = 3.0, 5, 40  # timed steps: about TIMED_S seconds at the predicted step time
 MiB = 2**20
+
+
+@contextlib.contextmanager
+def environment(setting: dict[str, str]) -> Iterator[None]:
+    """``setting`` added to this process's environment, which ``autoplan run``'s workers inherit,
+    and the previous values restored after."""
+    saved = {k: os.environ.get(k) for k in setting}
+    os.environ.update(setting)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def layouts() -> list[tuple[int, int, int]]:

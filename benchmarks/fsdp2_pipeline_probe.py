@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_zero_matrix import BATCH, measure, predict
+from cpu_zero_matrix import BATCH, environment, measure, predict
 
 from autoplan.runtime.rank import RankLayout, chunk_layer_ids
 from simulator.cost.fsdp2_sync import plan_deferred_sync
@@ -97,14 +97,8 @@ def count_run(text: str, steps: int) -> dict[str, int] | None:
         (site / "sitecustomize.py").write_text(f"NAMES = {NAMES!r}\nOUT = {str(out)!r}\n" + COUNTER)
         row = predict(text)
         saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = str(site) + (os.pathsep + saved if saved else "")
-        try:
+        with environment({"PYTHONPATH": str(site) + (os.pathsep + saved if saved else "")}):
             measure(row, Path(tmp) / "run", steps)
-        finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH")
-            else:
-                os.environ["PYTHONPATH"] = saved
         counts = out / "rank0.json"
         if row.note or not counts.exists():
             return None
