@@ -35,9 +35,20 @@ def windowed(schedule: str, v: int) -> bool:
 def released_after(chunks: np.ndarray, v: int) -> np.ndarray:
     """Per pass of a rank's order (its local ``chunks``, one of ``v``), does the window reshard
     the pass's chunk right after it: at least :data:`ACTIVE_STAGES` other chunks run before the
-    chunk's next pass, or no pass of it follows. ``first_after[c, i]`` is the first pass after
-    ``i`` that runs chunk c (n if none); the chunks whose first pass after ``i`` comes before
-    chunk[i]'s own next one are the other chunks run in between."""
+    chunk's next pass, or no pass of it follows (:func:`_next_passes`)."""
+    return _released(*_next_passes(chunks, v), len(chunks))
+
+
+def _released(following: np.ndarray, others: np.ndarray, n: int) -> np.ndarray:
+    """:func:`released_after` of the passes :func:`_next_passes` describes, of ``n``."""
+    return (following == n) | (others >= ACTIVE_STAGES)
+
+
+def _next_passes(chunks: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per pass: the next pass that runs the same chunk (n if none), and how many other chunks
+    run before it. ``first_after[c, i]`` is the first pass after ``i`` that runs chunk c (n if
+    none); the chunks whose first pass after ``i`` comes before chunk[i]'s own next one are the
+    other chunks run in between."""
     n = len(chunks)
     passes = np.arange(n)
     first_after = np.empty((v, n), dtype=np.int64)
@@ -45,8 +56,7 @@ def released_after(chunks: np.ndarray, v: int) -> np.ndarray:
         runs_c = np.append(np.flatnonzero(chunks == c), n)
         first_after[c] = runs_c[np.searchsorted(runs_c[:-1], passes, side="right")]
     following = first_after[chunks, passes]
-    others = (first_after < following).sum(axis=0)
-    return (following == n) | (others >= ACTIVE_STAGES)
+    return following, (first_after < following).sum(axis=0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -76,20 +86,11 @@ def rank_gathers(schedule: str, p: int, m: int, v: int, stage: int, zero: int) -
     pass by pass: each chunk's first pass, and each pass whose chunk's previous pass released it
     (:func:`released_after`) or, at ZeRO-3 (``reshard_after_forward``), was a forward."""
     forward, chunks = _passes(schedule, p, m, v, stage)
-    released = released_after(chunks, v)
+    following, others = _next_passes(chunks, v)
+    released = _released(following, others, len(chunks))
     if zero < 3:
         return int(released.sum())  # each release but a chunk's last one is followed by a gather
-    return v + int((_has_next(chunks, v) & (released | forward)).sum())
-
-
-def _has_next(chunks: np.ndarray, v: int) -> np.ndarray:
-    """Per pass, does a later pass run the same chunk?"""
-    last = np.zeros(len(chunks), dtype=bool)
-    for c in range(v):
-        runs_c = np.flatnonzero(chunks == c)
-        if len(runs_c):
-            last[runs_c[-1]] = True
-    return ~last
+    return v + int(((following < len(chunks)) & (released | forward)).sum())
 
 
 @functools.lru_cache(maxsize=4096)
