@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from simulator.cost import schedules
+from simulator.cost import schedules, zero3
 
 #: the stages a runtime schedule keeps unsharded at once (``_add_unshard_reshard``'s default)
 ACTIVE_STAGES = 3
@@ -105,7 +105,7 @@ def step_gathers(schedule: str, p: int, m: int, v: int, zero: int) -> float:
     beyond the m v forwards that gather at ZeRO-3 (:func:`_two_rank_excess`; equal to the mean of
     every rank's pass-by-pass count for p <= 9, 4 <= v <= 8, k <= 7: tests/test_fsdp2_deferred.py)."""
     if not windowed(schedule, v):
-        return 1.0 if zero < 3 else float(m + 1)
+        return float(zero3.gathers_per_step(zero, m, True))
     if schedule != "interleaved" or m % p:
         return sum(rank_gathers(schedule, p, m, v, s, zero) for s in range(p)) / (p * v)
     leading = p // 2
