@@ -76,11 +76,12 @@ class ChunkShards:
         if kind == "B" and mode.backward_gathers:
             self.held += nbytes
 
-    def resharded(self, prog: Program, dev: Device, pieces: list[int]) -> None:
-        """The runtime schedule reshards the chunk (simulator.cost.fsdp2_window.resharded_before):
-        the buffers its backwards kept freed after the rank's last task."""
-        if self.held and pieces:
-            prog.mem.add(pieces[-1], dev.idx, True, "buffers", -self.held)
+    def resharded(self, prog: Program, dev: Device, after: int | None) -> None:
+        """The chunk's units resharded (by the runtime schedule's window,
+        simulator.cost.fsdp2_window.resharded_before, or after the step's reduction): the buffers
+        its backwards kept freed after task ``after`` (none before the rank's first task)."""
+        if self.held and after is not None:
+            prog.mem.add(after, dev.idx, True, "buffers", -self.held)
         self.unsharded, self.held = False, 0.0
 
     def passed(self, kind: str, mode: ReductionMode) -> None:
@@ -136,7 +137,7 @@ def add_passes(prog: Program, dev: Device) -> None:
             _count(prog, dev, op, j, norec)
         for c in evictions[k] if evictions else ():
             assert shards is not None
-            shards[c].resharded(prog, dev, pieces)
+            shards[c].resharded(prog, dev, pieces[-1] if pieces else None)
         bucketed = mode.overlap and kind == grads and (mode.per_mb or last_b[local] == k)
         chunk_shards = shards[local] if shards is not None else None
         quiet = chunk_shards is not None and chunk_shards.quiet(mode, kind)
@@ -312,8 +313,6 @@ def deferred_reduce(
     for pc in prog.pieces("B", j, norec, "layers"):
         last = data_parallel.zero3_reduce_scatter(prog, dev, pc.first_params, last, nred, pc.first_units)
         nred += 1
-    if shards.held:
-        prog.mem.add(last, dev.idx, True, "buffers", -shards.held)
-    shards.unsharded, shards.held = False, 0.0
+    shards.resharded(prog, dev, last)
     prog.serial_waits[dev.idx] = last  # FSDP2's finalize_backward makes the compute stream wait for them
     return nred
