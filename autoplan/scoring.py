@@ -25,7 +25,7 @@ from autoplan.frameworks.pricing import runtime_groups
 from autoplan.space import Shape, plan_table
 from autoplan.workers import SHARED, Pool, plan_job, progress
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic.batch import estimate_groups
+from simulator.analytic.batch import GroupedEstimate, staged_groups
 from simulator.gc_pause import paused_gc
 from simulator.plan import Plan
 from simulator.plan.table import PlanTable
@@ -108,22 +108,30 @@ def pareto_front(scored: list[Scored]) -> list[Scored]:
 
 def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores:
     """:class:`Scores` of ``plans`` on ``nodes`` nodes (the model, clusters, batch and options
-    from :data:`SHARED`)."""
+    from :data:`SHARED`). Without the time-vs-memory front (SearchOptions.pareto off: a sweep's
+    sizes) only the fitting plans whose step-time floor could put them among the leaders are
+    priced (:func:`_leading`), and the front is empty."""
     cluster = SHARED["clusters"][nodes]
-    step, peak, fits = _estimates(plans, cluster)
+    est = _estimates(plans, cluster)
+    scale = nodes * cluster.gpus_per_node if objective == "cost" else 1  # objective_value
+    if SHARED["opts"].pareto:
+        r = est.priced()
+        step, peak, fits = r.step_time, r.peak_memory, r.fits
+        ok = np.flatnonzero(fits)
+        leaders, refused, _ = _runnable(ok[np.argsort(step[ok] * scale, kind="stable")], plans, nodes, keep)
+        by_time = ok[np.lexsort((peak[ok], step[ok]))]  # pareto_front's order; lexsort is stable
+        least = np.minimum.accumulate(peak[by_time])
+        on_front = by_time[np.concatenate(([True], least[1:] < least[:-1]))] if len(by_time) else by_time
+    else:
+        step, peak, fits, leaders, refused = _leading(est, plans, nodes, keep, scale)
+        on_front = np.zeros(0, dtype=np.int64)
 
     def scored(i: int) -> Scored:
         return Scored(plans[i], nodes, float(step[i]), float(peak[i]), bool(fits[i]))
 
-    ok = np.flatnonzero(fits)
-    value = step[ok] * nodes * cluster.gpus_per_node if objective == "cost" else step[ok]  # objective_value
-    leaders, refused = _runnable(ok[np.argsort(value, kind="stable")], plans, nodes, keep)
-    by_time = ok[np.lexsort((peak[ok], step[ok]))]  # pareto_front's order; lexsort is stable
-    least = np.minimum.accumulate(peak[by_time])
-    on_front = by_time[np.concatenate(([True], least[1:] < least[:-1]))] if len(by_time) else by_time
     return Scores(
         total=len(plans),
-        feasible=len(ok),
+        feasible=int(fits.sum()),
         leaders=[scored(i) for i in leaders],
         front=[scored(i) for i in on_front.tolist()],
         smallest=scored(int(np.argmin(peak))) if len(plans) else None,
@@ -132,34 +140,72 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
     )
 
 
-def _runnable(ranked: np.ndarray, plans: PlanTable, nodes: int, keep: int) -> tuple[list[int], str | None]:
+#: the fitting plans a run without its front prices first, lowest step-time floor first
+#: (:func:`_leading`); each further round prices twice as many
+FIRST_PRICED = 256
+
+#: how far a floor must clear the last leader's objective value to leave its plan unpriced: the
+#: floor and the step time are sums of the same terms in another order, equal but for rounding
+FLOOR_MARGIN = 1e-9
+
+
+def _leading(
+    est: GroupedEstimate, plans: PlanTable, nodes: int, keep: int, scale: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], str | None]:
+    """(step times: of the plans priced, inf for the rest; peak memory and fit of every plan; the
+    leaders; why a plan was passed over), the leaders exactly those of pricing every plan that
+    fits. The fitting plans are priced in rounds, lowest floor first (simulator.analytic.batch.
+    terms.step_floor: at most the step time), until the next floor exceeds the objective value of
+    the last plan the leaders' scan (:func:`_runnable`) read: every plan left ranks after it."""
+    mem = est.memory()
+    ok = np.flatnonzero(mem.fits)
+    step = np.full(len(plans), np.inf)
+    floor = np.full(len(plans), np.inf)
+    floor[ok] = est.floor(ok)
+    order = ok[np.argsort(floor[ok] * scale, kind="stable")]
+    done, size = 0, FIRST_PRICED
+    while True:
+        new = order[done : done + size]
+        step[new] = est.step_times(new)
+        done, size = done + len(new), 2 * size
+        priced = np.sort(order[:done])  # in the plans' order: equal values rank by position
+        ranked = priced[np.argsort(step[priced] * scale, kind="stable")]
+        leaders, refused, last = _runnable(ranked, plans, nodes, keep)
+        if done == len(order) or (
+            last is not None and floor[order[done]] * scale * (1 - FLOOR_MARGIN) > step[ranked[last]] * scale
+        ):
+            return step, mem.peak, mem.fits, leaders, refused
+
+
+def _runnable(ranked: np.ndarray, plans: PlanTable, nodes: int, keep: int) -> tuple[list[int], str | None, int | None]:
     """The first ``keep`` rows of ``ranked`` (plan rows, fastest first) whose framework's files
-    run them as planned, among the first :data:`FILES_SCAN`, and why the first row passed over was
-    (None: none was). Without a framework, or one whose files autoplan does not write, the first
-    ``keep``."""
+    run them as planned, among the first :data:`FILES_SCAN`; why the first row passed over was
+    (None: none was); and the position in ``ranked`` of the last row read (None: ``ranked`` ran
+    out first, so more rows could change the answer). Without a framework, or one whose files
+    autoplan does not write, the first ``keep``."""
     fw = SHARED["opts"].framework
     if fw is None or fw.export is None:
-        return ranked[:keep].tolist(), None
+        return ranked[:keep].tolist(), None, keep - 1 if len(ranked) >= keep else None
     kept: list[int] = []
     refused = None
-    for i in ranked[:FILES_SCAN].tolist():
+    for k, i in enumerate(ranked[:FILES_SCAN].tolist()):
         why = files_differ(fw, plan_job(nodes, plans[i]))
         if why is None:
             kept.append(i)
             if len(kept) == keep:
-                break
+                return kept, refused, k
         elif refused is None:
             refused = why
-    return kept, refused
+    return kept, refused, FILES_SCAN - 1 if len(ranked) >= FILES_SCAN else None
 
 
-def _estimates(plans: PlanTable, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(step time, peak memory, fits) of every plan, each priced with the runtime its framework
-    runs it with (autoplan.frameworks.pricing.runtime_groups: one batch per runtime)."""
+def _estimates(plans: PlanTable, cluster: ClusterSpec) -> GroupedEstimate:
+    """Every plan's peak memory, fit and step-time floor, and its step time on demand, each priced
+    with the runtime its framework runs it with (autoplan.frameworks.pricing.runtime_groups: one
+    batch per runtime)."""
     opts = SHARED["opts"]
     groups = runtime_groups(opts.framework, opts.base_runtime, plans, cluster.node.backend)
-    r = estimate_groups(SHARED["model"], cluster, plans, SHARED["B"], groups)
-    return r.step_time, r.peak_memory, r.fits
+    return staged_groups(SHARED["model"], cluster, plans, SHARED["B"], groups)
 
 
 def _score_shapes(args: tuple[int, int, int, int, str]) -> Scores:

@@ -61,6 +61,9 @@ class SearchOptions:
     runtime: Runtime | None = None
     framework: Framework | None = None  # the stack that runs it: only its plans, each priced with its runtime
     keep_timeline: bool = False  # keep each finalist's DES record (for plots and traces; megabytes each)
+    # the time-vs-memory front of all the plans, which needs every fitting plan's step time; off,
+    # only the plans that could lead are priced (autoplan.scoring.score_run): a sweep's sizes
+    pareto: bool = True
 
     @property
     def base_runtime(self) -> Runtime:

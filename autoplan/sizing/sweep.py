@@ -166,7 +166,13 @@ def sweep(
     its own process (``jobs`` = 1 inside): a size's search is too short (about a second) for
     its own pool to pay, which forks twice per size, and the sizes are independent."""
     t0 = time.perf_counter()
-    _SWEEP.update(model=model, cluster=cluster, B=global_batch, opts=replace(opts, jobs=1, progress=False), goal=goal)
+    _SWEEP.update(
+        model=model,
+        cluster=cluster,
+        B=global_batch,
+        opts=replace(opts, jobs=1, progress=False, pareto=False),
+        goal=goal,
+    )
     rows: list[SizeRow] = []
     skipped: list[dict[str, Any]] = []
     first_error: AutoplanError | None = None

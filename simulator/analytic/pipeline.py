@@ -149,6 +149,23 @@ def pipeline_bubble(
     return where(kind.interleaved, idle / v, where(kind.zbv, zero_bubble / 2, where(kind.zbh1, zero_bubble, idle)))
 
 
+def pipeline_floor(m: Any, worst: Any, total: Any, kind: ScheduleKind, v: Any, recompute: Any) -> Any:
+    """A floor under the pipeline time of stages whose seconds per microbatch are at least these
+    (``worst``: the largest, ``total``: their sum over devices; ``recompute``: the most
+    recomputation of any of them):
+
+        floor = m * worst - [GPipe, m > 1] recompute + bubble,
+        bubble = (total - worst) / v interleaved, (total - worst) for GPipe and 1F1B, 0 for ZB-H1 and ZB-V.
+
+    Adding d_i >= 0 to each stage's c_i raises max_i c_i and never lowers sum_i c_i - max_i c_i
+    (the sum gains every d_i, the maximum at most the largest), so steady_seconds + pipeline_bubble
+    of the larger stages is at least this; the zero-bubble schedules' bubble is at least 0, and
+    GPipe skips at most the largest recomputation. Numbers or arrays alike."""
+    idle = total - worst
+    bubble = where(kind.interleaved, idle / v, where(kind.zbh1 | kind.zbv, 0.0, idle))
+    return m * worst - where(kind.gpipe_kept, recompute, 0.0) + bubble
+
+
 def pipeline_time(worst: Any, total: Any, m: Any, kind: ScheduleKind, v: Any) -> Any:
     """``worst``: the slowest device's time per microbatch; ``total``: the sum over devices."""
     return m * worst + pipeline_bubble(worst, total, kind, v)

@@ -19,13 +19,15 @@ The same plans give the same figures on both paths (tests/test_analytic_batch.py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic.batch.estimate import BatchEstimate, estimate_stages, estimate_view
+from simulator.analytic.batch.estimate import BatchEstimate
 from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.batch.staged import PlanMemory, PricedEstimate, StagedEstimate, estimate_view
 from simulator.analytic.batch.stages import plan_stages
 from simulator.cost.rank_view import rank_model, rank_plan
 from simulator.plan import Plan
@@ -33,7 +35,7 @@ from simulator.plan.table import PlanTable
 from simulator.runtime_spec import OVERLAPPED, Runtime
 from simulator.specs import ModelSpec
 
-__all__ = ["BatchEstimate", "estimate_batch", "estimate_groups"]
+__all__ = ["BatchEstimate", "GroupedEstimate", "PlanMemory", "estimate_batch", "estimate_groups", "staged_groups"]
 
 
 def _views(plans: Sequence[Plan]) -> set[tuple[int, int]]:
@@ -79,6 +81,86 @@ def estimate_batch(
     return estimate_view(model, cluster, plans, global_batch, runtime)
 
 
+@dataclass(frozen=True)
+class GroupedEstimate:
+    """The staged estimate (simulator.analytic.batch.staged) of plans estimated in groups, one per
+    runtime (:func:`staged_groups`), each figure on demand for any rows (positions among all)."""
+
+    size: int
+    parts: list[tuple[np.ndarray, StagedEstimate | PricedEstimate]]  # (positions, their estimate)
+
+    def _split(self, rows: np.ndarray) -> Iterator[tuple[StagedEstimate | PricedEstimate, np.ndarray, np.ndarray]]:
+        """(part, which of ``rows`` are its plans, their rows in it), for each part with some."""
+        part_of, local_of = np.empty(self.size, np.int64), np.empty(self.size, np.int64)
+        for k, (positions, _) in enumerate(self.parts):
+            part_of[positions], local_of[positions] = k, np.arange(len(positions))
+        which = part_of[rows]
+        for k, (_, part) in enumerate(self.parts):
+            mine = np.flatnonzero(which == k)
+            if len(mine):
+                yield part, mine, local_of[rows[mine]]
+
+    def floor(self, rows: np.ndarray) -> np.ndarray:
+        """Per plan of ``rows``: a floor under its step time."""
+        out = np.empty(len(rows))
+        for part, mine, local in self._split(rows):
+            out[mine] = part.floor(local)
+        return out
+
+    def memory(self) -> PlanMemory:
+        """:class:`PlanMemory` of every plan."""
+        peak, gpu_ok, fits = np.empty(self.size), np.empty(self.size, bool), np.empty(self.size, bool)
+        for positions, part in self.parts:
+            m = part.memory(None)
+            peak[positions], gpu_ok[positions], fits[positions] = m.peak, m.gpu_ok, m.fits
+        return PlanMemory(peak, gpu_ok, fits)
+
+    def step_times(self, rows: np.ndarray) -> np.ndarray:
+        """The step times of the plans of ``rows`` (each fitting in GPU memory)."""
+        out = np.empty(len(rows))
+        for part, mine, local in self._split(rows):
+            out[mine] = part.step_times(local)
+        return out
+
+    def priced(self) -> BatchEstimate:
+        """Every plan's step time (inf where it does not fit in GPU memory), peak memory and fit."""
+        step, peak, fits = np.empty(self.size), np.empty(self.size), np.empty(self.size, dtype=bool)
+        for positions, part in self.parts:
+            r = part.priced()
+            step[positions], peak[positions], fits[positions] = r.step_time, r.peak_memory, r.fits
+        return BatchEstimate(step, peak, fits)
+
+
+def staged_groups(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plans: PlanTable,
+    global_batch: int,
+    groups: Sequence[tuple[Runtime, np.ndarray]],
+) -> GroupedEstimate:
+    """:class:`GroupedEstimate` of each group's plans (their positions in ``plans``) with the
+    group's runtime. The plans' columns, stages and schedule counts, which no runtime changes, are
+    made once for all groups (simulator.analytic.batch.stages.plan_stages). Plans with context or
+    expert parallelism are priced whole, on their rank view (:func:`estimate_batch`)."""
+    parts: list[tuple[np.ndarray, StagedEstimate | PricedEstimate]] = []
+    if _views(plans) != {(1, 1)}:
+        for runtime, rows in groups:
+            parts.append(
+                (rows, PricedEstimate(estimate_batch(model, cluster, plans.take(rows), global_batch, runtime)))
+            )
+        return GroupedEstimate(len(plans), parts)
+    order = np.concatenate([rows for _, rows in groups])  # the plans group by group: each group a slice
+    whole = len(groups) == 1 and bool((np.diff(order) > 0).all())
+    shared = plan_stages(model, PlanColumns(plans if whole else plans.take(order), global_batch))
+    start = 0
+    for runtime, rows in groups:
+        stop = start + len(rows)
+        part = shared if whole else shared.take(slice(start, stop))
+        parts.append((rows, StagedEstimate(model, cluster, global_batch, runtime, part)))
+        start = stop
+    return GroupedEstimate(len(plans), parts)
+
+
 def estimate_groups(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -87,22 +169,5 @@ def estimate_groups(
     groups: Sequence[tuple[Runtime, np.ndarray]],
 ) -> BatchEstimate:
     """:func:`estimate_batch` of each group's plans (their positions in ``plans``) with the group's
-    runtime, put back in the plans' order. The plans' columns, stages and schedule counts, which
-    no runtime changes, are made once for all groups (simulator.analytic.batch.stages.plan_stages)."""
-    if len(groups) == 1:
-        return estimate_batch(model, cluster, plans, global_batch, groups[0][0])
-    step, peak, fits = np.zeros(len(plans)), np.zeros(len(plans)), np.zeros(len(plans), dtype=bool)
-    if _views(plans) != {(1, 1)}:
-        for runtime, rows in groups:
-            r = estimate_batch(model, cluster, plans.take(rows), global_batch, runtime)
-            step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
-        return BatchEstimate(step, peak, fits)
-    order = np.concatenate([rows for _, rows in groups])  # the plans group by group: each group a slice
-    shared = plan_stages(model, PlanColumns(plans.take(order), global_batch))
-    start = 0
-    for runtime, rows in groups:
-        stop = start + len(rows)
-        r = estimate_stages(model, cluster, shared.take(slice(start, stop)), global_batch, runtime)
-        step[rows], peak[rows], fits[rows] = r.step_time, r.peak_memory, r.fits
-        start = stop
-    return BatchEstimate(step, peak, fits)
+    runtime, put back in the plans' order (:func:`staged_groups`, every fitting plan priced)."""
+    return staged_groups(model, cluster, plans, global_batch, groups).priced()

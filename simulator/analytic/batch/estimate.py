@@ -4,7 +4,6 @@ each plan's stages (its critical stage, its sums over devices, its peak)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,21 +12,11 @@ from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.links import BatchLinks
 from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.batch.stages import (
-    PlanStages,
-    StageShapes,
-    busy_column,
-    column,
-    plan_stages,
-    stage_activations,
-    stage_arrays,
-)
+from simulator.analytic.batch.stages import PlanStages, column, stage_activations
+from simulator.analytic.batch.terms import StageTerms, schedule_kind
 from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, sharded_exposed
 from simulator.analytic.offload import offload_time, zero_infinity_exposed
 from simulator.analytic.pipeline import (
-    ScheduleKind,
-    p2p_seconds,
-    p2p_sends,
     pipeline_bubble,
     skipped_recompute,
     stage_microbatch,
@@ -49,14 +38,11 @@ from simulator.cost.fsdp2_window import step_gathers
 from simulator.cost.offload import host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
-from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes, weight_cast_seconds
+from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes
 from simulator.cost.stage_memory import flight_buffer_bytes, sharding_buffer_bytes, stage_peak
 from simulator.cost.step import (
     dp_step_exposed,
     dtensor_params,
-    host_fits,
-    host_state_bytes,
-    local_params,
     optimizer_seconds,
     optimizer_tensors,
     step_end_seconds,
@@ -65,7 +51,6 @@ from simulator.cost.step import (
 )
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
-from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
 from simulator.specs import ModelSpec
 
@@ -144,54 +129,17 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     return np.where(S.valid, peak.total, -np.inf).max(axis=1)
 
 
-def estimate_view(
-    model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Plan], global_batch: int, runtime: Runtime
-) -> BatchEstimate:
-    """The step time, peak memory and fit of plans without context or expert parallelism (or of
-    their rank view: simulator.cost.rank_view). Every plan's memory first; the step time only of
-    those that fit in GPU memory (the others' is inf, as the planner scores them): most of a
-    search's plans do not (63% of gpt3-175b's on 1,024 A100s, 86% of gpt-1t's on 3,072)."""
-    return estimate_stages(model, cluster, plan_stages(model, PlanColumns(plans, global_batch)), global_batch, runtime)
-
-
-def estimate_stages(
-    model: ModelSpec, cluster: ClusterSpec, X: PlanStages, global_batch: int, runtime: Runtime
-) -> BatchEstimate:
-    """:func:`estimate_view` of the plans of ``X`` (:func:`~simulator.analytic.batch.stages.plan_stages`)."""
-    P, shapes = X.plans, X.shapes
-    peak = peak_memory(model, cluster, X, runtime)
-    psi = np.where(shapes.valid, shapes.params, -np.inf).max(axis=1)
-    psi_sharded = np.where(shapes.valid, shapes.sharded_params, -np.inf).max(axis=1)
-    psi_local = local_params(psi, P.zero, P.shard_group, psi_sharded)
-    node = cluster.node
-    offloaded, nvme = ~P.is_("offload", "none"), P.is_("offload", "nvme")
-    host_ok = host_fits(node, host_state_bytes(node.gpus_per_node, psi_local, P.zero), offloaded, nvme)
-    gpu_ok = peak <= cluster.gpu.usable_memory_bytes
-    step = np.full(len(P.plans), np.inf)
-    rows = np.flatnonzero(gpu_ok)
-    if len(rows) == len(P.plans):
-        step = _step_times(model, cluster, P, shapes, global_batch, runtime, psi_local)
-    elif len(rows):
-        step[rows] = _step_times(
-            model, cluster, P.take(rows), shapes.take(rows), global_batch, runtime, psi_local[rows]
-        )
-    return BatchEstimate(step, peak, gpu_ok & host_ok)
-
-
-def _step_times(
+def step_times(
     model: ModelSpec,
     cluster: ClusterSpec,
-    P: PlanColumns,
-    shapes: StageShapes,
+    terms: StageTerms,
     global_batch: int,
     runtime: Runtime,
     psi_local: np.ndarray,
 ) -> np.ndarray:
-    """The analytic step time of the plans ``P`` (their stages ``shapes``; ``psi_local``: the
-    parameters whose optimizer state each plan's busiest rank steps)."""
-    busy = busy_column(cluster, P)  # ranks sharing a processor: the times depend on how many compute at once
-    kernels = runtime.layer_kernels
-    S = stage_arrays(model, cluster, P, shapes, kernels, runtime.attention_kernel, runtime.cross_entropy, busy)
+    """The analytic step time of the plans of ``terms`` (``psi_local``: the parameters whose
+    optimizer state each plan's busiest rank steps)."""
+    P, S, busy, p2p = terms.plans, terms.S, terms.busy, terms.p2p
     links = BatchLinks(cluster, P)
     gpu, node = cluster.gpu, cluster.node
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
@@ -200,21 +148,13 @@ def _step_times(
     dp = dp_columns(P, runtime)
     valid, rows = S.valid, np.arange(len(P.plans))
     # ---- per microbatch of each stage (simulator.analytic.pipeline_phase)
-    p2p = column(
-        P.per_row(
-            ("t", "sp", "mb", "p", "d"), lambda i: p2p_seconds(model, cluster, *P.ints(("t", "sp", "mb", "p", "d"), i))
-        )
-    )
     sharded = sharded_exposed(model, S, dp, links, runtime, cluster, None if busy is None else column(busy))
     sharded = sharded + zero_infinity_exposed(node, S, dp, column(offloaded), column(nvme), runtime)
-    casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), dp.fp8ag, S.weight_cast)
-    sends = p2p_sends(column(P.p), column(P.v), S.first, S.last, S.turn)
-    per_mb = np.where(valid, stage_microbatch(S.total, casts, sends, p2p, sharded), -np.inf)
+    per_mb = np.where(valid, stage_microbatch(S.total, terms.casts, terms.sends, p2p, sharded), -np.inf)
     crit = per_mb.argmax(axis=1)
     worst = per_mb[rows, crit]
     total = (np.where(valid, per_mb, 0.0) * S.count).sum(axis=1)
-    schedule = P.is_("schedule", "interleaved"), P.is_("schedule", "zbh1"), P.is_("schedule", "zbv")
-    kind = ScheduleKind.from_flags(*schedule, P.is_("schedule", "gpipe"), P.v, P.m)
+    kind = schedule_kind(P)
     saved = skipped_recompute(kind, S.recompute[rows, crit])
     fill = weight_fill(column(kind.zbv), S.backward_weight, S.forward_span)
     total_fill = (np.where(valid, fill, 0.0) * S.count).sum(axis=1)
