@@ -3,13 +3,14 @@
 The parent lists the plans' shapes (their parallel layouts: :func:`autoplan.space.shapes`);
 each worker expands a contiguous run of them into plans (:func:`autoplan.space.plan_table`:
 columns, no Plan object per plan), scores them with
-:func:`simulator.analytic.batch.estimate_batch` (the analytic model over arrays;
+:func:`simulator.analytic.batch.staged_groups` (the analytic model over arrays;
 :func:`simulator.analytic.estimate` is its scalar reference) and sends back only what
 the search keeps of them (:class:`Scores`): the counts, the first plans by the objective, the
-time-vs-memory Pareto front and the plan needing least memory. Merged in the enumeration's
-order, these are exactly what ranking every plan at once gives (stable sorts: a plan among
-the first k of all is among the first k of its run; one on the front of all is on the front
-of its run), without building, sending or sorting a record per plan.
+time-vs-memory Pareto front (unless the search asks for none: a sweep's sizes, whose runs then
+price only the plans that could lead, :func:`_leading`) and the plan needing least memory. Merged
+in the enumeration's order, these are exactly what ranking every plan at once gives (stable
+sorts: a plan among the first k of all is among the first k of its run; one on the front of all
+is on the front of its run), without building, sending or sorting a record per plan.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ FILES_SCAN = 1024
 
 @dataclass
 class Scored:
-    """A plan's analytic score: step time (inf when it does not fit in GPU memory), peak memory, fits."""
+    """A plan's analytic score: step time (inf when it does not fit in GPU memory, or was not priced:
+    a run without its front, :func:`_leading`), peak memory, fits."""
 
     plan: Plan
     nodes: int
@@ -66,7 +68,7 @@ class Scores:
     (autoplan.frameworks.exports.files_differ) first by the objective, in enumeration order among
     equals, at most ``keep``; ``refused``: why a fitting plan those files do not run as planned
     was passed over, if one was; ``front``: the fitting plans no other beats in both step time
-    and peak memory (:func:`pareto_front`); ``smallest``: the plan with the least peak memory
+    and peak memory (:func:`pareto_front`; empty when the search asks for none); ``smallest``: the plan with the least peak memory
     (what the no-fit message quotes); ``offload``: whether any plan offloads."""
 
     total: int
@@ -113,17 +115,18 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
     priced (:func:`_leading`), and the front is empty."""
     cluster = SHARED["clusters"][nodes]
     est = _estimates(plans, cluster)
-    scale = nodes * cluster.gpus_per_node if objective == "cost" else 1  # objective_value
+    gpn = cluster.gpus_per_node
+    value = (lambda x: x * nodes * gpn) if objective == "cost" else (lambda x: x)  # objective_value
     if SHARED["opts"].pareto:
         r = est.priced()
         step, peak, fits = r.step_time, r.peak_memory, r.fits
         ok = np.flatnonzero(fits)
-        leaders, refused, _ = _runnable(ok[np.argsort(step[ok] * scale, kind="stable")], plans, nodes, keep)
+        leaders, refused, _ = _runnable(ok[np.argsort(value(step[ok]), kind="stable")], plans, nodes, keep, {})
         by_time = ok[np.lexsort((peak[ok], step[ok]))]  # pareto_front's order; lexsort is stable
         least = np.minimum.accumulate(peak[by_time])
         on_front = by_time[np.concatenate(([True], least[1:] < least[:-1]))] if len(by_time) else by_time
     else:
-        step, peak, fits, leaders, refused = _leading(est, plans, nodes, keep, scale)
+        step, peak, fits, leaders, refused = _leading(est, plans, nodes, keep, value)
         on_front = np.zeros(0, dtype=np.int64)
 
     def scored(i: int) -> Scored:
@@ -144,52 +147,60 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
 #: (:func:`_leading`); each further round prices twice as many
 FIRST_PRICED = 256
 
-#: how far a floor must clear the last leader's objective value to leave its plan unpriced: the
-#: floor and the step time are sums of the same terms in another order, equal but for rounding
+#: how far a floor must clear the last leader's objective value to leave its plan unpriced: a
+#: floor equal to the step time (a plan priced whole: simulator.analytic.batch.staged.PricedEstimate)
+#: may differ from it by rounding
 FLOOR_MARGIN = 1e-9
 
 
 def _leading(
-    est: GroupedEstimate, plans: PlanTable, nodes: int, keep: int, scale: float
+    est: GroupedEstimate, plans: PlanTable, nodes: int, keep: int, value: Callable[[np.ndarray], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], str | None]:
     """(step times: of the plans priced, inf for the rest; peak memory and fit of every plan; the
     leaders; why a plan was passed over), the leaders exactly those of pricing every plan that
     fits. The fitting plans are priced in rounds, lowest floor first (simulator.analytic.batch.
     terms.step_floor: at most the step time), until the next floor exceeds the objective value of
-    the last plan the leaders' scan (:func:`_runnable`) read: every plan left ranks after it."""
+    the last plan the leaders' scan (:func:`_runnable`) read: every plan left ranks after it.
+    ``value``: the objective's value of step times (objective_value)."""
     mem = est.memory()
     ok = np.flatnonzero(mem.fits)
     step = np.full(len(plans), np.inf)
     floor = np.full(len(plans), np.inf)
     floor[ok] = est.floor(ok)
-    order = ok[np.argsort(floor[ok] * scale, kind="stable")]
+    order = ok[np.argsort(value(floor[ok]), kind="stable")]
     done, size = 0, FIRST_PRICED
+    verdicts: dict[int, str | None] = {}
     while True:
         new = order[done : done + size]
         step[new] = est.step_times(new)
         done, size = done + len(new), 2 * size
         priced = np.sort(order[:done])  # in the plans' order: equal values rank by position
-        ranked = priced[np.argsort(step[priced] * scale, kind="stable")]
-        leaders, refused, last = _runnable(ranked, plans, nodes, keep)
+        ranked = priced[np.argsort(value(step[priced]), kind="stable")]
+        leaders, refused, last = _runnable(ranked, plans, nodes, keep, verdicts)
         if done == len(order) or (
-            last is not None and floor[order[done]] * scale * (1 - FLOOR_MARGIN) > step[ranked[last]] * scale
+            last is not None and value(floor[order[done]]) * (1 - FLOOR_MARGIN) > value(step[ranked[last]])
         ):
             return step, mem.peak, mem.fits, leaders, refused
 
 
-def _runnable(ranked: np.ndarray, plans: PlanTable, nodes: int, keep: int) -> tuple[list[int], str | None, int | None]:
+def _runnable(
+    ranked: np.ndarray, plans: PlanTable, nodes: int, keep: int, verdicts: dict[int, str | None]
+) -> tuple[list[int], str | None, int | None]:
     """The first ``keep`` rows of ``ranked`` (plan rows, fastest first) whose framework's files
     run them as planned, among the first :data:`FILES_SCAN`; why the first row passed over was
     (None: none was); and the position in ``ranked`` of the last row read (None: ``ranked`` ran
     out first, so more rows could change the answer). Without a framework, or one whose files
-    autoplan does not write, the first ``keep``."""
+    autoplan does not write, the first ``keep``. ``verdicts``: each row's answer found before (a
+    run priced in rounds reads its first rows again), read first and filled with what is new."""
     fw = SHARED["opts"].framework
     if fw is None or fw.export is None:
-        return ranked[:keep].tolist(), None, keep - 1 if len(ranked) >= keep else None
+        return ranked[:keep].tolist(), None, keep - 1 if 0 < keep <= len(ranked) else None
     kept: list[int] = []
     refused = None
     for k, i in enumerate(ranked[:FILES_SCAN].tolist()):
-        why = files_differ(fw, plan_job(nodes, plans[i]))
+        if i not in verdicts:
+            verdicts[i] = files_differ(fw, plan_job(nodes, plans[i]))
+        why = verdicts[i]
         if why is None:
             kept.append(i)
             if len(kept) == keep:

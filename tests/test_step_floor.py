@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoplan import space
+from autoplan import scoring, space
 from autoplan.frameworks import load_framework
 from autoplan.frameworks.pricing import runtime_groups
 from autoplan.scoring import score_all
@@ -73,11 +73,20 @@ def test_the_floor_is_at_most_the_step_time(case):
     assert (floor > 0.3 * priced.step_time[rows]).mean() > 0.5  # a floor that prunes, not 0
 
 
-@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"{c[0]}-{c[4]}")
-@pytest.mark.parametrize("objective", ["time", "cost"])
-def test_scores_without_the_front_lead_as_with_it(case, objective):
-    """The leaders, the plan passed over and the counts are those of pricing every fitting plan;
+LEAD_CASES = [
+    *CASES[:4],
+    ("mixtral-8x7b", "dgx-h100", 4, 256, None),  # expert parallelism: every plan priced whole
+    ("gpt3-175b", "dgx-a100-80gb", 16, 512, "torchtitan"),  # its files refuse them all: the whole scan
+]
+
+
+@pytest.mark.parametrize("case", LEAD_CASES, ids=lambda c: f"{c[0]}-{c[4]}")
+@pytest.mark.parametrize(("objective", "first"), [("time", 256), ("cost", 256), ("time", 8)])
+def test_scores_without_the_front_lead_as_with_it(case, objective, first, monkeypatch):
+    """The leaders, the plan passed over, the counts and the plan needing least memory are those of
+    pricing every fitting plan, also when the rounds are many (``first``: the plans priced first);
     the front is left empty."""
+    monkeypatch.setattr(scoring, "FIRST_PRICED", first)
     name, node, nodes, B, framework = case
     got = {}
     for pareto in (True, False):
@@ -86,11 +95,14 @@ def test_scores_without_the_front_lead_as_with_it(case, objective):
         got[pareto] = score_all(layouts, 16, objective, 1, False)
     full, lean = got[True], got[False]
     key = lambda s: (s.plan, s.step_time, s.peak_memory)
-    assert [key(s) for s in lean.leaders] == [key(s) for s in full.leaders] and len(full.leaders) == 16
+    assert [key(s) for s in lean.leaders] == [key(s) for s in full.leaders]
+    assert len(full.leaders) == 16 or full.refused
     assert (lean.refused, lean.total, lean.feasible, lean.offload) == (
         full.refused,
         full.total,
         full.feasible,
         full.offload,
     )
+    assert lean.smallest is not None and full.smallest is not None
+    assert (lean.smallest.plan, lean.smallest.peak_memory) == (full.smallest.plan, full.smallest.peak_memory)
     assert lean.front == [] and full.front

@@ -157,8 +157,8 @@ def pipeline_floor(m: Any, worst: Any, total: Any, kind: ScheduleKind, v: Any, r
         floor = m * worst - [GPipe, m > 1] recompute + bubble,
         bubble = (total - worst) / v interleaved, (total - worst) for GPipe and 1F1B, 0 for ZB-H1 and ZB-V.
 
-    Adding d_i >= 0 to each stage's c_i raises max_i c_i and never lowers sum_i c_i - max_i c_i
-    (the sum gains every d_i, the maximum at most the largest), so steady_seconds + pipeline_bubble
+    Adding d_i >= 0 to each stage's c_i never lowers max_i c_i nor sum_i c_i - max_i c_i (the sum
+    gains every d_i, at least once each, the maximum at most the largest), so steady_seconds + pipeline_bubble
     of the larger stages is at least this; the zero-bubble schedules' bubble is at least 0, and
     GPipe skips at most the largest recomputation. Numbers or arrays alike."""
     idle = total - worst

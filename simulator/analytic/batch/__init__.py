@@ -19,6 +19,7 @@ The same plans give the same figures on both paths (tests/test_analytic_batch.py
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ import numpy as np
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.estimate import BatchEstimate
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.batch.staged import PlanMemory, PricedEstimate, StagedEstimate, estimate_view
+from simulator.analytic.batch.staged import PartEstimate, PlanMemory, PricedEstimate, StagedEstimate, estimate_view
 from simulator.analytic.batch.stages import plan_stages
 from simulator.cost.rank_view import rank_model, rank_plan
 from simulator.plan import Plan
@@ -87,13 +88,19 @@ class GroupedEstimate:
     runtime (:func:`staged_groups`), each figure on demand for any rows (positions among all)."""
 
     size: int
-    parts: list[tuple[np.ndarray, StagedEstimate | PricedEstimate]]  # (positions, their estimate)
+    parts: list[tuple[np.ndarray, PartEstimate]]  # (positions, their estimate)
 
-    def _split(self, rows: np.ndarray) -> Iterator[tuple[StagedEstimate | PricedEstimate, np.ndarray, np.ndarray]]:
-        """(part, which of ``rows`` are its plans, their rows in it), for each part with some."""
+    @functools.cached_property
+    def _where(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each plan's part, its row in it)."""
         part_of, local_of = np.empty(self.size, np.int64), np.empty(self.size, np.int64)
         for k, (positions, _) in enumerate(self.parts):
             part_of[positions], local_of[positions] = k, np.arange(len(positions))
+        return part_of, local_of
+
+    def _split(self, rows: np.ndarray) -> Iterator[tuple[PartEstimate, np.ndarray, np.ndarray]]:
+        """(part, which of ``rows`` are its plans, their rows in it), for each part with some."""
+        part_of, local_of = self._where
         which = part_of[rows]
         for k, (_, part) in enumerate(self.parts):
             mine = np.flatnonzero(which == k)
@@ -111,7 +118,7 @@ class GroupedEstimate:
         """:class:`PlanMemory` of every plan."""
         peak, gpu_ok, fits = np.empty(self.size), np.empty(self.size, bool), np.empty(self.size, bool)
         for positions, part in self.parts:
-            m = part.memory(None)
+            m = part.memory()
             peak[positions], gpu_ok[positions], fits[positions] = m.peak, m.gpu_ok, m.fits
         return PlanMemory(peak, gpu_ok, fits)
 
@@ -140,9 +147,10 @@ def staged_groups(
 ) -> GroupedEstimate:
     """:class:`GroupedEstimate` of each group's plans (their positions in ``plans``) with the
     group's runtime. The plans' columns, stages and schedule counts, which no runtime changes, are
-    made once for all groups (simulator.analytic.batch.stages.plan_stages). Plans with context or
-    expert parallelism are priced whole, on their rank view (:func:`estimate_batch`)."""
-    parts: list[tuple[np.ndarray, StagedEstimate | PricedEstimate]] = []
+    made once for all groups (simulator.analytic.batch.stages.plan_stages). Where some plan has
+    context or expert parallelism, every plan is priced whole, each on its rank view
+    (:func:`estimate_batch`), and its floor is its step time."""
+    parts: list[tuple[np.ndarray, PartEstimate]] = []
     if _views(plans) != {(1, 1)}:
         for runtime, rows in groups:
             parts.append(
@@ -150,7 +158,7 @@ def staged_groups(
             )
         return GroupedEstimate(len(plans), parts)
     order = np.concatenate([rows for _, rows in groups])  # the plans group by group: each group a slice
-    whole = len(groups) == 1 and bool((np.diff(order) > 0).all())
+    whole = len(groups) == 1 and np.array_equal(order, np.arange(len(plans)))  # one group of every plan, in order
     shared = plan_stages(model, PlanColumns(plans if whole else plans.take(order), global_batch))
     start = 0
     for runtime, rows in groups:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -26,6 +27,16 @@ from simulator.specs import ModelSpec
 #: gathers (the casts) and d (with mb, the microbatches; whether its pipeline sends cross nodes;
 #: on a CPU node the ranks computing at once): not its ZeRO stage, offload or hybrid sharding
 TERMS_KEY = (*BLOCK_KEY, *SPLIT_KEY, "fp8ag", "d")
+
+
+class PartEstimate(Protocol):
+    """An estimate of a batch of plans asked figure by figure (:class:`StagedEstimate`,
+    :class:`PricedEstimate`); rows are positions among its plans."""
+
+    def floor(self, rows: np.ndarray) -> np.ndarray: ...
+    def memory(self) -> PlanMemory: ...
+    def step_times(self, rows: np.ndarray) -> np.ndarray: ...
+    def priced(self) -> BatchEstimate: ...
 
 
 @dataclass(frozen=True)
@@ -58,9 +69,9 @@ class StagedEstimate:
         terms = stage_terms(self.model, self.cluster, P.take(keyed), shapes.take(keyed), self.runtime)
         return step_floor(terms)[inverse]
 
-    def memory(self, rows: np.ndarray | None) -> PlanMemory:
-        """:class:`PlanMemory` of the plans of ``rows`` (None: of all)."""
-        X = self.X if rows is None else self.X.take(rows)
+    def memory(self) -> PlanMemory:
+        """:class:`PlanMemory` of every plan."""
+        X = self.X
         peak = peak_memory(self.model, self.cluster, X, self.runtime)
         P, node = X.plans, self.cluster.node
         offloaded, nvme = ~P.is_("offload", "none"), P.is_("offload", "nvme")
@@ -78,7 +89,7 @@ class StagedEstimate:
         """Every plan's memory, and the step time of those that fit in GPU memory (inf for the
         others, as the planner scores them): most of a search's plans do not (63% of gpt3-175b's
         on 1,024 A100s, 86% of gpt-1t's on 3,072)."""
-        mem = self.memory(None)
+        mem = self.memory()
         step = np.full(len(mem.peak), np.inf)
         rows = np.flatnonzero(mem.gpu_ok)
         if len(rows):
@@ -96,7 +107,7 @@ class PricedEstimate:
     def floor(self, rows: np.ndarray) -> np.ndarray:
         return self.estimate.step_time[rows]
 
-    def memory(self, rows: None) -> PlanMemory:
+    def memory(self) -> PlanMemory:
         r = self.estimate
         return PlanMemory(r.peak_memory, np.isfinite(r.step_time), r.fits)
 
