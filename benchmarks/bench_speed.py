@@ -16,7 +16,7 @@
    best of --repeat;
 4. with ``--sizing``: the cluster-size sweeps of issue 35 as ``autoplan plan --nodes A:B`` runs them
    (gpt3-175b over every node count from 16 to 512, gpt-1t from 64 to 1,024, dgx-a100-80gb
-   nodes), once each. Targets: 5 s and 10 s; a sweep costs one single-process search per size
+   nodes), best of --repeat. Targets: 5 s and 10 s; a sweep costs one single-process search per size
    (a median of 28 ms for 175B's, 0.2-0.45 s for its sizes of 100,000 plans) over the cores
    (2 cores: 48 s and 185 s on 2026-11-28, 7.1 s and 9.4 s on 2026-11-29 at b938939, 5.4 s and
    7.3 s after it where b938939 took 7.7 s and 10.0 s; 4.7-4.9 s and 5.5-5.7 s on 2026-11-29 once a size
@@ -25,7 +25,7 @@
 
 With ``--against REV`` the same figures are measured for the code at git revision REV (checked
 out into a temporary worktree; each measurement runs in a subprocess with that tree first on
-the path) and printed beside the current ones, with the ratio. Targets (a 2-core machine like
+the path, the two trees' runs alternating) and printed beside the current ones, with the ratio. Targets (a 2-core machine like
 CI's): plan gpt-1t <= 2 s, the main job <= 1 s, DES 175B/1,024 <= 0.5 s, analytic >= 100,000
 plans/s, plan gpt-1t peak memory <= 1 GiB.
 """
@@ -141,31 +141,43 @@ def _python(root: Path, code: str, args: list[str]) -> subprocess.CompletedProce
     return r
 
 
-def measure(root: Path, repeat: int, sizing: bool = False) -> dict[str, tuple[float, str]]:
-    """{figure: (value, unit)} for the code under ``root``."""
-    out: dict[str, tuple[float, str]] = {}
-    analytic = root / "simulator" / "analytic"
-    has_batch = (analytic / "batch.py").exists() or (analytic / "batch").is_dir()
+def measure(roots: list[Path], repeat: int, sizing: bool = False) -> list[dict[str, tuple[float, str]]]:
+    """{figure: (value, unit)} for the code under each of ``roots``. Each timed figure's runs
+    alternate between the trees (a shared VM's pace drifts by tens of percent within minutes:
+    runs of one tree and then of the other would compare two paces)."""
+    out: list[dict[str, tuple[float, str]]] = [{} for _ in roots]
     for name, nodes, B in (("gpt-1t", 384, 3072), ("gpt3-175b", 128, 1536)):
-        for path in ("batch", "scalar") if has_batch else ("scalar",):
-            r = json.loads(_python(root, ANALYTIC, [name, str(nodes), str(B), path]).stdout)
-            out[f"analytic {name} ({path})"] = (r["plans"] / r["cpu_s"], "plans/s")
+        for k, root in enumerate(roots):
+            analytic = root / "simulator" / "analytic"
+            has_batch = (analytic / "batch.py").exists() or (analytic / "batch").is_dir()
+            for path in ("batch", "scalar") if has_batch else ("scalar",):
+                r = json.loads(_python(root, ANALYTIC, [name, str(nodes), str(B), path]).stdout)
+                out[k][f"analytic {name} ({path})"] = (r["plans"] / r["cpu_s"], "plans/s")
     for label, (name, nodes, B, text) in DES_RUNS.items():
-        r = json.loads(_python(root, DES, [name, str(nodes), str(B), text, str(repeat)]).stdout)
-        out[label] = (r["wall_s"], "s")
+        for k, root in enumerate(roots):
+            r = json.loads(_python(root, DES, [name, str(nodes), str(B), text, str(repeat)]).stdout)
+            out[k][label] = (r["wall_s"], "s")
     for label, args in JOBS.items():
-        walls, rss = [], []
+        walls: list[list[float]] = [[] for _ in roots]
+        rss: list[list[int]] = [[] for _ in roots]
         for _ in range(repeat):  # the whole command: interpreter start, imports, search, output
-            t0 = time.perf_counter()
-            r = _python(root, PLAN, args)
-            walls.append(time.perf_counter() - t0)
-            rss.append(json.loads(r.stderr.strip().splitlines()[-1])["rss_kib"])
-        out[f"plan {label}"] = (min(walls), "s")
-        out[f"plan {label} peak memory"] = (max(rss) / 2**20, "GiB")
+            for k, root in enumerate(roots):
+                t0 = time.perf_counter()
+                r = _python(root, PLAN, args)
+                walls[k].append(time.perf_counter() - t0)
+                rss[k].append(json.loads(r.stderr.strip().splitlines()[-1])["rss_kib"])
+        for k in range(len(roots)):
+            out[k][f"plan {label}"] = (min(walls[k]), "s")
+            out[k][f"plan {label} peak memory"] = (max(rss[k]) / 2**20, "GiB")
     for label, args in SWEEPS.items() if sizing else ():
-        t0 = time.perf_counter()
-        _python(root, PLAN, args)
-        out[label] = (time.perf_counter() - t0, "s")
+        walls = [[] for _ in roots]
+        for _ in range(repeat):
+            for k, root in enumerate(roots):
+                t0 = time.perf_counter()
+                _python(root, PLAN, args)
+                walls[k].append(time.perf_counter() - t0)
+        for k in range(len(roots)):
+            out[k][label] = (min(walls[k]), "s")
     return out
 
 
@@ -181,15 +193,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs of each timed figure (the best is reported)")
     ap.add_argument("--sizing", action="store_true", help="also time the cluster-size sweeps (figure 4; minutes)")
     a = ap.parse_args()
-    now = measure(ROOT, a.repeat, a.sizing)
     then: dict[str, tuple[float, str]] = {}
     if a.against:
         with tempfile.TemporaryDirectory() as tmp:
             tree = _worktree(a.against, Path(tmp))
             try:
-                then = measure(tree, a.repeat, a.sizing)
+                now, then = measure([ROOT, tree], a.repeat, a.sizing)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    else:
+        (now,) = measure([ROOT], a.repeat, a.sizing)
     print(f"{'figure':44s} {'this code':>14s}" + (f" {a.against[:12]:>14s} {'ratio':>7s}" if a.against else ""))
     for key, (value, unit) in now.items():
         line = f"{key:44s} {value:>10,.3f} {unit:<5s}" if unit != "plans/s" else f"{key:44s} {value:>10,.0f} {unit}"
