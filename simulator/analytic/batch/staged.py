@@ -15,7 +15,7 @@ import numpy as np
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.estimate import BatchEstimate, peak_memory, step_times
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.batch.stages import BLOCK_KEY, SPLIT_KEY, PlanStages, plan_stages
+from simulator.analytic.batch.stages import BLOCK_KEY, SPLIT_KEY, PlanStages, StageShapes, plan_stages
 from simulator.analytic.batch.terms import stage_terms, step_floor
 from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.plan import Plan
@@ -75,15 +75,19 @@ class StagedEstimate:
         peak = peak_memory(self.model, self.cluster, X, self.runtime)
         P, node = X.plans, self.cluster.node
         offloaded, nvme = ~P.is_("offload", "none"), P.is_("offload", "nvme")
-        host_ok = host_fits(node, host_state_bytes(node.gpus_per_node, _psi_local(X), P.zero), offloaded, nvme)
+        host_ok = host_fits(
+            node, host_state_bytes(node.gpus_per_node, _psi_local(P, X.shapes), P.zero), offloaded, nvme
+        )
         gpu_ok = peak <= self.cluster.gpu.usable_memory_bytes
         return PlanMemory(peak, gpu_ok, gpu_ok & host_ok)
 
     def step_times(self, rows: np.ndarray | None) -> np.ndarray:
         """The step times of the plans of ``rows`` (None: of all), each fitting in GPU memory."""
-        X = self.X if rows is None else self.X.take(rows)
-        terms = stage_terms(self.model, self.cluster, X.plans, X.shapes, self.runtime)
-        return step_times(self.model, self.cluster, terms, self.global_batch, self.runtime, _psi_local(X))
+        P, shapes = self.X.plans, self.X.shapes
+        if rows is not None:  # the plans and stages read, not the schedule counts (memory only)
+            P, shapes = P.take(rows), shapes.take(rows)
+        terms = stage_terms(self.model, self.cluster, P, shapes, self.runtime)
+        return step_times(self.model, self.cluster, terms, self.global_batch, self.runtime, _psi_local(P, shapes))
 
     def priced(self) -> BatchEstimate:
         """Every plan's memory, and the step time of those that fit in GPU memory (inf for the
@@ -118,10 +122,9 @@ class PricedEstimate:
         return self.estimate
 
 
-def _psi_local(X: PlanStages) -> np.ndarray:
-    """Per plan of ``X``: the parameters whose optimizer state its busiest rank steps
-    (simulator.cost.step.local_params of its largest stage)."""
-    shapes, P = X.shapes, X.plans
+def _psi_local(P: PlanColumns, shapes: StageShapes) -> np.ndarray:
+    """Per plan of ``P`` (its stages ``shapes``): the parameters whose optimizer state its busiest
+    rank steps (simulator.cost.step.local_params of its largest stage)."""
     psi = np.where(shapes.valid, shapes.params, -np.inf).max(axis=1)
     psi_sharded = np.where(shapes.valid, shapes.sharded_params, -np.inf).max(axis=1)
     return local_params(psi, P.zero, P.shard_group, psi_sharded)
