@@ -36,7 +36,6 @@ from simulator.cost.block_times import busy_ranks
 from simulator.cost.cache import IdentityCache
 from simulator.cost.fsdp2_sync import plan_deferred_sync
 from simulator.cost.memory import bucket_bytes_of
-from simulator.cost.offload import host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.precision import FP8, weight_cast_seconds
 from simulator.cost.rank_view import rank_job
@@ -151,10 +150,9 @@ def step_end(job: Job, groups: Groups) -> tuple[float, float, float]:
     psi_local = local_params(psi, plan.zero, plan.shard_group, max(c.sharded_params for _, c, _ in groups))
     offloaded, nvme = plan.offload != "none", plan.offload == "nvme"
     optimizer = optimizer_time(job, psi_local, optimizer_tensors(job.model, max(c.layers for _, c, _ in groups)))
-    summed = host_summed_microbatches(job.m, plan_deferred_sync(plan, job.runtime))
-    opt, off = step_end_seconds(
-        offloaded, optimizer, offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme, job.runtime, summed)
-    )
+    deferred = plan_deferred_sync(plan, job.runtime)
+    offload = offload_time(job.cluster.node, psi_local, offloaded, plan.zero, nvme, job.runtime, job.m, deferred)
+    opt, off = step_end_seconds(offloaded, optimizer, offload)
     return opt, off, psi_local
 
 

@@ -22,11 +22,19 @@ from simulator.runtime_spec import Runtime
 
 
 def offload_time(
-    node: NodeProfile, psi_local: Any, offloaded: Any, zero: Any, nvme: Any, runtime: Runtime, m: Any
+    node: NodeProfile,
+    psi_local: Any,
+    offloaded: Any,
+    zero: Any,
+    nvme: Any,
+    runtime: Runtime,
+    m: Any,
+    deferred: Any = False,
 ) -> Any:
     """Exposed offload seconds per step for ``psi_local`` parameters per rank (its 1/d shard) of a
     plan that offloads (``offloaded``; to NVMe: ``nvme``) over ``m`` microbatches, else 0:
-    :func:`simulator.cost.offload.fsdp2_host_seconds` for an FSDP2 runtime, else DeepSpeed's step below.
+    :func:`simulator.cost.offload.fsdp2_host_seconds` for an FSDP2 runtime (``deferred``: its
+    gradient sync deferred to the step's end), else DeepSpeed's step below.
 
     The reduced gradient shard goes down over the rank's PCIe link (2 bytes/param), then the
     step runs pipelined over k = OFFLOAD_SUBGROUPS sub-groups through the phases NVMe read +
@@ -37,7 +45,7 @@ def offload_time(
     (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021). A phase a plan does
     not run counts 0, which changes neither the sum nor, all phases being positive, the maximum."""
     if runtime.offload == "fsdp2":
-        return where(offloaded, fsdp2_host_seconds(node, psi_local, m), 0.0)
+        return where(offloaded, fsdp2_host_seconds(node, psi_local, m, deferred), 0.0)
     pcie = node.pcie.bytes_per_s
     down = psi_local * 2 / pcie + node.pcie.latency_s
     cpu = node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)

@@ -56,10 +56,15 @@ def deferred_sync(p: Any, fsdp2: Any, runtime: Runtime) -> Any:
     return fsdp2 & (p > 1) & runtime.fsdp2_deferred_sync
 
 
+def deferred_sync_by(p: Any, d: Any, zero: Any, offloaded: Any, runtime: Runtime) -> Any:
+    """:func:`deferred_sync` of plans with these fields (``offloaded``: they offload to the host),
+    wrapped in FSDP2 as :func:`fsdp2_wrapped_by` says. Numbers or arrays alike."""
+    return deferred_sync(p, fsdp2_wrapped_by(d, zero, offloaded, runtime), runtime)
+
+
 def plan_deferred_sync(plan: Plan, runtime: Runtime) -> bool:
     """:func:`deferred_sync` of one plan under ``runtime``."""
-    wrapped = fsdp2_wrapped_by(plan.d, plan.zero, plan.offload != "none", runtime)
-    return bool(deferred_sync(plan.p, wrapped, runtime))
+    return bool(deferred_sync_by(plan.p, plan.d, plan.zero, plan.offload != "none", runtime))
 
 
 def zero2_unsharded_bytes(d: Any, zero: Any, runtime: Runtime, e: int) -> Any:

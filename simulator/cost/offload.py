@@ -56,20 +56,21 @@ def host_summed_microbatches(m: Any, deferred: Any) -> Any:
     return where(deferred, 1, m)
 
 
-def fsdp2_host_seconds(node: NodeProfile, psi_local: Any, m: Any) -> Any:
-    """Host seconds of an FSDP2-offloaded step of ``psi_local`` parameters per rank whose
-    gradients come down from ``m`` microbatches apart (:func:`host_summed_microbatches`), all of a
-    node's ``g`` ranks sharing the host: the m - 1 sums of a microbatch's fp32 gradients into the
+def fsdp2_host_seconds(node: NodeProfile, psi_local: Any, m: Any, deferred: Any = False) -> Any:
+    """Host seconds of an FSDP2-offloaded step of ``psi_local`` parameters per rank over ``m``
+    microbatches, whose gradients come down apart unless the sync is ``deferred``
+    (:func:`host_summed_microbatches`: m' of them), all of a node's ``g`` ranks sharing the host:
+    the m' - 1 sums of a microbatch's fp32 gradients into the
     held ones (autoplan.runtime.data_parallel.HostGradients), the gradient norm over them
     (autoplan.runtime.grads.clip_global_norm) and fused AdamW (12 bytes of fp32 state per
     parameter, as calibrate times ``cpu_adam_GBps``):
 
-        T = g * psi * (4 (m - 1) / B_sum + 4 / B_norm + 12 / B_adam)
+        T = g * psi * (4 (m' - 1) / B_sum + 4 / B_norm + 12 / B_adam)
 
     Measured on one rank of the 7B-layer slice (H200 VM, 2026-11-27: benchmarks/data/
     h200-2026-11-27/offload.json): 0.47 s of sums over 3 microbatches, 0.79 s of norm and
     clipping, 0.37 s of AdamW; this gives 0.45, 0.56 and 0.35 s with that host's figures."""
-    b = FSDP2_OFFLOAD_BYTES
-    per_param = b * (m - 1) / node.host_sum_GBps + b / node.host_norm_GBps
+    b, summed = FSDP2_OFFLOAD_BYTES, host_summed_microbatches(m, deferred)
+    per_param = b * (summed - 1) / node.host_sum_GBps + b / node.host_norm_GBps
     per_param = per_param + memory.OPTIMIZER_BYTES_PER_PARAM / node.cpu_adam_GBps
     return node.gpus_per_node * psi_local * per_param / GB

@@ -27,15 +27,13 @@ from simulator.analytic.pipeline import (
 from simulator.cost import memory, params
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.fsdp2_sync import (
-    deferred_sync,
+    deferred_sync_by,
     fsdp2_sharded_by,
-    fsdp2_wrapped_by,
     whole_grad_bytes,
     zero2_unsharded_bytes,
     zero3_gathered_bytes,
 )
 from simulator.cost.fsdp2_window import step_gathers
-from simulator.cost.offload import host_summed_microbatches
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
 from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes
@@ -79,7 +77,7 @@ def dp_columns(P: PlanColumns, runtime: Runtime) -> DpPlan:
 def deferred_columns(P: PlanColumns, runtime: Runtime) -> np.ndarray:
     """Per plan of ``P``: FSDP2's gradient sync deferred to the step's end
     (simulator.cost.fsdp2_sync.deferred_sync)."""
-    return deferred_sync(P.p, fsdp2_wrapped_by(P.d, P.zero, ~P.is_("offload", "none"), runtime), runtime)
+    return deferred_sync_by(P.p, P.d, P.zero, ~P.is_("offload", "none"), runtime)
 
 
 def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: Runtime) -> np.ndarray:
@@ -170,10 +168,8 @@ def step_times(
     # ---- step end (simulator.analytic.step_end)
     tensors = optimizer_tensors(model, np.where(valid, S.layers, 0).max(axis=1))
     optimizer = optimizer_seconds(cluster, psi_local, tensors, dtensor_params(P.t, P.d, P.zero, runtime))
-    summed = host_summed_microbatches(P.m, dp.deferred[:, 0])
-    opt, off = step_end_seconds(
-        offloaded, optimizer, offload_time(node, psi_local, offloaded, P.zero, nvme, runtime, summed)
-    )
+    offload = offload_time(node, psi_local, offloaded, P.zero, nvme, runtime, P.m, dp.deferred[:, 0])
+    opt, off = step_end_seconds(offloaded, optimizer, offload)
     tied = P.per_plan(("t", "p", "d"), lambda q, i: tied_embedding_time(job_of(q)), memo((model, cluster), "tied"))
     sync = P.per_plan(("t", "p", "d"), lambda q, i: step_sync_time(job_of(q)), memo((cluster,), "sync"))
     step = step_seconds(pipe, dp_step_exposed(dp_exposed_s, tied, sync), gather_after, opt, off)

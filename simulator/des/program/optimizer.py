@@ -11,7 +11,7 @@ back up over PCIe (ZeRO-3: parameters stay on the host).
 from __future__ import annotations
 
 from simulator.cost.fsdp2_sync import plan_deferred_sync
-from simulator.cost.offload import fsdp2_host_seconds, host_summed_microbatches
+from simulator.cost.offload import fsdp2_host_seconds
 from simulator.cost.step import (
     CPU_ADAM_STATE_BYTES,
     OFFLOAD_SUBGROUPS,
@@ -94,8 +94,8 @@ def _fsdp2_host_step(prog: Program, dev: Device, shard: float, deps: list[int]) 
     AdamW) as one task on the node's CPU link, at the bytes that take it that long when the
     node's ranks share the host."""
     node = prog.job.cluster.node
-    summed = host_summed_microbatches(prog.job.m, plan_deferred_sync(prog.plan, prog.job.runtime))
-    seconds = fsdp2_host_seconds(node, shard, summed) / node.gpus_per_node
+    deferred = plan_deferred_sync(prog.plan, prog.job.runtime)
+    seconds = fsdp2_host_seconds(node, shard, prog.job.m, deferred) / node.gpus_per_node
     send = Send(
         "cpu", prog.xfer.host_class(dev.pp, "cpu"), "dptp", seconds * node.cpu_adam_GBps * 1e9, "cpu", "host step"
     )
