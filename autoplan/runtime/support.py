@@ -12,7 +12,7 @@ What is supported and how: see ``autoplan.runtime.data_parallel`` (ZeRO), ``pipe
 * ``manual`` -- ZeRO-0 combined with TP or PP, where DDP does not work on this torch
   version: a bucketed all-reduce of the local gradient shards after the last backward; and
   ZeRO-1 for any layout: reduce-scatter of the gradients, shard step, all-gather of the
-  parameters (``zero1``);
+  parameters (on gloo two all-reduces instead: ``zero1``);
 * ``none``  -- d = 1.
 """
 
@@ -74,7 +74,8 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
       residual stream and casts of every Linear's input and weight (``layer_kernels="eager"``,
       simulator.cost.eager_layer); FSDP2's MixedPrecisionPolicy gathers bf16 parameters instead
       (ZeRO-3's working set);
-    * DDP holds a bucket copy of every gradient (``dp_buckets="all"``).
+    * DDP holds a bucket copy of every gradient (``dp_buckets="all"``);
+    * on gloo, ZeRO-1 runs all-reduces (``zero1="all-reduce"``, autoplan.runtime.zero1).
     """
     return _PROGRAM_RUNTIMES.get_or_make(
         (runtime,),
@@ -101,6 +102,7 @@ def _program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool, pi
         weight_copy_bytes=2.0 if autocast else 0.0,
         layer_kernels="eager" if autocast else "fused",
         dp_buckets="all" if mode == "ddp" else "in-flight",
+        zero1="all-reduce" if backend == "gloo" else "reduce-scatter",
     )
     return program.loss_runtime(runtime, tensor, pipeline)
 

@@ -1,7 +1,7 @@
 """Closed forms of data-parallel traffic: what each stage's reduction exposes.
 
 DP gradient reduction (all-reduce; reduce-scatter for ZeRO-1/2: simulator.cost.step.
-gradient_reduction) is bucketed and overlaps the last microbatch's backward on its stage,
+gradient_all_reduced) is bucketed and overlaps the last microbatch's backward on its stage,
 except its last bucket (DDP's 25 MB buckets fill in backward order; the last one, the
 remainder, is reduced after the backward ends):
     exposed = max(reduce - slack, reduce(last bucket));
@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from hwprofiles.algorithms import Collective
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, fsdp2_sync, fsdp2_window, memory, zero3
 from simulator.cost.block_times import synchronous_op_seconds
@@ -32,7 +33,13 @@ from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.stage_memory import StageLike
-from simulator.cost.step import gradient_reduction, param_gather_bytes, rank_tensors
+from simulator.cost.step import (
+    grad_reduce_bytes,
+    gradient_all_reduced,
+    param_gather_bytes,
+    rank_tensors,
+    step_gather_bytes,
+)
 from simulator.numeric import any_of, fmod, maximum, minimum, negate, where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
@@ -45,7 +52,7 @@ class DpCollectives(zero3.ShardedCollectives, Protocol):
     """The data-parallel collectives a plan's stage issues: its gradient reduction over all d
     ranks (ZeRO 0-2) and the shard group's gathers and reductions (zero3.ShardedCollectives)."""
 
-    def reduce_gradients(self, zero: Any, size_bytes: Any) -> Any: ...
+    def reduce_gradients(self, all_reduced: Any, size_bytes: Any) -> Any: ...
 
 
 class DpPlan(NamedTuple):
@@ -75,9 +82,11 @@ class DpLinks:
     dp: collectives.GroupLink
     shards: zero3.ShardLinks
 
-    def reduce_gradients(self, zero: int, size_bytes: float) -> float:
-        """The gradient reduction of ``zero`` (simulator.cost.step.gradient_reduction) over d ranks."""
-        return collectives.collective_time(gradient_reduction(zero), size_bytes, self.d, self.dp)
+    def reduce_gradients(self, all_reduced: bool, size_bytes: float) -> float:
+        """An all-reduce (``all_reduced``: simulator.cost.step.gradient_all_reduced) or a
+        reduce-scatter of ``size_bytes`` over the d ranks."""
+        op = Collective.ALL_REDUCE if all_reduced else Collective.REDUCE_SCATTER
+        return collectives.collective_time(op, size_bytes, self.d, self.dp)
 
     @property
     def n(self) -> int:
@@ -103,10 +112,11 @@ def dp_links(cluster: ClusterSpec, plan: Plan) -> DpLinks:
     )
 
 
-def stage_gathered_bytes(cost: StageLike, fp8ag: Any, e: int) -> Any:
-    """Bytes of all-gathering one rank's parameters of stage ``cost``: param_gather_bytes(e) per
-    parameter, its layers' at 1 byte with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
-    return gathered_bytes(cost.params, cost.layer_params, param_gather_bytes(e), fp8ag)
+def stage_gathered_bytes(cost: StageLike, fp8ag: Any, per_param: int) -> Any:
+    """Bytes of all-gathering one rank's parameters of stage ``cost``: ``per_param`` bytes per
+    parameter (simulator.cost.step.param_gather_bytes, step_gather_bytes), its layers' at 1 byte
+    with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
+    return gathered_bytes(cost.params, cost.layer_params, per_param, fp8ag)
 
 
 def sharded_exposed(
@@ -139,7 +149,7 @@ def sharded_exposed(
         scatter = zero3.sharded_reduce_time(cost.params * fsdp2_sync.reduce_bytes(runtime, e), links)
         out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
     if any_of(sharded):
-        gathered = stage_gathered_bytes(cost, fp8ag, e)
+        gathered = stage_gathered_bytes(cost, fp8ag, param_gather_bytes(e))
         host_op_s = synchronous_op_seconds(cluster, busy)
         tensors = rank_tensors(model, cost.layers, cost.first, cost.last) if host_op_s is not None else 0
         z3 = zero3.zero3_pass(
@@ -185,21 +195,29 @@ def dp_step_times(
     the end; ZeRO-2 has reduced them per microbatch; ZeRO-1/2 all-gather the updated parameters
     inside the shard group. The last bucket's reduction (buckets of ``bucket_bytes``: the
     runtime's, simulator.cost.memory.bucket_bytes_of) is the whole one when the gradients fit in
-    one bucket."""
+    one bucket. The gradients move at the program's gradient bytes, the gathered parameters at
+    its parameter bytes (simulator.cost.step.grad_reduce_bytes, step_gather_bytes); a runtime
+    whose ZeRO-1 all-reduces (Runtime.zero1) gathers with an all-reduce of the whole buffer."""
     zero, d, fp8ag, fsdp2, _, deferred, _ = plan
     deferred = deferred & (d > 1)
     active = (d > 1) & (zero < 3) & negate(fsdp2)
     reduce, last_reduce, gather = 0.0, 0.0, 0.0
     if any_of(active):
-        grad_bytes = cost.params * e
+        grad_bytes = cost.params * grad_reduce_bytes(e, runtime.states)
+        all_reduced = gradient_all_reduced(zero, runtime.zero1)
         at_end = active & (zero <= 1)  # ZeRO-2 has reduced its gradients per microbatch
-        reduce = where(at_end, links.reduce_gradients(zero, grad_bytes), 0.0) if any_of(at_end) else 0.0
+        reduce = where(at_end, links.reduce_gradients(all_reduced, grad_bytes), 0.0) if any_of(at_end) else 0.0
         last = last_bucket_bytes(grad_bytes, bucket_bytes)
         partial = at_end & (last < grad_bytes)  # gradients in more than one bucket
-        last_reduce = where(partial, links.reduce_gradients(zero, last), reduce) if any_of(partial) else reduce
+        last_reduce = where(partial, links.reduce_gradients(all_reduced, last), reduce) if any_of(partial) else reduce
         gathers = active & (zero >= 1)
         if any_of(gathers):
-            gather = where(gathers, links.all_gather(stage_gathered_bytes(cost, fp8ag, e)), 0.0)
+            size = stage_gathered_bytes(cost, fp8ag, step_gather_bytes(e, runtime.states))
+            by_all_reduce = gathers & all_reduced
+            gathered = links.all_gather(size)
+            if any_of(by_all_reduce):
+                gathered = where(by_all_reduce, links.reduce_gradients(True, size), gathered)
+            gather = where(gathers, gathered, 0.0)
     if any_of(deferred):
         scatter = zero3.stage_scatter(cost, links, runtime, e)
         reduce = where(deferred, scatter, reduce)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from simulator.cost.experts import routed_copies
 from simulator.numeric import maximum, minimum, where
-from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout, loss_over_whole_vocabulary
+from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout, Zero1Collectives, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
 
 # Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
@@ -27,7 +27,9 @@ def state_bytes_per_param(e: int) -> tuple[int, int, int]:
     return (2, 2, 12) if e <= 2 else (4, 4, 8)
 
 
-def program_state_bytes(layout: StateLayout, e: int, zero: int) -> tuple[int, int, int]:
+def program_state_bytes(
+    layout: StateLayout, e: int, zero: int, zero1: Zero1Collectives = "reduce-scatter"
+) -> tuple[int, int, int]:
     """(param, grad, optimizer) bytes per parameter a program keeps, before ZeRO sharding:
 
     * ``mixed``: :func:`state_bytes_per_param` (Megatron-LM, DeepSpeed: e-byte weights and
@@ -36,11 +38,15 @@ def program_state_bytes(layout: StateLayout, e: int, zero: int) -> tuple[int, in
       fp32 with fp32 ``.grad`` (autocast computes in bf16 on a GPU): 4, 4, 8 (Adam's moments);
       with zero=1 its optimizer (autoplan/runtime/zero1.py) also keeps a full fp32 flat buffer
       of the parameters (counted with the gradients, which it reduce-scatters: 8) and, for its
-      1/d shard, an fp32 master copy and its gradient beside Adam's moments (16, sharded).
+      1/d shard, an fp32 master copy and its gradient beside Adam's moments (16, sharded); where
+      its ZeRO-1 all-reduces the buffer in place (``zero1`` "all-reduce": Runtime.zero1, on
+      gloo) the shard's gradient is a view of the buffer (12).
     """
     if layout == "mixed":
         return state_bytes_per_param(e)
-    return (4, 8, 16) if zero == 1 else (4, 4, 8)
+    if zero != 1:
+        return (4, 4, 8)
+    return (4, 8, 12 if zero1 == "all-reduce" else 16)
 
 
 @dataclass(frozen=True)

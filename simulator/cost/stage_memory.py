@@ -239,7 +239,7 @@ def stage_memory(
     it (simulator.runtime_spec.Runtime: its loss, state layout, weight copies, layer kernels,
     gradient buckets and when its gradients exist)."""
     e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
+    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero, runtime.zero1)
     deferred = plan_deferred_sync(plan, runtime)
     whole, unsharded = whole_grad_bytes(deferred, runtime, e), zero2_unsharded_bytes(plan.d, plan.zero, runtime, e)
     states = memory.model_state_bytes(

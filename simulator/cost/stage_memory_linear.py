@@ -154,7 +154,7 @@ def _device_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
 def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
     model, cluster, plan, runtime = job.model, job.cluster, job.plan, job.runtime
     e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero)
+    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero, runtime.zero1)
     a_full, a_sel, a_none = layer_activations(
         model, plan.mb, plan.t, bool(plan.sp), e, plan.prec, runtime.layer_kernels
     )

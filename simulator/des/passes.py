@@ -61,7 +61,7 @@ from simulator.cost.params import (
 from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import casts_every_forward, gathered_bytes, linear_input_bytes
 from simulator.cost.stage_memory import layer_activations
-from simulator.cost.step import param_gather_bytes
+from simulator.cost.step import grad_reduce_bytes, param_gather_bytes
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
 
@@ -120,7 +120,7 @@ class Costs:
         e = dtype_bytes(cluster.gpu)
         b, t, sp = plan.mb, plan.t, bool(plan.sp)
         bt, kernels = job_block_times(job), job.runtime.layer_kernels
-        _, gb, k = state_bytes_per_param(e)
+        _, _, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
         per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)
         logits = logits_elements(model, b, t, vocab, job.runtime.cross_entropy)
@@ -158,7 +158,7 @@ class Costs:
             emb_params=embedding_params_per_rank(model, t, vocab),
             head_params=head_params_per_rank(model, t, plan.p, vocab),
             e=e,
-            grad_bytes=gb,
+            grad_bytes=grad_reduce_bytes(e, job.runtime.states),
             optimizer_bytes=k,
             gather_bytes=param_gather_bytes(e),
             fp8ag=plan.fp8ag,

@@ -86,7 +86,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     e = dtype_bytes(cluster.gpu)
     zero, shard = column(P.zero), column(P.shard_group)
     offloaded = column(~P.is_("offload", "none"))
-    by_zero = np.array([memory.program_state_bytes(runtime.states, e, z) for z in range(4)], dtype=float)
+    by_zero = np.array([memory.program_state_bytes(runtime.states, e, z, runtime.zero1) for z in range(4)], dtype=float)
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
     deferred = column(deferred_columns(P, runtime))
     whole = whole_grad_bytes(deferred, runtime, e)

@@ -16,7 +16,6 @@ from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.analytic.data_parallel import dp_links
 from simulator.cost.collectives import GroupLink, ring_seconds
-from simulator.cost.step import gradient_reduction
 from simulator.numeric import where
 from simulator.plan import Plan
 
@@ -63,11 +62,10 @@ class BatchLinks:
     def n(self) -> np.ndarray:
         return self._ranks["shard"]
 
-    def reduce_gradients(self, zero: Any, size_bytes: Any) -> Any:
-        """The gradient reduction of each plan's ZeRO stage (simulator.cost.step.gradient_reduction)
-        over its d ranks."""
-        zero0, sharded = gradient_reduction(0), gradient_reduction(1)
-        return where(zero == 0, self._time("dp", zero0, size_bytes), self._time("dp", sharded, size_bytes))
+    def reduce_gradients(self, all_reduced: Any, size_bytes: Any) -> Any:
+        """Each plan's all-reduce (where ``all_reduced``: simulator.cost.step.gradient_all_reduced)
+        or reduce-scatter of ``size_bytes`` over its d ranks."""
+        return where(all_reduced, self._time("dp", AR, size_bytes), self._time("dp", RS, size_bytes))
 
     def all_gather(self, size_bytes: Any) -> Any:
         return self._time("shard", AG, size_bytes)

@@ -29,7 +29,13 @@ from simulator.cost import collectives
 from simulator.cost.fsdp2_sync import fsdp2_sharded, reduce_bytes
 from simulator.cost.offload import FSDP2_OFFLOAD_BYTES
 from simulator.cost.precision import gathered_bytes
-from simulator.cost.step import gradient_reduction, param_gather_bytes, tied_embedding_bytes
+from simulator.cost.step import (
+    gradient_all_reduced,
+    gradient_reduction,
+    param_gather_bytes,
+    step_gather_bytes,
+    tied_embedding_bytes,
+)
 from simulator.cost.zero3 import gathers_per_layer, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import TransferClass
@@ -66,7 +72,7 @@ def beside(
             comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
     return collectives.collective_time(
-        gradient_reduction(plan.zero), params * grad_reduce_bytes(prog), plan.d, prog.dp_link
+        gradient_reduction(plan.zero, prog.job.runtime.zero1), params * grad_reduce_bytes(prog), plan.d, prog.dp_link
     )
 
 
@@ -149,7 +155,7 @@ def _in_turn(prog: Program, dev: Device, send: Send, count: int, dep: int) -> in
 def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """A gradient bucket's reduction (ZeRO 0-2) after ``piece``."""
     size = params * grad_reduce_bytes(prog)
-    op = gradient_reduction(prog.plan.zero)
+    op = gradient_reduction(prog.plan.zero, prog.job.runtime.zero1)
     cls, per, member = _dp_group(prog, dev, op)
     send = Send("dp", cls, per, size, "dp", f"grad {op}", "dp_bytes")
     red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
@@ -219,13 +225,19 @@ def add_tied_embedding_all_reduce(prog: Program) -> None:
 
 def add_param_all_gather(prog: Program) -> None:
     """ZeRO-1/2: all-gather the updated parameters once every member has stepped (not FSDP2's
-    ZeRO-2, which gathers each unit before its next forward: simulator.cost.zero3)."""
-    if prog.plan.zero not in (1, 2) or prog.plan.d == 1 or fsdp2_sharded(prog.plan, prog.job.runtime):
+    ZeRO-2, which gathers each unit before its next forward: simulator.cost.zero3), at the
+    program's parameter bytes (simulator.cost.step.step_gather_bytes); a runtime whose ZeRO-1
+    all-reduces (Runtime.zero1) gathers with an all-reduce of the whole buffer."""
+    plan, runtime = prog.plan, prog.job.runtime
+    if plan.zero not in (1, 2) or plan.d == 1 or fsdp2_sharded(plan, runtime):
         return
+    per_param = step_gather_bytes(prog.costs.e, runtime.states)
+    op = Collective.ALL_REDUCE if gradient_all_reduced(plan.zero, runtime.zero1) else Collective.ALL_GATHER
     for dev in prog.devices:
         layers = prog.device_layers(dev) * prog.costs.layer_params
-        size = gathered_bytes(prog.device_params(dev), layers, gather_bytes(prog), prog.plan.fp8ag)
+        size = gathered_bytes(prog.device_params(dev), layers, per_param, plan.fp8ag)
         after = prog.opt_last[dev.idx]
-        cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
-        send = Send("dp", cls, per, size, "dp", "param all-gather", "dp_bytes")
+        cls, per, member = _dp_group(prog, dev, op)
+        label = "param all-reduce" if op == Collective.ALL_REDUCE else "param all-gather"
+        send = Send("dp", cls, per, size, "dp", label, "dp_bytes")
         prog.group_task(dev, ("pag",), after, functools.partial(prog.transfer, dev, send, (after,)), member)

@@ -45,7 +45,7 @@ def device_states(prog: Program, dev: Device) -> ModelStates:
     """The model states one rank of ``dev`` holds (simulator.cost.memory.model_state_bytes), in
     the program's bytes per parameter."""
     plan, runtime = prog.plan, prog.job.runtime
-    states = program_state_bytes(runtime.states, prog.costs.e, plan.zero)
+    states = program_state_bytes(runtime.states, prog.costs.e, plan.zero, runtime.zero1)
     psi = prog.device_params(dev)
     whole = whole_grad_bytes(plan_deferred_sync(plan, runtime), runtime, prog.costs.e)  # sharded after the step
     unsharded = zero2_unsharded_bytes(plan.d, plan.zero, runtime, prog.costs.e)
