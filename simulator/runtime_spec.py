@@ -22,9 +22,9 @@ def loss_over_whole_vocabulary(loss: CrossEntropy) -> bool:
     return loss == "gathered"
 
 
-#: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.memory.program_state_bytes)
+#: how a program keeps its model states (:attr:`Runtime.states`; simulator.cost.state_bytes.program_state_bytes)
 StateLayout = Literal["mixed", "fp32-params"]
-Zero1Collectives = Literal["reduce-scatter", "all-reduce"]
+ScatterGather = Literal["native", "all-reduce"]
 
 #: the kernels a layer runs (:attr:`Runtime.layer_kernels`; simulator.cost.eager_layer,
 #: simulator.cost.block_times.tp_overlapped)
@@ -118,21 +118,18 @@ class Runtime:
     DeepSpeed's ``reduce_bucket_size`` of 5e8 bf16 elements (deepspeed/runtime/zero/config.py).
 
     ``states``: how the program keeps its model states in memory
-    (simulator.cost.memory.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
+    (simulator.cost.state_bytes.program_state_bytes): "mixed" as Megatron-LM and DeepSpeed (e-byte
     weights and gradients, fp32 master and moments); "fp32-params" autoplan's program (fp32
     parameters and gradients, and its own ZeRO-1 buffers).
 
-    ``zero1``: the collectives ZeRO-1 runs over its data-parallel group
-    (simulator.cost.step.gradient_all_reduced): "reduce-scatter" reduce-scatters the gradients
-    and all-gathers the updated parameters (Megatron-LM's distributed optimizer, DeepSpeed stage
-    1, autoplan's program on NCCL); "all-reduce" all-reduces the gradients of its flat buffer in
-    place, each rank stepping its shard, and all-reduces the buffer again with every rank's
-    other shards zeroed to gather the parameters (autoplan's program on gloo,
-    autoplan/runtime/zero1.py). Gloo's reduce_scatter_tensor runs at a third of its all-reduce's
-    bus bandwidth (localhost-cpu.yaml: 0.44 against 1.26 GB/s), and it and
-    all_gather_into_tensor leave transient buffers behind: 4 gloo ranks on this project's 2-core
-    VM grew 27 and 13 MiB in 60 calls on a 3.2 MiB buffer, an in-place all-reduce 4 MiB
-    (torch 2.13, 2026-11-30).
+    ``scatter_gather``: how the runtime runs its data-parallel reduce-scatters and all-gathers
+    (ZeRO-1's and FSDP2's; simulator.cost.step.sharded_op): "native" as themselves; "all-reduce"
+    each as an in-place all-reduce of the whole buffer, an all-gather's with the other ranks'
+    slots zeroed (autoplan's program on gloo: autoplan/runtime/zero1.py, gloo_comms.py). Gloo's
+    reduce_scatter_tensor runs at a third of its all-reduce's bus bandwidth (localhost-cpu.yaml:
+    0.44 against 1.26 GB/s), and it and all_gather_into_tensor leave transient buffers behind: 4
+    gloo ranks on this project's 2-core VM grew 27 and 13 MiB in 60 calls on a 3.2 MiB buffer, an
+    in-place all-reduce 4 MiB (torch 2.13, 2026-11-30).
 
     ``offload``: how the runtime offloads (simulator.analytic.offload): "deepspeed"
     (ZeRO-Offload / ZeRO-Infinity: 2-byte gradients down once a step, the host Adam pipelined
@@ -165,7 +162,7 @@ class Runtime:
     cross_entropy: CrossEntropy = "fp32"
     weight_copy_bytes: float = 0.0
     states: StateLayout = "mixed"
-    zero1: Zero1Collectives = "reduce-scatter"
+    scatter_gather: ScatterGather = "native"
     fp8_weight_cache: bool = True
     zero2: Literal["bucketed", "fsdp2"] = "bucketed"
     layer_kernels: LayerKernels = "fused"

@@ -44,7 +44,7 @@ TP_OVERLAP = replace(  # Megatron's profile: TP overlap, buckets growing with d
     OVERLAPPED, name="tp-overlap", layer_kernels="fused-tp-overlap", dp_bucket_bytes=160e6, dp_bucket_bytes_per_rank=4e6
 )
 CHUNKED = replace(OVERLAPPED, name="chunked", cross_entropy="chunked", zero2="fsdp2")  # torchtitan's profile
-PROGRAM_GLOO = replace(PROGRAM, name="torch-program-gloo", zero1="all-reduce")  # its ZeRO-1 on gloo
+PROGRAM_GLOO = replace(PROGRAM, name="torch-program-gloo", scatter_gather="all-reduce")  # its ZeRO-1 on gloo
 RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED, PROGRAM, PROGRAM_GLOO, TP_OVERLAP, CHUNKED]
 SAMPLE = 600
 

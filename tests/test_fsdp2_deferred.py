@@ -12,8 +12,9 @@ from autoplan.runtime.support import program_job
 from hwprofiles.load import load_cluster
 from simulator import simulate
 from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_links, dp_step_times
-from simulator.cost import memory, zero3
+from simulator.cost import memory, state_bytes, zero3
 from simulator.cost.fsdp2_sync import deferred_sync, plan_deferred_sync
+from simulator.cost.ops import dtype_bytes
 from simulator.cost.stage import stage_groups
 from simulator.cost.stage_memory import stage_memory
 from simulator.job import Job
@@ -85,7 +86,7 @@ def test_the_step_end_reduces_every_unit_after_the_last_backward():
 def test_deferred_stages_hold_every_gradient_and_zero3_every_gathered_unit(zero):
     """Under a pipeline the stage's gradients stay whole through the step (gb = 4 bytes per
     parameter in autoplan's fp32 program) and ZeRO-3's gathered units stay after the backwards
-    (PARAM_BYTES each), where without the deferral they are 1/d and two layers."""
+    (e bytes each: state_bytes.param_gather_bytes), where without the deferral they are 1/d and two layers."""
     job = _job(f"t=1,p=2,d=2,mb=2,zero={zero}")
     model, cluster, plan = job.model, job.cluster, job.plan
     shape = stage_groups(model, cluster, plan, job.runtime.layer_kernels)[0][1]
@@ -93,7 +94,10 @@ def test_deferred_stages_hold_every_gradient_and_zero3_every_gathered_unit(zero)
     eager = stage_memory(model, cluster, plan, job.m, 0, shape, replace(job.runtime, fsdp2_deferred_sync=False))
     assert deferred.grads == pytest.approx(4 * shape.params)
     assert eager.grads == pytest.approx(4 * shape.sharded_params / 2)
-    gathered = memory.PARAM_BYTES * shape.params - memory.zero3_working_set_bytes(shape.layer_params / shape.layers)
+    e = dtype_bytes(cluster.gpu)
+    gathered = state_bytes.param_gather_bytes(e) * shape.params - memory.zero3_working_set_bytes(
+        shape.layer_params / shape.layers, e
+    )
     assert deferred.buffers - eager.buffers == pytest.approx(gathered if zero == 3 else 0.0)
 
 

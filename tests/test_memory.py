@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from simulator.cost import boundary, memory
+from simulator.cost import boundary, memory, state_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_saved
 from simulator.cost.stage_memory import stage_peak
 from simulator.model_files import load_model
@@ -87,17 +87,17 @@ def test_program_state_bytes_by_hand():
     """autoplan's program: fp32 parameters and gradients (4, 4) and Adam's moments (8); its ZeRO-1
     adds a full fp32 flat buffer (with the gradients: 8) and, sharded, a master copy, its gradient
     and the moments (16): 12 + 16/d bytes per parameter on each of d ranks (Megatron: 4 + 12/d)."""
-    assert memory.program_state_bytes("fp32-params", 2, 0) == (4, 4, 8)
-    assert memory.program_state_bytes("fp32-params", 2, 3) == (4, 4, 8)
-    pb, gb, k = memory.program_state_bytes("fp32-params", 2, 1)
+    assert state_bytes.program_state_bytes("fp32-params", 2, 0) == (4, 4, 8)
+    assert state_bytes.program_state_bytes("fp32-params", 2, 3) == (4, 4, 8)
+    pb, gb, k = state_bytes.program_state_bytes("fp32-params", 2, 1)
     assert memory.model_state_bytes(1.0, 8, 1, "none", pb, gb, k).total == 12 + 16 / 8
-    assert memory.program_state_bytes("mixed", 2, 1) == memory.state_bytes_per_param(2) == (2, 2, 12)
+    assert state_bytes.program_state_bytes("mixed", 2, 1) == state_bytes.state_bytes_per_param(2) == (2, 2, 12)
 
 
 def test_state_bytes_per_param():
-    assert memory.state_bytes_per_param(2) == (2, 2, 12)
-    assert memory.state_bytes_per_param(4) == (4, 4, 8)
-    s = memory.model_state_bytes(1e6, 1, 0, "none", *memory.state_bytes_per_param(4))
+    assert state_bytes.state_bytes_per_param(2) == (2, 2, 12)
+    assert state_bytes.state_bytes_per_param(4) == (4, 4, 8)
+    s = memory.model_state_bytes(1e6, 1, 0, "none", *state_bytes.state_bytes_per_param(4))
     assert s.total == 16e6
 
 
@@ -242,7 +242,8 @@ def test_buffers():
     # DeepSpeed's AutoTP gathers the 8 ranks' logits to the whole vocabulary: torch's loss on 8x the elements
     assert memory.logits_elements(m, 1, 8, loss="gathered") == 2048 * 51200
     assert memory.logits_bytes_per_element("gathered", 2) == memory.logits_bytes_per_element("torch", 2)
-    assert memory.zero3_working_set_bytes(1e6) == 4e6
+    assert memory.zero3_working_set_bytes(1e6, 2) == 4e6  # two layers of bf16
+    assert memory.zero3_working_set_bytes(1e6, 4) == 8e6  # fp32 on a CPU run
     assert memory.gradient_bucket_bytes(1e6) == 2e6  # small model: all its gradients
     assert memory.gradient_bucket_bytes(1e9) == 50e6  # two 25 MB buckets
 

@@ -132,7 +132,7 @@ def _no_fit_line(target: Target, found: SimResult) -> list[str]:
     ``target``'s framework runs it); none when it fits."""
     if found.fits:
         return []
-    why = " (it keeps fp32 parameters and gradients: simulator.cost.memory.program_state_bytes)"
+    why = " (it keeps fp32 parameters and gradients: simulator.cost.state_bytes.program_state_bytes)"
     return [
         f"{'':11}  predicted (analytic): {found.peak_memory / 2**30:.1f} GiB per GPU, does NOT fit in "
         f"{found.memory_capacity / 2**30:.0f} GiB{why if target == 'torch' else ''}"

@@ -6,13 +6,15 @@ mechanism a plan gets: ``autoplan.runtime.support.dp_mode``).
   backward (``reshard_after_forward=False``), ZeRO-3 reshards them. ``offload=cpu`` adds
   ``CPUOffloadPolicy`` on GPU (on a CPU device the state already is in host memory, and FSDP2
   refuses the policy there: "Cannot access accelerator device when none is available").
-  Composes with tensor parallelism (2-D) and pipelining.
+  Composes with tensor parallelism (2-D) and pipelining. On gloo its reduce-scatters and
+  all-gathers run as in-place all-reduces (``gloo_comms``).
 * ZeRO-0 with TP or PP: a bucketed all-reduce of the local gradient shards after the last
   backward (``ManualGradAllReduce``); ZeRO-1 for any layout: ``zero1``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -22,6 +24,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from autoplan.runtime.gloo_comms import AllReduceAllGather, AllReduceReduceScatter
 from autoplan.runtime.model import GPT
 from hwprofiles.units import MiB
 
@@ -43,8 +46,20 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, zero: int, offload: bool, param_
         else MixedPrecisionPolicy()
     )
     offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    on_gloo = dist.get_backend() == "gloo"  # the program runs one backend
     for module in [*model.layers.values(), model]:
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero >= 3, mp_policy=mp, offload_policy=offload_policy)
+        unit = fully_shard(
+            module, mesh=dp_mesh, reshard_after_forward=zero >= 3, mp_policy=mp, offload_policy=offload_policy
+        )
+        if on_gloo and hasattr(unit, "set_custom_all_gather"):  # its collectives as all-reduces: gloo_comms
+            unit.set_custom_all_gather(AllReduceAllGather())  # type: ignore[arg-type]  # follows the private ABC
+            unit.set_custom_reduce_scatter(AllReduceReduceScatter())  # type: ignore[arg-type]
+        elif on_gloo:
+            warnings.warn(
+                f"torch {torch.__version__} has no FSDP2 custom collectives: gloo's reduce-scatters and all-gathers "
+                "run as they are, where autoplan's prediction assumes all-reduces (autoplan.runtime.gloo_comms)",
+                stacklevel=2,
+            )
 
 
 def buckets(tensors: list[torch.Tensor], cap: int = BUCKET_BYTES) -> Iterable[list[torch.Tensor]]:

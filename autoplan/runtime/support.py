@@ -12,7 +12,7 @@ What is supported and how: see ``autoplan.runtime.data_parallel`` (ZeRO), ``pipe
 * ``manual`` -- ZeRO-0 combined with TP or PP, where DDP does not work on this torch
   version: a bucketed all-reduce of the local gradient shards after the last backward; and
   ZeRO-1 for any layout: reduce-scatter of the gradients, shard step, all-gather of the
-  parameters (on gloo two all-reduces instead: ``zero1``);
+  parameters (on gloo two all-reduces instead: ``zero1``; FSDP2's collectives too: ``gloo_comms``);
 * ``none``  -- d = 1.
 """
 
@@ -75,7 +75,8 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
       simulator.cost.eager_layer); FSDP2's MixedPrecisionPolicy gathers bf16 parameters instead
       (ZeRO-3's working set);
     * DDP holds a bucket copy of every gradient (``dp_buckets="all"``);
-    * on gloo, ZeRO-1 runs all-reduces (``zero1="all-reduce"``, autoplan.runtime.zero1).
+    * on gloo, ZeRO-1 and FSDP2 run their reduce-scatters and all-gathers as all-reduces
+      (``scatter_gather="all-reduce"``: autoplan.runtime.zero1, autoplan.runtime.gloo_comms).
     """
     return _PROGRAM_RUNTIMES.get_or_make(
         (runtime,),
@@ -102,7 +103,7 @@ def _program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool, pi
         weight_copy_bytes=2.0 if autocast else 0.0,
         layer_kernels="eager" if autocast else "fused",
         dp_buckets="all" if mode == "ddp" else "in-flight",
-        zero1="all-reduce" if backend == "gloo" else "reduce-scatter",
+        scatter_gather="all-reduce" if backend == "gloo" else "native",
     )
     return program.loss_runtime(runtime, tensor, pipeline)
 

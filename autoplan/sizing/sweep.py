@@ -21,9 +21,9 @@ from autoplan.workers import Pool, progress
 from hwprofiles.errors import AutoplanError, InputError
 from hwprofiles.load import with_nodes
 from hwprofiles.schema import ClusterSpec
-from simulator.cost.memory import program_state_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.params import total_params
+from simulator.cost.state_bytes import program_state_bytes
 from simulator.result import SimResult
 from simulator.specs import ModelSpec
 
@@ -79,7 +79,7 @@ class SizeRow:
 
 def checkpoint_bytes(model: ModelSpec, result: SimResult) -> float:
     """Bytes of one checkpoint: every parameter's weight and its optimizer state, as the plan's
-    runtime keeps them (simulator.cost.memory.program_state_bytes without ZeRO-1's working
+    runtime keeps them (simulator.cost.state_bytes.program_state_bytes without ZeRO-1's working
     buffers: fp32 weights and Adam's two moments in autoplan's program, 12 bytes; e-byte weights,
     fp32 master weights and moments in mixed precision, e + 12)."""
     job = result.job

@@ -168,7 +168,7 @@ def _estimate(job: Job) -> SimResult:
     busy = busy_ranks(cluster, plan, job.m)
     groups = _stage_groups(job, busy)
     p2p = p2p_exposed(job)
-    links = dp_links(cluster, plan) if plan.d > 1 else None
+    links = dp_links(cluster, plan, job.runtime.scatter_gather) if plan.d > 1 else None
     pipe = pipeline_phase(job, groups, links, p2p, busy)
     dp_exposed, gather_after = dp_exposure(job, groups, links, p2p)
     opt, off, psi_local = step_end(job, groups)

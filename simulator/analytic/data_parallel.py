@@ -26,23 +26,18 @@ from typing import Any, NamedTuple, Protocol
 
 from hwprofiles.algorithms import Collective
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import collectives, fsdp2_sync, fsdp2_window, memory, zero3
+from simulator.cost import collectives, fsdp2_sync, fsdp2_window, memory, state_bytes, zero3
 from simulator.cost.block_times import synchronous_op_seconds
 from simulator.cost.cache import IdentityCache
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.stage_memory import StageLike
-from simulator.cost.step import (
-    grad_reduce_bytes,
-    gradient_all_reduced,
-    param_gather_bytes,
-    rank_tensors,
-    step_gather_bytes,
-)
+from simulator.cost.state_bytes import grad_reduce_bytes, step_gather_bytes
+from simulator.cost.step import gradient_all_reduced, rank_tensors
 from simulator.numeric import any_of, fmod, maximum, minimum, negate, where
 from simulator.plan import Plan
-from simulator.runtime_spec import Runtime
+from simulator.runtime_spec import Runtime, ScatterGather
 from simulator.specs import ModelSpec
 
 _DP_LINKS = IdentityCache(4096)
@@ -102,19 +97,22 @@ class DpLinks:
         return self.shards.replica_all_reduce(size_bytes)
 
 
-def dp_links(cluster: ClusterSpec, plan: Plan) -> DpLinks:
-    """The plan's data-parallel group and shard groups (simulator.cost.zero3.shard_links); cached
-    per cluster and (t, d, hsdp)."""
+def dp_links(cluster: ClusterSpec, plan: Plan, scatter_gather: ScatterGather = "native") -> DpLinks:
+    """The plan's data-parallel group and shard groups (simulator.cost.zero3.shard_links), the
+    shard group's collectives as the runtime runs them (``scatter_gather``: Runtime.scatter_gather);
+    cached per cluster and (t, d, hsdp, scatter_gather)."""
     return _DP_LINKS.get_or_make(
         (cluster,),
-        (plan.t, plan.d, plan.hsdp),
-        lambda: DpLinks(plan.d, collectives.dp_link(cluster, plan.t, plan.d), zero3.shard_links(cluster, plan)),
+        (plan.t, plan.d, plan.hsdp, scatter_gather),
+        lambda: DpLinks(
+            plan.d, collectives.dp_link(cluster, plan.t, plan.d), zero3.shard_links(cluster, plan, scatter_gather)
+        ),
     )
 
 
 def stage_gathered_bytes(cost: StageLike, fp8ag: Any, per_param: int) -> Any:
     """Bytes of all-gathering one rank's parameters of stage ``cost``: ``per_param`` bytes per
-    parameter (simulator.cost.step.param_gather_bytes, step_gather_bytes), its layers' at 1 byte
+    parameter (simulator.cost.state_bytes.param_gather_bytes, step_gather_bytes), its layers' at 1 byte
     with fp8 parameters (simulator.cost.precision.gathered_bytes)."""
     return gathered_bytes(cost.params, cost.layer_params, per_param, fp8ag)
 
@@ -149,7 +147,7 @@ def sharded_exposed(
         scatter = zero3.sharded_reduce_time(cost.params * fsdp2_sync.reduce_bytes(runtime, e), links)
         out = where(bucketed, overlap_cost(cost.backward_span, scatter, sigma) if runtime.dp_overlap else scatter, out)
     if any_of(sharded):
-        gathered = stage_gathered_bytes(cost, fp8ag, param_gather_bytes(e))
+        gathered = stage_gathered_bytes(cost, fp8ag, state_bytes.param_gather_bytes(e))
         host_op_s = synchronous_op_seconds(cluster, busy)
         tensors = rank_tensors(model, cost.layers, cost.first, cost.last) if host_op_s is not None else 0
         z3 = zero3.zero3_pass(
@@ -196,15 +194,15 @@ def dp_step_times(
     inside the shard group. The last bucket's reduction (buckets of ``bucket_bytes``: the
     runtime's, simulator.cost.memory.bucket_bytes_of) is the whole one when the gradients fit in
     one bucket. The gradients move at the program's gradient bytes, the gathered parameters at
-    its parameter bytes (simulator.cost.step.grad_reduce_bytes, step_gather_bytes); a runtime
-    whose ZeRO-1 all-reduces (Runtime.zero1) gathers with an all-reduce of the whole buffer."""
+    its parameter bytes (simulator.cost.state_bytes.grad_reduce_bytes, step_gather_bytes), each
+    collective as the runtime runs it (Runtime.scatter_gather: simulator.cost.step.sharded_op)."""
     zero, d, fp8ag, fsdp2, _, deferred, _ = plan
     deferred = deferred & (d > 1)
     active = (d > 1) & (zero < 3) & negate(fsdp2)
     reduce, last_reduce, gather = 0.0, 0.0, 0.0
     if any_of(active):
         grad_bytes = cost.params * grad_reduce_bytes(e, runtime.states)
-        all_reduced = gradient_all_reduced(zero, runtime.zero1)
+        all_reduced = gradient_all_reduced(zero, runtime.scatter_gather)
         at_end = active & (zero <= 1)  # ZeRO-2 has reduced its gradients per microbatch
         reduce = where(at_end, links.reduce_gradients(all_reduced, grad_bytes), 0.0) if any_of(at_end) else 0.0
         last = last_bucket_bytes(grad_bytes, bucket_bytes)
@@ -213,11 +211,7 @@ def dp_step_times(
         gathers = active & (zero >= 1)
         if any_of(gathers):
             size = stage_gathered_bytes(cost, fp8ag, step_gather_bytes(e, runtime.states))
-            by_all_reduce = gathers & all_reduced
-            gathered = links.all_gather(size)
-            if any_of(by_all_reduce):
-                gathered = where(by_all_reduce, links.reduce_gradients(True, size), gathered)
-            gather = where(gathers, gathered, 0.0)
+            gather = where(gathers, links.all_gather(size), 0.0)
     if any_of(deferred):
         scatter = zero3.stage_scatter(cost, links, runtime, e)
         reduce = where(deferred, scatter, reduce)

@@ -13,7 +13,7 @@ from typing import Any
 
 from hwprofiles.schema import NodeProfile
 from simulator.analytic.data_parallel import DpPlan
-from simulator.cost import memory
+from simulator.cost import state_bytes
 from simulator.cost.offload import fsdp2_host_seconds, fsdp2_transfer_seconds, fsdp2_transfers
 from simulator.cost.stage_memory import StageLike
 from simulator.cost.step import CPU_ADAM_STATE_BYTES, OFFLOAD_SUBGROUPS
@@ -53,7 +53,7 @@ def offload_time(
     drives = 0.0
     if node.nvme is not None:
         nvme_bw = node.nvme.count * node.nvme.bandwidth_GBps * 1e9
-        drives = where(nvme, 2 * node.gpus_per_node * psi_local * memory.OPTIMIZER_BYTES_PER_PARAM / nvme_bw, 0.0)
+        drives = where(nvme, 2 * node.gpus_per_node * psi_local * state_bytes.OPTIMIZER_BYTES_PER_PARAM / nvme_bw, 0.0)
     k = OFFLOAD_SUBGROUPS
     step = down + (cpu + up + drives) / k + (k - 1) / k * maximum(maximum(cpu, up), drives)
     return where(offloaded, step, 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.cost import memory
+from simulator.cost import state_bytes
 from simulator.numeric import where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
@@ -76,12 +76,13 @@ def zero2_unsharded_bytes(d: Any, zero: Any, runtime: Runtime, e: int) -> Any:
     return where(fsdp2_sharded_by(d, zero, runtime) & (zero == 2), float(e), 0.0)
 
 
-def zero3_gathered_bytes(working_set: Any, psi: Any, deferred: Any) -> Any:
+def zero3_gathered_bytes(working_set: Any, psi: Any, deferred: Any, e: int) -> Any:
     """ZeRO-3's gathered parameters at a stage's peak: the ``working_set``
     (simulator.cost.memory.zero3_working_set_bytes), or, with the sync deferred (:func:`deferred_sync`:
     each unit stays unsharded after its backward), all ``psi`` parameters of the stage at
-    PARAM_BYTES each (its last backwards leave every unit gathered). Numbers or arrays alike."""
-    return where(deferred, psi * memory.PARAM_BYTES, working_set)
+    state_bytes.param_gather_bytes(e) each (its last backwards leave every unit gathered). Numbers or
+    arrays alike."""
+    return where(deferred, psi * state_bytes.param_gather_bytes(e), working_set)
 
 
 def whole_grad_bytes(deferred: Any, runtime: Runtime, e: int) -> Any:

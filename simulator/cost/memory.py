@@ -10,43 +10,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from simulator.cost.experts import routed_copies
+from simulator.cost.state_bytes import GRAD_BYTES, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES, param_gather_bytes
 from simulator.numeric import maximum, minimum, where
-from simulator.runtime_spec import CrossEntropy, Runtime, StateLayout, Zero1Collectives, loss_over_whole_vocabulary
+from simulator.runtime_spec import CrossEntropy, Runtime, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
-
-# Mixed-precision Adam: fp32 master params, momentum and variance (Rajbhandari et al. 2020, ZeRO, section 3.1).
-OPTIMIZER_BYTES_PER_PARAM = 12  # K
-PARAM_BYTES = 2  # fp16/bf16 working copy
-GRAD_BYTES = 2  # fp16/bf16 gradients
-
-
-def state_bytes_per_param(e: int) -> tuple[int, int, int]:
-    """(param, grad, optimizer) bytes per parameter for training in a dtype of e bytes:
-    mixed precision (e = 2): 2, 2, 12 (fp32 master + Adam moments, ZeRO section 3.1);
-    plain fp32 (e = 4, the CPU runs): 4, 4, 8 (Adam moments only)."""
-    return (2, 2, 12) if e <= 2 else (4, 4, 8)
-
-
-def program_state_bytes(
-    layout: StateLayout, e: int, zero: int, zero1: Zero1Collectives = "reduce-scatter"
-) -> tuple[int, int, int]:
-    """(param, grad, optimizer) bytes per parameter a program keeps, before ZeRO sharding:
-
-    * ``mixed``: :func:`state_bytes_per_param` (Megatron-LM, DeepSpeed: e-byte weights and
-      gradients, fp32 master weights and Adam moments);
-    * ``fp32-params``: autoplan's program (autoplan/runtime/trainer.py), whose parameters stay
-      fp32 with fp32 ``.grad`` (autocast computes in bf16 on a GPU): 4, 4, 8 (Adam's moments);
-      with zero=1 its optimizer (autoplan/runtime/zero1.py) also keeps a full fp32 flat buffer
-      of the parameters (counted with the gradients, which it reduce-scatters: 8) and, for its
-      1/d shard, an fp32 master copy and its gradient beside Adam's moments (16, sharded); where
-      its ZeRO-1 all-reduces the buffer in place (``zero1`` "all-reduce": Runtime.zero1, on
-      gloo) the shard's gradient is a view of the buffer (12).
-    """
-    if layout == "mixed":
-        return state_bytes_per_param(e)
-    if zero != 1:
-        return (4, 4, 8)
-    return (4, 8, 12 if zero1 == "all-reduce" else 16)
 
 
 @dataclass(frozen=True)
@@ -367,12 +334,11 @@ def loss_transient_bytes(elements: Any, loss: CrossEntropy = "fp32", e: int = 2)
 ZERO3_LAYERS_HELD = 2  # ZeRO-3's gathered layers: the one running and the one prefetched
 
 
-def zero3_working_set_bytes(
-    layer_params_rank: float, prefetch_layers: int = ZERO3_LAYERS_HELD, param_bytes: int = PARAM_BYTES
-) -> float:
+def zero3_working_set_bytes(layer_params_rank: float, e: int, prefetch_layers: int = ZERO3_LAYERS_HELD) -> float:
     """ZeRO-3 gathers each layer's full (TP-local) parameters before use and prefetches the
-    next: about two layers of fp16 parameters are resident (Rajbhandari et al. 2021, section 5)."""
-    return prefetch_layers * layer_params_rank * param_bytes
+    next: about two layers of gathered parameters (:func:`param_gather_bytes`) are resident
+    (Rajbhandari et al. 2021, section 5)."""
+    return prefetch_layers * layer_params_rank * param_gather_bytes(e)
 
 
 DP_BUCKET_BYTES = 25e6  # PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``)

@@ -11,7 +11,7 @@ from typing import Any
 
 from hwprofiles.schema import NodeProfile
 from hwprofiles.units import GB
-from simulator.cost import memory
+from simulator.cost import state_bytes
 from simulator.numeric import where
 
 #: FSDP2's offloaded parameter shards are the fp32 ones (cast to bf16 on the GPU after the copy up)
@@ -72,5 +72,5 @@ def fsdp2_host_seconds(node: NodeProfile, psi_local: Any, m: Any, deferred: Any 
     clipping, 0.37 s of AdamW; this gives 0.45, 0.56 and 0.35 s with that host's figures."""
     b, summed = FSDP2_OFFLOAD_BYTES, host_summed_microbatches(m, deferred)
     per_param = b * (summed - 1) / node.host_sum_GBps + b / node.host_norm_GBps
-    per_param = per_param + memory.OPTIMIZER_BYTES_PER_PARAM / node.cpu_adam_GBps
+    per_param = per_param + state_bytes.OPTIMIZER_BYTES_PER_PARAM / node.cpu_adam_GBps
     return node.gpus_per_node * psi_local * per_param / GB

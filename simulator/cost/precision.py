@@ -147,7 +147,7 @@ def fp8_weight_bytes(plan: Plan, layers: int, layer_params: float, e: int) -> fl
 
 def gathered_bytes(params: Any, layer_params: Any, e_gather: int, fp8ag: Any) -> Any:
     """Bytes of all-gathering ``params`` parameters of which ``layer_params`` are transformer
-    layers': ``e_gather`` each (simulator.cost.step.param_gather_bytes), the layers' at 1 byte
+    layers': ``e_gather`` each (simulator.cost.state_bytes.param_gather_bytes), the layers' at 1 byte
     with fp8 parameters (fp8ag); the embedding and head stay in the 16-bit dtype. Numbers or
     arrays alike."""
     return where(fp8ag != 0, params * e_gather - (e_gather - 1) * layer_params, params * e_gather)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hwprofiles.schema import ClusterSpec
-from simulator.cost import memory, params
+from simulator.cost import memory, params, state_bytes
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.eager_layer import eager_activation_bytes
@@ -148,37 +148,22 @@ def fp8_weight_copies(model: ModelSpec, plan: Plan, layers: int, e: int) -> floa
     return fp8_weight_bytes(plan, layers, params.layer_params_per_rank(model, plan.t), e)
 
 
-def stage_buffers(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: Plan,
-    m: int,
-    stage: int,
-    last: bool,
-    psi: float | None,
-    loss: CrossEntropy = "fp32",
-    bucket_bytes: float = memory.DP_BUCKET_BYTES,
-) -> float:
-    """Buffers of one rank of device ``stage`` (module docstring): :func:`sharding_buffers` +
-    :func:`flight_buffers`."""
-    return sharding_buffers(model, plan, psi, bucket_bytes) + flight_buffers(model, cluster, plan, m, stage, last, loss)
-
-
 def sharding_buffers(
     model: ModelSpec,
     plan: Plan,
+    e: int,
     psi: float | None,
     bucket_bytes: float = memory.DP_BUCKET_BYTES,
     every_bucket: bool = False,
-    grad_bytes: int = memory.GRAD_BYTES,
+    grad_bytes: int = state_bytes.GRAD_BYTES,
     deferred: bool = False,
 ) -> float:
     """The buffers data parallelism, ZeRO and offload add (:func:`sharding_buffer_bytes`) to a rank of ``psi``
     parameters (None, the linear form's: buckets at their cap, a ``deferred`` sync's gathers added per parameter)."""
-    working_set = memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t))
+    working_set = memory.zero3_working_set_bytes(params.layer_params_per_rank(model, plan.t), e)
     buckets = plan.d > 1 or plan.offload != "none"
     psi_ = float("inf") if psi is None else psi
-    gathered = zero3_gathered_bytes(working_set, 0.0 if psi is None else psi, deferred)
+    gathered = zero3_gathered_bytes(working_set, 0.0 if psi is None else psi, deferred, e)
     return sharding_buffer_bytes(psi_, buckets, plan.zero == 3, gathered, bucket_bytes, every_bucket, grad_bytes)
 
 
@@ -189,7 +174,7 @@ def sharding_buffer_bytes(
     working_set: Any,
     bucket_bytes: Any = memory.DP_BUCKET_BYTES,
     every_bucket: Any = False,
-    grad_bytes: Any = memory.GRAD_BYTES,
+    grad_bytes: Any = state_bytes.GRAD_BYTES,
 ) -> Any:
     """Gradient buckets of ``bucket_bytes`` (``buckets``: d > 1 or offload;
     simulator.cost.memory.gradient_bucket_bytes of the ``psi`` parameters, ``every_bucket`` and
@@ -239,7 +224,7 @@ def stage_memory(
     it (simulator.runtime_spec.Runtime: its loss, state layout, weight copies, layer kernels,
     gradient buckets and when its gradients exist)."""
     e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero, runtime.zero1)
+    pb, gb, k = state_bytes.program_state_bytes(runtime.states, e, plan.zero, runtime.scatter_gather)
     deferred = plan_deferred_sync(plan, runtime)
     whole, unsharded = whole_grad_bytes(deferred, runtime, e), zero2_unsharded_bytes(plan.d, plan.zero, runtime, e)
     states = memory.model_state_bytes(
@@ -250,7 +235,7 @@ def stage_memory(
     return stage_peak(
         states,
         activation_peak(model, cluster, plan, m, stage, shape, kernels),
-        sharding_buffers(model, plan, shape.params, buckets, runtime.dp_buckets == "all", gb, deferred),
+        sharding_buffers(model, plan, e, shape.params, buckets, runtime.dp_buckets == "all", gb, deferred),
         flight_buffers(model, cluster, plan, m, stage, shape.last, loss),
         fp8_weight_copies(model, plan, shape.layers, e),
         stage_transient(model, cluster, plan, shape, loss, runtime.weight_copy_bytes, kernels),

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from simulator.cost import memory, params
+from simulator.cost import memory, params, state_bytes
 from simulator.cost.cache import IdentityCache
 from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero2_unsharded_bytes, zero3_gathered_bytes
 from simulator.cost.ops import dtype_bytes
@@ -154,7 +154,7 @@ def _device_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
 def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
     model, cluster, plan, runtime = job.model, job.cluster, job.plan, job.runtime
     e = dtype_bytes(cluster.gpu)
-    pb, gb, k = memory.program_state_bytes(runtime.states, e, plan.zero, runtime.zero1)
+    pb, gb, k = state_bytes.program_state_bytes(runtime.states, e, plan.zero, runtime.scatter_gather)
     a_full, a_sel, a_none = layer_activations(
         model, plan.mb, plan.t, bool(plan.sp), e, plan.prec, runtime.layer_kernels
     )
@@ -183,14 +183,14 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
     ).total
     bucket = memory.bucket_bytes_of(runtime, plan.d)
     if runtime.dp_buckets == "all":  # a copy of every gradient: linear in the parameters, exact
-        buffers = sharding_buffers(model, plan, psi, bucket, True, gb, deferred)
+        buffers = sharding_buffers(model, plan, e, psi, bucket, True, gb, deferred)
         held += buffers
-        layer_states += sharding_buffers(model, plan, psi + psi_layer, bucket, True, gb, deferred) - buffers
+        layer_states += sharding_buffers(model, plan, e, psi + psi_layer, bucket, True, gb, deferred) - buffers
     else:  # two buckets in flight, at their cap; a deferred sync's gathered parameters per parameter
-        held += sharding_buffers(model, plan, None, bucket, False, gb, deferred)
+        held += sharding_buffers(model, plan, e, None, bucket, False, gb, deferred)
         if plan.zero == 3:
-            held += zero3_gathered_bytes(0.0, psi, deferred)
-            layer_states += zero3_gathered_bytes(0.0, psi_layer, deferred)
+            held += zero3_gathered_bytes(0.0, psi, deferred, e)
+            layer_states += zero3_gathered_bytes(0.0, psi_layer, deferred, e)
     zero3_copies = memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
     phases = _phases(job, psi, psi_layer, last, a_none)
     return _DeviceTerms(held, zero3_copies, layer_states, a_full, a_sel, a_none, phases)

@@ -4,10 +4,12 @@ The single home of each rule that both the analytic estimate (:mod:`simulator.an
 the DES program (:mod:`simulator.des.program`) apply (docs/design.md section 4.1):
 
 * data-parallel gradient reduction: all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2/3, and
-  ZeRO-1's all-reduces where the runtime runs them (:func:`gradient_all_reduced`), at the
+  all-reduces for the reduce-scatters and all-gathers of a runtime that runs them so
+  (:func:`sharded_op`, :func:`gradient_all_reduced`), at the
   program's gradient bytes (:func:`grad_reduce_bytes`); each pass's parameter all-gathers move
-  e bytes per parameter (:func:`param_gather_bytes`: fp16/bf16 working copies, fp32 on a fp32
-  run), the gather after the step the program's parameter bytes (:func:`step_gather_bytes`);
+  e bytes per parameter (simulator.cost.state_bytes.param_gather_bytes: fp16/bf16 working copies,
+  fp32 on a fp32 run), the gather after the step the program's parameter bytes
+  (:func:`step_gather_bytes`);
 * the optimizer: one rank steps its ``psi / d`` shard with ZeRO >= 1 (:func:`local_params`),
   over its layers' tensors plus the embedding and final-norm tensors
   (:func:`optimizer_tensors`), in :func:`optimizer_time`;
@@ -31,13 +33,12 @@ from simulator.cost import collectives, layout
 from simulator.cost.block_times import compute_slowdown, device_slowdown, host_async
 from simulator.cost.cache import IdentityCache
 from simulator.cost.fsdp2_sync import fsdp2_sharded_by
-from simulator.cost.memory import program_state_bytes
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.workload import layer_param_tensors, padded_vocab_size
 from simulator.job import Job
 from simulator.numeric import maximum, negate, where
 from simulator.plan import Plan
-from simulator.runtime_spec import Runtime, StateLayout, Zero1Collectives
+from simulator.runtime_spec import Runtime, ScatterGather
 from simulator.specs import ModelSpec
 
 ADAM_HBM_BYTES_PER_PARAM = 28  # Adam alone: read grad, param, m, v; write param, m, v (fp32)
@@ -50,43 +51,24 @@ GRAD_NORM_BYTES, LOSS_BYTES = 8, 4  # fp64 squared norm, fp32 loss
 _SYNC = IdentityCache(4096)
 
 
-def gradient_all_reduced(zero: Any, zero1: Zero1Collectives) -> Any:
-    """Whether the data-parallel gradient collective is an all-reduce: ZeRO-0 (DDP), and ZeRO-1
-    where the runtime all-reduces its buffer (Runtime.zero1 "all-reduce": autoplan's program on
-    gloo, which then gathers the updated parameters with an all-reduce as well); otherwise a
-    reduce-scatter (ZeRO-1/2/3 keep only their shard of the reduced gradients; Rajbhandari et
-    al. 2020). Numbers or arrays of ``zero`` alike."""
-    return (zero == 0) | ((zero == 1) & (zero1 == "all-reduce"))
+def sharded_op(op: Collective, scatter_gather: ScatterGather) -> Collective:
+    """The collective a runtime runs for a data-parallel all-gather or reduce-scatter ``op``
+    (ZeRO-1's, FSDP2's): ``op`` itself, or an all-reduce of the whole buffer where the runtime
+    runs them so (Runtime.scatter_gather "all-reduce": autoplan's program on gloo)."""
+    return Collective.ALL_REDUCE if scatter_gather == "all-reduce" else op
 
 
-def gradient_reduction(zero: int, zero1: Zero1Collectives) -> Collective:
+def gradient_all_reduced(zero: Any, scatter_gather: ScatterGather) -> Any:
+    """Whether the data-parallel gradient reduction of ZeRO 0-2 is an all-reduce: ZeRO-0's
+    (DDP), and every stage's where the runtime runs its reduce-scatters as all-reduces
+    (:func:`sharded_op`); otherwise a reduce-scatter (ZeRO-1/2 keep only their shard of the
+    reduced gradients; Rajbhandari et al. 2020). Numbers or arrays of ``zero`` alike."""
+    return (zero == 0) | (scatter_gather == "all-reduce")
+
+
+def gradient_reduction(zero: int, scatter_gather: ScatterGather) -> Collective:
     """The data-parallel gradient collective of one plan (:func:`gradient_all_reduced`)."""
-    return Collective.ALL_REDUCE if gradient_all_reduced(zero, zero1) else Collective.REDUCE_SCATTER
-
-
-def grad_reduce_bytes(e: int, states: StateLayout) -> int:
-    """Bytes per gradient element of ZeRO 0-1's (and bucketed ZeRO-2's) reduction: the program's
-    gradient dtype (simulator.cost.memory.program_state_bytes): e-byte gradients in Megatron-LM
-    and DeepSpeed ("mixed"), fp32 ``.grad`` in autoplan's program ("fp32-params": DDP and its
-    ZeRO-1 buffer reduce them as they are, autoplan/runtime/data_parallel.py, zero1.py)."""
-    return program_state_bytes(states, e, 0)[1]
-
-
-def param_gather_bytes(e: int) -> int:
-    """Bytes per parameter of each pass's parameter all-gathers (ZeRO-3, FSDP2's ZeRO-2): the
-    compute dtype's e, the fp16/bf16 working copy (FSDP2's ``MixedPrecisionPolicy.param_dtype``,
-    DeepSpeed's fp16 parameters), fp32 on a fp32 run (autoplan's program on a CPU sets no
-    param_dtype: autoplan/runtime/trainer.py)."""
-    return e
-
-
-def step_gather_bytes(e: int, states: StateLayout) -> int:
-    """Bytes per parameter of ZeRO-1's (and bucketed ZeRO-2's) gather of the updated parameters
-    after the optimizer step: the program's parameter dtype (simulator.cost.memory.
-    program_state_bytes): e-byte weights in Megatron-LM's distributed optimizer and DeepSpeed
-    ("mixed"), fp32 in autoplan's program ("fp32-params": its flat buffer of fp32 parameters,
-    autoplan/runtime/zero1.py)."""
-    return program_state_bytes(states, e, 0)[0]
+    return sharded_op(Collective.ALL_REDUCE if zero == 0 else Collective.REDUCE_SCATTER, scatter_gather)
 
 
 def local_params(psi: Any, zero: Any, shard_group: Any, psi_sharded: Any = None) -> Any:

@@ -45,14 +45,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hwprofiles.algorithms import Collective
 from hwprofiles.schema import ClusterSpec, GpuProfile
 from simulator.cost import collectives, layout
 from simulator.cost.fsdp2_sync import reduce_bytes
 from simulator.cost.overlap import overlap_cost
 from simulator.cost.stage_memory import StageLike
+from simulator.cost.step import sharded_op
 from simulator.numeric import maximum, where
 from simulator.plan import Plan
-from simulator.runtime_spec import Runtime
+from simulator.runtime_spec import Runtime, ScatterGather
 
 
 class ShardedCollectives(Protocol):
@@ -73,20 +75,26 @@ class ShardedCollectives(Protocol):
 @dataclass(frozen=True)
 class ShardLinks:
     """Where the sharded states' collectives run: the shard group (``n`` ranks) and, with hybrid
-    sharding, the replicate group (``replicas`` ranks) that all-reduces each reduced shard."""
+    sharding, the replicate group (``replicas`` ranks) that all-reduces each reduced shard;
+    ``scatter_gather``: how the runtime runs the shard group's all-gathers and reduce-scatters
+    (simulator.cost.step.sharded_op)."""
 
     shard: collectives.GroupLink
     n: int
     replica: collectives.GroupLink | None
     replicas: int
+    scatter_gather: ScatterGather = "native"
 
     def all_gather(self, size_bytes: float) -> float:
         """An all-gather of ``size_bytes`` (the gathered buffer) over the shard group."""
-        return collectives.all_gather_time(size_bytes, self.n, self.shard)
+        return collectives.collective_time(
+            sharded_op(Collective.ALL_GATHER, self.scatter_gather), size_bytes, self.n, self.shard
+        )
 
     def reduce_scatter(self, size_bytes: float) -> float:
         """A reduce-scatter of ``size_bytes`` (the input buffer) over the shard group."""
-        return collectives.reduce_scatter_time(size_bytes, self.n, self.shard)
+        op = sharded_op(Collective.REDUCE_SCATTER, self.scatter_gather)
+        return collectives.collective_time(op, size_bytes, self.n, self.shard)
 
     def replica_all_reduce(self, size_bytes: float) -> float:
         """An all-reduce of ``size_bytes`` across the replicas; 0 without hybrid sharding."""
@@ -95,7 +103,7 @@ class ShardLinks:
         return collectives.all_reduce_time(size_bytes, self.replicas, self.replica)
 
 
-def shard_links(cluster: ClusterSpec, plan: Plan) -> ShardLinks:
+def shard_links(cluster: ClusterSpec, plan: Plan, scatter_gather: ScatterGather = "native") -> ShardLinks:
     """The plan's shard group (hsdp consecutive data-parallel ranks, or all d) and replicate
     group (every hsdp-th data-parallel rank) on the cluster (simulator.cost.layout). Their
     collectives run between the ranks' computations (a unit's gathers and reduce-scatters in
@@ -107,9 +115,9 @@ def shard_links(cluster: ClusterSpec, plan: Plan) -> ShardLinks:
     gpn = cluster.gpus_per_node
     shard = collectives.in_pass_link(cluster, layout.dp_shape(plan.t, plan.shard_group, gpn))
     if plan.replicas == 1:
-        return ShardLinks(shard, plan.shard_group, None, 1)
+        return ShardLinks(shard, plan.shard_group, None, 1, scatter_gather)
     replica = collectives.in_pass_link(cluster, layout.group_shape(plan.replicas, plan.t * plan.shard_group, gpn))
-    return ShardLinks(shard, plan.shard_group, replica, plan.replicas)
+    return ShardLinks(shard, plan.shard_group, replica, plan.replicas, scatter_gather)
 
 
 def sharded_reduce_time(size_bytes: Any, links: ShardedCollectives) -> Any:

@@ -48,7 +48,6 @@ from simulator.cost.memory import (
     embedding_activation_bytes,
     logits_bytes_per_element,
     logits_elements,
-    state_bytes_per_param,
     weight_grad_input_bytes,
 )
 from simulator.cost.ops import dtype_bytes
@@ -61,7 +60,7 @@ from simulator.cost.params import (
 from simulator.cost.phase_memory import weight_copies_held, weight_copies_saved
 from simulator.cost.precision import casts_every_forward, gathered_bytes, linear_input_bytes
 from simulator.cost.stage_memory import layer_activations
-from simulator.cost.step import grad_reduce_bytes, param_gather_bytes
+from simulator.cost.state_bytes import grad_reduce_bytes, param_gather_bytes, state_bytes_per_param
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
 
@@ -106,7 +105,7 @@ class Costs:
     e: int  # activation bytes
     grad_bytes: int  # per parameter, as the gradient buckets and reduction move them
     optimizer_bytes: int
-    gather_bytes: int  # per parameter of a parameter all-gather (simulator.cost.step.param_gather_bytes)
+    gather_bytes: int  # per parameter of a parameter all-gather (simulator.cost.state_bytes.param_gather_bytes)
     fp8ag: int  # fp8 parameters: the layers' weights gathered at 1 byte
 
     def gathered(self, params: float) -> float:

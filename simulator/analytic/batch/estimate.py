@@ -24,7 +24,7 @@ from simulator.analytic.pipeline import (
     tied_embedding_time,
     weight_fill,
 )
-from simulator.cost import memory, params
+from simulator.cost import memory, params, state_bytes
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.fsdp2_sync import (
     deferred_sync_by,
@@ -86,7 +86,9 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     e = dtype_bytes(cluster.gpu)
     zero, shard = column(P.zero), column(P.shard_group)
     offloaded = column(~P.is_("offload", "none"))
-    by_zero = np.array([memory.program_state_bytes(runtime.states, e, z, runtime.zero1) for z in range(4)], dtype=float)
+    by_zero = np.array(
+        [state_bytes.program_state_bytes(runtime.states, e, z, runtime.scatter_gather) for z in range(4)], dtype=float
+    )
     pb, gb, k = (column(by_zero[P.zero, i]) for i in range(3))
     deferred = column(deferred_columns(P, runtime))
     whole = whole_grad_bytes(deferred, runtime, e)
@@ -94,13 +96,13 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     states = memory.model_state_bytes(S.params, shard, zero, offloaded, pb, gb, k, S.sharded_params, whole, unsharded)
     working_set = P.per_plan(
         ("t",),
-        lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t)),
+        lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t), e),
         memo((model,), "zero-3 working set"),
     )
     bucket = column(memory.bucket_bytes_of(runtime, P.d))
     buckets = column(P.d > 1) | offloaded
     every = runtime.dp_buckets == "all"
-    gathered = zero3_gathered_bytes(column(working_set), S.params, deferred)
+    gathered = zero3_gathered_bytes(column(working_set), S.params, deferred, e)
     sharding = sharding_buffer_bytes(S.params, buckets, zero == 3, gathered, bucket, every, gb)
     logits = P.per_plan(
         ("t", "mb"),
@@ -138,7 +140,7 @@ def step_times(
     """The analytic step time of the plans of ``terms`` (``psi_local``: the parameters whose
     optimizer state each plan's busiest rank steps)."""
     P, S, busy, p2p = terms.plans, terms.S, terms.busy, terms.p2p
-    links = BatchLinks(cluster, P)
+    links = BatchLinks(cluster, P, runtime.scatter_gather)
     gpu, node = cluster.gpu, cluster.node
     e, sigma = dtype_bytes(gpu), gpu.comm_overlap_slowdown
     job_of = lambda q: Job(model, cluster, q, global_batch, runtime)

@@ -16,13 +16,15 @@ from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
 from simulator.analytic.data_parallel import dp_links
 from simulator.cost.collectives import GroupLink, ring_seconds
+from simulator.cost.step import sharded_op
 from simulator.numeric import where
 from simulator.plan import Plan
+from simulator.runtime_spec import ScatterGather
 
 AR, AG, RS = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
 #: (group, collective) of each figure: ``dp`` all d ranks (ZeRO 0-2's gradient reduction),
 #: ``shard`` the shard group (hsdp or d ranks), ``replica`` the replicate group of hybrid sharding
-_ROLES = [("dp", AR), ("dp", RS), ("shard", AG), ("shard", RS), ("replica", AR)]
+_ROLES = [("dp", AR), ("dp", RS), ("shard", AG), ("shard", RS), ("shard", AR), ("replica", AR)]
 
 
 def _figures(cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
@@ -48,10 +50,11 @@ class BatchLinks:
     """Per plan (as columns beside the stages), the figures of each collective its data-parallel
     traffic uses, and those collectives' times (simulator.analytic.data_parallel.DpCollectives)."""
 
-    def __init__(self, cluster: ClusterSpec, P: PlanColumns):
+    def __init__(self, cluster: ClusterSpec, P: PlanColumns, scatter_gather: ScatterGather):
         per, inv = P.per_key(("t", "d", "hsdp"), lambda q, i: _figures(cluster, q), memo((cluster,), "dp link figures"))
         self._table = np.array(per).take(inv, axis=0)[:, :, :, None]  # plans x role x (bandwidth, latency) x 1
         self._index = {key: j for j, key in enumerate(_ROLES)}
+        self._scatter_gather = scatter_gather  # the runtime's (simulator.cost.step.sharded_op)
         self._ranks = {"dp": P.d[:, None], "shard": P.shard_group[:, None], "replica": P.replicas[:, None]}
 
     def _time(self, role: str, op: Collective, size: Any, n: Any | None = None) -> Any:
@@ -68,10 +71,10 @@ class BatchLinks:
         return where(all_reduced, self._time("dp", AR, size_bytes), self._time("dp", RS, size_bytes))
 
     def all_gather(self, size_bytes: Any) -> Any:
-        return self._time("shard", AG, size_bytes)
+        return self._time("shard", sharded_op(AG, self._scatter_gather), size_bytes)
 
     def reduce_scatter(self, size_bytes: Any) -> Any:
-        return self._time("shard", RS, size_bytes)
+        return self._time("shard", sharded_op(RS, self._scatter_gather), size_bytes)
 
     def replica_all_reduce(self, size_bytes: Any) -> Any:
         return self._time("replica", AR, size_bytes)

@@ -15,7 +15,7 @@
   the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
 * ZeRO-1/2 (not FSDP2's): the updated parameters all-gathered once every member has stepped.
 Volumes: gradients e bytes per parameter (ZeRO-2/3: the runtime's reduce dtype,
-simulator.cost.fsdp2_sync.reduce_bytes), parameter gathers :func:`simulator.cost.step.param_gather_bytes`.
+simulator.cost.fsdp2_sync.reduce_bytes), parameter gathers :func:`simulator.cost.state_bytes.param_gather_bytes`.
 A compute piece with traffic beside it is longer by the contention price of
 simulator.cost.overlap (:func:`beside`).
 """
@@ -29,20 +29,15 @@ from simulator.cost import collectives
 from simulator.cost.fsdp2_sync import fsdp2_sharded, reduce_bytes
 from simulator.cost.offload import FSDP2_OFFLOAD_BYTES
 from simulator.cost.precision import gathered_bytes
-from simulator.cost.step import (
-    gradient_all_reduced,
-    gradient_reduction,
-    param_gather_bytes,
-    step_gather_bytes,
-    tied_embedding_bytes,
-)
+from simulator.cost.state_bytes import param_gather_bytes, step_gather_bytes
+from simulator.cost.step import gradient_reduction, sharded_op, tied_embedding_bytes
 from simulator.cost.zero3 import gathers_per_layer, sharded_reduce_time
 from simulator.des.program.state import CopyPer, Device, Program, Send
 from simulator.des.transfers import TransferClass
 
 
 def gather_bytes(prog: Program) -> int:
-    """Bytes per parameter of a parameter all-gather (cost.step.param_gather_bytes)."""
+    """Bytes per parameter of a parameter all-gather (cost.state_bytes.param_gather_bytes)."""
     return param_gather_bytes(prog.costs.e)
 
 
@@ -67,12 +62,15 @@ def beside(
     if plan.zero == 3 or fsdp2_sharded(plan, prog.job.runtime):
         links = prog.shard_links
         gathers = gathers and (plan.zero == 3 or not backward)  # FSDP2's ZeRO-2 gathers in the forward only
-        comm = collectives.all_gather_time(gathered, links.n, links.shard) if gathers else 0.0
+        comm = links.all_gather(gathered) if gathers else 0.0
         if backward and scatters:
             comm += sharded_reduce_time(params * grad_reduce_bytes(prog), links)
         return comm
     return collectives.collective_time(
-        gradient_reduction(plan.zero, prog.job.runtime.zero1), params * grad_reduce_bytes(prog), plan.d, prog.dp_link
+        gradient_reduction(plan.zero, prog.job.runtime.scatter_gather),
+        params * grad_reduce_bytes(prog),
+        plan.d,
+        prog.dp_link,
     )
 
 
@@ -122,7 +120,7 @@ def zero3_gather(
             ),
             (dep,),
         )
-    cls, per, member = _dp_group(prog, dev, Collective.ALL_GATHER)
+    cls, per, member = _dp_group(prog, dev, sharded_op(Collective.ALL_GATHER, prog.job.runtime.scatter_gather))
     k = gathers_per_layer(prog.job.runtime) + units - 1  # DeepSpeed: module by module (simulator.cost.zero3)
     send = Send("zero", cls, per, size / k, "zero", "param gather", "dp_bytes")
     g = prog.group_task(dev, ("z3g", len(pieces)), dep, lambda: _in_turn(prog, dev, send, k, dep), member)
@@ -136,7 +134,7 @@ def zero3_reduce_scatter(prog: Program, dev: Device, params: float, piece: int, 
     they belong to (``units``: 2 with the root unit, simulator.des.passes.root_units; ``n``: the
     rank's reduction count); returns the reduce-scatter's task."""
     size = params * grad_reduce_bytes(prog)
-    cls, per, member = _dp_group(prog, dev, Collective.REDUCE_SCATTER)
+    cls, per, member = _dp_group(prog, dev, sharded_op(Collective.REDUCE_SCATTER, prog.job.runtime.scatter_gather))
     send = Send("dp", cls, per, size / units, "dp", "grad reduce-scatter", "dp_bytes")
     rs = prog.group_task(dev, ("red", n), piece, lambda: _in_turn(prog, dev, send, units, piece), member)
     prog.dp_done[dev.idx].append(_grad_down(prog, dev, _across_replicas(prog, dev, rs, size, n), size))
@@ -155,7 +153,7 @@ def _in_turn(prog: Program, dev: Device, send: Send, count: int, dep: int) -> in
 def reduce_gradients(prog: Program, dev: Device, params: float, piece: int, n: int) -> None:
     """A gradient bucket's reduction (ZeRO 0-2) after ``piece``."""
     size = params * grad_reduce_bytes(prog)
-    op = gradient_reduction(prog.plan.zero, prog.job.runtime.zero1)
+    op = gradient_reduction(prog.plan.zero, prog.job.runtime.scatter_gather)
     cls, per, member = _dp_group(prog, dev, op)
     send = Send("dp", cls, per, size, "dp", f"grad {op}", "dp_bytes")
     red = prog.group_task(dev, ("red", n), piece, lambda: prog.transfer(dev, send, (piece,)), member)
@@ -226,13 +224,13 @@ def add_tied_embedding_all_reduce(prog: Program) -> None:
 def add_param_all_gather(prog: Program) -> None:
     """ZeRO-1/2: all-gather the updated parameters once every member has stepped (not FSDP2's
     ZeRO-2, which gathers each unit before its next forward: simulator.cost.zero3), at the
-    program's parameter bytes (simulator.cost.step.step_gather_bytes); a runtime whose ZeRO-1
-    all-reduces (Runtime.zero1) gathers with an all-reduce of the whole buffer."""
+    program's parameter bytes (simulator.cost.state_bytes.step_gather_bytes), as the runtime runs an
+    all-gather (simulator.cost.step.sharded_op)."""
     plan, runtime = prog.plan, prog.job.runtime
     if plan.zero not in (1, 2) or plan.d == 1 or fsdp2_sharded(plan, runtime):
         return
     per_param = step_gather_bytes(prog.costs.e, runtime.states)
-    op = Collective.ALL_REDUCE if gradient_all_reduced(plan.zero, runtime.zero1) else Collective.ALL_GATHER
+    op = sharded_op(Collective.ALL_GATHER, runtime.scatter_gather)
     for dev in prog.devices:
         layers = prog.device_layers(dev) * prog.costs.layer_params
         size = gathered_bytes(prog.device_params(dev), layers, per_param, plan.fp8ag)

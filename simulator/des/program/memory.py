@@ -1,7 +1,7 @@
 """Static memory of every simulated rank: what it holds for the whole iteration.
 
 Model states (ZeRO, offload: :func:`simulator.cost.memory.model_state_bytes`, the program's
-bytes per parameter: :func:`simulator.cost.memory.program_state_bytes`), gradient buckets
+bytes per parameter: :func:`simulator.cost.state_bytes.program_state_bytes`), gradient buckets
 (:func:`simulator.cost.memory.gradient_bucket_bytes`) and pipeline send/receive buffers
 (:func:`simulator.cost.boundary.pipeline_buffer_bytes`), the program's compute-dtype weight
 copies that its backward holds (:func:`simulator.cost.phase_memory.weight_copies_saved`; the
@@ -14,14 +14,10 @@ from __future__ import annotations
 
 from simulator.cost.boundary import pipeline_buffer_bytes
 from simulator.cost.fsdp2_sync import plan_deferred_sync, whole_grad_bytes, zero2_unsharded_bytes
-from simulator.cost.memory import (
-    ModelStates,
-    gradient_bucket_bytes,
-    model_state_bytes,
-    program_state_bytes,
-)
+from simulator.cost.memory import ModelStates, gradient_bucket_bytes, model_state_bytes
 from simulator.cost.phase_memory import gradients_late, weight_copies_held
 from simulator.cost.stage_memory import fp8_weight_copies
+from simulator.cost.state_bytes import program_state_bytes
 from simulator.des.program.state import Device, Program
 
 
@@ -45,7 +41,7 @@ def device_states(prog: Program, dev: Device) -> ModelStates:
     """The model states one rank of ``dev`` holds (simulator.cost.memory.model_state_bytes), in
     the program's bytes per parameter."""
     plan, runtime = prog.plan, prog.job.runtime
-    states = program_state_bytes(runtime.states, prog.costs.e, plan.zero, runtime.zero1)
+    states = program_state_bytes(runtime.states, prog.costs.e, plan.zero, runtime.scatter_gather)
     psi = prog.device_params(dev)
     whole = whole_grad_bytes(plan_deferred_sync(plan, runtime), runtime, prog.costs.e)  # sharded after the step
     unsharded = zero2_unsharded_bytes(plan.d, plan.zero, runtime, prog.costs.e)

@@ -180,7 +180,7 @@ class Program:
     @functools.cached_property
     def shard_links(self) -> ShardLinks:
         """The sharded states' shard (and replicate) groups (simulator.cost.zero3.shard_links)."""
-        return shard_links(self.job.cluster, self.plan)
+        return shard_links(self.job.cluster, self.plan, self.job.runtime.scatter_gather)
 
     def chunk_params(self, j: int) -> float:
         """Parameters of chunk ``j`` on one rank (its layers, plus the embedding / head)."""

@@ -1,7 +1,8 @@
-"""ZeRO-1's data-parallel collectives as each runtime runs them (simulator.cost.step): the
-gradient collective, the bytes per element the gradients and the gathered parameters move, and
-autoplan's program on gloo, whose ZeRO-1 all-reduces its buffer twice (autoplan/runtime/zero1.py),
-priced so by the analytic estimate and the DES alike."""
+"""Data-parallel collectives as each runtime runs them (simulator.cost.step): the gradient
+collective, the bytes per element the gradients and the gathered parameters move, and autoplan's
+program on gloo, whose ZeRO-1 and FSDP2 run every reduce-scatter and all-gather as an all-reduce
+(autoplan/runtime/zero1.py, gloo_comms.py; Runtime.scatter_gather), priced so by the analytic
+estimate and the DES alike."""
 
 from __future__ import annotations
 
@@ -15,15 +16,9 @@ from hwprofiles import load_cluster
 from hwprofiles.algorithms import Collective
 from simulator.analytic.data_parallel import DpPlan, dp_links, dp_step_times
 from simulator.cost import collectives
-from simulator.cost.memory import program_state_bytes
 from simulator.cost.stage_memory import StageLike
-from simulator.cost.step import (
-    grad_reduce_bytes,
-    gradient_all_reduced,
-    gradient_reduction,
-    param_gather_bytes,
-    step_gather_bytes,
-)
+from simulator.cost.state_bytes import grad_reduce_bytes, param_gather_bytes, program_state_bytes, step_gather_bytes
+from simulator.cost.step import gradient_all_reduced, gradient_reduction, sharded_op
 from simulator.des import simulate_des
 from simulator.job import Job
 from simulator.model_files import load_model
@@ -32,19 +27,26 @@ from simulator.runtime_spec import OVERLAPPED
 
 
 @pytest.mark.parametrize(
-    "zero, zero1, want",
+    "zero, scatter_gather, want",
     [
-        (0, "reduce-scatter", Collective.ALL_REDUCE),
-        (1, "reduce-scatter", Collective.REDUCE_SCATTER),
+        (0, "native", Collective.ALL_REDUCE),
+        (1, "native", Collective.REDUCE_SCATTER),
+        (2, "native", Collective.REDUCE_SCATTER),
+        (0, "all-reduce", Collective.ALL_REDUCE),
         (1, "all-reduce", Collective.ALL_REDUCE),
-        (2, "all-reduce", Collective.REDUCE_SCATTER),  # the runtime's ZeRO-1 only
-        (3, "all-reduce", Collective.REDUCE_SCATTER),
+        (2, "all-reduce", Collective.ALL_REDUCE),
     ],
 )
-def test_the_gradient_collective_of_each_zero_stage(zero, zero1, want):
-    assert gradient_reduction(zero, zero1) == want
-    column = gradient_all_reduced(np.array([zero, zero]), zero1)
-    assert column.tolist() == [want == Collective.ALL_REDUCE] * 2
+def test_the_gradient_collective_of_each_zero_stage(zero, scatter_gather, want):
+    assert gradient_reduction(zero, scatter_gather) == want
+    column = gradient_all_reduced(np.array([zero, zero]), scatter_gather)
+    assert np.broadcast_to(column, (2,)).tolist() == [want == Collective.ALL_REDUCE] * 2
+
+
+def test_a_sharded_collective_is_itself_or_an_all_reduce():
+    for op in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+        assert sharded_op(op, "native") == op
+        assert sharded_op(op, "all-reduce") == Collective.ALL_REDUCE
 
 
 def test_bytes_per_element_follow_the_programs_dtypes():
@@ -65,10 +67,10 @@ def test_the_in_place_zero1_holds_no_gradient_shard_of_its_own():
     assert program_state_bytes("mixed", 2, 1, "all-reduce") == (2, 2, 12)
 
 
-def test_the_program_all_reduces_its_zero1_on_gloo_only():
+def test_the_program_all_reduces_on_gloo_only():
     plan = Plan(d=4, zero=1)
-    assert plan_program_runtime(OVERLAPPED, plan, "gloo").zero1 == "all-reduce"
-    assert plan_program_runtime(OVERLAPPED, plan, "nccl").zero1 == "reduce-scatter"
+    assert plan_program_runtime(OVERLAPPED, plan, "gloo").scatter_gather == "all-reduce"
+    assert plan_program_runtime(OVERLAPPED, plan, "nccl").scatter_gather == "native"
 
 
 class _Stage:
@@ -83,26 +85,30 @@ def test_zero1_step_times_on_gloo_are_two_all_reduces_of_fp32():
     cluster = load_cluster("localhost-cpu", 1)
     plan = Plan(d=4, zero=1)
     runtime = plan_program_runtime(OVERLAPPED, plan, "gloo")
-    links = dp_links(cluster, plan)
+    links = dp_links(cluster, plan, runtime.scatter_gather)
     stage: StageLike = _Stage(1e6)  # type: ignore[assignment]
     buffer = 1e6 * 4  # fp32 gradients, fp32 parameters
     times = dp_step_times(stage, DpPlan.of(plan, runtime, 4), links, 4, runtime, bucket_bytes=1e9)
     all_reduce = collectives.all_reduce_time(buffer, 4, links.dp)
     assert times.reduce == times.last_bucket == pytest.approx(all_reduce)
-    assert times.gather == pytest.approx(all_reduce)
+    # the gather runs over the shard group's link (ranks computing between its steps)
+    assert times.gather == pytest.approx(collectives.all_reduce_time(buffer, 4, links.shards.shard))
     # on NCCL the same program reduce-scatters and all-gathers the same 4-byte buffer
-    nccl = replace(runtime, zero1="reduce-scatter")
-    times = dp_step_times(stage, DpPlan.of(plan, nccl, 4), links, 4, nccl, bucket_bytes=1e9)
-    assert times.reduce == pytest.approx(collectives.reduce_scatter_time(buffer, 4, links.dp))
-    assert times.gather == pytest.approx(links.all_gather(buffer))
+    nccl = replace(runtime, scatter_gather="native")
+    native = dp_links(cluster, plan)
+    times = dp_step_times(stage, DpPlan.of(plan, nccl, 4), native, 4, nccl, bucket_bytes=1e9)
+    assert times.reduce == pytest.approx(collectives.reduce_scatter_time(buffer, 4, native.dp))
+    assert times.gather == pytest.approx(collectives.all_gather_time(buffer, 4, native.shards.shard))
 
 
-def test_the_des_moves_twice_the_bytes_when_zero1_all_reduces():
-    """Per rank a ring all-reduce moves 2(n-1)/n of the buffer, a reduce-scatter and an
-    all-gather (n-1)/n each: two all-reduces move twice what the pair moves."""
-    job = program_job(Job.make(load_model("tiny"), load_cluster("localhost-cpu", 1), Plan(d=4, zero=1, mb=2), 8))
-    assert job.runtime.zero1 == "all-reduce"
-    paired = replace(job, runtime=replace(job.runtime, zero1="reduce-scatter"))
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_the_des_moves_twice_the_bytes_when_the_program_all_reduces(zero):
+    """Per rank a ring all-reduce moves 2(n-1)/n of the buffer, a reduce-scatter or an
+    all-gather (n-1)/n: run as all-reduces, ZeRO-1's and FSDP2's collectives move twice the bytes."""
+    cluster = load_cluster("localhost-cpu", 1)
+    job = program_job(Job.make(load_model("tiny"), cluster, Plan(d=4, zero=zero, mb=2), 8))
+    assert job.runtime.scatter_gather == "all-reduce"
+    paired = replace(job, runtime=replace(job.runtime, scatter_gather="native"))
     moved = simulate_des(job).extra["comm_bytes_per_rank"]["dp_bytes"]
     assert moved > 0
     assert moved == pytest.approx(2 * simulate_des(paired).extra["comm_bytes_per_rank"]["dp_bytes"])
