@@ -128,8 +128,9 @@ class Runtime:
     slots zeroed (autoplan's program on gloo: autoplan/runtime/zero1.py, gloo_comms.py). Gloo's
     reduce_scatter_tensor runs at a third of its all-reduce's bus bandwidth (localhost-cpu.yaml:
     0.44 against 1.26 GB/s), and it and all_gather_into_tensor leave transient buffers behind: 4
-    gloo ranks on this project's 2-core VM grew 27 and 13 MiB in 60 calls on a 3.2 MiB buffer, an
-    in-place all-reduce 4 MiB (torch 2.13, 2026-11-30).
+    gloo ranks on this project's 2-core VM kept 27-53 and 13-23 MiB after 60 calls on a 3.3 MiB
+    buffer, an in-place all-reduce 3-4 MiB (benchmarks/gloo_collective_probe.py, torch 2.13,
+    2026-11-30).
 
     ``offload``: how the runtime offloads (simulator.analytic.offload): "deepspeed"
     (ZeRO-Offload / ZeRO-Infinity: 2-byte gradients down once a step, the host Adam pipelined

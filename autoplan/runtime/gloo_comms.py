@@ -3,10 +3,11 @@
 Gloo's ``reduce_scatter_tensor`` runs at a third of its all-reduce's bus bandwidth
 (hwprofiles/nodes/localhost-cpu.yaml: 0.44 against 1.26 GB/s), and it and
 ``all_gather_into_tensor`` leave transient buffers behind in the allocator: 4 gloo ranks on this
-project's 2-core VM grew their anonymous memory by 27 and 13 MiB over 60 calls on a 3.2 MiB buffer,
-an in-place all-reduce by 4 MiB (torch 2.13, 2026-11-30). So on gloo autoplan's program gives
-FSDP2 these (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``), and the
-simulator prices an all-reduce for each (simulator.runtime_spec.Runtime ``sharded_collectives``):
+project's 2-core VM kept 27-53 and 13-23 MiB more anonymous memory after 60 calls on a 3.3 MiB
+buffer, an in-place all-reduce 3-4 MiB, in about the same time (benchmarks/gloo_collective_probe.py,
+torch 2.13, 2026-11-30). So on gloo autoplan's program gives FSDP2 these
+(``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``), and the simulator prices
+an all-reduce for each (simulator.runtime_spec.Runtime ``scatter_gather``):
 
 * all-gather: FSDP2 copies this rank's shard into its slot of the output
   (``torch.ops.fsdp.all_gather_copy_in``); the rest is zeroed and the output all-reduced, whose

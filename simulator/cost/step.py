@@ -5,11 +5,8 @@ the DES program (:mod:`simulator.des.program`) apply (docs/design.md section 4.1
 
 * data-parallel gradient reduction: all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2/3, and
   all-reduces for the reduce-scatters and all-gathers of a runtime that runs them so
-  (:func:`sharded_op`, :func:`gradient_all_reduced`), at the
-  program's gradient bytes (:func:`grad_reduce_bytes`); each pass's parameter all-gathers move
-  e bytes per parameter (simulator.cost.state_bytes.param_gather_bytes: fp16/bf16 working copies,
-  fp32 on a fp32 run), the gather after the step the program's parameter bytes
-  (:func:`step_gather_bytes`);
+  (:func:`sharded_op`, :func:`gradient_all_reduced`); the bytes they move per element are
+  simulator.cost.state_bytes';
 * the optimizer: one rank steps its ``psi / d`` shard with ZeRO >= 1 (:func:`local_params`),
   over its layers' tensors plus the embedding and final-norm tensors
   (:func:`optimizer_tensors`), in :func:`optimizer_time`;
