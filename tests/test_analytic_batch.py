@@ -153,3 +153,14 @@ def test_values_read_from_the_columns_are_the_plans_fields() -> None:
     assert len(by_rows[0]) > 10
     got = [by_rows[0][k] for k in by_rows[1].tolist()]
     assert got == [tuple(getattr(P.plans[i], n) for n in names) for i in range(len(P.plans))]
+
+
+def test_one_model_on_clusters_of_two_dtypes_equals_scalar():
+    """The batch estimate's memos shared by a model object (simulator.analytic.batch.memo) keep
+    apart what differs with the cluster's dtype: ZeRO-3's gathered working set at e bytes."""
+    model = load_model("tiny")
+    bf16, fp32 = load_cluster("dgx-a100-80gb", 1), load_cluster("localhost-cpu", 1)
+    for cluster in (bf16, fp32):
+        n = cluster.num_gpus
+        plans = [parse_plan(text, model, n, 16)[0] for text in (f"d={n},zero=3", f"d={n // 2},p=2,zero=3")]
+        _assert_agree(model, cluster, plans, 16, DEEPSPEED_ZERO3)

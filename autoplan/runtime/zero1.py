@@ -6,12 +6,11 @@ owns the contiguous shard [r*N/d, (r+1)*N/d). After backward every rank flattens
 gradients into the buffer and one reduce-scatter (sum, then / d) leaves it the averaged
 gradient of its shard; its optimizer holds state for those N/d values only and updates a
 master copy of the shard; one all-gather into the same buffer gives every rank all updated
-values, copied back into the parameters. That is the communication the simulator prices for
-zero=1 -- a reduce-scatter of the gradients and an all-gather of the parameters
-(Rajbhandari et al. 2020, P_os) -- for any layout, with or without TP and PP.
+values, copied back into the parameters: a reduce-scatter of the gradients and an all-gather of
+the parameters (Rajbhandari et al. 2020, P_os), for any layout, with or without TP and PP.
 
 On gloo both collectives are all-reduces of the buffer in place (simulator.runtime_spec.Runtime
-``zero1`` "all-reduce", which prices them): the gradients' sum, of which a rank keeps its shard
+``scatter_gather`` "all-reduce", which prices them): the gradients' sum, of which a rank keeps its shard
 (its master copy's gradient is a view of the buffer), and after the step the buffer with every
 other rank's shard zeroed, whose sum is every rank's updated shard (x + 0 is exact). Gloo's
 reduce-scatter runs at a third of its all-reduce's bandwidth, and its reduce-scatter and
@@ -120,6 +119,7 @@ class Zero1Optimizer:
         """Update the shard, all-gather every rank's shard and copy the values into the parameters."""
         self.optimizer.step()
         if self.in_place:
+            self.master.grad = None  # a view of the buffer the gather overwrites
             self.flat.zero_()
             self.own.copy_(self.master.detach())
             dist.all_reduce(self.flat, group=self.group)

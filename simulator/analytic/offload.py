@@ -49,7 +49,7 @@ def offload_time(
     pcie = node.pcie.bytes_per_s
     down = psi_local * 2 / pcie + node.pcie.latency_s
     cpu = node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
-    up = where(zero < 3, psi_local * 2 / pcie + node.pcie.latency_s, 0.0)
+    up = where(zero < 3, psi_local * state_bytes.PARAM_BYTES / pcie + node.pcie.latency_s, 0.0)
     drives = 0.0
     if node.nvme is not None:
         nvme_bw = node.nvme.count * node.nvme.bandwidth_GBps * 1e9

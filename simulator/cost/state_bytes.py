@@ -52,16 +52,17 @@ def param_gather_bytes(e: int) -> int:
 
 
 def grad_reduce_bytes(e: int, states: StateLayout) -> int:
-    """Bytes per gradient element of ZeRO 0-1's (and bucketed ZeRO-2's) reduction: the program's
-    gradient dtype (:func:`program_state_bytes`): e-byte gradients in Megatron-LM
-    and DeepSpeed ("mixed"), fp32 ``.grad`` in autoplan's program ("fp32-params": DDP and its
-    ZeRO-1 buffer reduce them as they are, autoplan/runtime/data_parallel.py, zero1.py)."""
+    """Bytes per gradient element of ZeRO 0-1's reduction (ZeRO-2/3 reduce at the runtime's reduce
+    dtype: simulator.cost.fsdp2_sync.reduce_bytes): the program's gradient dtype
+    (:func:`program_state_bytes`): e-byte gradients in Megatron-LM and DeepSpeed ("mixed"), fp32
+    ``.grad`` in autoplan's program ("fp32-params": DDP and its ZeRO-1 buffer reduce them as they
+    are, autoplan/runtime/data_parallel.py, zero1.py)."""
     return program_state_bytes(states, e, 0)[1]
 
 
 def step_gather_bytes(e: int, states: StateLayout) -> int:
     """Bytes per parameter of ZeRO-1's (and bucketed ZeRO-2's) gather of the updated parameters
-    after the optimizer step: the program's parameter dtype (:func:`program_state_bytes`): e-byte weights in Megatron-LM's distributed optimizer and DeepSpeed
-    ("mixed"), fp32 in autoplan's program ("fp32-params": its flat buffer of fp32 parameters,
-    autoplan/runtime/zero1.py)."""
+    after the optimizer step: the program's parameter dtype (:func:`program_state_bytes`): e-byte
+    weights in Megatron-LM's distributed optimizer and DeepSpeed ("mixed"), fp32 in autoplan's
+    program ("fp32-params": its flat buffer of fp32 parameters, autoplan/runtime/zero1.py)."""
     return program_state_bytes(states, e, 0)[0]

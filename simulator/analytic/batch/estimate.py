@@ -97,7 +97,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     working_set = P.per_plan(
         ("t",),
         lambda q, i: memory.zero3_working_set_bytes(params.layer_params_per_rank(model, q.t), e),
-        memo((model,), "zero-3 working set"),
+        memo((model,), ("zero-3 working set", e)),
     )
     bucket = column(memory.bucket_bytes_of(runtime, P.d))
     buckets = column(P.d > 1) | offloaded

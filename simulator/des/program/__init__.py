@@ -10,7 +10,8 @@ engine's tie-breaking, so it is part of the model):
    recompute + backward), split per layer or per gradient bucket where something must happen
    between layers; TP collectives run on the compute stream (Megatron-LM);
 3. :mod:`.data_parallel` -- gradient buckets reduced as the backward produces them (all-reduce
-   for ZeRO-0, reduce-scatter for ZeRO-1/2, or once after the last backward without overlap),
+   for ZeRO-0, reduce-scatter for ZeRO-1/2 or an all-reduce where the runtime runs it so, or
+   once after the last backward without overlap),
    ZeRO-3's per-layer parameter gathers before every pass and gradient reduce-scatters after
    every backward, the offloaded gradient shard's trip to the host;
 4. :mod:`.pipeline` -- pipeline sends, one per boundary and microbatch, which the receiver's

@@ -14,8 +14,11 @@
 * tied embeddings (p > 1): the word-embedding gradient all-reduced between the first and
   the last stage after the data-parallel reduction (Megatron-LM ``finalize_model_grads``);
 * ZeRO-1/2 (not FSDP2's): the updated parameters all-gathered once every member has stepped.
-Volumes: gradients e bytes per parameter (ZeRO-2/3: the runtime's reduce dtype,
-simulator.cost.fsdp2_sync.reduce_bytes), parameter gathers :func:`simulator.cost.state_bytes.param_gather_bytes`.
+Volumes: ZeRO 0-1's gradients at the program's gradient bytes (simulator.cost.state_bytes.
+grad_reduce_bytes; ZeRO-2/3: the runtime's reduce dtype, simulator.cost.fsdp2_sync.reduce_bytes),
+each pass's parameter gathers at simulator.cost.state_bytes.param_gather_bytes, the gather after
+the step at state_bytes.step_gather_bytes. Every reduce-scatter and all-gather runs as the runtime
+runs it (Runtime.scatter_gather: simulator.cost.step.sharded_op, all-reduces on gloo).
 A compute piece with traffic beside it is longer by the contention price of
 simulator.cost.overlap (:func:`beside`).
 """

@@ -10,6 +10,7 @@ back up over PCIe (ZeRO-3: parameters stay on the host).
 
 from __future__ import annotations
 
+from simulator.cost import state_bytes
 from simulator.cost.fsdp2_sync import plan_deferred_sync
 from simulator.cost.offload import fsdp2_host_seconds
 from simulator.cost.step import (
@@ -20,7 +21,6 @@ from simulator.cost.step import (
     optimizer_time,
     step_sync_time,
 )
-from simulator.des.program.data_parallel import gather_bytes
 from simulator.des.program.state import Device, Program, Send, TaskInfo
 
 
@@ -78,7 +78,7 @@ def _offloaded_step(prog: Program, dev: Device, shard: float, deps: list[int]) -
                     "h2d",
                     xfer.host_class(dev.pp, "h2d"),
                     "dptp",
-                    shard * gather_bytes(prog) / k,
+                    shard * state_bytes.PARAM_BYTES / k,  # the fp16 shard (analytic.offload: up)
                     "offload",
                     "params up",
                     "offload_bytes",
