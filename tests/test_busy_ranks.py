@@ -74,8 +74,8 @@ def test_data_parallel_collectives_wait_for_a_core_like_the_tensor_parallel_ones
     cpu = load_cluster("localhost-cpu")  # 4 ranks
     wait = cpu.node.busy_latency_us[4] * 1e-6
     bare = collectives.group_link(cpu, layout.dp_shape(1, 4, 4))
-    assert shard_links(cpu, Plan(d=4, zero=3)).shard.latency == pytest.approx(bare.latency + wait)
+    assert shard_links(cpu, Plan(d=4, zero=3), "native").shard.latency == pytest.approx(bare.latency + wait)
     assert collectives.dp_link(cpu, 1, 4).latency == pytest.approx(bare.latency + wait)  # DDP's buckets
     gpu = load_cluster("dgx-a100-80gb", 1)
-    assert shard_links(gpu, Plan(d=8, zero=3)).shard == collectives.group_link(gpu, layout.dp_shape(1, 8, 8))
+    assert shard_links(gpu, Plan(d=8, zero=3), "native").shard == collectives.group_link(gpu, layout.dp_shape(1, 8, 8))
     assert collectives.dp_link(gpu, 1, 8) == collectives.group_link(gpu, layout.dp_shape(1, 8, 8))

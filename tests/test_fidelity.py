@@ -102,7 +102,7 @@ def test_zero3_pass_per_unit_by_hand():
     c = load_cluster("dgx-a100-80gb", nodes=4)
     link = collectives.group_link(c, layout.dp_shape(1, 32, 8))
     stage = _stage(params=8e9, layers=8, forward=1.0, backward=2.0, full=8)
-    links = zero3.ShardLinks(link, 32, None, 1)
+    links = zero3.ShardLinks(link, 32, None, 1, "native")
     z = zero3.zero3_pass(stage, links, 2, 16e9, OVERLAPPED, c.gpu)  # 8e9 parameters gathered at 2 bytes
     # 8 units of 1e9 parameters: each a ring all-gather of 2 GB and an fp32 reduce-scatter of 4 GB
     assert z.units == 8

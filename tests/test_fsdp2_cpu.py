@@ -79,7 +79,7 @@ def test_program_zero2_gathers_nothing_after_the_step():
     from simulator.cost.stage import stage_groups
 
     cost = stage_groups(model, cluster, job.plan, job.runtime.layer_kernels)[0][1]
-    links = dp_links(cluster, job.plan)
+    links = dp_links(cluster, job.plan, job.runtime.scatter_gather)
     program = dp_step_times(cost, DpPlan.of(job.plan, job.runtime, job.m), links, 4, job.runtime)
     assert (program.reduce, program.last_bucket, program.gather) == (0.0, 0.0, 0.0)
     assert dp_step_times(cost, DpPlan.of(job.plan, OVERLAPPED, job.m), links, 4, OVERLAPPED).gather > 0.0

@@ -70,7 +70,7 @@ def test_the_step_end_reduces_every_unit_after_the_last_backward():
     backward, hidden by none of it: stage 0 exposes them all, the last unit's the last bucket."""
     job = _job("t=1,p=2,d=2,mb=2,zero=3")
     cost = stage_groups(job.model, job.cluster, job.plan, job.runtime.layer_kernels)[0][1]
-    links = dp_links(job.cluster, job.plan)
+    links = dp_links(job.cluster, job.plan, job.runtime.scatter_gather)
     times = dp_step_times(cost, DpPlan.of(job.plan, job.runtime, job.m), links, 4, job.runtime)
     scatter = zero3.stage_scatter(cost, links, job.runtime, 4)
     assert scatter > 0 and times.after_backward

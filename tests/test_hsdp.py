@@ -39,7 +39,7 @@ def test_states_are_sharded_over_the_shard_group():
 
 def test_shard_links_sit_inside_a_node_and_replicas_across():
     c = load_cluster("dgx-h100", nodes=8)
-    links = zero3.shard_links(c, Plan(d=64, zero=3, hsdp=8))
+    links = zero3.shard_links(c, Plan(d=64, zero=3, hsdp=8), "native")
     assert links.n == 8 and links.replicas == 8
     assert links.shard.bandwidth == pytest.approx(collectives.node_link(c).bandwidth)  # NVLink
     across = collectives.group_link(c, layout.group_shape(8, 8, 8))  # one rank per node, 8 groups per node

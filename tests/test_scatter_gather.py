@@ -95,7 +95,7 @@ def test_zero1_step_times_on_gloo_are_two_all_reduces_of_fp32():
     assert times.gather == pytest.approx(collectives.all_reduce_time(buffer, 4, links.shards.shard))
     # on NCCL the same program reduce-scatters and all-gathers the same 4-byte buffer
     nccl = replace(runtime, scatter_gather="native")
-    native = dp_links(cluster, plan)
+    native = dp_links(cluster, plan, "native")
     times = dp_step_times(stage, DpPlan.of(plan, nccl, 4), native, 4, nccl, bucket_bytes=1e9)
     assert times.reduce == pytest.approx(collectives.reduce_scatter_time(buffer, 4, native.dp))
     assert times.gather == pytest.approx(collectives.all_gather_time(buffer, 4, native.shards.shard))

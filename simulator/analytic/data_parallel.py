@@ -97,7 +97,7 @@ class DpLinks:
         return self.shards.replica_all_reduce(size_bytes)
 
 
-def dp_links(cluster: ClusterSpec, plan: Plan, scatter_gather: ScatterGather = "native") -> DpLinks:
+def dp_links(cluster: ClusterSpec, plan: Plan, scatter_gather: ScatterGather) -> DpLinks:
     """The plan's data-parallel group and shard groups (simulator.cost.zero3.shard_links), the
     shard group's collectives as the runtime runs them (``scatter_gather``: Runtime.scatter_gather);
     cached per cluster and (t, d, hsdp, scatter_gather)."""

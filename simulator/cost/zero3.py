@@ -83,7 +83,7 @@ class ShardLinks:
     n: int
     replica: collectives.GroupLink | None
     replicas: int
-    scatter_gather: ScatterGather = "native"
+    scatter_gather: ScatterGather
 
     def all_gather(self, size_bytes: float) -> float:
         """An all-gather of ``size_bytes`` (the gathered buffer) over the shard group."""
@@ -103,7 +103,7 @@ class ShardLinks:
         return collectives.all_reduce_time(size_bytes, self.replicas, self.replica)
 
 
-def shard_links(cluster: ClusterSpec, plan: Plan, scatter_gather: ScatterGather = "native") -> ShardLinks:
+def shard_links(cluster: ClusterSpec, plan: Plan, scatter_gather: ScatterGather) -> ShardLinks:
     """The plan's shard group (hsdp consecutive data-parallel ranks, or all d) and replicate
     group (every hsdp-th data-parallel rank) on the cluster (simulator.cost.layout). Their
     collectives run between the ranks' computations (a unit's gathers and reduce-scatters in

@@ -30,7 +30,7 @@ _ROLES = [("dp", AR), ("dp", RS), ("shard", AG), ("shard", RS), ("shard", AR), (
 def _figures(cluster: ClusterSpec, plan: Plan) -> list[tuple[float, float]]:
     """(bus bytes/s, latency seconds: GroupLink.latency_seconds) of each role's collective; (1, 0) where the
     group has one rank (ring_seconds gives 0 there)."""
-    links = dp_links(cluster, plan)
+    links = dp_links(cluster, plan, "native")  # the groups' figures, whatever op runs on them
     where_: dict[str, tuple[GroupLink | None, int]] = {
         "dp": (links.dp, plan.d),
         "shard": (links.shards.shard, links.shards.n),
