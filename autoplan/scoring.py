@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -54,9 +55,9 @@ class Scored:
     fits: bool
 
 
-def objective_value(step_time: float, nodes: int, gpus_per_node: int, objective: str) -> float:
+def objective_value(step_time: Any, nodes: int, gpus_per_node: int, objective: str) -> Any:
     """What the search minimizes: the step time, or with ``objective`` "cost" the GPU-seconds per
-    step (step time x GPUs)."""
+    step (step time x GPUs). Numbers or arrays alike."""
     return step_time * nodes * gpus_per_node if objective == "cost" else step_time
 
 
@@ -116,7 +117,7 @@ def score_run(plans: PlanTable, nodes: int, keep: int, objective: str) -> Scores
     cluster = SHARED["clusters"][nodes]
     est = _estimates(plans, cluster)
     gpn = cluster.gpus_per_node
-    value = (lambda x: x * nodes * gpn) if objective == "cost" else (lambda x: x)  # objective_value
+    value = lambda x: objective_value(x, nodes, gpn, objective)
     if SHARED["opts"].pareto:
         r = est.priced()
         step, peak, fits = r.step_time, r.peak_memory, r.fits

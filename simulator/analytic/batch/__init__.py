@@ -20,7 +20,7 @@ The same plans give the same figures on both paths (tests/test_analytic_batch.py
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,21 +98,20 @@ class GroupedEstimate:
             part_of[positions], local_of[positions] = k, np.arange(len(positions))
         return part_of, local_of
 
-    def _split(self, rows: np.ndarray) -> Iterator[tuple[PartEstimate, np.ndarray, np.ndarray]]:
-        """(part, which of ``rows`` are its plans, their rows in it), for each part with some."""
+    def _per_row(self, rows: np.ndarray, figure: Callable[[PartEstimate, np.ndarray], np.ndarray]) -> np.ndarray:
+        """``figure`` of each part for its plans among ``rows`` (their rows in it), in ``rows``' order."""
         part_of, local_of = self._where
         which = part_of[rows]
+        out = np.empty(len(rows))
         for k, (_, part) in enumerate(self.parts):
             mine = np.flatnonzero(which == k)
             if len(mine):
-                yield part, mine, local_of[rows[mine]]
+                out[mine] = figure(part, local_of[rows[mine]])
+        return out
 
     def floor(self, rows: np.ndarray) -> np.ndarray:
         """Per plan of ``rows``: a floor under its step time."""
-        out = np.empty(len(rows))
-        for part, mine, local in self._split(rows):
-            out[mine] = part.floor(local)
-        return out
+        return self._per_row(rows, lambda part, local: part.floor(local))
 
     def memory(self) -> PlanMemory:
         """:class:`PlanMemory` of every plan."""
@@ -124,10 +123,7 @@ class GroupedEstimate:
 
     def step_times(self, rows: np.ndarray) -> np.ndarray:
         """The step times of the plans of ``rows`` (each fitting in GPU memory)."""
-        out = np.empty(len(rows))
-        for part, mine, local in self._split(rows):
-            out[mine] = part.step_times(local)
-        return out
+        return self._per_row(rows, lambda part, local: part.step_times(local))
 
     def priced(self) -> BatchEstimate:
         """Every plan's step time (inf where it does not fit in GPU memory), peak memory and fit."""
