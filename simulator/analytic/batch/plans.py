@@ -126,13 +126,7 @@ class PlanColumns:
     ) -> tuple[list, np.ndarray]:
         """:meth:`per_key` of a ``value`` that reads the plan of row i from the columns
         (:meth:`value_of`), no :class:`Plan` made."""
-        key = np.zeros(len(self.plans), dtype=np.int64)
-        combinations = 1
-        for name in names:  # mixed radix: each field's code a digit (fewer than 2**63 combinations)
-            code, n = self._code(name)
-            key = key * n + code
-            combinations *= n
-        first, inverse = group_codes(key, combinations)
+        first, inverse = group_codes(*self.key_codes(names))
         if memo is None:
             return [value(i) for i in first.tolist()], inverse
         found = []
@@ -142,6 +136,24 @@ class PlanColumns:
                 hit = memo[fields] = value(i)
             found.append(hit)
         return found, inverse
+
+    def distinct(self, names: Sequence[str]) -> tuple[list[tuple], np.ndarray, np.ndarray]:
+        """(each distinct combination of the fields ``names``, as a tuple of their values; the first
+        plan that has it; the index of each plan's combination in that list)."""
+        first, inverse = group_codes(*self.key_codes(names))
+        return self._field_values(names, first), first, inverse
+
+    def key_codes(self, names: Sequence[str], rows: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """(the code of each plan's combination of the fields ``names``, of the plans of ``rows``
+        (None: of all); the number of codes): the fields' codes as the digits of a mixed-radix
+        number (fewer than 2**63 combinations)."""
+        key = np.zeros(len(self.plans) if rows is None else len(rows), dtype=np.int64)
+        combinations = 1
+        for name in names:
+            code, n = self._code(name)
+            key = key * n + (code if rows is None else code[rows])
+            combinations *= n
+        return key, combinations
 
     def _field_values(self, names: Sequence[str], rows: np.ndarray) -> list[tuple]:
         """The values of the fields ``names`` of the plans of ``rows``, a tuple per plan."""

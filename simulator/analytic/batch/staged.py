@@ -7,16 +7,16 @@ the floors of those that fit, and the step times of those whose floor could put 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.estimate import BatchEstimate, peak_memory, step_times
-from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.batch.plans import PlanColumns, group_codes
 from simulator.analytic.batch.stages import BLOCK_KEY, SPLIT_KEY, PlanStages, StageShapes, plan_stages
-from simulator.analytic.batch.terms import stage_terms, step_floor
+from simulator.analytic.batch.terms import StageTerms, stage_terms, step_floor
 from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime
@@ -60,13 +60,20 @@ class StagedEstimate:
     runtime: Runtime
     X: PlanStages
 
+    #: the stage terms of the distinct TERMS_KEY of the rows last floored (:meth:`_keyed`): (each
+    #: plan's position among them, -1 where not among them; the terms)
+    _terms: list[tuple[np.ndarray, StageTerms]] = field(default_factory=list, repr=False, compare=False)
+
     def floor(self, rows: np.ndarray) -> np.ndarray:
         """Per plan of ``rows``: a floor under its step time (simulator.analytic.batch.terms.
-        step_floor), computed once per distinct :data:`TERMS_KEY`."""
-        P, shapes = self.X.plans.take(rows), self.X.shapes.take(rows)
-        first, inverse = P.per_row_key(TERMS_KEY, lambda i: i)
-        keyed = np.array(first, dtype=np.int64)
-        terms = stage_terms(self.model, self.cluster, P.take(keyed), shapes.take(keyed), self.runtime)
+        step_floor), computed once per distinct :data:`TERMS_KEY`; the terms kept for the step
+        times of those rows (:meth:`step_times`)."""
+        first, inverse = group_codes(*self.X.plans.key_codes(TERMS_KEY, rows))
+        keyed = rows[first]
+        terms = stage_terms(self.model, self.cluster, self.X.plans.take(keyed), self.X.shapes.take(keyed), self.runtime)
+        position = np.full(len(self.X.plans.plans), -1, dtype=np.int64)
+        position[rows] = inverse
+        self._terms[:] = [(position, terms)]
         return step_floor(terms)[inverse]
 
     def memory(self) -> PlanMemory:
@@ -86,8 +93,19 @@ class StagedEstimate:
         P, shapes = self.X.plans, self.X.shapes
         if rows is not None:  # the plans and stages read, not the schedule counts (memory only)
             P, shapes = P.take(rows), shapes.take(rows)
-        terms = stage_terms(self.model, self.cluster, P, shapes, self.runtime)
+        terms = self._floored_terms(rows, P)
+        if terms is None:
+            terms = stage_terms(self.model, self.cluster, P, shapes, self.runtime)
         return step_times(self.model, self.cluster, terms, self.global_batch, self.runtime, _psi_local(P, shapes))
+
+    def _floored_terms(self, rows: np.ndarray | None, P: PlanColumns) -> StageTerms | None:
+        """The stage terms of the plans ``P`` (those of ``rows``) taken from the last floor's, when it
+        floored every one of them (None otherwise)."""
+        if rows is None or not self._terms:
+            return None
+        position, terms = self._terms[0]
+        at = position[rows]
+        return terms.take(at, P) if (at >= 0).all() else None
 
     def priced(self) -> BatchEstimate:
         """Every plan's memory, and the step time of those that fit in GPU memory (inf for the

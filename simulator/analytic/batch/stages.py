@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -91,9 +91,10 @@ class StageShapes:
     layer_params: np.ndarray  # the stage's transformer layers' parameters on one rank
     layer_params_each: np.ndarray  # one layer's (plans x 1)
 
-    def take(self, rows: Rows) -> StageShapes:
-        """The shapes of the plans of ``rows``, in that order."""
-        return StageShapes(**{f.name: take_rows(getattr(self, f.name), rows) for f in fields(StageShapes)})
+    def take(self, rows: Rows) -> Self:
+        """The stages of the plans of ``rows``, in that order (with their times, of
+        :class:`StageArrays`)."""
+        return type(self)(**{f.name: take_rows(getattr(self, f.name), rows) for f in fields(self)})
 
 
 @dataclass(frozen=True)
@@ -157,21 +158,17 @@ def _plan_block_times(
     loss: CrossEntropy,
     busy: np.ndarray | None,
 ) -> BlockTimes:
-    """Each plan's layer-level times (simulator.cost.block_times) as columns (plans x 1), computed
-    once per distinct (t, sp, mb, prec), and per distinct :data:`BUSY_KEY` where the node's ranks
-    share its processor (``busy``: :func:`busy_column`): the times depend on how many compute at once."""
-
-    def times(i: int) -> tuple[float, ...]:
-        t, sp, mb = P.ints(("t", "sp", "mb"), i)
-        ranks = None if busy is None else busy[i]
-        prec = P.value_of("prec", i)
-        return _BLOCK_FIELDS(block_times(model, cluster, t, bool(sp), mb, prec, kernels, attention, ranks, loss))
-
-    if busy is None:  # a GPU node: the times of the plan's fields (block_times' own cache, read by field values)
-        memo_ = memo((model, cluster), ("blocks", kernels, attention, loss))
-        blocks, block_of = P.per_row_key(BLOCK_KEY, times, memo_)
-    else:
-        blocks, block_of = P.per_row_key(BLOCK_KEY + BUSY_KEY, times)
+    """Each plan's layer-level times (simulator.cost.block_times, which caches them per cluster) as
+    columns (plans x 1), computed once per distinct (t, sp, mb, prec), and per distinct
+    :data:`BUSY_KEY` where the node's ranks share its processor (``busy``: :func:`busy_column`):
+    the times depend on how many compute at once."""
+    names = BLOCK_KEY if busy is None else BLOCK_KEY + BUSY_KEY
+    keys, first, block_of = P.distinct(names)
+    ranks = [None] * len(keys) if busy is None else busy[first].tolist()
+    blocks = [
+        _BLOCK_FIELDS(block_times(model, cluster, t, bool(sp), mb, prec, kernels, attention, r, loss))
+        for (t, sp, mb, prec, *_), r in zip(keys, ranks)
+    ]
     return _block_arrays(by_key(blocks, block_of)[:, :, None])
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hwprofiles.schema import ClusterSpec
-from simulator.analytic.batch.plans import PlanColumns
+from simulator.analytic.batch.plans import PlanColumns, take_rows
 from simulator.analytic.batch.stages import StageArrays, StageShapes, busy_column, column, stage_arrays
 from simulator.analytic.pipeline import ScheduleKind, p2p_seconds, p2p_sends, pipeline_floor, stage_microbatch
 from simulator.cost.precision import weight_cast_seconds
@@ -32,6 +32,13 @@ class StageTerms:
     p2p: np.ndarray
     casts: Any
     sends: np.ndarray
+
+    def take(self, rows: np.ndarray, plans: PlanColumns) -> StageTerms:
+        """The terms of rows ``rows`` given to the plans ``plans`` (one per row: plans whose
+        :data:`~simulator.analytic.batch.staged.TERMS_KEY` is that row's)."""
+        casts = take_rows(self.casts, rows) if np.ndim(self.casts) else self.casts
+        busy = None if self.busy is None else take_rows(self.busy, rows)
+        return StageTerms(plans, self.S.take(rows), busy, take_rows(self.p2p, rows), casts, take_rows(self.sends, rows))
 
 
 def stage_terms(
