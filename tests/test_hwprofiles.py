@@ -219,7 +219,7 @@ def test_unknown_gpu_or_node_reference_names_the_file_and_key(tmp_path):
 def test_resized_cluster_keeps_its_node_object():
     """with_nodes (every size of ``plan --nodes A:B``) gives the cluster a fresh load of that size
     gives, holding the very node and GPU objects it was made from: what the estimators cache per
-    GPU by identity (simulator.cost.block_times.block_work) then serves every size."""
+    GPU by identity (simulator.cost.block_work.block_work) then serves every size."""
     one = load_cluster("dgx-a100-80gb", nodes=16)
     sized = with_nodes(one, 24)
     assert sized == load_cluster("dgx-a100-80gb", nodes=24)

@@ -3,42 +3,34 @@ layer's, the embedding's and the head's passes, and the tensor-parallel, context
 expert-parallel communication inside them, and the cross-entropy's collectives over the split
 vocabulary; with the slowdowns of ranks that share a processor or wait for the slowest GPU.
 Cached per (model, cluster, t, sp, mb, precision, kernels, attention kernel, busy ranks, loss):
-the search asks for the same ones thousands of times. The passes' op sums beneath them
-(:class:`BlockWork`) are cached per model and GPU, and their communication
-(simulator.cost.block_comm) per model, node and network, so every cluster size of a sweep
-shares them and only paces them (the slowest-GPU factor depends on the GPU count)."""
+the search asks for the same ones thousands of times. What they are paced from
+(simulator.cost.block_work: the passes' op sums, cached per model and GPU, and their
+communication, per model, node and network) every cluster size of a sweep shares; each size only
+paces it (:func:`paced_blocks`: the slowest-GPU factor depends on the GPU count), the batch
+estimate every key of a size at once (:func:`block_times_table`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hwprofiles.schema import AttentionKernel, ClusterSpec, GpuProfile
-from simulator.cost import context, experts, params
+from simulator.cost import context, experts
 from simulator.cost.attention import attention_ops
-from simulator.cost.block_comm import comm_times
+from simulator.cost.block_work import BlockInputs, block_inputs, stacked_inputs
 from simulator.cost.cache import IdentityCache
-from simulator.cost.eager_layer import eager_layer_ops
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.overlap import overlap_cost
-from simulator.cost.pass_time import PassTimes, PassWork, paced, pass_times, pass_work
-from simulator.cost.precision import FP8, weight_cast_op
+from simulator.cost.pass_time import PassTimes, PassWork, paced, pass_times
 from simulator.cost.rank_view import context_parallel
 from simulator.cost.schedules import compute_share
 from simulator.cost.variability import slowest_gpu_factor
-from simulator.cost.workload import (
-    embedding_backward_extra_ops,
-    embedding_forward_ops,
-    head_backward_extra_ops,
-    head_forward_ops,
-    layer_backward_extra_ops,
-    layer_forward_ops,
-    padded_vocab_size,
-)
+from simulator.numeric import where
 from simulator.plan import Plan
-from simulator.runtime_spec import EAGER, TP_OVERLAP, CrossEntropy, LayerKernels, loss_over_whole_vocabulary
+from simulator.runtime_spec import TP_OVERLAP, CrossEntropy, LayerKernels
 from simulator.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -93,7 +85,6 @@ _BLOCKS = IdentityCache(4096)
 #: (GPU, kernel) so that what is cached per GPU (block_work) finds it again
 _ATTENTION_GPUS = IdentityCache(64)
 _SLOWDOWNS = IdentityCache(1024)  # compute_slowdown per node, ranks and busy ranks
-_WORK = IdentityCache(4096)  # block_work per model and GPU
 
 
 def compute_slowdown(cluster: ClusterSpec, busy: Any = None) -> Any:
@@ -220,80 +211,87 @@ def _block_times(
     busy: float | None,
     loss: CrossEntropy,
 ) -> BlockTimes:
-    gpu = _ATTENTION_GPUS.get_or_make((cluster.gpu,), attention, lambda: cluster.gpu.for_attention(attention))
-    e = dtype_bytes(gpu)
+    gpu = attention_gpu(cluster, attention)
     slow, dev = compute_slowdown(cluster, busy), device_slowdown(cluster)
-    act, all_reduce, all_to_all, loss_comm = comm_times(model, cluster, gpu, t, mb, loss)
-    asy = host_async(cluster)
-    eager = gpu.eager
-    cp_f, cp_b = _ring_exposure(model, cluster, gpu, t, mb, e, slow, asy, dev)
-    cast = pass_times([weight_cast_op(model, t, e)], gpu, slow, (), asy, None, dev).forward if prec == FP8 else 0.0
-    work = block_work(model, gpu, t, sp, mb, prec, kernels, loss)
+    ring = _ring_exposure(model, cluster, gpu, t, mb, dtype_bytes(gpu), slow, host_async(cluster), dev)
+    inputs = block_inputs(model, cluster, gpu, t, sp, mb, prec, kernels, loss)
+    return paced_blocks(model, cluster, gpu, inputs, slow, dev, kernels, ring)
 
-    def at_pace(w: PassWork, host_us: tuple[float, float] | None) -> PassTimes:
+
+def block_times_table(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    keys: Sequence[tuple[int, bool, int, str]],
+    kernels: LayerKernels,
+    attention: AttentionKernel,
+    busy: Sequence[float] | None,
+    loss: CrossEntropy,
+) -> BlockTimes:
+    """:func:`block_times` of each (t, sp, mb, prec) of ``keys`` (with ``busy``: each key's busy
+    ranks), as one BlockTimes whose fields are arrays over the keys: every key of a cluster size
+    paced at once (the batch estimate), by the rule that paces one. A model split by context
+    parallelism prices its ring per key (simulator.cost.context): its keys are priced one by one."""
+    if context_parallel(model) > 1:
+        ranks = [None] * len(keys) if busy is None else busy
+        each = [
+            block_times(model, cluster, t, sp, mb, prec, kernels, attention, r, loss)
+            for (t, sp, mb, prec), r in zip(keys, ranks)
+        ]
+        return BlockTimes(**{f.name: _stacked([getattr(b, f.name) for b in each]) for f in fields(BlockTimes)})
+    gpu = attention_gpu(cluster, attention)
+    slow = compute_slowdown(cluster, None if busy is None else np.array(busy, dtype=float))
+    inputs = stacked_inputs(model, cluster, gpu, keys, kernels, loss)
+    return paced_blocks(model, cluster, gpu, inputs, slow, device_slowdown(cluster), kernels, (0.0, 0.0))
+
+
+def _stacked(values: list[Any]) -> Any:
+    """The PassTimes or numbers of each key as one of arrays."""
+    if isinstance(values[0], PassTimes):
+        columns: list[Any] = [np.array([getattr(v, f.name) for v in values]) for f in fields(PassTimes)]
+        return PassTimes(*columns)
+    return np.array(values, dtype=float)
+
+
+def attention_gpu(cluster: ClusterSpec, attention: AttentionKernel) -> GpuProfile:
+    """The cluster's GPU as a layer's ``attention`` kernel sees it (GpuProfile.for_attention), one
+    object per GPU and kernel so that what is cached per GPU (block_work) finds it again."""
+    return _ATTENTION_GPUS.get_or_make((cluster.gpu,), attention, lambda: cluster.gpu.for_attention(attention))
+
+
+def paced_blocks(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpu: GpuProfile,
+    inputs: BlockInputs,
+    slow: Any,
+    dev: float,
+    kernels: LayerKernels,
+    ring: tuple[Any, Any],
+) -> BlockTimes:
+    """The :class:`BlockTimes` of ``inputs`` (simulator.cost.block_work: one key's numbers or many
+    keys' arrays) at the pace of ``cluster``: ``slow`` the slowdown of ranks sharing a processor
+    (:func:`compute_slowdown`), ``dev`` the slowest GPU's (:func:`device_slowdown`), ``ring``
+    context parallelism's exposure (forward, backward)."""
+    asy, eager, work = host_async(cluster), gpu.eager, inputs.work
+
+    def at_pace(w: PassWork, host_us: tuple[Any, Any] | None) -> PassTimes:
         return paced(w, gpu, slow, asy, host_us, dev)
 
-    layer = at_pace(work.layer, eager.layer_us(t > 1, llama=model.normalization == "RMSNorm") if eager else None)
+    layer = at_pace(work.layer, inputs.layer_host_us)
     layer_fwd = layer.forward / tp_forward(model)  # the compute beside each of the forward's TP collectives
+    act, all_reduce, all_to_all, loss_comm = inputs.comm
+    cast = 0.0 if inputs.cast is None else where(inputs.fp8, at_pace(inputs.cast, None).forward, 0.0)
     return BlockTimes(
         layer=layer,
         embedding=at_pace(work.embedding, (eager.embedding_forward_us, eager.embedding_backward_us) if eager else None),
         head=at_pace(work.head, (eager.head_forward_us, eager.head_backward_us) if eager else None),
-        tp_all_reduce=_tp_all_reduce(all_reduce, t, sp, kernels, asy, gpu, layer_fwd),
+        tp_all_reduce=_tp_all_reduce(all_reduce, inputs.t, inputs.sp, kernels, asy, gpu, layer_fwd),
         act_bytes=act,
-        cp_forward=cp_f,
-        cp_backward=cp_b,
+        cp_forward=ring[0],
+        cp_backward=ring[1],
         fp8_weight_cast=cast,
         ep_all_to_all=all_to_all,
         loss_comm=loss_comm,
-    )
-
-
-@dataclass(frozen=True)
-class BlockWork:
-    """The ops of a layer's, the embedding's and the head's passes on one TP rank, added up
-    before any pace applies (simulator.cost.pass_time.pass_work): what :func:`block_times` paces on
-    each cluster."""
-
-    layer: PassWork
-    embedding: PassWork
-    head: PassWork
-
-
-def block_work(
-    model: ModelSpec, gpu: GpuProfile, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels, loss: CrossEntropy
-) -> BlockWork:
-    """:class:`BlockWork` of a microbatch of ``mb`` on ``gpu`` (as the layer's attention kernel sees
-    it): the layer's ops (with ``kernels`` "eager", the eager program's extra ops), the embedding's
-    and the head's over Megatron's padded vocabulary (``loss``: the cross-entropy's
-    implementation, simulator.runtime_spec.loss_over_whole_vocabulary). Cached per model and GPU
-    (by identity): every cluster size of a sweep prices the same work, each at its own pace
-    (:func:`device_slowdown`)."""
-    return _WORK.get_or_make(
-        (model, gpu), (t, sp, mb, prec, kernels, loss), lambda: _block_work(model, gpu, t, sp, mb, prec, kernels, loss)
-    )
-
-
-def _block_work(
-    model: ModelSpec, gpu: GpuProfile, t: int, sp: bool, mb: int, prec: str, kernels: LayerKernels, loss: CrossEntropy
-) -> BlockWork:
-    e, vocab = dtype_bytes(gpu), padded_vocab_size(model, t)
-    layer_params = params.layer_params_per_rank(model, t)
-    eager_ops = eager_layer_ops(model, mb, t, sp, layer_params, e) if kernels == EAGER else []
-    return BlockWork(
-        layer=pass_work(
-            layer_forward_ops(model, mb, t, sp, e, prec) + eager_ops,
-            gpu,
-            layer_backward_extra_ops(model, mb, t, sp, e, layer_params),
-        ),
-        embedding=pass_work(
-            embedding_forward_ops(model, mb, t, sp, e), gpu, embedding_backward_extra_ops(model, t, e, vocab)
-        ),
-        head=pass_work(
-            head_forward_ops(model, mb, t, sp, e, vocab, gathered=loss_over_whole_vocabulary(loss)),
-            gpu,
-            head_backward_extra_ops(model, t, e, vocab),
-        ),
     )
 
 
@@ -322,15 +320,16 @@ def tp_overlapped(all_reduce: float, t: int, beside: float, sigma: float) -> flo
 
 
 def _tp_all_reduce(
-    all_reduce: float, t: int, sp: bool, kernels: LayerKernels, asy: bool, gpu: GpuProfile, beside: float
-) -> float:
+    all_reduce: Any, t: Any, sp: Any, kernels: LayerKernels, asy: bool, gpu: GpuProfile, beside: Any
+) -> Any:
     """One TP all-reduce's seconds on the critical path: all of it, or with the userbuffers
     overlap (kernels "fused-tp-overlap", which Megatron runs with sequence parallelism only:
     ``validate_args`` "Tensor parallel communication/GEMM overlap can happen only when sequence
-    parallelism is enabled") :func:`tp_overlapped` on a GPU."""
-    if kernels != TP_OVERLAP or not sp or t == 1 or not asy:
+    parallelism is enabled") :func:`tp_overlapped` on a GPU. Numbers or arrays alike."""
+    if kernels != TP_OVERLAP or not asy:
         return all_reduce
-    return tp_overlapped(all_reduce, t, beside, gpu.comm_overlap_slowdown)
+    overlaps = (sp != 0) & (t > 1)
+    return where(overlaps, tp_overlapped(all_reduce, t, beside, gpu.comm_overlap_slowdown), all_reduce)
 
 
 def _ring_exposure(

@@ -26,10 +26,12 @@ paced (:func:`paced`: the slowdowns of ranks sharing a processor and of the slow
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hwprofiles.schema import GpuProfile
 from simulator.cost.op import Op
 from simulator.cost.ops import backward_ops, op_time, work_time
+from simulator.numeric import maximum
 
 
 @dataclass(frozen=True)
@@ -132,18 +134,20 @@ def pass_times(
 def paced(
     w: PassWork,
     gpu: GpuProfile,
-    slowdown: float = 1.0,
+    slowdown: Any = 1.0,
     host_async: bool = False,
-    host_us: tuple[float, float] | None = None,
+    host_us: tuple[Any, Any] | None = None,
     device_factor: float = 1.0,
 ) -> PassTimes:
     """:func:`pass_times` of a block whose ops are added up in ``w`` (:func:`pass_work`): the
-    sums at the pace of the call (the arguments of the same names there)."""
+    sums at the pace of the call (the arguments of the same names there). Numbers or arrays
+    alike (the batch estimate paces the blocks of many keys at once: simulator.cost.block_times.
+    block_times_table)."""
     share = w.weight_share
     if host_us is not None:
         work_f, work_b, core = w.forward * device_factor, w.backward * device_factor, w.core * device_factor
         host_f, host_b = host_us[0] * 1e-6, host_us[1] * 1e-6
-        combine = max if host_async else (lambda x, h: x + h)
+        combine = maximum if host_async else (lambda x, h: x + h)
         b = combine(work_b, host_b) * slowdown
         return PassTimes(combine(work_f, host_f) * slowdown, b, core * slowdown, b * share)
     if host_async:
@@ -167,8 +171,8 @@ def serial_time(ops: list[Op], gpu: GpuProfile) -> float:
     return sum(op_time(o, gpu) for o in ops)
 
 
-def stream_time(work: float, kernels: int, gpu: GpuProfile, device_factor: float = 1.0) -> float:
+def stream_time(work: Any, kernels: Any, gpu: GpuProfile, device_factor: float = 1.0) -> Any:
     """A stream of kernels issued asynchronously by a host, ``work`` the sum of its ops' work and
     ``kernels`` of their launches: max(work * device_factor, kernel_launch_us * kernels) (module
     docstring; ``device_factor``: :func:`pass_times`)."""
-    return max(work * device_factor, gpu.kernel_launch_us * 1e-6 * kernels)
+    return maximum(work * device_factor, gpu.kernel_launch_us * 1e-6 * kernels)

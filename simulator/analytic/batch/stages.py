@@ -22,7 +22,7 @@ from hwprofiles.schema import AttentionKernel, ClusterSpec
 from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns, Rows, take_rows
 from simulator.cost import memory, params
-from simulator.cost.block_times import BlockTimes, block_times, busy_ranks, host_async
+from simulator.cost.block_times import BlockTimes, block_times_table, busy_ranks, host_async
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.pass_time import PassTimes
 from simulator.cost.phase_memory import recompute_working_set
@@ -164,12 +164,17 @@ def _plan_block_times(
     the times depend on how many compute at once."""
     names = BLOCK_KEY if busy is None else BLOCK_KEY + BUSY_KEY
     keys, first, block_of = P.distinct(names)
-    ranks = [None] * len(keys) if busy is None else busy[first].tolist()
-    blocks = [
-        _BLOCK_FIELDS(block_times(model, cluster, t, bool(sp), mb, prec, kernels, attention, r, loss))
-        for (t, sp, mb, prec, *_), r in zip(keys, ranks)
-    ]
-    return _block_arrays(by_key(blocks, block_of)[:, :, None])
+    blocks = block_times_table(
+        model,
+        cluster,
+        [(t, bool(sp), mb, prec) for t, sp, mb, prec, *_ in keys],
+        kernels,
+        attention,
+        None if busy is None else busy[first].tolist(),
+        loss,
+    )
+    table = np.array([np.broadcast_to(x, len(keys)) for x in _BLOCK_FIELDS(blocks)], dtype=float)
+    return _block_arrays(table.take(block_of, axis=1)[:, :, None])
 
 
 def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
