@@ -145,10 +145,7 @@ def stacked_inputs(
         return _ROWS.get_or_make(
             objs,
             key,
-            lambda: _row(
-                block_inputs(model, cluster, gpu, t, sp, mb, prec, kernels, loss),
-                pass_work([weight_cast_op(model, t, dtype_bytes(gpu))], gpu),
-            ),
+            lambda: _row(block_inputs(model, cluster, gpu, t, sp, mb, prec, kernels, loss)),
         )
 
     rows = [row(*key) for key in keys]
@@ -161,14 +158,16 @@ def stacked_inputs(
     return BlockInputs(work, comm, None if gpu.eager is None else host, cast if fp8.any() else None, fp8, t, sp)
 
 
-def _row(x: BlockInputs, cast: PassWork) -> np.ndarray:
+def _row(x: BlockInputs) -> np.ndarray:
     """One key's :class:`BlockInputs` ``x`` as an array of numbers, in the order
     :func:`stacked_inputs` reads them: the layer's, embedding's and head's PassWork fields, the
-    fp8 weight cast's (``cast``, for every key: its precision masks it), the communication, the
-    eager host time (0 without one), fp8, t, sp."""
-    works = (x.work.layer, x.work.embedding, x.work.head, cast)
+    fp8 weight cast's (zeros for a key of another precision, which ``fp8`` masks), the
+    communication, the eager host time (0 without one), fp8, t, sp."""
+    works = (x.work.layer, x.work.embedding, x.work.head)
+    cast = [0.0] * len(fields(PassWork)) if x.cast is None else [getattr(x.cast, f.name) for f in fields(PassWork)]
     numbers = [
         *(getattr(w, f.name) for w in works for f in fields(PassWork)),
+        *cast,
         *x.comm,
         *(x.layer_host_us or (0.0, 0.0)),
         x.fp8,
