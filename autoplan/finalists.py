@@ -6,7 +6,7 @@ split, then the simulation (DES by default) of each distinct refined plan, in th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoplan.cpsat import load_cp_model
 from autoplan.frameworks.exports import files_differ
@@ -31,16 +31,30 @@ def refine_and_simulate_all(
     first by their estimated DES events (simulator.des.budget; longest-processing-time order
     balances the workers)."""
     args = [(f.nodes, f.plan, f.step_time) for f in finalists]
+    analytic = SHARED["opts"].fidelity == "analytic"
     with Pool(jobs if len(finalists) > 1 else 1) as pool:
-        refined = _mapped(pool, _refine, args, show_progress, "refining finalists")
+        refined: list[Refined] = _mapped(pool, _refine, args, show_progress, "refining finalists")
         first: dict[tuple[int, str], int] = {}
-        for i, (nodes, plan, _) in enumerate(refined):
-            first.setdefault((nodes, plan.to_string()), i)
+        for i, r in enumerate(refined):
+            first.setdefault((r.nodes, r.plan.to_string()), i)
         keep = sorted(first.values())
-        order = sorted(keep, key=lambda i: -estimated_events(plan_job(*refined[i][:2])))
-        done = _mapped(pool, _simulate, [refined[i][:2] for i in order], show_progress, "simulating finalists")
-    by_index = dict(zip(order, done))
-    return [g for _, _, g in refined if g], [by_index[i] for i in keep]
+        order = sorted(keep, key=lambda i: -estimated_events(plan_job(refined[i].nodes, refined[i].plan)))
+        todo = [i for i in order if not (analytic and refined[i].estimate is not None)]  # refining estimated the rest
+        jobs_ = [(refined[i].nodes, refined[i].plan) for i in todo]
+        done = _mapped(pool, _simulate, jobs_, show_progress, "simulating finalists")
+    by_index = {i: refined[i].estimate for i in order} | dict(zip(todo, done))
+    return [r.gain for r in refined if r.gain], [by_index[i] for i in keep]
+
+
+class Refined(NamedTuple):
+    """A finalist after :func:`_refine`: its nodes, its plan (refined, or the finalist's own), the
+    gain refining found (None: none), and the analytic estimate of the refined plan (None where the
+    finalist was kept: its score is the batch estimate's)."""
+
+    nodes: int
+    plan: Plan
+    gain: dict[str, Any] | None
+    estimate: SimResult | None
 
 
 def prepare() -> None:
@@ -72,7 +86,7 @@ def _mapped(pool: Pool, fn: Callable[[Any], Any], items: list[Any], show_progres
     return out
 
 
-def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | None]:
+def _refine(args: tuple[int, Plan, float]) -> Refined:
     """CP-SAT partition/recompute for one finalist (for a zero-bubble one, the lightest
     recomputation that fits: :func:`_lighter_recompute`); keeps it when predicted faster."""
     nodes, plan, step = args
@@ -84,25 +98,25 @@ def _refine(args: tuple[int, Plan, float]) -> tuple[int, Plan, dict[str, Any] | 
         candidates = _partitioned(nodes, plan, choose_recompute)
     else:
         candidates = []
-    best: tuple[float, Plan] | None = None
+    best: tuple[SimResult, Plan] | None = None
     for refined in candidates:
         if opts.framework and (
             opts.framework.refusal(model, refined) or files_differ(opts.framework, plan_job(nodes, refined))
         ):
             continue  # a layer split or recomputation its framework does not run
         cand = estimate(plan_job(nodes, refined))
-        if cand.fits and cand.step_time < (best[0] if best else step * (1 - 1e-6)):
-            best = (cand.step_time, refined)
+        if cand.fits and cand.step_time < (best[0].step_time if best else step * (1 - 1e-6)):
+            best = (cand, refined)
     if best is None:
-        return nodes, plan, None
+        return Refined(nodes, plan, None, None)
     gain = {
         "uniform": plan.to_string(),
         "optimized": best[1].to_string(),
         "uniform_step_time_s": step,
-        "optimized_step_time_s": best[0],
-        "gain_pct": 100 * (1 - best[0] / step),
+        "optimized_step_time_s": best[0].step_time,
+        "gain_pct": 100 * (1 - best[0].step_time / step),
     }
-    return nodes, best[1], gain
+    return Refined(nodes, best[1], gain, best[0])
 
 
 def _partitioned(nodes: int, plan: Plan, choose_recompute: bool) -> list[Plan]:

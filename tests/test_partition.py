@@ -118,9 +118,10 @@ def test_a_refined_many_stage_plan_is_level_and_as_fast_as_the_solvers():
     plan = Plan(t=4, p=41, d=2, mb=2, zero=2, sp=1)
     SHARED.update(model=model, clusters={41: cluster}, B=1536, fix={}, opts=SearchOptions(), precs=None, keep=None)
     step = estimate(plan_job(41, plan)).step_time
-    _, refined, gain = finalists._refine((41, plan, step))
+    _, refined, gain, refined_estimate = finalists._refine((41, plan, step))
     solver = optimize_partition(plan_job(41, plan))
     assert gain is not None and solver is not None
+    assert refined_estimate == estimate(plan_job(41, refined))  # what the search's analytic finalists reuse
     middle = refined.layers[1:-1]
     assert max(middle) - min(middle) <= 1
     assert estimate(plan_job(41, refined)).step_time == pytest.approx(
