@@ -16,7 +16,7 @@ from hwprofiles.load import load_cluster
 from simulator.analytic import estimate
 from simulator.analytic.batch import estimate_batch, estimate_groups
 from simulator.analytic.batch.plans import PlanColumns, group_codes
-from simulator.analytic.batch.stages import padded_rows
+from simulator.analytic.batch.stages import padded_rows, stage_max
 from simulator.job import Job
 from simulator.model_files import load_model
 from simulator.plan import parse_plan
@@ -101,7 +101,7 @@ def test_empty_batch():
     assert estimate_batch(model, cluster, [], 16).step_time.shape == (0,)
 
 
-@pytest.mark.parametrize("bound", [1, 7, 300, 10**9])  # the last: past the counting table, np.unique's sort
+@pytest.mark.parametrize("bound", [1, 7, 300, 50_000, 10**9])  # sparse values in the table; past it, np.unique's sort
 def test_grouping_equals_numpy_unique(bound):
     rng = random.Random(bound)
     key = np.array([rng.randrange(bound) for _ in range(5000)], dtype=np.int64)
@@ -110,6 +110,13 @@ def test_grouping_equals_numpy_unique(bound):
     assert np.array_equal(first, want_first) and np.array_equal(inverse, want_inverse.reshape(-1))
     empty_first, empty_inverse = group_codes(np.zeros(0, dtype=np.int64), 0)
     assert len(empty_first) == len(empty_inverse) == 0
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 9])
+def test_stage_max_is_numpys_row_max(width):
+    rng = np.random.default_rng(width)
+    values = np.where(rng.random((300, width)) < 0.3, -np.inf, rng.normal(size=(300, width)))
+    assert np.array_equal(stage_max(values), values.max(axis=1))
 
 
 @pytest.mark.parametrize("case", [SPACES[0], SPACES[2]], ids=lambda c: f"{c[0]}-{c[2]}")

@@ -12,7 +12,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.links import BatchLinks
 from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.batch.stages import PlanStages, column, stage_activations
+from simulator.analytic.batch.stages import PlanStages, column, stage_activations, stage_max
 from simulator.analytic.batch.terms import StageTerms, schedule_kind
 from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, sharded_exposed
 from simulator.analytic.offload import offload_time, zero_infinity_exposed
@@ -126,7 +126,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     transient = phase_transient(weight_copies_held(copies, S.params), saved, *loss, recompute)
     late = column(gradients_late(runtime.grads_freed, P.m, P.p, P.d, P.zero))
     peak = stage_peak(states, activations, sharding, flight, fp8, transient, late)
-    return np.where(S.valid, peak.total, -np.inf).max(axis=1)
+    return stage_max(np.where(S.valid, peak.total, -np.inf))
 
 
 def step_times(

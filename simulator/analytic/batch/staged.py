@@ -15,7 +15,7 @@ import numpy as np
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.estimate import BatchEstimate, peak_memory, step_times
 from simulator.analytic.batch.plans import PlanColumns, group_codes
-from simulator.analytic.batch.stages import BLOCK_KEY, SPLIT_KEY, PlanStages, StageShapes, plan_stages
+from simulator.analytic.batch.stages import BLOCK_KEY, SPLIT_KEY, PlanStages, StageShapes, plan_stages, stage_max
 from simulator.analytic.batch.terms import StageTerms, stage_terms, step_floor
 from simulator.cost.step import host_fits, host_state_bytes, local_params
 from simulator.plan import Plan
@@ -143,8 +143,8 @@ class PricedEstimate:
 def _psi_local(P: PlanColumns, shapes: StageShapes) -> np.ndarray:
     """Per plan of ``P`` (its stages ``shapes``): the parameters whose optimizer state its busiest
     rank steps (simulator.cost.step.local_params of its largest stage)."""
-    psi = np.where(shapes.valid, shapes.params, -np.inf).max(axis=1)
-    psi_sharded = np.where(shapes.valid, shapes.sharded_params, -np.inf).max(axis=1)
+    psi = stage_max(np.where(shapes.valid, shapes.params, -np.inf))
+    psi_sharded = stage_max(np.where(shapes.valid, shapes.sharded_params, -np.inf))
     return local_params(psi, P.zero, P.shard_group, psi_sharded)
 
 

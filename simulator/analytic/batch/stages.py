@@ -71,6 +71,16 @@ def column(values: Any) -> Any:
     return values[:, None]
 
 
+def stage_max(values: np.ndarray) -> np.ndarray:
+    """Each plan's largest over its stages (``values.max(axis=1)`` of a plans x G array), the G
+    columns combined one by one: numpy reduces a short last axis several times slower (a 102,462 x
+    4 array on the project's 2-core VM: 3.9 ms against 0.65 ms)."""
+    out = values[:, 0].copy()
+    for j in range(1, values.shape[1]):
+        np.maximum(out, values[:, j], out=out)
+    return out
+
+
 @dataclass(frozen=True)
 class StageShapes:
     """Each plan's distinct stages without their times (what the memory estimate reads): the first

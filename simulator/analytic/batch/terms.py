@@ -12,7 +12,7 @@ import numpy as np
 
 from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.plans import PlanColumns, take_rows
-from simulator.analytic.batch.stages import StageArrays, StageShapes, busy_column, column, stage_arrays
+from simulator.analytic.batch.stages import StageArrays, StageShapes, busy_column, column, stage_arrays, stage_max
 from simulator.analytic.pipeline import ScheduleKind, p2p_seconds, p2p_sends, pipeline_floor, stage_microbatch
 from simulator.cost.precision import weight_cast_seconds
 from simulator.runtime_spec import Runtime
@@ -68,7 +68,7 @@ def step_floor(terms: StageTerms) -> np.ndarray:
     the step's end, none of them negative)."""
     S, P = terms.S, terms.plans
     per_mb = np.where(S.valid, stage_microbatch(S.total, terms.casts, terms.sends, terms.p2p, 0.0), -np.inf)
-    worst = per_mb.max(axis=1)
+    worst = stage_max(per_mb)
     total = (np.where(S.valid, per_mb, 0.0) * S.count).sum(axis=1)
-    recompute = np.where(S.valid, S.recompute, 0.0).max(axis=1)
+    recompute = stage_max(np.where(S.valid, S.recompute, 0.0))
     return pipeline_floor(P.m, worst, total, schedule_kind(P), P.v, recompute)
