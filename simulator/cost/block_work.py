@@ -38,7 +38,7 @@ from simulator.runtime_spec import EAGER, CrossEntropy, LayerKernels, loss_over_
 from simulator.specs import ModelSpec
 
 _WORK = IdentityCache(4096)  # block_work per model and GPU
-_ROWS = IdentityCache(4096)  # each key's _row, per model, node, network and GPU (stacked_inputs)
+_ROWS = IdentityCache(1024)  # each key's _row, per model, node, network, GPU, kernels and loss (stacked_inputs)
 
 
 @dataclass(frozen=True)
@@ -138,17 +138,14 @@ def stacked_inputs(
     """:class:`BlockInputs` of the (t, sp, mb, prec) ``keys``, each field an array over them: each
     key's inputs read as one row of numbers (:func:`_row`, cached per model, node, network and
     GPU: every size of a sweep asks for the same keys again), stacked into columns."""
-    objs = (model, cluster.node, cluster.network, gpu)  # what a key's inputs depend on
-
-    def row(t: int, sp: bool, mb: int, prec: str) -> np.ndarray:
-        key = (t, sp, mb, prec, kernels, loss)
-        return _ROWS.get_or_make(
-            objs,
-            key,
-            lambda: _row(block_inputs(model, cluster, gpu, t, sp, mb, prec, kernels, loss)),
-        )
-
-    rows = [row(*key) for key in keys]
+    # each key's row, by (t, sp, mb, prec), of what a key's inputs depend on
+    known: dict = _ROWS.get_or_make((model, cluster.node, cluster.network, gpu), (kernels, loss), dict)
+    rows = []
+    for key in keys:
+        found = known.get(key)
+        if found is None:
+            found = known[key] = _row(block_inputs(model, cluster, gpu, *key, kernels, loss))
+        rows.append(found)
     columns = iter(np.stack(rows, axis=1))
     work = BlockWork(*(_work_of(columns) for _ in fields(BlockWork)))
     cast = _work_of(columns)
