@@ -60,8 +60,9 @@ class StagedEstimate:
     runtime: Runtime
     X: PlanStages
 
-    #: the stage terms of the distinct TERMS_KEY of the rows last floored (:meth:`_keyed`): (each
-    #: plan's position among them, -1 where not among them; the terms)
+    #: the stage terms of the distinct TERMS_KEY of the rows last floored (:meth:`floor`): (each
+    #: plan's position among them, -1 where not among them; the terms), in a list the frozen
+    #: estimate can refill
     _terms: list[tuple[np.ndarray, StageTerms]] = field(default_factory=list, repr=False, compare=False)
 
     def floor(self, rows: np.ndarray) -> np.ndarray:
