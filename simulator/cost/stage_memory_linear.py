@@ -84,7 +84,8 @@ class DeviceMemoryModel:
         """Device ``stage`` of ``job`` (its rank view: the caller's), as the job's runtime holds it."""
         model, plan, m = job.model, job.plan, job.m
         terms = _device_terms(job, first, last)
-        fixed = terms.held + flight_buffers(model, job.cluster, plan, m, stage, last, job.runtime.cross_entropy)
+        loss = job.runtime.cross_entropy
+        fixed = terms.held + (flight_buffers(model, job.cluster, plan, m, stage, last, loss) if last else terms.flight)
         if plan.zero == 3:
             fixed += terms.zero3_copies
         if first:
@@ -136,6 +137,7 @@ class _DeviceTerms(NamedTuple):
     head, the same for every device of a pipeline that holds the same ends."""
 
     held: float  # its non-layer parameters' model states and the gradient buffers
+    flight: float  # without the head: its pipeline buffers (stage_memory.flight_buffers, the same on every stage)
     zero3_copies: float  # ZeRO-3: the fp8 weight copies of the layers it holds gathered
     layer_states: float
     a_full: float
@@ -193,7 +195,8 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
             layer_states += zero3_gathered_bytes(0.0, psi_layer, deferred, e)
     zero3_copies = memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
     phases = _phases(job, psi, psi_layer, last, a_none)
-    return _DeviceTerms(held, zero3_copies, layer_states, a_full, a_sel, a_none, phases)
+    flight = flight_buffers(model, cluster, plan, job.m, 0, False, runtime.cross_entropy)
+    return _DeviceTerms(held, flight, zero3_copies, layer_states, a_full, a_sel, a_none, phases)
 
 
 def _phases(job: Job, psi: float, psi_layer: float, last: bool, a_none: float) -> tuple[Phase, ...]:
