@@ -12,7 +12,7 @@ from hwprofiles.schema import ClusterSpec
 from simulator.analytic.batch.links import BatchLinks
 from simulator.analytic.batch.memo import memo
 from simulator.analytic.batch.plans import PlanColumns
-from simulator.analytic.batch.stages import PlanStages, column, stage_activations, stage_max
+from simulator.analytic.batch.stages import PlanStages, StageShapes, column, stage_activations, stage_max
 from simulator.analytic.batch.terms import StageTerms, schedule_kind
 from simulator.analytic.data_parallel import DpPlan, dp_exposed, dp_step_times, sharded_exposed
 from simulator.analytic.offload import offload_time, zero_infinity_exposed
@@ -36,7 +36,7 @@ from simulator.cost.fsdp2_sync import (
 from simulator.cost.fsdp2_window import step_gathers
 from simulator.cost.ops import dtype_bytes
 from simulator.cost.phase_memory import gradients_late, phase_transient, weight_copies_held, weight_copies_saved
-from simulator.cost.precision import fp8_copies_bytes, fp8_layer_bytes
+from simulator.cost.precision import FP8, fp8_copies_bytes, fp8_layer_bytes
 from simulator.cost.stage_memory import flight_buffer_bytes, sharding_buffer_bytes, stage_peak
 from simulator.cost.step import (
     dp_step_exposed,
@@ -113,12 +113,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
         ("mb", "p"), lambda q, i: pipeline_buffer_bytes(model, q.mb, e, q.p), memo((model, cluster.gpu), "pipe")
     )
     flight = flight_buffer_bytes(S.last, column(logits), counts.head_in_flight, runtime.cross_entropy, e, column(pipe))
-    fp8_layer = P.per_plan(
-        ("t", "prec", "fp8ag"),
-        lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e),
-        memo((model, cluster.gpu), "fp8 layer"),
-    )
-    fp8 = fp8_copies_bytes(column(fp8_layer), S.layers, zero, column(P.fp8ag), S.layer_params_each, e, shard)
+    fp8 = _fp8_copies(model, cluster, P, S, e) if P.is_("prec", FP8).any() or P.fp8ag.any() else 0.0
     activations, recompute = stage_activations(model, cluster, P, S, counts, runtime.layer_kernels)
     copies = runtime.weight_copy_bytes
     saved = weight_copies_saved(copies, S.params, S.full_layers * S.layer_params_each, column(P.p > 1))
@@ -127,6 +122,19 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     late = column(gradients_late(runtime.grads_freed, P.m, P.p, P.d, P.zero))
     peak = stage_peak(states, activations, sharding, flight, fp8, transient, late)
     return stage_max(np.where(S.valid, peak.total, -np.inf))
+
+
+def _fp8_copies(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageShapes, e: int) -> np.ndarray:
+    """simulator.cost.precision.fp8_copies_bytes of each plan's stages (0 for a plan without fp8
+    linear layers or parameters: a batch of none skips it)."""
+    fp8_layer = P.per_plan(
+        ("t", "prec", "fp8ag"),
+        lambda q, i: fp8_layer_bytes(q, params.layer_params_per_rank(model, q.t), e),
+        memo((model, cluster.gpu), "fp8 layer"),
+    )
+    return fp8_copies_bytes(
+        column(fp8_layer), S.layers, column(P.zero), column(P.fp8ag), S.layer_params_each, e, column(P.shard_group)
+    )
 
 
 def step_times(
