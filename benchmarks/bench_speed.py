@@ -21,10 +21,10 @@
    (2 cores: 48 s and 185 s on 2026-11-28, 7.1 s and 9.4 s on 2026-11-29 at b938939, 5.4 s and
    7.3 s after it where b938939 took 7.7 s and 10.0 s; 4.7-4.9 s and 5.5-5.7 s on 2026-11-29 once a size
    prices only the plans whose step-time floor could lead, where d8086ed took 5.1 s and 5.5-5.7 s, run
-   alternately; 5.7 s and 7.0 s on 2026-11-30 at the VM's slower pace, once the pricing rounds read
-   the floor's stage terms and a size's block times are paced at once, where 57669f8 took 6.5 s and
-   7.6 s, run alternately; the sizes share what does not depend on the GPU count: docs/design.md
-   section 5.1).
+   alternately; 5.1-5.7 s and 6.3-7.0 s in three runs on 2026-11-30 at the VM's slower pace, once
+   the pricing rounds read the floor's stage terms and a size's block times are paced at once,
+   where 57669f8 took 5.9-6.5 s and 7.1-7.6 s, run alternately; the sizes share what does not
+   depend on the GPU count: docs/design.md section 5.1).
 
 With ``--against REV`` the same figures are measured for the code at git revision REV (checked
 out into a temporary worktree; each measurement runs in a subprocess with that tree first on
