@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from hwprofiles.algorithms import Collective
 from hwprofiles.schema import ClusterSpec
 from simulator.cost import collectives, fsdp2_sync, fsdp2_window, memory, state_bytes, zero3
 from simulator.cost.block_times import synchronous_op_seconds
@@ -34,7 +33,7 @@ from simulator.cost.overlap import overlap_cost
 from simulator.cost.precision import gathered_bytes
 from simulator.cost.stage_memory import StageLike
 from simulator.cost.state_bytes import grad_reduce_bytes, step_gather_bytes
-from simulator.cost.step import gradient_all_reduced, rank_tensors
+from simulator.cost.step import gradient_all_reduced, rank_tensors, reduction_op
 from simulator.numeric import any_of, fmod, maximum, minimum, negate, where
 from simulator.plan import Plan
 from simulator.runtime_spec import Runtime, ScatterGather
@@ -80,8 +79,7 @@ class DpLinks:
     def reduce_gradients(self, all_reduced: bool, size_bytes: float) -> float:
         """An all-reduce (``all_reduced``: simulator.cost.step.gradient_all_reduced) or a
         reduce-scatter of ``size_bytes`` over the d ranks."""
-        op = Collective.ALL_REDUCE if all_reduced else Collective.REDUCE_SCATTER
-        return collectives.collective_time(op, size_bytes, self.d, self.dp)
+        return collectives.collective_time(reduction_op(all_reduced), size_bytes, self.d, self.dp)
 
     @property
     def n(self) -> int:

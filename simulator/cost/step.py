@@ -63,9 +63,14 @@ def gradient_all_reduced(zero: Any, scatter_gather: ScatterGather) -> Any:
     return (zero == 0) | (scatter_gather == "all-reduce")
 
 
+def reduction_op(all_reduced: bool) -> Collective:
+    """The gradient collective :func:`gradient_all_reduced` names: all-reduce or reduce-scatter."""
+    return Collective.ALL_REDUCE if all_reduced else Collective.REDUCE_SCATTER
+
+
 def gradient_reduction(zero: int, scatter_gather: ScatterGather) -> Collective:
     """The data-parallel gradient collective of one plan (:func:`gradient_all_reduced`)."""
-    return sharded_op(Collective.ALL_REDUCE if zero == 0 else Collective.REDUCE_SCATTER, scatter_gather)
+    return reduction_op(bool(gradient_all_reduced(zero, scatter_gather)))
 
 
 def local_params(psi: Any, zero: Any, shard_group: Any, psi_sharded: Any = None) -> Any:
