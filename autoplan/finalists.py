@@ -40,8 +40,8 @@ def refine_and_simulate_all(
         keep = sorted(first.values())
         order = sorted(keep, key=lambda i: -estimated_events(plan_job(refined[i].nodes, refined[i].plan)))
         todo = [i for i in order if not (analytic and refined[i].estimate is not None)]  # refining estimated the rest
-        jobs_ = [(refined[i].nodes, refined[i].plan) for i in todo]
-        done = _mapped(pool, _simulate, jobs_, show_progress, "simulating finalists")
+        pending = [(refined[i].nodes, refined[i].plan) for i in todo]
+        done = _mapped(pool, _simulate, pending, show_progress, "simulating finalists")
     by_index = {i: refined[i].estimate for i in order} | dict(zip(todo, done))
     return [r.gain for r in refined if r.gain], [by_index[i] for i in keep]
 

@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 
 
-def _allocate(size: Sequence[int | torch.SymInt], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.empty(size, dtype=dtype, device=device)
-
-
-class AllReduceAllGather:
-    """FSDP2's all-gather as an all-reduce of the output with the other ranks' slots zeroed."""
+class _Buffers:
+    """FSDP2's comm buffers: plain tensors (the ``allocate`` both comm interfaces ask for)."""
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return _allocate(size, dtype, device)
+        return torch.empty(size, dtype=dtype, device=device)
+
+
+class AllReduceAllGather(_Buffers):
+    """FSDP2's all-gather as an all-reduce of the output with the other ranks' slots zeroed."""
 
     def __call__(
         self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False
@@ -49,11 +49,8 @@ class AllReduceAllGather:
         return dist.all_reduce(output_tensor, group=group, async_op=async_op)
 
 
-class AllReduceReduceScatter:
+class AllReduceReduceScatter(_Buffers):
     """FSDP2's reduce-scatter as an in-place all-reduce of the input and a copy of this rank's chunk."""
-
-    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return _allocate(size, dtype, device)
 
     def __call__(
         self,

@@ -47,7 +47,7 @@ def offload_time(
     if runtime.offload == "fsdp2":
         return where(offloaded, fsdp2_host_seconds(node, psi_local, m, deferred), 0.0)
     pcie = node.pcie.bytes_per_s
-    down = psi_local * 2 / pcie + node.pcie.latency_s
+    down = psi_local * state_bytes.GRAD_BYTES / pcie + node.pcie.latency_s
     cpu = node.gpus_per_node * psi_local * CPU_ADAM_STATE_BYTES / (node.cpu_adam_GBps * 1e9)
     up = where(zero < 3, psi_local * state_bytes.PARAM_BYTES / pcie + node.pcie.latency_s, 0.0)
     drives = 0.0
