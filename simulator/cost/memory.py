@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from simulator.cost.experts import routed_copies
 from simulator.cost.state_bytes import GRAD_BYTES, OPTIMIZER_BYTES_PER_PARAM, PARAM_BYTES, param_gather_bytes
-from simulator.numeric import maximum, minimum, where
+from simulator.numeric import any_of, maximum, minimum, where
 from simulator.runtime_spec import CrossEntropy, Runtime, loss_over_whole_vocabulary
 from simulator.specs import ModelSpec
 
@@ -61,10 +61,21 @@ def model_state_bytes(
     offloaded = offload != "none" if isinstance(offload, str) else offload
     ps = psi if psi_sharded is None else psi_sharded
     shards = (zero >= 3) | (unsharded_param_bytes > 0)
-    params = where(shards, where(offloaded, 0.0, ps * param_bytes / d), psi * param_bytes) + psi * unsharded_param_bytes
-    grads = where(offloaded, 0.0, where(zero >= 2, ps * grad_bytes / d, psi * grad_bytes))
-    grads = where(whole_grad_bytes > 0, psi * whole_grad_bytes, grads)
-    opt = where(offloaded, 0.0, where(zero >= 1, ps * k / d, psi * k))
+
+    def whole_and_shard(per_param: Any) -> tuple[Any, Any]:
+        """(psi * per_param, ps * per_param / d): the one product where ps is psi (the same operations)."""
+        whole = psi * per_param
+        return whole, (whole if ps is psi else ps * per_param) / d
+
+    whole, shard = whole_and_shard(param_bytes)
+    unsharded = psi * unsharded_param_bytes if any_of(unsharded_param_bytes > 0) else 0.0  # x + 0.0 is x
+    params = where(shards, where(offloaded, 0.0, shard), whole) + unsharded
+    whole, shard = whole_and_shard(grad_bytes)
+    grads = where(offloaded, 0.0, where(zero >= 2, shard, whole))
+    if any_of(whole_grad_bytes > 0):
+        grads = where(whole_grad_bytes > 0, psi * whole_grad_bytes, grads)
+    whole, shard = whole_and_shard(k)
+    opt = where(offloaded, 0.0, where(zero >= 1, shard, whole))
     return ModelStates(params, grads, opt)
 
 

@@ -48,7 +48,7 @@ from simulator.cost.phase_memory import (
 from simulator.cost.precision import fp8_weight_bytes, linear_input_bytes
 from simulator.cost.schedules import rank_chunks
 from simulator.cost.workload import padded_vocab_size
-from simulator.numeric import where
+from simulator.numeric import any_of, where
 from simulator.plan import Plan
 from simulator.runtime_spec import EAGER, OVERLAPPED, CrossEntropy, LayerKernels, Runtime
 from simulator.specs import ModelSpec
@@ -280,9 +280,12 @@ def stage_peak(
     of its largest phase (:func:`phase_transient`). With ``late_grads`` (:func:`gradients_late`)
     the gradients and what the microbatch holds never meet: the peak is the larger of the two
     (the backward's end holds every gradient, the activations and the loss's logits freed).
-    Numbers or arrays alike."""
+    Numbers or arrays alike; with no ``late_grads`` anywhere, the comparison is not made (most
+    of a search's plans: :func:`gradients_late` needs p = d = m = 1)."""
     act = activations + transient[0]
     held = flight + transient[1]
+    if not any_of(late_grads):
+        return StageMemory(states.params, states.grads, states.optimizer, act, (sharding + fp8_copies) + held)
     grads_win = late_grads & (states.grads >= act + held)
     grads = where(late_grads & ~grads_win, 0.0, states.grads)
     buffers = (sharding + fp8_copies) + where(grads_win, 0.0, held)

@@ -194,12 +194,15 @@ def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
     groups, split_of = P.per_key(SPLIT_KEY, lambda q, i: kind_groups(device_kinds(q, L)), memo((model,), "kinds"))
     width = max(map(len, groups))
     key, slot = np.array([(k, j) for k, gs in enumerate(groups) for j in range(len(gs))]).T
-    table = np.zeros((8, len(groups), width))  # dev, count, and the kind's six fields
-    table[:, key, slot] = np.array([(dev, count, *kind) for gs in groups for dev, kind, count in gs], dtype=float).T
+    rows = np.array([(dev, count, *kind) for gs in groups for dev, kind, count in gs], dtype=float).T
+    table = np.zeros((5, len(groups), width))  # dev, count, and the kind's layer counts (n, full, sel)
+    table[:, key, slot] = rows[:5]
+    ends = np.zeros((3, len(groups), width), dtype=bool)  # the kind's first, last and turn, taken as booleans
+    ends[:, key, slot] = rows[5:]
     valid = np.zeros((len(groups), width), dtype=bool)
     valid[key, slot] = True
-    dev, count, n, full, sel, first, last, turn = table.take(split_of, axis=1)
-    first, last, turn = first.astype(bool), last.astype(bool), turn.astype(bool)
+    dev, count, n, full, sel = table.take(split_of, axis=1)
+    first, last, turn = ends.take(split_of, axis=1)
     per_t, t_of = P.per_key(("t",), lambda q, i: _rank_params(model, q.t), memo((model,), "rank params"))
     layer_p, sharded_extra, emb_p = by_key(per_t, t_of)[:, :, None]
     head_p = P.per_plan(
@@ -219,7 +222,8 @@ def stage_shapes(model: ModelSpec, P: PlanColumns) -> StageShapes:
         last=last,
         turn=turn,
         params=stage_p,
-        sharded_params=stage_p + n * sharded_extra,  # StageShape.sharded_params
+        # StageShape.sharded_params: the same array where no plan has extra sharded parameters (exact)
+        sharded_params=stage_p + n * sharded_extra if sharded_extra.any() else stage_p,
         layer_params=n * layer_p,
         layer_params_each=layer_p,
     )
@@ -287,10 +291,10 @@ def plan_stages(model: ModelSpec, P: PlanColumns) -> PlanStages:
 def schedule_counts(model: ModelSpec, P: PlanColumns, S: StageShapes) -> ScheduleCounts:
     """:class:`ScheduleCounts` of each plan's stages (``S``: the stages of the plans ``P`` of
     ``model``), computed per split and m."""
-    width, groups = S.valid.shape[1], S.valid.sum(axis=1)
+    width = S.valid.shape[1]
 
     def counts(i: int) -> np.ndarray:
-        devices = tuple(S.dev[i, : int(groups[i])].astype(int).tolist())
+        devices = tuple(S.dev[i, : int(S.valid[i].sum())].astype(int).tolist())
         return _split_counts(P.value_of("schedule", i), int(P.p[i]), int(P.m[i]), int(P.v[i]), devices)
 
     per, inv = P.per_row_key((*SPLIT_KEY, "m"), counts, memo((model,), "schedule counts"))
