@@ -144,10 +144,14 @@ def test_the_search_groups_price_each_plan_with_its_own_runtime(name):
     )
     for backend in ("nccl", "gloo"):
         got: dict[int, object] = {}
-        for runtime, rows in runtime_groups(fw, base, table, backend):
+        groups = runtime_groups(fw, base, table, backend)
+        for runtime, rows in groups:
+            assert (np.diff(rows) > 0).all()  # in increasing position
             for i in rows.tolist():
                 got[i] = runtime
         assert [got[i] for i in range(len(plans))] == [plan_runtime(fw, base, q, backend) for q in plans]
+        # one group per distinct runtime: plans whose rules give equal runtimes are priced as one part
+        assert len({runtime for runtime, _ in groups}) == len(groups)
 
 
 def test_userbuffers_overlap_leaves_a_quarter_and_the_contention_of_the_rest():

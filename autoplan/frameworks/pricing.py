@@ -4,6 +4,8 @@ or for autoplan's own program the one its data-parallel mechanism gives
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from autoplan.frameworks import Framework
@@ -37,13 +39,21 @@ def runtime_groups(
     t, p = plans.array("t"), plans.array("p")
     loss = (t > 1) * (1 + (p > 1))  # 0: t = 1, 1: t > 1 without a pipeline, 2: with one
     if not fw.program:
-        return [
-            (fw.loss_runtime(runtime, c > 0, c == 2), np.flatnonzero(loss == c)) for c in map(int, distinct_codes(loss))
-        ]
+        return _by_runtime(loss, lambda c: fw.loss_runtime(runtime, c > 0, c == 2))
     col = {k: plans.array(k) for k in ("zero", "d", "cp", "offload", "ep")}
     mode = dp_mode_code(col["zero"], col["d"] * col["cp"], col["offload"] == "cpu", t, p, col["ep"])
     codes = 3 * mode + loss
+    return _by_runtime(codes, lambda c: program_runtime(runtime, DP_MODES[c // 3], backend, c % 3 > 0, c % 3 == 2))
+
+
+def _by_runtime(codes: np.ndarray, runtime_of: Callable[[int], Runtime]) -> list[tuple[Runtime, np.ndarray]]:
+    """The plans of each distinct runtime that their ``codes`` give (``runtime_of``), in
+    increasing position: codes that give equal runtimes are one group (autoplan's program runs a
+    t > 1 loss alike with and without a pipeline), which the batch estimate prices as one part."""
+    same: dict[Runtime, list[int]] = {}
+    for c in map(int, distinct_codes(codes)):
+        same.setdefault(runtime_of(c), []).append(c)
     return [
-        (program_runtime(runtime, DP_MODES[c // 3], backend, c % 3 > 0, c % 3 == 2), np.flatnonzero(codes == c))
-        for c in map(int, distinct_codes(codes))
+        (rt, np.flatnonzero(codes == cs[0]) if len(cs) == 1 else np.flatnonzero(np.isin(codes, cs)))
+        for rt, cs in same.items()
     ]
