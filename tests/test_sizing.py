@@ -187,8 +187,10 @@ def test_skipped_sizes_are_one_short_line():
     row = SizeRow(1, 8, "t=1,p=1,d=8,mb=1,zero=0", 1.0, 1e5, 0.5, 10.0, 3600.0, 100.0, 0.99)
     skipped = [{"nodes": n, "reason": f"no valid plan for {8 * n} GPUs"} for n in range(2, 16)]
     out = {"sizes": [row.to_dict()], "skipped": skipped, "choice": row.to_dict(), "goal": dataclasses.asdict(Goal())}
-    line = next(x for x in format_sweep({**out, "search_time_s": 1.0}).splitlines() if x.startswith("skipped"))
+    text = format_sweep({**out, "search_time_s": 1.0}).splitlines()
+    line = next(x for x in text if x.startswith("skipped"))
     assert line == (
         "skipped 14 size(s) (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13 and 2 more; --json gives each reason): "
         "2 nodes: no valid plan for 16 GPUs"
     )
+    assert text[-1] == "planned 1 size in 1.0 s"

@@ -49,7 +49,8 @@ def format_sweep(d: dict[str, Any]) -> str:
     if d["skipped"]:
         lines.append(_skipped_line(d["skipped"]))
     lines.append(_choice_line(d))
-    lines.append(f"planned {len(d['sizes'])} sizes in {d['search_time_s']:.1f} s")
+    n = len(d["sizes"])
+    lines.append(f"planned {n} size{'' if n == 1 else 's'} in {d['search_time_s']:.1f} s")
     return "\n".join(lines)
 
 
