@@ -269,8 +269,6 @@ _OPTION_KEY = attrgetter("t", "mb", "cp", "d", "ep")
 #: the option factor's fields, as :func:`layout_options` lists them
 OPTION_FIELDS = ("prec", "zero", "ckpt", "offload", "hsdp", "fp8ag")
 SHAPE_FIELDS = Shape._fields
-_SHAPE_ROW = attrgetter(*SHAPE_FIELDS)
-
 
 #: the option rows of each option key (:func:`plan_table`), per model, framework rule and
 #: (memory options, pins, GPUs per node, precisions), which key it as they are (pins of plain
@@ -280,6 +278,19 @@ _OPTIONS = IdentityCache(64)
 #: a framework's rule for a shape's option rows (autoplan.frameworks.space.option_rule): does the
 #: stack run ``shape`` with the (prec, zero, ckpt, offload, hsdp, fp8ag) ``row``
 OptionRule = Callable[[Shape, tuple[Any, ...]], bool]
+
+
+class _OptionRows:
+    """The option rows of the option keys seen, each distinct row numbered once for every table
+    that shares them (:data:`_OPTIONS`; in the order first seen), each key's rows as those numbers."""
+
+    def __init__(self) -> None:
+        self.number: dict[tuple[Any, ...], int] = {}
+        self.of_key: dict[tuple[Any, ...], np.ndarray] = {}
+
+    def add(self, key: tuple[Any, ...], found: list[tuple[Any, ...]]) -> np.ndarray:
+        self.of_key[key] = np.array([self.number.setdefault(r, len(self.number)) for r in found], dtype=np.int64)
+        return self.of_key[key]
 
 
 def plan_table(
@@ -293,34 +304,31 @@ def plan_table(
 ) -> PlanTable:
     """:func:`plans_of` as a :class:`PlanTable` (what the search's workers score): each shape
     with each of its :func:`layout_options`, listed once per distinct :data:`_OPTION_KEY` (and
-    pipeline or not); ``keep``: only the option rows a framework runs with the shape."""
+    pipeline or not), the option factor's rows in the order the plans first have them; ``keep``:
+    only the option rows a framework runs with the shape."""
     memory = memory_options(fix, offloads)
-    option_rows: dict[tuple[Any, ...], int] = {}
-    of_key: dict[tuple[Any, ...], list[int]] = {}
-    counts, option_index = [], []
-    rows_of_key = _OPTIONS.get_or_make(
-        (model, keep), (tuple(memory), tuple(sorted(fix.items())), gpus_per_node, precs), dict
+    known = _OPTIONS.get_or_make(
+        (model, keep), (tuple(memory), tuple(sorted(fix.items())), gpus_per_node, precs), _OptionRows
     )
+    per_shape = []
     for s in layouts:
         key = (*_OPTION_KEY(s), s.schedule in ZERO_BUBBLE_SCHEDULES, s.p > 1)
-        ids = of_key.get(key)
+        ids = known.of_key.get(key)
         if ids is None:
-            found = rows_of_key.get(key)
-            if found is None:
-                found = layout_options(model, s, memory, fix, gpus_per_node, precs)
-                if keep is not None:
-                    found = [row for row in found if keep(s, row)]
-                rows_of_key[key] = found
-            ids = of_key[key] = [option_rows.setdefault(o, len(option_rows)) for o in found]
-        counts.append(len(ids))
-        option_index += ids
-    shape_index = np.repeat(np.arange(len(layouts)), counts)
-    return PlanTable(
-        [
-            Factor(SHAPE_FIELDS, list(map(_SHAPE_ROW, layouts)), shape_index),
-            Factor(OPTION_FIELDS, list(option_rows), np.array(option_index, dtype=np.int64)),
-        ]
-    )
+            found = layout_options(model, s, memory, fix, gpus_per_node, precs)
+            ids = known.add(key, found if keep is None else [row for row in found if keep(s, row)])
+        per_shape.append(ids)
+    counts = np.fromiter(map(len, per_shape), np.int64, len(per_shape))
+    numbers = np.concatenate(per_shape) if per_shape else np.zeros(0, dtype=np.int64)
+    first = np.full(len(known.number), len(numbers), dtype=np.int64)  # each row's first plan here
+    np.minimum.at(first, numbers, np.arange(len(numbers)))
+    seen = np.flatnonzero(first < len(numbers))
+    order = seen[np.argsort(first[seen], kind="stable")]  # this table's rows, in the order first seen
+    local = np.empty(len(known.number), dtype=np.int64)
+    local[order] = np.arange(len(order))
+    rows = list(known.number)
+    shape_factor = Factor(SHAPE_FIELDS, list(layouts), np.repeat(np.arange(len(layouts)), counts))
+    return PlanTable([shape_factor, Factor(OPTION_FIELDS, [rows[g] for g in order.tolist()], local[numbers])])
 
 
 def layout_options(

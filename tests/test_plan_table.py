@@ -104,3 +104,24 @@ def test_the_batch_estimate_reads_a_table_as_its_plans(case) -> None:
     from_table, from_plans = estimate_batch(model, cluster, table, B), estimate_batch(model, cluster, list(table), B)
     for field in ("step_time", "peak_memory", "fits"):
         assert np.array_equal(getattr(from_table, field), getattr(from_plans, field)), field
+
+
+def test_tables_that_share_their_option_rows_list_only_their_own_in_the_order_first_seen() -> None:
+    """A sweep's sizes number the option rows once for all (space._OPTIONS); each table lists the
+    rows its plans have, in the order its plans first have them, whichever size came before."""
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80gb", 8)
+    precs = space.precisions(cluster.gpu, {})
+    small = list(space.shapes(model, 64, 1536, {}))[::-1]  # another order of keys than the next table's
+    large = list(space.shapes(model, 512, 1536, {}))
+    space.plan_table(model, small, {}, cluster.gpus_per_node, precs)
+    table = space.plan_table(model, large, {}, cluster.gpus_per_node, precs)
+    options = next(f for f in table.factors if f.names == space.OPTION_FIELDS)
+    first_seen = list(dict.fromkeys(options.rows[i] for i in options.index.tolist()))
+    assert list(options.rows) == first_seen
+    memory = space.memory_options({})
+    expected = [
+        space.plan_of(s, zero, ckpt, off, prec).replace(hsdp=hsdp, fp8ag=fp8ag)
+        for s in large
+        for prec, zero, ckpt, off, hsdp, fp8ag in space.layout_options(model, s, memory, {}, 8, precs)
+    ]
+    assert list(table) == expected
