@@ -40,7 +40,7 @@ SPLIT_KEY = ("p", "v", "ckpt", "layers", "recompute", "schedule")
 BLOCK_KEY = ("t", "sp", "mb", "prec")
 #: and on a node whose ranks share its processor, how many compute at once (block_times.busy_ranks)
 BUSY_KEY = ("p", "v", "m", "schedule")
-_BLOCK_FIELDS = attrgetter(
+_BLOCK_FIELDS_NAMES = (
     "layer.forward",
     "layer.backward",
     "layer.backward_weight",
@@ -58,6 +58,7 @@ _BLOCK_FIELDS = attrgetter(
     "ep_all_to_all",
     "loss_comm",
 )
+_BLOCK_FIELDS = attrgetter(*_BLOCK_FIELDS_NAMES)
 
 
 def by_key(per: list, inverse: np.ndarray) -> np.ndarray:
@@ -183,7 +184,9 @@ def _plan_block_times(
         None if busy is None else busy[first].tolist(),
         loss,
     )
-    table = np.array([np.broadcast_to(x, len(keys)) for x in _BLOCK_FIELDS(blocks)], dtype=float)
+    table = np.empty((len(_BLOCK_FIELDS_NAMES), len(keys)))
+    for row, values in zip(table, _BLOCK_FIELDS(blocks)):
+        row[:] = values  # an array over the keys, or one number for all
     return _block_arrays(table.take(block_of, axis=1)[:, :, None])
 
 
