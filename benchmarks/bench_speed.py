@@ -23,8 +23,9 @@
    prices only the plans whose step-time floor could lead, where d8086ed took 5.1 s and 5.5-5.7 s, run
    alternately; 5.1-5.7 s and 6.3-7.0 s in three runs on 2026-11-30 at the VM's slower pace, once
    the pricing rounds read the floor's stage terms and a size's block times are paced at once,
-   where 57669f8 took 5.9-6.5 s and 7.1-7.6 s, run alternately; 4.67-4.72 s and 6.0-6.2 s at its
-   faster pace later that day, where fdba58a took 4.87-4.88 s and 6.1-6.3 s; the sizes share what
+   where 57669f8 took 5.9-6.5 s and 7.1-7.6 s, run alternately; 4.1-4.7 s and 5.0-6.2 s at its
+   faster paces later that day, where fdba58a took 4.4-4.9 s and 5.3-6.3 s (5.1 s and 6.6 s in a
+   slower run, fdba58a 5.4 s and 7.0 s); the sizes share what
    does not depend on the GPU count: docs/design.md section 5.1).
 
 With ``--against REV`` the same figures are measured for the code at git revision REV (checked
