@@ -81,9 +81,9 @@ def local_params(psi: Any, zero: Any, shard_group: Any, psi_sharded: Any = None)
     return where(zero >= 1, (psi if psi_sharded is None else psi_sharded) / shard_group, psi)
 
 
-def optimizer_tensors(model: ModelSpec, layers: int) -> int:
+def optimizer_tensors(model: ModelSpec, layers: Any) -> Any:
     """Parameter tensors one rank's optimizer visits: its ``layers`` layers' tensors plus up to
-    NON_LAYER_TENSORS more (embeddings, final norm)."""
+    NON_LAYER_TENSORS more (embeddings, final norm). Numbers or arrays alike."""
     return layers * layer_param_tensors(model) + NON_LAYER_TENSORS
 
 
