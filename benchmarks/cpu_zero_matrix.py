@@ -4,7 +4,8 @@ localhost-cpu node: ``autoplan emit`` + ``autoplan run`` of each plan, measured 
     python benchmarks/cpu_zero_matrix.py [--node NODE.yaml] [--repeats N] [--only TEXT] [--steps N]
 
 ``--node`` predicts with a node profile of this machine (``autoplan calibrate --device cpu
---ranks 4 -o CPU.yaml --node-out NODE.yaml``, as a user checks a plan on their own host); the
+--ranks 4 -o CPU.yaml --node-out NODE.yaml``, as a user checks a plan on their own host), and
+``autoplan run``'s host speed check measures against it (``AUTOPLAN_CPU_NODE``); the
 default is the built-in localhost-cpu (a 2-core Intel Xeon VM, 2026-11-29; before it another, 2026-11-27,
 and an AMD EPYC VM, 2026-11-21).
 
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default: about 3 s)")
     ap.add_argument("--node", default=NODE, help=f"node profile to predict with (default {NODE})")
     a = ap.parse_args(argv)
+    # autoplan run predicts, and checks the host's speed, against this node too (autoplan.verify.cpu_job)
+    os.environ["AUTOPLAN_CPU_NODE"] = a.node
     texts = [t for t in plan_texts() if not a.only or any(o in t for o in a.only)]
     rows = [predict(t, a.node) for t in texts for _ in range(max(1, a.repeats))]  # all before any run
     with tempfile.TemporaryDirectory(prefix="autoplan-zero-matrix-") as tmp:

@@ -259,7 +259,7 @@ def test_launch_sh_single_and_multi_node(tmp_path):
         ("d=8,zero=2", "fsdp", True),  # FSDP2 reduce-scatters per layer during the backward
         ("t=2,d=4", "manual", False),  # manual all-reduce after the last backward
         ("d=8,zero=1", "manual", False),  # ZeRO-1's reduce-scatter after the last backward
-        ("t=8", "none", True),  # nothing to reduce
+        ("t=8", "none", False),  # nothing to reduce, so nothing overlaps
     ],
 )
 def test_prediction_of_the_emitted_program_prices_its_reduction(plan_text, mode, overlap):
@@ -280,6 +280,28 @@ def test_prediction_of_the_emitted_program_prices_its_reduction(plan_text, mode,
     assert emitted.runtime.weight_copy_bytes == (0.0 if mode == "fsdp" else 2.0)  # autocast's bf16 copies
     if not overlap and plan.d > 1:
         assert estimate(emitted).step_time > estimate(job).step_time
+
+
+def test_one_data_parallel_rank_runs_as_the_manual_mode_and_its_plans_price_as_before():
+    """d = 1 reduces nothing: its runtime is the manual mode's (one batch group with it), and
+    the overlap flag it no longer sets moves none of its predictions (nothing to overlap)."""
+    import dataclasses
+
+    from autoplan.frameworks import load_framework
+    from autoplan.runtime.support import program_job, program_runtime
+    from simulator.analytic import estimate
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-a100-80gb")
+    base = load_framework("autoplan").base_runtime()
+    for backend in ("nccl", "gloo"):
+        for tensor, pipeline in ((False, False), (True, False), (True, True)):
+            none = program_runtime(base, "none", backend, tensor, pipeline)
+            assert none == program_runtime(base, "manual", backend, tensor, pipeline)
+    for text in ("t=8", "t=4,p=2", "t=2,p=4,zero=1"):
+        plan, _ = parse_plan(text, model, 8, 64)
+        job = program_job(Job(model, cluster, plan, 64))
+        overlapped = dataclasses.replace(job, runtime=dataclasses.replace(job.runtime, dp_overlap=True))
+        assert estimate(job).step_time == estimate(overlapped).step_time
 
 
 def test_prediction_of_the_emitted_program_prices_autocast_copies_only_where_they_exist():

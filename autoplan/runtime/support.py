@@ -68,7 +68,9 @@ def program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool = Fa
     autoplan.runtime.vocab_parallel). What follows the plan is here:
 
     * DDP and FSDP2 reduce gradients bucket by bucket during the backward, the manual modes
-      after the last backward (no overlap);
+      after the last backward (no overlap), and one data-parallel rank reduces nothing (no
+      overlap either: so its plans and the manual mode's price as one batch group,
+      autoplan.frameworks.pricing.runtime_groups);
     * on a GPU without FSDP, ``torch.autocast`` runs bf16 matmuls over fp32 parameters and keeps
       a bf16 copy of each weight from forward to backward (``weight_copy_bytes=2``), with an fp32
       residual stream and casts of every Linear's input and weight (``layer_kernels="eager"``,
@@ -95,7 +97,7 @@ def _program_runtime(runtime: Runtime, mode: str, backend: str, tensor: bool, pi
     program = load_framework("autoplan")
     profile = program.base_runtime()
     runtime = dataclasses.replace(runtime, **{key: getattr(profile, key) for key in PROGRAM_FIXED})
-    if mode == "manual" and runtime.dp_overlap:
+    if mode in ("manual", "none") and runtime.dp_overlap:  # none: no reduction to overlap
         runtime = dataclasses.replace(runtime, dp_overlap=False)
     autocast = backend == "nccl" and mode != "fsdp"
     runtime = dataclasses.replace(
