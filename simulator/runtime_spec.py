@@ -68,6 +68,10 @@ class Runtime:
     ``CrossEntropyLoss(inplace_backward=True)``, llm-foundry's default ``loss_fn:
     fused_crossentropy``); "chunked" computes the head and the loss chunk by chunk of the
     sequence, each chunk's backward at once (torchtitan 0.3's ``ChunkedLossWrapper``).
+    ``tensor_parallel_cross_entropy``: the loss the program computes instead on a plan with
+    t > 1 (None: ``cross_entropy`` there too); :meth:`loss` picks a plan's. Both in one runtime,
+    the plans of one stack with t = 1 and t > 1 share it, and the batch estimate prices them as
+    one group (autoplan.frameworks.pricing.runtime_groups).
 
     ``weight_copy_bytes``: bytes per parameter of compute-dtype copies of the weights that the
     program holds from a layer's forward to its backward: 2 for ``torch.autocast`` over fp32
@@ -174,6 +178,13 @@ class Runtime:
     grads_freed: bool = False
     dp_buckets: Literal["in-flight", "all"] = "in-flight"
     fsdp2_deferred_sync: bool = False
+    tensor_parallel_cross_entropy: CrossEntropy | None = None
+
+    def loss(self, t: int) -> CrossEntropy:
+        """The cross-entropy the program computes on a plan of ``t``-way tensor parallelism."""
+        if t > 1 and self.tensor_parallel_cross_entropy is not None:
+            return self.tensor_parallel_cross_entropy
+        return self.cross_entropy
 
 
 OVERLAPPED = Runtime("overlapped", dp_overlap=True)

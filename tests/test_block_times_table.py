@@ -35,10 +35,13 @@ def _flat(b: BlockTimes) -> list:
 
 
 def _assert_each_key(model, cluster, keys, kernels, attention, loss, busy=None) -> None:
-    table = _flat(block_times_table(model, cluster, keys, kernels, attention, busy, loss))
+    """Each key with its own loss: ``loss`` at t > 1 and torch's at t = 1, as a stack whose
+    tensor parallelism changes its loss runs them (simulator.runtime_spec.Runtime.loss)."""
+    losses = [loss if t > 1 else "torch" for t, *_ in keys]
+    table = _flat(block_times_table(model, cluster, keys, kernels, attention, busy, losses))
     for k, (t, sp, mb, prec) in enumerate(keys):
         ranks = None if busy is None else busy[k]
-        one = _flat(block_times(model, cluster, t, sp, mb, prec, kernels, attention, ranks, loss))
+        one = _flat(block_times(model, cluster, t, sp, mb, prec, kernels, attention, ranks, losses[k]))
         got = [float(np.broadcast_to(x, len(keys))[k]) for x in table]
         assert got == one, (t, sp, mb, prec)
 

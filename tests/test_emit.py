@@ -276,7 +276,7 @@ def test_prediction_of_the_emitted_program_prices_its_reduction(plan_text, mode,
     emitted = program_job(job)
     assert emitted.runtime.dp_overlap is overlap
     # F.cross_entropy(logits.float()); with t > 1 the loss of each rank's V/t logits (autoplan.runtime.vocab_parallel)
-    assert emitted.runtime.cross_entropy == ("split" if plan.t > 1 else "torch")
+    assert emitted.runtime.loss(plan.t) == ("split" if plan.t > 1 else "torch")
     assert emitted.runtime.weight_copy_bytes == (0.0 if mode == "fsdp" else 2.0)  # autocast's bf16 copies
     if not overlap and plan.d > 1:
         assert estimate(emitted).step_time > estimate(job).step_time

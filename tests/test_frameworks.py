@@ -123,8 +123,11 @@ def test_deepspeed_prices_the_loss_its_tensor_parallelism_runs():
     without a pipeline; Megatron-DeepSpeed's vocab-parallel loss with one."""
     fw = load_framework("deepspeed")
     base = fw.base_runtime()
-    losses = [plan_runtime(fw, base, Plan(t=t, p=p), "nccl").cross_entropy for t, p in ((1, 1), (2, 1), (2, 2), (1, 4))]
-    assert losses == ["torch", "gathered", "fp32", "torch"]
+    plans = [Plan(t=t, p=p) for t, p in ((1, 1), (2, 1), (2, 2), (1, 4))]
+    runtimes = [plan_runtime(fw, base, q, "nccl") for q in plans]
+    assert [rt.loss(q.t) for rt, q in zip(runtimes, plans)] == ["torch", "gathered", "fp32", "torch"]
+    # t = 1 runs the runtime of t > 1 without a pipeline: one batch group for all three
+    assert runtimes[0] == runtimes[1] == runtimes[3] != runtimes[2]
 
 
 @pytest.mark.parametrize("name", ["autoplan", "deepspeed"])

@@ -97,11 +97,14 @@ class Framework(Strict):
 
     def loss_runtime(self, runtime: Runtime, tensor: bool, pipeline: bool) -> Runtime:
         """``runtime`` with the loss the stack runs on a plan with t > 1 (``tensor``) under a
-        pipeline or not (:attr:`tensor_parallel_loss`); unchanged where that rule is silent."""
+        pipeline or not (:attr:`tensor_parallel_loss`, as Runtime.tensor_parallel_cross_entropy);
+        unchanged where that rule is silent. A plan with t = 1 gets the loss without a pipeline
+        (it computes ``cross_entropy``), so its runtime is that of the t > 1 plans without one."""
         rule = self.tensor_parallel_loss
-        if rule is None or not tensor:
+        if rule is None:
             return runtime
-        return dataclasses.replace(runtime, cross_entropy=rule.with_pipeline if pipeline else rule.without_pipeline)
+        loss = rule.with_pipeline if tensor and pipeline else rule.without_pipeline
+        return dataclasses.replace(runtime, tensor_parallel_cross_entropy=loss)
 
     def source(self, key: str) -> str:
         """The profile's citation for ``key``, as ' (source)', or '' when it gives none."""

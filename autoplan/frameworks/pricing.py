@@ -48,8 +48,10 @@ def runtime_groups(
 
 def _by_runtime(codes: np.ndarray, runtime_of: Callable[[int], Runtime]) -> list[tuple[Runtime, np.ndarray]]:
     """The plans of each distinct runtime that their ``codes`` give (``runtime_of``), in
-    increasing position: codes that give equal runtimes are one group (autoplan's program runs a
-    t > 1 loss alike with and without a pipeline), which the batch estimate prices as one part."""
+    increasing position: codes that give equal runtimes are one group, which the batch estimate
+    prices as one part (a runtime names its loss at t = 1 and at t > 1, Runtime.loss, so plans
+    of both are one group where the stack's t > 1 loss does not depend on the pipeline, as
+    autoplan's program's does not)."""
     same: dict[Runtime, list[int]] = {}
     for c in map(int, distinct_codes(codes)):
         same.setdefault(runtime_of(c), []).append(c)

@@ -242,4 +242,6 @@ def _stage_groups(job: Job, busy: float | None) -> Groups:
     """The distinct stages of ``job`` as its runtime runs them (simulator.cost.stage.stage_groups),
     ``busy`` ranks computing at once on a CPU node."""
     rt = job.runtime
-    return stage_groups(job.model, job.cluster, job.plan, rt.layer_kernels, rt.attention_kernel, busy, rt.cross_entropy)
+    return stage_groups(
+        job.model, job.cluster, job.plan, rt.layer_kernels, rt.attention_kernel, busy, rt.loss(job.plan.t)
+    )

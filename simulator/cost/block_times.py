@@ -195,7 +195,7 @@ def job_block_times(job: Job) -> BlockTimes:
         rt.layer_kernels,
         rt.attention_kernel,
         busy_ranks(job.cluster, plan, job.m),
-        rt.cross_entropy,
+        rt.loss(plan.t),
     )
 
 
@@ -225,22 +225,23 @@ def block_times_table(
     kernels: LayerKernels,
     attention: AttentionKernel,
     busy: Sequence[float] | None,
-    loss: CrossEntropy,
+    losses: Sequence[CrossEntropy],
 ) -> BlockTimes:
-    """:func:`block_times` of each (t, sp, mb, prec) of ``keys`` (with ``busy``: each key's busy
-    ranks), as one BlockTimes whose fields are arrays over the keys: every key of a cluster size
-    paced at once (the batch estimate), by the rule that paces one. A model split by context
-    parallelism prices its ring per key (simulator.cost.context): its keys are priced one by one."""
+    """:func:`block_times` of each (t, sp, mb, prec) of ``keys`` with each key's cross-entropy
+    (``losses``: Runtime.loss of its t; with ``busy``: each key's busy ranks), as one BlockTimes
+    whose fields are arrays over the keys: every key of a cluster size paced at once (the batch
+    estimate), by the rule that paces one. A model split by context parallelism prices its ring
+    per key (simulator.cost.context): its keys are priced one by one."""
     if context_parallel(model) > 1:
         ranks = [None] * len(keys) if busy is None else busy
         each = [
             block_times(model, cluster, t, sp, mb, prec, kernels, attention, r, loss)
-            for (t, sp, mb, prec), r in zip(keys, ranks)
+            for (t, sp, mb, prec), r, loss in zip(keys, ranks, losses)
         ]
         return BlockTimes(**{f.name: _stacked([getattr(b, f.name) for b in each]) for f in fields(BlockTimes)})
     gpu = attention_gpu(cluster, attention)
     slow = compute_slowdown(cluster, None if busy is None else np.array(busy, dtype=float))
-    inputs = stacked_inputs(model, cluster, gpu, keys, kernels, loss)
+    inputs = stacked_inputs(model, cluster, gpu, keys, kernels, losses)
     return paced_blocks(model, cluster, gpu, inputs, slow, device_slowdown(cluster), kernels, (0.0, 0.0))
 
 

@@ -133,18 +133,19 @@ def stacked_inputs(
     gpu: GpuProfile,
     keys: Sequence[tuple[int, bool, int, str]],
     kernels: LayerKernels,
-    loss: CrossEntropy,
+    losses: Sequence[CrossEntropy],
 ) -> BlockInputs:
-    """:class:`BlockInputs` of the (t, sp, mb, prec) ``keys``, each field an array over them: each
-    key's inputs read as one row of numbers (:func:`_row`, cached per model, node, network and
-    GPU: every size of a sweep asks for the same keys again), stacked into columns."""
-    # each key's row, by (t, sp, mb, prec), of what a key's inputs depend on
-    known: dict = _ROWS.get_or_make((model, cluster.node, cluster.network, gpu), (kernels, loss), dict)
+    """:class:`BlockInputs` of the (t, sp, mb, prec) ``keys`` with each key's loss (``losses``),
+    each field an array over them: each key's inputs read as one row of numbers (:func:`_row`,
+    cached per model, node, network and GPU: every size of a sweep asks for the same keys
+    again), stacked into columns."""
+    # each key's row, by (t, sp, mb, prec, loss), of what a key's inputs depend on
+    known: dict = _ROWS.get_or_make((model, cluster.node, cluster.network, gpu), kernels, dict)
     rows = []
-    for key in keys:
-        found = known.get(key)
+    for key, loss in zip(keys, losses):
+        found = known.get((*key, loss))
         if found is None:
-            found = known[key] = _row(block_inputs(model, cluster, gpu, *key, kernels, loss))
+            found = known[(*key, loss)] = _row(block_inputs(model, cluster, gpu, *key, kernels, loss))
         rows.append(found)
     columns = iter(np.stack(rows, axis=1))
     work = BlockWork(*(_work_of(columns) for _ in fields(BlockWork)))

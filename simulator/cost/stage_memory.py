@@ -230,7 +230,7 @@ def stage_memory(
     states = memory.model_state_bytes(
         shape.params, plan.shard_group, plan.zero, plan.offload, pb, gb, k, shape.sharded_params, whole, unsharded
     )
-    loss, kernels = runtime.cross_entropy, runtime.layer_kernels
+    loss, kernels = runtime.loss(plan.t), runtime.layer_kernels
     buckets = memory.bucket_bytes_of(runtime, plan.d)
     return stage_peak(
         states,

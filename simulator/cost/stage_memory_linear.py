@@ -84,7 +84,7 @@ class DeviceMemoryModel:
         """Device ``stage`` of ``job`` (its rank view: the caller's), as the job's runtime holds it."""
         model, plan, m = job.model, job.plan, job.m
         terms = _device_terms(job, first, last)
-        loss = job.runtime.cross_entropy
+        loss = job.runtime.loss(plan.t)
         fixed = terms.held + (flight_buffers(model, job.cluster, plan, m, stage, last, loss) if last else terms.flight)
         if plan.zero == 3:
             fixed += terms.zero3_copies
@@ -195,7 +195,7 @@ def _make_terms(job: Job, first: bool, last: bool) -> _DeviceTerms:
             layer_states += zero3_gathered_bytes(0.0, psi_layer, deferred, e)
     zero3_copies = memory.ZERO3_LAYERS_HELD * fp8_layer_bytes(plan, psi_layer, e)
     phases = _phases(job, psi, psi_layer, last, a_none)
-    flight = flight_buffers(model, cluster, plan, job.m, 0, False, runtime.cross_entropy)
+    flight = flight_buffers(model, cluster, plan, job.m, 0, False, runtime.loss(plan.t))
     return _DeviceTerms(held, flight, zero3_copies, layer_states, a_full, a_sel, a_none, phases)
 
 
@@ -206,8 +206,9 @@ def _phases(job: Job, psi: float, psi_layer: float, last: bool, a_none: float) -
     model, plan, runtime = job.model, job.plan, job.runtime
     e = dtype_bytes(job.cluster.gpu)
     copies = runtime.weight_copy_bytes
-    logits = memory.logits_elements(model, plan.mb, plan.t, padded_vocab_size(model, plan.t), runtime.cross_entropy)
-    loss_forward, loss_backward = memory.loss_transient_bytes(logits, runtime.cross_entropy, e) if last else (0.0, 0.0)
+    loss = runtime.loss(plan.t)
+    logits = memory.logits_elements(model, plan.mb, plan.t, padded_vocab_size(model, plan.t), loss)
+    loss_forward, loss_backward = memory.loss_transient_bytes(logits, loss, e) if last else (0.0, 0.0)
     held, per_layer = weight_copies_held(copies, psi), weight_copies_held(copies, psi_layer)
     saved_full = weight_copies_saved(copies, 0.0, psi_layer, plan.p > 1)  # a fully recomputed layer's share
     phases = [

@@ -121,8 +121,9 @@ class Costs:
         bt, kernels = job_block_times(job), job.runtime.layer_kernels
         _, _, k = state_bytes_per_param(e)
         vocab = padded_vocab_size(model, t)
-        per_logit = logits_bytes_per_element(job.runtime.cross_entropy, e)
-        logits = logits_elements(model, b, t, vocab, job.runtime.cross_entropy)
+        loss = job.runtime.loss(t)
+        per_logit = logits_bytes_per_element(loss, e)
+        logits = logits_elements(model, b, t, vocab, loss)
         tp = 0.0 if (t == 1 or free_comm) else bt.tp_all_reduce
         return Costs(
             fwd=bt.layer.forward,

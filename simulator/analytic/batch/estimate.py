@@ -4,7 +4,9 @@ each plan's stages (its critical stage, its sums over devices, its peak)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +51,7 @@ from simulator.cost.step import (
 )
 from simulator.cost.workload import padded_vocab_size
 from simulator.job import Job
-from simulator.runtime_spec import Runtime
+from simulator.runtime_spec import CrossEntropy, Runtime
 from simulator.specs import ModelSpec
 
 
@@ -106,22 +108,39 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     sharding = sharding_buffer_bytes(S.params, buckets, zero == 3, gathered, bucket, every, gb)
     logits = P.per_plan(
         ("t", "mb"),
-        lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t), runtime.cross_entropy),
-        memo((model,), ("logits", runtime.cross_entropy)),
+        lambda q, i: memory.logits_elements(model, q.mb, q.t, padded_vocab_size(model, q.t), runtime.loss(q.t)),
+        memo((model,), ("logits", runtime.cross_entropy, runtime.tensor_parallel_cross_entropy)),
     )
     pipe = P.per_plan(
         ("mb", "p"), lambda q, i: pipeline_buffer_bytes(model, q.mb, e, q.p), memo((model, cluster.gpu), "pipe")
     )
-    flight = flight_buffer_bytes(S.last, column(logits), counts.head_in_flight, runtime.cross_entropy, e, column(pipe))
+    by_loss = _by_loss(P, runtime)
+    flight = by_loss(
+        lambda loss: flight_buffer_bytes(S.last, column(logits), counts.head_in_flight, loss, e, column(pipe))
+    )
     fp8 = _fp8_copies(model, cluster, P, S, e) if P.is_("prec", FP8).any() or P.fp8ag.any() else 0.0
     activations, recompute = stage_activations(model, cluster, P, S, counts, runtime.layer_kernels)
     copies = runtime.weight_copy_bytes
     saved = weight_copies_saved(copies, S.params, S.full_layers * S.layer_params_each, column(P.p > 1))
-    loss = memory.loss_transient_bytes(np.where(S.last, column(logits), 0.0), runtime.cross_entropy, e)
-    transient = phase_transient(weight_copies_held(copies, S.params), saved, *loss, recompute)
+    last_logits = np.where(S.last, column(logits), 0.0)
+    loss_forward = by_loss(lambda loss: memory.loss_transient_bytes(last_logits, loss, e)[0])
+    loss_backward = by_loss(lambda loss: memory.loss_transient_bytes(last_logits, loss, e)[1])
+    transient = phase_transient(weight_copies_held(copies, S.params), saved, loss_forward, loss_backward, recompute)
     late = column(gradients_late(runtime.grads_freed, P.m, P.p, P.d, P.zero))
     peak = stage_peak(states, activations, sharding, flight, fp8, transient, late)
     return stage_max(np.where(S.valid, peak.total, -np.inf))
+
+
+def _by_loss(P: PlanColumns, runtime: Runtime) -> Callable[[Callable[[CrossEntropy], Any]], Any]:
+    """A rule of the cross-entropy, ``rule(loss)``, taken for each plan of ``P`` at its own loss
+    (Runtime.loss of its t): called once where the plans compute one loss, else once per loss,
+    each plan's row chosen."""
+    wide, base, tp = P.t > 1, runtime.cross_entropy, runtime.loss(2)  # loss(2): the loss at any t > 1
+    if base == tp or not wide.any():
+        return lambda rule: rule(base)
+    if wide.all():
+        return lambda rule: rule(tp)
+    return lambda rule: np.where(column(wide), rule(tp), rule(base))
 
 
 def _fp8_copies(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageShapes, e: int) -> np.ndarray:

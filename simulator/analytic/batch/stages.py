@@ -12,6 +12,7 @@ stage_params, simulator.cost.stage_memory.held_activations and activation_bytes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any, Self
@@ -166,13 +167,14 @@ def _plan_block_times(
     P: PlanColumns,
     kernels: LayerKernels,
     attention: AttentionKernel,
-    loss: CrossEntropy,
+    loss: Callable[[int], CrossEntropy],
     busy: np.ndarray | None,
 ) -> BlockTimes:
     """Each plan's layer-level times (simulator.cost.block_times, which caches them per cluster) as
-    columns (plans x 1), computed once per distinct (t, sp, mb, prec), and per distinct
-    :data:`BUSY_KEY` where the node's ranks share its processor (``busy``: :func:`busy_column`):
-    the times depend on how many compute at once."""
+    columns (plans x 1), computed once per distinct (t, sp, mb, prec), with the cross-entropy
+    ``loss`` of its t (Runtime.loss), and per distinct :data:`BUSY_KEY` where the node's ranks
+    share its processor (``busy``: :func:`busy_column`): the times depend on how many compute at
+    once."""
     names = BLOCK_KEY if busy is None else BLOCK_KEY + BUSY_KEY
     keys, first, block_of = P.distinct(names)
     blocks = block_times_table(
@@ -182,7 +184,7 @@ def _plan_block_times(
         kernels,
         attention,
         None if busy is None else busy[first].tolist(),
-        loss,
+        [loss(t) for t, *_ in keys],
     )
     table = np.empty((len(_BLOCK_FIELDS_NAMES), len(keys)))
     for row, values in zip(table, _BLOCK_FIELDS(blocks)):
@@ -239,14 +241,14 @@ def stage_arrays(
     shapes: StageShapes,
     kernels: LayerKernels,
     attention: AttentionKernel,
-    loss: CrossEntropy = "fp32",
+    loss: Callable[[int], CrossEntropy],
     busy: np.ndarray | None = None,
 ) -> StageArrays:
     """The stages of ``shapes`` (:func:`stage_shapes` of the plans ``P``) with their times: the
     layer-level times of each (t, sp, mb, prec) with the layer's kernels, attention kernel and
-    cross-entropy, combined by simulator.cost.stage.stage_times; ``busy``: each plan's ranks
-    computing at once on a node whose ranks share its processor (:func:`busy_column`, which a
-    CPU node needs; None on a GPU node)."""
+    cross-entropy (``loss`` of t: Runtime.loss), combined by simulator.cost.stage.stage_times;
+    ``busy``: each plan's ranks computing at once on a node whose ranks share its processor
+    (:func:`busy_column`, which a CPU node needs; None on a GPU node)."""
     bt = _plan_block_times(model, cluster, P, kernels, attention, loss, busy)
     times = stage_times(
         model, bt, shapes.layers, shapes.full_layers, shapes.selective_layers, shapes.first, shapes.last

@@ -46,9 +46,7 @@ def stage_terms(
 ) -> StageTerms:
     """:class:`StageTerms` of the plans ``P`` (their stages ``shapes``)."""
     busy = busy_column(cluster, P)  # ranks sharing a processor: the times depend on how many compute at once
-    S = stage_arrays(
-        model, cluster, P, shapes, runtime.layer_kernels, runtime.attention_kernel, runtime.cross_entropy, busy
-    )
+    S = stage_arrays(model, cluster, P, shapes, runtime.layer_kernels, runtime.attention_kernel, runtime.loss, busy)
     keys = ("t", "sp", "mb", "p", "d")
     p2p = column(P.per_row(keys, lambda i: p2p_seconds(model, cluster, *P.ints(keys, i))))
     casts = weight_cast_seconds(runtime.fp8_weight_cache, column(P.is_("prec", "fp8")), column(P.fp8ag), S.weight_cast)
