@@ -25,8 +25,9 @@
    the pricing rounds read the floor's stage terms and a size's block times are paced at once,
    where 57669f8 took 5.9-6.5 s and 7.1-7.6 s, run alternately; 4.1-4.7 s and 5.0-6.2 s at its
    faster paces later that day, where fdba58a took 4.4-4.9 s and 5.3-6.3 s (5.1 s and 6.6 s in a
-   slower run, fdba58a 5.4 s and 7.0 s); the sizes share what
-   does not depend on the GPU count: docs/design.md section 5.1).
+   slower run, fdba58a 5.4 s and 7.0 s); 3.1 s and 3.9 s at 14daecf on a 2-core AMD EPYC VM, where
+   2b2bcba took 3.2 s and 4.0 s; the sizes share what does not depend on the GPU count:
+   docs/design.md section 5.1).
 
 With ``--against REV`` the same figures are measured for the code at git revision REV (checked
 out into a temporary worktree; each measurement runs in a subprocess with that tree first on
