@@ -45,7 +45,21 @@ TP_OVERLAP = replace(  # Megatron's profile: TP overlap, buckets growing with d
 )
 CHUNKED = replace(OVERLAPPED, name="chunked", cross_entropy="chunked", zero2="fsdp2")  # torchtitan's profile
 PROGRAM_GLOO = replace(PROGRAM, name="torch-program-gloo", scatter_gather="all-reduce")  # its ZeRO-1 on gloo
-RUNTIMES = [OVERLAPPED, NO_DP_OVERLAP, DEEPSPEED_ZERO3, FUSED, PROGRAM, PROGRAM_GLOO, TP_OVERLAP, CHUNKED]
+# a loss that changes with tensor parallelism: the batch prices each plan's (Runtime.loss), t = 1 and t > 1 together
+PROGRAM_SPLIT = replace(PROGRAM, name="torch-program-split", tensor_parallel_cross_entropy="split")
+AUTOTP = replace(DEEPSPEED_ZERO3, name="autotp", cross_entropy="torch", tensor_parallel_cross_entropy="gathered")
+RUNTIMES = [
+    OVERLAPPED,
+    NO_DP_OVERLAP,
+    DEEPSPEED_ZERO3,
+    FUSED,
+    PROGRAM,
+    PROGRAM_GLOO,
+    TP_OVERLAP,
+    CHUNKED,
+    PROGRAM_SPLIT,
+    AUTOTP,
+]
 SAMPLE = 600
 
 
