@@ -11,8 +11,9 @@ hwprofiles/calibrate/comm.py, best of the timed loops), and the call after a bur
 loop's time less the bursts'), with its excess over both.
 
 What the simulator prices for such a call is the node's fit of the back-to-back calls plus
-``sync_wait_us`` once (simulator.cost.collectives.sync_link), which calibrate measures with a
-scalar all-reduce (hwprofiles/calibrate/wait.py): a constant, whatever the message's size. On
+``sync_wait_us`` once, which calibrate measures with a scalar all-reduce, and ``sync_bus_us_per_MB``
+on each bus byte, which it measures with a 1 MiB all-reduce against the fastest back-to-back loop
+(simulator.cost.collectives.sync_link, hwprofiles/calibrate/wait.py). On
 this project's 2-core AMD EPYC VM (torch 2.13, 2026-11-30, three runs in
 benchmarks/data/amd-epyc-2026-11-30/gloo-sync-probe.txt) a 0.79 MB call (a tiny-model layer's
 parameters, FSDP2's gather on gloo) took 2.6-3.1 ms after a 3.7 ms burst and 1.7 ms after a

@@ -268,9 +268,11 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     assert cluster.num_gpus == 2
     if cpu_cores() >= 2:  # two ranks with a core each: the wait of a collective after computing
         assert set(node.sync_wait_us) == {2} and 0 <= node.sync_wait_us[2] < 1e5
+        assert set(node.sync_bus_us_per_MB) == {2} and 0 <= node.sync_bus_us_per_MB[2] < 1e5
     # the measured host times change predictions: without them the per-op launch model is used
-    # (both without the sync wait, which adds the same to each)
-    cluster = cluster.model_copy(update={"node": cluster.node.model_copy(update={"sync_wait_us": None})})
+    # (both without the sync waits, which add the same to each)
+    waitless = cluster.node.model_copy(update={"sync_wait_us": None, "sync_bus_us_per_MB": None})
+    cluster = cluster.model_copy(update={"node": waitless})
     plan, _ = parse_plan("t=2", load_model("tiny"), 2, 8)
     job = Job(load_model("tiny"), cluster, plan, 8)
     bare_gpu = g.model_copy(update={"eager": None, "elementwise_GBps": {}})

@@ -1,7 +1,7 @@
 """Every blocking collective or message that CPU ranks issue between computations pays the
-ranks' sync wait once (NodeProfile.sync_wait_us): the schema's lookup, the links, the step's
-scalar all-reduces, the pipeline send in the analytic estimate and the DES, and calibrate's
-measurement with 2 ranks."""
+ranks' sync wait once (NodeProfile.sync_wait_us) and the bus wait on each bus byte
+(NodeProfile.sync_bus_us_per_MB): the schema's lookup, the links, the step's scalar all-reduces,
+the pipeline send in the analytic estimate and the DES, and calibrate's measurement with 2 ranks."""
 
 from __future__ import annotations
 
@@ -24,12 +24,19 @@ from simulator.model_files import load_model
 from simulator.plan import Plan
 
 WAIT_US = 300.0
+BUS_US_PER_MB = 800.0  # 0.8 ns per bus byte
 
 
-def _cpu_cluster(wait_us: float | None, ranks: int = 2):
+def _cpu_cluster(wait_us: float | None, ranks: int = 2, bus_us_per_MB: float | None = None):
     """The committed localhost-cpu cluster with ``ranks`` ranks, ``sync_wait_us: {2: wait_us}``
-    (None: absent) and no busy-core latency, so that only the sync wait differs."""
-    return localhost_cpu(ranks, busy_latency_us=None, sync_wait_us=None if wait_us is None else {2: wait_us})
+    and ``sync_bus_us_per_MB: {2: bus_us_per_MB}`` (None: absent) and no busy-core latency, so
+    that only the sync waits differ."""
+    return localhost_cpu(
+        ranks,
+        busy_latency_us=None,
+        sync_wait_us=None if wait_us is None else {2: wait_us},
+        sync_bus_us_per_MB=None if bus_us_per_MB is None else {2: bus_us_per_MB},
+    )
 
 
 def test_lookup_takes_the_largest_measured_count_up_to_the_ranks():
@@ -41,6 +48,46 @@ def test_lookup_takes_the_largest_measured_count_up_to_the_ranks():
     assert node_from_mapping(NODE_MAPPING, "n.yaml").sync_wait_s(8) == 0.0
     with pytest.raises(Exception, match="sync_wait_us"):
         node_from_mapping(dict(NODE_MAPPING, sync_wait_us={2: -1.0}), "n.yaml")
+
+
+def test_bus_wait_lookup_is_per_byte():
+    node = node_from_mapping(dict(NODE_MAPPING, sync_bus_us_per_MB={2: 800.0}), "n.yaml")
+    assert node.sync_bus_s_per_byte(1) == 0.0
+    assert node.sync_bus_s_per_byte(4) == pytest.approx(0.8e-9)  # 800 us per 1e6 bytes
+    assert node_from_mapping(NODE_MAPPING, "n.yaml").sync_bus_s_per_byte(4) == 0.0
+    with pytest.raises(Exception, match="sync_bus_us_per_MB"):
+        node_from_mapping(dict(NODE_MAPPING, sync_bus_us_per_MB={2: -1.0}), "n.yaml")
+
+
+def test_all_reduce_after_compute_moves_each_bus_byte_slower():
+    """t=2 on gloo with a bus wait w: 2(n-1)/n * S * (1/B + w) + 2(n-1) * a + W, for n = 2
+    S/B + S w + 2a + W; the bus wait alone adds S w."""
+    model = load_model("tiny")
+    S = 1 * model.seq_length * model.hidden_size * 4
+    bw, lat = _cpu_cluster(None).node.intra_figures("all_reduce")
+    got = block_times(model, _cpu_cluster(WAIT_US, bus_us_per_MB=BUS_US_PER_MB), 2, False, 1).tp_all_reduce
+    assert got == pytest.approx(S / bw + S * 0.8e-9 + 2 * lat + WAIT_US * 1e-6, rel=1e-9)
+    only_bus = block_times(model, _cpu_cluster(None, bus_us_per_MB=BUS_US_PER_MB), 2, False, 1).tp_all_reduce
+    assert only_bus == pytest.approx(S / bw + S * 0.8e-9 + 2 * lat, rel=1e-9)
+
+
+def test_pipeline_send_and_zero3_pay_the_bus_wait_in_both_simulators():
+    """p=2: the send of S bytes grows by S w; d=2 ZeRO-3: every gather and reduce-scatter by its
+    bus bytes times w, in the closed form and the DES alike (their step times agree as without)."""
+    model = load_model("tiny")
+    S = 1 * model.seq_length * model.hidden_size * 4
+    plain, bused = _cpu_cluster(None), _cpu_cluster(None, bus_us_per_MB=BUS_US_PER_MB)
+    send = Job.make(model, bused, Plan(t=1, p=2, d=1), 8)
+    assert p2p_exposed(send) - p2p_exposed(Job.make(model, plain, Plan(t=1, p=2, d=1), 8)) == pytest.approx(
+        S * 0.8e-9, rel=1e-6
+    )
+    for plan in (Plan(t=1, p=2, d=1), Plan(t=1, p=1, d=2, zero=3)):
+        slow, fast = (Job.make(model, c, plan, 8) for c in (bused, plain))
+        assert estimate(slow).step_time > estimate(fast).step_time
+        assert simulate_des(slow).step_time > simulate_des(fast).step_time
+    gap = [estimate(Job.make(model, c, Plan(t=1, p=1, d=2, zero=3), 8)).step_time for c in (bused, plain)]
+    des = [simulate_des(Job.make(model, c, Plan(t=1, p=1, d=2, zero=3), 8)).step_time for c in (bused, plain)]
+    assert des[0] - des[1] == pytest.approx(gap[0] - gap[1], rel=0.15)  # the DES overlaps some of it
 
 
 def test_tensor_parallel_all_reduce_pays_the_wait_once_per_call():
@@ -130,8 +177,9 @@ def test_calibrate_measures_the_wait_with_two_ranks():
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     mp.start_processes(_sync_worker, args=(2, free_port(), out), nprocs=2, join=True, start_method="spawn")
-    got = out.get(timeout=10)
+    waits, per_byte = out.get(timeout=10)
     if cpu_cores() < 2:
-        assert got == {}
+        assert waits == {} and per_byte == {}
     else:
-        assert set(got) == {2} and math.isfinite(got[2]) and got[2] >= 0.0
+        assert set(waits) == set(per_byte) == {2}
+        assert math.isfinite(waits[2]) and waits[2] >= 0.0 and math.isfinite(per_byte[2]) and per_byte[2] >= 0.0

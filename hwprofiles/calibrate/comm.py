@@ -56,6 +56,7 @@ class CommResult:
     compute_slots: dict[int, float] | None  # CPU: busy ranks -> aggregate / solo throughput (None on CUDA)
     busy_wait_s: float | None = None  # CPU, 3+ ranks: extra message latency while the other ranks compute
     sync_wait_s: dict[int, float] | None = None  # CPU: busy ranks -> extra time of a collective after computing
+    sync_bus_s_per_byte: dict[int, float] | None = None  # CPU: busy ranks -> extra time per bus byte of one
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
@@ -173,24 +174,24 @@ def _worker(
         slots = compute_slots(rank, device, 0.05 * eager_repeats) if device.type == "cpu" else None
         tp = tp_ratios(world, device, eager_repeats, split_layer)
         wait = busy_wait_s(rank, world) if device.type == "cpu" else None
-        sync = sync_wait_s(rank, world) if device.type == "cpu" else None
+        sync = sync_wait_s(rank, world) if device.type == "cpu" else (None, None)
         dist.barrier()
         if rank == 0:
-            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots, wait, sync))
+            out.put(("done", resident_GiB(), tp.forward, tp.backward, tp.optimizer, slots, wait, *sync))
     finally:
         dist.destroy_process_group()
 
 
 def _handle(msg: tuple, samples: list[CollectiveSample], tick: Callable[[str], None]) -> tuple | None:
     """Record one message from rank 0; on the final one returns (rank 0's RSS, the TP layer's
-    host time ratios, the compute slots, the busy wait, the sync waits)."""
+    host time ratios, the compute slots, the busy wait, the sync waits, the bus waits)."""
     if msg[0] == "sample":
         _, op, nbytes, size, t = msg
         samples.append(CollectiveSample(op=op, nbytes=int(nbytes), ranks=int(size), seconds=float(t)))
         tick(f"{op} {nbytes} B x{size}")
         return None
     tick("tensor-parallel layer host time")
-    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5], msg[6], msg[7]
+    return float(msg[1]), TpRatios(float(msg[2]), float(msg[3]), float(msg[4])), msg[5], msg[6], msg[7], msg[8]
 
 
 def measure_collectives(
@@ -243,13 +244,5 @@ def measure_collectives(
                 p.join()
     if final is None:
         raise RuntimeError("collective benchmark: rank 0 did not report its results")
-    return CommResult(
-        backend="nccl" if device == "cuda" else "gloo",
-        ranks=ranks,
-        samples=samples,
-        rank_resident_GiB=final[0],
-        tp_ratios=final[1],
-        compute_slots=final[2],
-        busy_wait_s=final[3],
-        sync_wait_s=final[4],
-    )
+    # rank 0's figures (_handle), in CommResult's order: RSS, TP ratios, slots, busy wait, sync and bus waits
+    return CommResult("nccl" if device == "cuda" else "gloo", ranks, samples, *final)

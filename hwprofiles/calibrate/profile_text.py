@@ -11,7 +11,7 @@ import json
 
 from hwprofiles.calibrate.eager import OPT_LARGE_ELEMENTS, OPT_LARGE_TENSORS
 from hwprofiles.calibrate.result import Calibration
-from hwprofiles.calibrate.settings import BURST_GEMMS, EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
+from hwprofiles.calibrate.settings import BURST_GEMMS, BUS_BYTES, BUS_LOOPS, EAGER_ROUNDS, SLOT_ROUNDS, WAIT_ROUNDS
 from hwprofiles.units import GB
 
 
@@ -328,6 +328,13 @@ def _node_optional_lines(c: Calibration, s: str) -> list[str]:
             f"issued after computing (ranks arriving apart, a blocked rank woken): a scalar all-reduce after "
             f"each burst of {BURST_GEMMS[0]} fp32 GEMMs {'x'.join(map(str, BURST_GEMMS[1:]))}, mean time inside "
             f"over calls and ranks less that of the same all-reduces back to back, median of {WAIT_ROUNDS}; {s}"
+        )
+    if c.device == "cpu" and c.sync_bus_s_per_byte:
+        per_mb = ", ".join(f"{k}: {num(v * 1e12)}" for k, v in sorted(c.sync_bus_s_per_byte.items()))
+        lines.append(
+            f"sync_bus_us_per_MB: {{{per_mb}}}   # the same ranks: extra time per MB of bus traffic of a "
+            f"{BUS_BYTES // 2**20} MiB all-reduce after each burst, over the fastest of {BUS_LOOPS} back-to-back "
+            f"loops of it and the scalar's wait, median of {WAIT_ROUNDS}; {s}"
         )
     if c.device == "cpu" and not c.compute_slots:
         lines.append(

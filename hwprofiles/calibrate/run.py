@@ -172,6 +172,7 @@ def _calibration(device: str, quick: bool, ranks: int, load_before: float, b: _B
         compute_slots=comm.compute_slots if comm is not None else None,
         busy_wait_s=comm.busy_wait_s if comm is not None else None,
         sync_wait_s=comm.sync_wait_s if comm is not None else None,
+        sync_bus_s_per_byte=comm.sync_bus_s_per_byte if comm is not None else None,
         gpus_per_node=ranks if device == "cpu" else torch.cuda.device_count(),
         intra_kind=_intra_kind(device),
         ranks=ranks,

@@ -29,6 +29,10 @@ WAIT_ROUNDS = 5
 BURST_GEMMS = (4, 256, 256, 512)
 #: bursts, each followed by a scalar all-reduce, per round of the sync-wait benchmark
 SYNC_CALLS = 100
+#: the bus wait's all-reduce (calibrate.wait): about a small model's layer of fp32 parameters
+BUS_BYTES = 2**20
+#: back-to-back loops of it per round, the fastest taken (as the node's collective fits: calibrate.comm)
+BUS_LOOPS = 3
 
 
 @dataclass(frozen=True)

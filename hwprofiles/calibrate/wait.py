@@ -23,7 +23,16 @@ compute_slots and the busy latency above price), the busy ranks alternate a burs
 single-threaded GEMMs (:data:`BURST_GEMMS`, about the compute between a small model's
 tensor-parallel all-reduces) and a scalar all-reduce among them; the wait is the mean time
 inside those all-reduces, over calls and ranks, less that of the same all-reduces back to
-back; the median over rounds. Call every function here on every rank.
+back; the median over rounds.
+
+Bus wait (``sync_bus_us_per_MB``): a large collective after computing loses more than the
+scalar's wait. On this project's 2-core AMD EPYC VM a 0.79 MB gloo all-reduce took 1.7 ms after
+1.3 ms of GEMMs and 2.6-3.5 ms after 3.7 ms, where the fastest back-to-back loop, which the
+node's fit prices, took 0.7-1.2 ms (benchmarks/gloo_sync_probe.py, 2026-11-30). Measured in the
+same rounds: the busy ranks alternate the same bursts and an all-reduce of :data:`BUS_BYTES`;
+its mean time inside less the fastest of :data:`BUS_LOOPS` back-to-back loops of it, less the
+scalar's wait, per bus byte (2(n-1)/n times the buffer over n ranks); the median over rounds.
+Call every function here on every rank.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import torch.distributed as dist
 
 from hwprofiles.calibrate.host import cpu_cores
 from hwprofiles.calibrate.reference_layers import layer_training_step
-from hwprofiles.calibrate.settings import BURST_GEMMS, SYNC_CALLS, WAIT_ROUNDS
+from hwprofiles.calibrate.settings import BURST_GEMMS, BUS_BYTES, BUS_LOOPS, SYNC_CALLS, WAIT_ROUNDS
 
 MESSAGE_BYTES = 16384
 PINGS = 200
@@ -92,34 +101,57 @@ def _burst(a: torch.Tensor, b: torch.Tensor) -> None:
         torch.mm(a, b)
 
 
-def _sync_round(rank: int, busy: int, group: object, calls: int) -> float:
-    """One round's wait per all-reduce (seconds), the mean over the busy ranks (module docstring)."""
+def _after_bursts(x: torch.Tensor, group: object, calls: int) -> float:
+    """Mean seconds inside an all-reduce of ``x`` issued after each of ``calls`` GEMM bursts."""
     _, m, k, n = BURST_GEMMS
-    a, b, flag = torch.randn(m, k), torch.randn(k, n), torch.zeros(1)
-    inside = alone = 0.0
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    inside = 0.0
+    for _ in range(calls):
+        _burst(a, b)
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        inside += time.perf_counter() - t0
+    return inside / calls
+
+
+def _back_to_back(x: torch.Tensor, group: object, calls: int) -> float:
+    """Mean seconds per all-reduce of ``x`` over ``calls`` of them back to back."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        dist.all_reduce(x, group=group)
+    return (time.perf_counter() - t0) / calls
+
+
+def _sync_round(rank: int, busy: int, group: object, calls: int) -> tuple[float, float]:
+    """One round's (wait per all-reduce in seconds, bus wait in seconds per bus byte), each the
+    mean over the busy ranks (module docstring)."""
+    flag, large = torch.zeros(1), torch.zeros(BUS_BYTES // 4)
+    got = [0.0, 0.0]
     dist.barrier()
     if rank < busy:
-        for _ in range(calls):
-            _burst(a, b)
-            t0 = time.perf_counter()
-            dist.all_reduce(flag, group=group)
-            inside += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            dist.all_reduce(flag, group=group)
-        alone = time.perf_counter() - t0
-    waits = torch.tensor([(inside - alone) / calls if rank < busy else 0.0], dtype=torch.float64)
-    dist.all_reduce(waits)
-    return float(waits.item()) / busy
+        wait = _after_bursts(flag, group, calls) - _back_to_back(flag, group, calls)
+        inside = _after_bursts(large, group, calls)
+        fastest = min(_back_to_back(large, group, calls) for _ in range(BUS_LOOPS))
+        got = [wait, (inside - fastest - wait) / (2 * (busy - 1) / busy * BUS_BYTES)]
+    means = torch.tensor(got, dtype=torch.float64)
+    dist.all_reduce(means)
+    wait, per_byte = (float(v) / busy for v in means)
+    return wait, per_byte
 
 
-def sync_wait_s(rank: int, world: int, rounds: int = WAIT_ROUNDS, calls: int = SYNC_CALLS) -> dict[int, float]:
+def sync_wait_s(
+    rank: int, world: int, rounds: int = WAIT_ROUNDS, calls: int = SYNC_CALLS
+) -> tuple[dict[int, float], dict[int, float]]:
     """Per number of busy ranks from 2 up to the cores this process may use (and the world):
-    the extra seconds of a blocking collective issued after computing (module docstring), the
-    median over ``rounds``, at least 0; empty with one rank or one core."""
+    the extra seconds of a blocking collective issued after computing, and the extra seconds per
+    bus byte of a large one beyond that (module docstring), each the median over ``rounds``, at
+    least 0; both empty with one rank or one core."""
     counts = range(2, min(world, cpu_cores()) + 1)
     groups = {busy: dist.new_group(list(range(busy))) for busy in range(2, world + 1)}  # every rank creates each
-    return {
-        busy: max(0.0, statistics.median(_sync_round(rank, busy, groups[busy], calls) for _ in range(rounds)))
-        for busy in counts
-    }
+    waits: dict[int, float] = {}
+    per_byte: dict[int, float] = {}
+    for busy in counts:
+        got = [_sync_round(rank, busy, groups[busy], calls) for _ in range(rounds)]
+        waits[busy] = max(0.0, statistics.median(w for w, _ in got))
+        per_byte[busy] = max(0.0, statistics.median(b for _, b in got))
+    return waits, per_byte

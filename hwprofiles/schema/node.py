@@ -134,7 +134,14 @@ class NodeProfile(Strict):
         "written by calibrate",
     )
 
-    @field_validator("busy_latency_us", "sync_wait_us")
+    sync_bus_us_per_MB: dict[int, float] | None = Field(
+        default=None,
+        description="per number of busy ranks: extra microseconds per MB (1e6 bytes) of a blocking collective's "
+        "bus traffic when it is issued after computing, beyond its back-to-back fit and sync_wait_us (on a "
+        "shared CPU host a large gloo all-reduce after compute runs slower than back to back); written by calibrate",
+    )
+
+    @field_validator("busy_latency_us", "sync_wait_us", "sync_bus_us_per_MB")
     @classmethod
     def _per_rank_microseconds(cls, v: dict[int, float] | None, info: ValidationInfo) -> dict[int, float] | None:
         if v and (any(k < 1 for k in v) or any(not (x >= 0 and math.isfinite(x)) for x in v.values())):
@@ -156,6 +163,12 @@ class NodeProfile(Strict):
         or when not measured."""
         us = _measured_at(self.sync_wait_us or {}, ranks) if ranks > 1 else None
         return us * US if us is not None else 0.0
+
+    def sync_bus_s_per_byte(self, ranks: int) -> float:
+        """Extra seconds per bus byte of each blocking collective of ``ranks`` busy ranks of this
+        node issued after computing (sync_bus_us_per_MB), looked up as :meth:`sync_wait_s`."""
+        us = _measured_at(self.sync_bus_us_per_MB or {}, ranks) if ranks > 1 else None
+        return us * US / 1e6 if us is not None else 0.0
 
     @field_validator("compute_slots")
     @classmethod

@@ -44,9 +44,16 @@ class GroupLink:
     nodes: int = 1  # nodes the group spans
     intra_latency: float = 0.0  # seconds per step inside a node, for a group that spans several
     call_wait: float = 0.0  # seconds once per call: the busy ranks' sync wait (:func:`sync_wait`)
+    bus_wait: float = 0.0  # seconds per bus byte more, issued after computing (:func:`sync_bus_wait`)
 
     def figures(self, collective: str) -> tuple[float, float]:
-        """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.CollectiveName)."""
+        """(bus bytes/s, per-step latency) of ``collective`` (hwprofiles.schema.CollectiveName); a
+        call issued after computing moves each bus byte :attr:`bus_wait` slower: 1 / (1/B + w)."""
+        bw, lat = self._own(collective)
+        return (1.0 / (1.0 / bw + self.bus_wait), lat) if self.bus_wait else (bw, lat)
+
+    def _own(self, collective: str) -> tuple[float, float]:
+        """(bus bytes/s, per-step latency) of ``collective`` back to back: its own fit, else the link's."""
         for name, bw, lat in self.per_collective:
             if name == collective:
                 return bw, lat
@@ -106,12 +113,22 @@ def sync_wait(cluster: ClusterSpec) -> float:
     return cluster.node.sync_wait_s(cluster.gpus_per_node)
 
 
+def sync_bus_wait(cluster: ClusterSpec) -> float:
+    """Extra seconds per bus byte of every blocking collective or message that a node's ranks
+    issue after computing, beyond :func:`sync_wait` (NodeProfile.sync_bus_us_per_MB, measured by
+    calibrate on CPU hosts: a 1 MiB all-reduce after each compute burst against the fastest loop
+    of the same back to back, less the scalar's wait, per bus byte); 0 where not measured."""
+    return cluster.node.sync_bus_s_per_byte(cluster.gpus_per_node)
+
+
 def sync_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:
     """:func:`group_link` for a collective issued between computations: inside one node each
-    call pays :func:`sync_wait` once."""
+    call pays :func:`sync_wait` once and each bus byte :func:`sync_bus_wait`."""
     link = group_link(cluster, shape)
-    wait = sync_wait(cluster) if shape.nodes <= 1 else 0.0
-    return dataclasses.replace(link, call_wait=wait) if wait else link
+    if shape.nodes > 1:
+        return link
+    wait, per_byte = sync_wait(cluster), sync_bus_wait(cluster)
+    return dataclasses.replace(link, call_wait=wait, bus_wait=per_byte) if wait or per_byte else link
 
 
 def in_pass_link(cluster: ClusterSpec, shape: GroupShape) -> GroupLink:

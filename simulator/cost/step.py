@@ -113,13 +113,17 @@ def pipeline_send(cluster: ClusterSpec, plan: Plan, act_bytes: float, crosses: b
     receivers all-gather it over the node's links (Megatron's scatter/gather optimization,
     Narayanan et al. 2021, section 4.1); with SP each rank sends its 1/t shard; inside a node a
     receiver woken by the message waits for a busy core (collectives.in_pass_wait), and each
-    message pays the ranks' sync wait (collectives.sync_wait)."""
+    message pays the ranks' sync wait (collectives.sync_wait) and the bus wait on each of its bytes
+    (collectives.sync_bus_wait)."""
     t = plan.t
     if crosses and t > 1 and not plan.sp:
         intra = collectives.group_link(cluster, layout.tp_shape(t, cluster.gpus_per_node))
         return act_bytes / t, collectives.all_gather_time(act_bytes, t, intra)
-    wait = 0.0 if crosses else collectives.in_pass_wait(cluster) + collectives.sync_wait(cluster)
-    return act_bytes / (t if plan.sp else 1), wait
+    sent = act_bytes / (t if plan.sp else 1)
+    if crosses:
+        return sent, 0.0
+    wait = collectives.in_pass_wait(cluster) + collectives.sync_wait(cluster)
+    return sent, wait + collectives.sync_bus_wait(cluster) * sent
 
 
 def tied_embedding_bytes(model: ModelSpec, t: int, e: int) -> float:

@@ -23,10 +23,10 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hwprofiles.algorithms import Collective, latency_steps, uses_trees
-from simulator.cost.collectives import in_pass_wait, sync_wait
+from simulator.cost.collectives import in_pass_wait, sync_bus_wait, sync_wait
 from simulator.cost.layout import rank_of
 from simulator.des.engine import FlowSpec, Phase
 from simulator.des.flows import PhasePlan, collective_phases
@@ -186,15 +186,19 @@ class Transfers:
 
     def _data_parallel(self, op: Collective, gpus: list[int]) -> list[RoutedPhase]:
         """The routed phases of a data-parallel collective over ``gpus``: inside one node each
-        latency step also pays the busy-core wait (collectives.in_pass_wait) and the call the ranks'
-        sync wait (collectives.sync_wait), as the closed form's links do (collectives.dp_link,
-        simulator.cost.zero3.shard_links)."""
+        latency step also pays the busy-core wait (collectives.in_pass_wait), the call the ranks'
+        sync wait (collectives.sync_wait) and each byte theirs (collectives.sync_bus_wait: a link
+        time per byte of load / B + w, so load + w * B), as the closed form's links do
+        (collectives.dp_link, simulator.cost.zero3.shard_links)."""
         cluster = self.topo.cluster
-        wait = 0.0
-        if len(gpus) > 1 and len({g // cluster.gpus_per_node for g in gpus}) == 1:
-            steps = latency_steps(len(gpus), op, uses_trees(cluster.node.backend))
-            wait = steps * in_pass_wait(cluster) + sync_wait(cluster)
-        return self._routed(collective_phases(self.topo, op, gpus, 1.0), wait)
+        phases = collective_phases(self.topo, op, gpus, 1.0)
+        if len(gpus) <= 1 or len({g // cluster.gpus_per_node for g in gpus}) > 1:
+            return self._routed(phases, 0.0)
+        steps = latency_steps(len(gpus), op, uses_trees(cluster.node.backend))
+        extra_load = sync_bus_wait(cluster) * cluster.node.intra_node.bytes_per_s  # w * B
+        if extra_load:
+            phases = [replace(ph, load=ph.load + extra_load) for ph in phases]
+        return self._routed(phases, steps * in_pass_wait(cluster) + sync_wait(cluster))
 
     def dp_class(self, stage: int, op: Collective) -> TransferClass:
         """``op`` over the data-parallel group of each tensor rank of ``stage`` (copy = tp)."""
