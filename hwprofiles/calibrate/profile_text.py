@@ -8,6 +8,7 @@ profiles; numbers are printed with 4 significant digits in a form YAML reads bac
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from hwprofiles.calibrate.eager import OPT_LARGE_ELEMENTS, OPT_LARGE_TENSORS
 from hwprofiles.calibrate.result import Calibration
@@ -263,9 +264,9 @@ def _link_comment(c: Calibration) -> str:
     )
 
 
-def _slots(slots: dict[int, float]) -> str:
-    """A {busy ranks: slots} flow mapping, each at least one slot."""
-    return "{" + ", ".join(f"{k}: {num(max(1.0, v))}" for k, v in sorted(slots.items())) + "}"
+def _per_ranks(values: dict[int, float], each: Callable[[float], float]) -> str:
+    """A {ranks: each(value)} flow mapping."""
+    return "{" + ", ".join(f"{k}: {num(each(v))}" for k, v in sorted(values.items())) + "}"
 
 
 #: the host optimizer step that cpu_adam_GBps times (hwprofiles.calibrate.host)
@@ -310,10 +311,10 @@ def _node_optional_lines(c: Calibration, s: str) -> list[str]:
             )
     if c.device == "cpu" and c.compute_slots:
         lines.append(
-            f"compute_slots: {_slots(c.compute_slots)}   # busy ranks: throughput of single-threaded training "
-            f"loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the busy ranks synchronized "
-            f"by a scalar all-reduce after each, its time alone taken out) on that many ranks at once / on one "
-            f"alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}"
+            f"compute_slots: {_per_ranks(c.compute_slots, lambda x: max(1.0, x))}   # busy ranks: throughput of "
+            f"single-threaded training loops (a GPT layer's forward+backward+AdamW at hidden 256, 128 tokens, the "
+            f"busy ranks synchronized by a scalar all-reduce after each, its time alone taken out) on that many "
+            f"ranks at once / on one alone, median of {SLOT_ROUNDS} ({c.cpu_cores} cores usable); {s}"
         )
     if c.device == "cpu" and c.busy_wait_s is not None:
         lines.append(
@@ -322,18 +323,16 @@ def _node_optional_lines(c: Calibration, s: str) -> list[str]:
             f"rank waits for a core), median of {WAIT_ROUNDS} rounds of busy minus idle; {s}"
         )
     if c.device == "cpu" and c.sync_wait_s:
-        waits = ", ".join(f"{k}: {num(v * 1e6)}" for k, v in sorted(c.sync_wait_s.items()))
         lines.append(
-            f"sync_wait_us: {{{waits}}}   # busy ranks with a core each: extra time of a blocking collective "
-            f"issued after computing (ranks arriving apart, a blocked rank woken): a scalar all-reduce after "
+            f"sync_wait_us: {_per_ranks(c.sync_wait_s, lambda x: x * 1e6)}   # busy ranks with a core each: "
+            f"extra time of a blocking collective issued after computing (ranks arriving apart, a blocked rank woken): a scalar all-reduce after "
             f"each burst of {BURST_GEMMS[0]} fp32 GEMMs {'x'.join(map(str, BURST_GEMMS[1:]))}, mean time inside "
             f"over calls and ranks less that of the same all-reduces back to back, median of {WAIT_ROUNDS}; {s}"
         )
     if c.device == "cpu" and c.sync_bus_s_per_byte:
-        per_mb = ", ".join(f"{k}: {num(v * 1e12)}" for k, v in sorted(c.sync_bus_s_per_byte.items()))
         lines.append(
-            f"sync_bus_us_per_MB: {{{per_mb}}}   # the same ranks: extra time per MB of bus traffic of a "
-            f"{BUS_BYTES // 2**20} MiB all-reduce after each burst, over the fastest of {BUS_LOOPS} back-to-back "
+            f"sync_bus_us_per_MB: {_per_ranks(c.sync_bus_s_per_byte, lambda x: x * 1e12)}   # the same ranks: "
+            f"extra time per MB of bus traffic of a {BUS_BYTES // 2**20} MiB all-reduce after each burst, over the fastest of {BUS_LOOPS} back-to-back "
             f"loops of it and the scalar's wait, median of {WAIT_ROUNDS}; {s}"
         )
     if c.device == "cpu" and not c.compute_slots:
