@@ -185,3 +185,19 @@ def test_one_model_on_clusters_of_two_dtypes_equals_scalar():
         n = cluster.num_gpus
         plans = [parse_plan(text, model, n, 16)[0] for text in (f"d={n},zero=3", f"d={n // 2},p=2,zero=3")]
         _assert_agree(model, cluster, plans, 16, DEEPSPEED_ZERO3)
+
+
+@pytest.mark.parametrize(
+    "runtime", [PROGRAM_GLOO, replace(PROGRAM_GLOO, name="split", tensor_parallel_cross_entropy="split")]
+)
+def test_cpu_node_with_its_waits_equals_scalar(runtime):
+    """A CPU node with the sync wait and the bus wait (NodeProfile.sync_wait_us, sync_bus_us_per_MB):
+    the batch prices every collective's links as the scalar estimate does, on every plan of 4 ranks."""
+    from conftest import localhost_cpu
+
+    model, cluster = load_model("tiny"), localhost_cpu(4, sync_wait_us={2: 300.0}, sync_bus_us_per_MB={2: 800.0})
+    plans = enumerate_plans(model, cluster.num_gpus, 16, {}, cluster.gpus_per_node, ("fp32",), ("none",))
+    assert len({(p.t, p.p, p.d, p.zero) for p in plans}) > 10
+    _assert_agree(model, cluster, plans, 16, runtime)
+    waitless = estimate_batch(model, localhost_cpu(4, sync_wait_us=None), plans, 16, runtime).step_time
+    assert (estimate_batch(model, cluster, plans, 16, runtime).step_time > waitless).sum() > len(plans) // 2
