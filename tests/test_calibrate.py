@@ -280,5 +280,7 @@ def test_quick_cpu_calibration_end_to_end(tmp_path):
     with_eager = estimate(job).step_time
     without = estimate(Job(job.model, bare, plan, 8)).step_time
     # DTensor's host work is a large part of a tiny t=2 step: 1.52, 1.62, 1.93 and 1.97 times the step
-    # without it in four quick calibrations on the 2-core VM (2026-11-30), so not a bound at 1.5
-    assert with_eager > 1.2 * without
+    # without it in four quick calibrations on the 2-core Intel VM (2026-11-30), 1.18-1.24 in four on a
+    # 2-core AMD EPYC VM, whose eager layer runs faster against its GEMMs: the ratio depends on the host,
+    # so the test asks only that the measured host time raises the step
+    assert with_eager > without
