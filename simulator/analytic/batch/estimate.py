@@ -123,8 +123,7 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
     copies = runtime.weight_copy_bytes
     saved = weight_copies_saved(copies, S.params, S.full_layers * S.layer_params_each, column(P.p > 1))
     last_logits = np.where(S.last, column(logits), 0.0)
-    loss_forward = by_loss(lambda loss: memory.loss_transient_bytes(last_logits, loss, e)[0])
-    loss_backward = by_loss(lambda loss: memory.loss_transient_bytes(last_logits, loss, e)[1])
+    loss_forward, loss_backward = by_loss(lambda x: memory.loss_transient_bytes(last_logits, x, e))
     transient = phase_transient(weight_copies_held(copies, S.params), saved, loss_forward, loss_backward, recompute)
     late = column(gradients_late(runtime.grads_freed, P.m, P.p, P.d, P.zero))
     peak = stage_peak(states, activations, sharding, flight, fp8, transient, late)
@@ -132,15 +131,23 @@ def peak_memory(model: ModelSpec, cluster: ClusterSpec, X: PlanStages, runtime: 
 
 
 def _by_loss(P: PlanColumns, runtime: Runtime) -> Callable[[Callable[[CrossEntropy], Any]], Any]:
-    """A rule of the cross-entropy, ``rule(loss)``, taken for each plan of ``P`` at its own loss
-    (Runtime.loss of its t): called once where the plans compute one loss, else once per loss,
-    each plan's row chosen."""
+    """A rule of the cross-entropy, ``rule(loss)`` (an array or a tuple of them), taken for each
+    plan of ``P`` at its own loss (Runtime.loss of its t): called once where the plans compute one
+    loss, else once per loss, each plan's row chosen."""
     wide, base, tp = P.t > 1, runtime.cross_entropy, runtime.loss(2)  # loss(2): the loss at any t > 1
     if base == tp or not wide.any():
         return lambda rule: rule(base)
     if wide.all():
         return lambda rule: rule(tp)
-    return lambda rule: np.where(column(wide), rule(tp), rule(base))
+    pick = column(wide)
+
+    def each(rule: Callable[[CrossEntropy], Any]) -> Any:
+        at_tp, at_base = rule(tp), rule(base)
+        if isinstance(at_tp, tuple):
+            return tuple(np.where(pick, a, b) for a, b in zip(at_tp, at_base))
+        return np.where(pick, at_tp, at_base)
+
+    return each
 
 
 def _fp8_copies(model: ModelSpec, cluster: ClusterSpec, P: PlanColumns, S: StageShapes, e: int) -> np.ndarray:
