@@ -51,9 +51,7 @@ class Calibration:
     compute_slots: dict[int, float] | None  # busy ranks -> slots, measured by the ranks (CPU); None: not measured
     busy_wait_s: float | None  # extra message latency while the other ranks compute (CPU, 3+ ranks); None: not measured
     sync_wait_s: dict[int, float] | None  # busy ranks -> a collective's wait after computing (CPU); None: not measured
-    sync_bus_s_per_byte: (
-        dict[int, float] | None
-    )  # busy ranks -> its extra seconds per bus byte (CPU); None: not measured
+    sync_bus_s_per_byte: dict[int, float] | None  # busy ranks -> its extra seconds per bus byte (CPU)
     gpus_per_node: int
     intra_kind: str  # Link.kind of the measured intra-node link
     # collectives (None when fewer than 2 ranks were measured)
